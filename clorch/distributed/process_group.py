@@ -1,0 +1,222 @@
+"""Process-group lifecycle: initialize from the environment, bind the device, tear down.
+
+Outside an initialized group every query answers as rank 0 of a world of 1
+(`rank() == 0`, `world_size() == 1`, `backend() is None`), so single-process
+code can call them unconditionally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import socket
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from clorch.distributed.env import DistEnv, read_env
+
+BACKENDS = ("auto", "nccl", "gloo")
+DEFAULT_TIMEOUT_S = 1800.0
+DEBUG_VARIABLE = "CLORCH_DEBUG_COLLECTIVES"
+
+
+@dataclass
+class _GroupState:
+    env: DistEnv
+    backend: str
+    device: torch.device
+    debug: bool
+
+
+_state: _GroupState | None = None
+
+
+def resolve_backend(backend: str) -> str:
+    """Turn "auto" into "nccl" (CUDA available) or "gloo"; check explicit names.
+
+    Raises:
+        ValueError: unknown backend, or "nccl" on a machine without CUDA.
+    """
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError(
+            "backend 'nccl' needs CUDA, but torch.cuda.is_available() is False on this machine: "
+            "use backend='gloo' (CPU) or backend='auto'"
+        )
+    return backend
+
+
+def _timeout(timeout: float | _dt.timedelta | None) -> _dt.timedelta:
+    if timeout is None:
+        return _dt.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    if isinstance(timeout, _dt.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout must be seconds (a number) or a timedelta, got {timeout!r}")
+    if seconds <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {seconds}")
+    return _dt.timedelta(seconds=seconds)
+
+
+def _debug_enabled(debug: bool | None) -> bool:
+    if debug is not None:
+        return bool(debug)
+    return os.environ.get(DEBUG_VARIABLE, "0").lower() not in ("", "0", "false", "no")
+
+
+def _local_cuda_index(env: DistEnv) -> int:
+    """The device index this rank drives: 0 when the launcher masked the others."""
+    count = torch.cuda.device_count()
+    if count == 1:
+        return 0
+    if env.local_rank >= count:
+        raise ValueError(
+            f"LOCAL_RANK {env.local_rank} has no CUDA device: {count} visible, "
+            f"LOCAL_WORLD_SIZE {env.local_world_size}; nccl needs one distinct device per local rank"
+        )
+    return env.local_rank
+
+
+def _check_distinct_devices(env: DistEnv, index: int) -> None:
+    """Every local rank must drive its own GPU; two on one device would hang NCCL.
+
+    All ranks publish (host, device uuid) to the rendezvous store, then each
+    compares its own with its node's peers. Collective: every rank calls it.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    host = socket.gethostname()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    store.set(f"clorch/device/{env.rank}", f"{host}|{uuid}")
+    claims = [store.get(f"clorch/device/{r}").decode() for r in range(env.world_size)]
+    owners = [r for r, claim in enumerate(claims) if claim == f"{host}|{uuid}"]
+    if len(owners) > 1:
+        raise ValueError(
+            f"ranks {owners} on host {host} share CUDA device {uuid}: nccl needs one distinct "
+            "device per local rank (set CUDA_VISIBLE_DEVICES per rank, or launch fewer ranks)"
+        )
+
+
+def init_process_group(
+    backend: str = "auto",
+    timeout: float | _dt.timedelta | None = None,
+    debug: bool | None = None,
+) -> None:
+    """Join the job described by the environment variables.
+
+    Every rank of the job must call it; it blocks until all WORLD_SIZE ranks
+    have met at MASTER_ADDR:MASTER_PORT (or `timeout` passes).
+
+    Args:
+        backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
+        timeout: seconds (or a timedelta) for rendezvous and each collective.
+        debug: check collective fingerprints across ranks before each call;
+            None reads CLORCH_DEBUG_COLLECTIVES.
+
+    Raises:
+        RuntimeError: a group is already initialized.
+        ValueError: a missing or bad environment variable, a bad backend, or
+            two local ranks on one CUDA device.
+    """
+    global _state
+    if is_initialized():
+        raise RuntimeError(
+            "a process group is already initialized in this process; call "
+            "destroy_process_group() first (process_group() does it on exit)"
+        )
+    name = resolve_backend(backend)
+    env = read_env()
+    delta = _timeout(timeout)
+    debug_on = _debug_enabled(debug)
+    dist.init_process_group(name, init_method="env://", rank=env.rank,
+                            world_size=env.world_size, timeout=delta)
+    device = torch.device("cpu")
+    try:
+        if name == "nccl":
+            index = _local_cuda_index(env)
+            _check_distinct_devices(env, index)
+            torch.cuda.set_device(index)
+            device = torch.device("cuda", index)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    _state = _GroupState(env=env, backend=name, device=device, debug=debug_on)
+
+
+def destroy_process_group() -> None:
+    """Leave the group. A no-op when none is initialized."""
+    global _state
+    _state = None
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(
+    backend: str = "auto",
+    timeout: float | _dt.timedelta | None = None,
+    debug: bool | None = None,
+) -> Iterator[None]:
+    """Initialize the group for the with-block and destroy it on exit, also on error.
+
+    Same arguments and errors as `init_process_group`.
+    """
+    init_process_group(backend=backend, timeout=timeout, debug=debug)
+    try:
+        yield
+    finally:
+        destroy_process_group()
+
+
+def is_initialized() -> bool:
+    """True inside an initialized process group (clorch's or one made by torch directly)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's global rank; 0 outside a group."""
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    """Number of ranks in the job; 1 outside a group."""
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def local_rank() -> int:
+    """Rank within this node; 0 outside a group."""
+    if _state is not None:
+        return _state.env.local_rank
+    return int(os.environ.get("LOCAL_RANK", 0)) if is_initialized() else 0
+
+
+def local_world_size() -> int:
+    """Ranks on this node; 1 outside a group."""
+    if _state is not None:
+        return _state.env.local_world_size
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size())) if is_initialized() else 1
+
+
+def backend() -> str | None:
+    """"nccl" or "gloo" inside a group, None outside."""
+    return str(dist.get_backend()) if is_initialized() else None
+
+
+def device() -> torch.device:
+    """The device collectives run on: this rank's GPU for nccl, else the CPU."""
+    if _state is not None:
+        return _state.device
+    return torch.device("cpu")
+
+
+def debug_enabled() -> bool:
+    """Whether collectives exchange fingerprints before running."""
+    return _state is not None and _state.debug

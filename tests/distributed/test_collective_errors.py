@@ -1,0 +1,86 @@
+"""Local argument checks (before any communication) and debug-mode mismatch detection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import clorch.distributed as cd
+from tests.harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _raises(fn, exc, fragments):
+    with pytest.raises(exc) as info:
+        fn()
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def _bad_arguments(rank: int, world_size: int) -> None:
+    x = torch.randn(4, 3)
+    _raises(lambda: cd.all_reduce(x, op="mean"), ValueError, ["op must be one of", "'mean'", "avg"])
+    _raises(lambda: cd.all_reduce(torch.randn(4, 3).t()), ValueError, ["tensor must be contiguous"])
+    _raises(lambda: cd.all_reduce([1, 2]), TypeError, ["tensor must be a torch.Tensor", "list"])
+    _raises(lambda: cd.all_reduce(torch.arange(4), op="avg"), ValueError, ["floating-point", "int64"])
+    _raises(lambda: cd.broadcast(x, src=2), ValueError, ["src must be a rank in [0, 2)", "got 2"])
+    _raises(lambda: cd.reduce(x, dst=-1), ValueError, ["dst must be a rank in [0, 2)", "got -1"])
+    _raises(lambda: cd.send(x, dst=rank), ValueError, ["dst must be another rank"])
+    _raises(lambda: cd.recv(x, src=5), ValueError, ["src must be a rank in [0, 2)", "got 5"])
+    _raises(lambda: cd.all_gather_into(torch.empty(7, 3), x), ValueError,
+            ["output must have shape (8, 3)", "got (7, 3)"])
+    _raises(lambda: cd.all_gather_into(torch.empty(8, 3, dtype=torch.float64), x), ValueError,
+            ["output must have tensor's dtype torch.float32", "torch.float64"])
+    _raises(lambda: cd.reduce_scatter_into(torch.empty(2, 3), torch.randn(5, 3)), ValueError,
+            ["tensor must have shape (4, 3)", "got (5, 3)"])
+    _raises(lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [1, 3], [2, 1]), ValueError,
+            ["input_split_sizes must add up to tensor dim 0 (4)", "sum 3"])
+    _raises(lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [4], None), ValueError,
+            ["output_split_sizes must be 2 non-negative ints"])
+    _raises(lambda: cd.all_to_all_single(torch.empty(3), torch.randn(3)), ValueError,
+            ["must divide evenly by world_size 2"])
+    meta = torch.empty(4, device="meta")
+    _raises(lambda: cd.all_reduce(meta), ValueError, ["must be on cpu for backend gloo", "meta"])
+    _raises(lambda: cd.wait("not work"), TypeError, ["wait() takes the Work"])
+    # The group still works after all those local refusals: nothing was sent.
+    cd.all_reduce(x)
+
+
+def test_bad_arguments_are_refused_locally():
+    run_ranks(_bad_arguments, 2)
+
+
+def _shape_mismatch(rank: int, world_size: int) -> str:
+    t = torch.randn(4 if rank == 0 else 5)
+    try:
+        cd.all_reduce(t)
+    except cd.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_debug_mode_catches_shape_mismatch_without_hanging():
+    messages = run_ranks(_shape_mismatch, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=60)
+    for message in messages:
+        assert "collective mismatch" in message
+        assert "ranks [0] called all_reduce(op=sum, shape=(4,)" in message
+        assert "ranks [1] called all_reduce(op=sum, shape=(5,)" in message
+
+
+def _different_collectives(rank: int, world_size: int) -> str:
+    t = torch.randn(3)
+    try:
+        cd.all_reduce(t) if rank == 0 else cd.broadcast(t, src=0)
+    except cd.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_debug_mode_catches_different_collectives():
+    for message in run_ranks(_different_collectives, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}):
+        assert "ranks [0] called all_reduce" in message and "ranks [1] called broadcast" in message
+
+
+def test_collective_outside_a_group_is_a_clear_error():
+    _raises(lambda: cd.all_reduce(torch.ones(1)), RuntimeError, ["no process group is initialized"])

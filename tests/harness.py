@@ -1,0 +1,124 @@
+"""Multi-process test harness: N real gloo ranks on the CPU, one fresh interpreter each.
+
+`run_ranks(fn, world_size, *args)` spawns `world_size` processes (spawn, not
+fork: no parent torch state leaks in), gives them the standard environment
+variables and a free port, runs `fn(rank, world_size, *args)` inside
+`clorch.distributed.process_group()` and returns the per-rank return values.
+
+* A timeout bounds the whole run; on expiry every rank is killed and the
+  failure shows each rank's Python stacks (faulthandler) at that moment.
+* When one rank raises, the others get a few seconds to finish, then are
+  killed; the failure shows every rank's traceback.
+* Nothing is left running: every child is joined or killed before returning.
+
+`fn` must be a module-level function (it is pickled by name).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RankFailure(AssertionError):
+    """One or more ranks failed; the message holds every rank's report."""
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
+               workdir: str, env: dict[str, str], args: tuple, timeout: float,
+               init_group: bool) -> None:
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+    })
+    os.environ.update(env)
+    stacks = open(Path(workdir) / f"stacks_{rank}.txt", "w")
+    faulthandler.dump_traceback_later(max(timeout - 2, 1), exit=False, file=stacks)
+    out = Path(workdir) / f"result_{rank}.pkl"
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        if init_group:
+            from clorch.distributed import process_group
+
+            with process_group(backend="gloo", timeout=max(timeout, 5)):
+                result = fn(rank, world_size, *args)
+        else:
+            result = fn(rank, world_size, *args)
+        out.write_bytes(pickle.dumps(("ok", result)))
+    except BaseException as exc:  # report everything, including SystemExit
+        report = "".join(traceback.format_exception(exc))
+        out.write_bytes(pickle.dumps(("error", report)))
+        raise SystemExit(1)
+
+
+def _reports(workdir: Path, world_size: int, exitcodes: list[int | None]) -> str:
+    parts = []
+    for rank in range(world_size):
+        result = workdir / f"result_{rank}.pkl"
+        stacks = workdir / f"stacks_{rank}.txt"
+        text = f"--- rank {rank} (exit code {exitcodes[rank]}) ---\n"
+        if result.exists():
+            status, payload = pickle.loads(result.read_bytes())
+            text += payload if status == "error" else "returned normally\n"
+        elif stacks.exists() and stacks.read_text():
+            text += "no result; stacks at timeout:\n" + stacks.read_text()
+        else:
+            text += "no result (killed or crashed)\n"
+        parts.append(text)
+    return "\n".join(parts)
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
+              env: dict[str, str] | None = None, init_group: bool = True,
+              grace: float = 5.0) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; return each rank's result.
+
+    Raises:
+        RankFailure: a rank raised, crashed or the run timed out (message: every rank's report).
+    """
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="clorch-ranks-") as tmp:
+        workdir = Path(tmp)
+        procs = [ctx.Process(target=_rank_main, daemon=True,
+                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group))
+                 for r in range(world_size)]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        failed_at: float | None = None
+        timed_out = False
+        while any(p.is_alive() for p in procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now > failed_at + grace):
+                timed_out = now > deadline
+                break
+            time.sleep(0.02)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+        codes = [p.exitcode for p in procs]
+        if timed_out or any(code != 0 for code in codes):
+            reason = f"timed out after {timeout}s" if timed_out else "a rank failed"
+            raise RankFailure(f"{reason}\n{_reports(workdir, world_size, codes)}")
+        return [pickle.loads((workdir / f"result_{r}.pkl").read_bytes())[1] for r in range(world_size)]
