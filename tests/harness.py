@@ -1,4 +1,4 @@
-"""Multi-process test harness: N real gloo ranks on the CPU, one fresh interpreter each.
+"""Multi-process test harness: N real ranks (gloo on the CPU), one fresh interpreter each.
 
 `run_ranks(fn, world_size, *args)` spawns `world_size` processes (spawn, not
 fork: no parent torch state leaks in), gives them the standard environment
@@ -40,7 +40,7 @@ class RankFailure(AssertionError):
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                workdir: str, env: dict[str, str], args: tuple, timeout: float,
-               init_group: bool) -> None:
+               init_group: bool, backend: str) -> None:
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
@@ -57,7 +57,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
         if init_group:
             from clorch.distributed import process_group
 
-            with process_group(backend="gloo", timeout=max(timeout, 5)):
+            with process_group(backend=backend, timeout=max(timeout, 5)):
                 result = fn(rank, world_size, *args)
         else:
             result = fn(rank, world_size, *args)
@@ -87,8 +87,10 @@ def _reports(workdir: Path, world_size: int, exitcodes: list[int | None]) -> str
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
               env: dict[str, str] | None = None, init_group: bool = True,
-              grace: float = 5.0) -> list[Any]:
-    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; return each rank's result.
+              grace: float = 5.0, backend: str = "gloo") -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` ranks; return each rank's result.
+
+    `backend` is "gloo" (CPU, the default) or "nccl" (the `cuda` tier).
 
     Raises:
         RankFailure: a rank raised, crashed or the run timed out (message: every rank's report).
@@ -98,7 +100,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     with tempfile.TemporaryDirectory(prefix="clorch-ranks-") as tmp:
         workdir = Path(tmp)
         procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group))
+                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group,
+                                   backend))
                  for r in range(world_size)]
         for proc in procs:
             proc.start()

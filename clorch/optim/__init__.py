@@ -1,0 +1,89 @@
+"""Optimizers and learning-rate schedules, built by name from the config.
+
+    >>> optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
+    >>> scheduler = build_scheduler(optimizer, "cosine", warmup_steps=100, total_steps=1000)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+import torch
+
+from clorch.optim.schedule import SCHEDULES, WarmupCosine, build_scheduler
+
+__all__ = ["build_optimizer", "build_scheduler", "param_groups", "OPTIMIZERS", "SCHEDULES",
+           "WarmupCosine"]
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices and embeddings decay; biases and norm weights (1-D) do not.
+
+    The GPT-2 / nanoGPT convention; pass the result to `build_optimizer` as `params`.
+    A tied weight appears once (`model.parameters()` removes duplicates).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def _all_cuda(groups: list) -> bool:
+    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+    return bool(tensors) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in tensors)
+
+
+def _check_number(name: str, value: object, low: float, high: float | None = None,
+                  open_low: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (value > low if open_low else value >= low) and (high is None or value < high)
+    if not ok:
+        bound = f"{'>' if open_low else '>='} {low}" + (f" and < {high}" if high is not None else "")
+        raise ValueError(f"optim.{name} must be a number {bound}, got {value!r}")
+
+
+def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: float = 0.0,
+                    betas: tuple[float, float] = (0.9, 0.999), momentum: float = 0.0,
+                    fused: bool | None = None) -> torch.optim.Optimizer:
+    """Build "adamw" or "sgd" over `params` (tensors or param-group dicts).
+
+    Args:
+        name: "adamw" or "sgd".
+        params: the parameters (e.g. `model.parameters()`), or a list of param groups.
+        lr: base learning rate, > 0.
+        weight_decay: decoupled (adamw) or L2 (sgd) weight decay, >= 0.
+        betas: adamw's two moment coefficients, each in [0, 1). Ignored by sgd.
+        momentum: sgd's momentum, >= 0. Ignored by adamw.
+        fused: use torch's fused implementation (one kernel for all parameters). None
+            means "fused when every parameter is on CUDA", where it is fastest.
+
+    Raises:
+        ValueError: unknown name, an argument out of range, or no parameters.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optim name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    groups = list(params)
+    if not groups:
+        raise ValueError("optim params is empty: the model has no parameters to train")
+    _check_number("lr", lr, 0.0, open_low=True)
+    _check_number("weight_decay", weight_decay, 0.0)
+    if fused is None:
+        fused = _all_cuda(groups)
+    if name == "adamw":
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {betas!r}")
+        for i, beta in enumerate(betas):
+            _check_number(f"betas[{i}]", beta, 0.0, 1.0)
+        if momentum != 0.0:
+            warnings.warn("optim 'adamw' ignores momentum (use betas)", stacklevel=2)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                                 fused=fused)
+    _check_number("momentum", momentum, 0.0)
+    if tuple(betas) != (0.9, 0.999):
+        warnings.warn("optim 'sgd' ignores betas (use momentum)", stacklevel=2)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused)
