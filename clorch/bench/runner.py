@@ -1,0 +1,209 @@
+"""`clorch-bench runner`: clorch's training loop against a hand-written PyTorch loop.
+
+Same model (GPT-2 small by default: 12 layers, d_model 768, 12 heads, sequence
+1024, vocabulary 50304, ~124M parameters), same data (random tokens, one fixed
+tensor), bf16 autocast, fused AdamW, batch 16 x 1024 tokens a step.
+
+* plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`.
+* clorch: `clorch.engine.loop.fit` with clorch's DDP (world size 1 over nccl),
+  DistributedSampler, clorch.amp.autocast and the engine's metrics hooks
+  (metrics.jsonl every `--log-every` steps).
+
+Blocks of `--steps` steps alternate between the two (A B, B A, ...) after a
+warm-up; reported: median tokens/s, the ratio clorch/plain (goal >= 0.98) and
+MFU against the bf16 dense peak (`--peak-tflops`, 989 for an H100/H200 SXM).
+`--compile` applies torch.compile to both models. Needs a CUDA GPU unless
+`--device cpu` (with a tiny `--preset`, for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import clorch.distributed as cd
+from clorch.bench.stats import format_table, median
+
+PRESETS = {
+    "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
+    "tiny": dict(vocab_size=512, seq_len=64, n_layer=2, n_head=2, d_model=64),
+}
+
+
+class RandomTokens:
+    """Fixed random token sequences: the same data for both loops (a clorch Task)."""
+
+    tokens_per_sample: int
+
+    def __init__(self, samples: int, seq_len: int, vocab_size: int, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, vocab_size, (samples, seq_len + 1), generator=gen)
+        self.tokens_per_sample = seq_len
+
+    def __len__(self) -> int:
+        return self.data.size(0)
+
+    def batch(self, indices) -> dict[str, torch.Tensor]:
+        rows = self.data[torch.as_tensor(indices)]
+        return {"input": rows[:, :-1], "target": rows[:, 1:]}
+
+    def loss(self, model, batch) -> torch.Tensor:
+        logits = model(batch["input"])
+        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clorch-bench runner", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="gpt2-small")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--rounds", type=int, default=5, help="alternating blocks per loop")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per loop first")
+    p.add_argument("--log-every", type=int, default=10, help="clorch metrics line every N steps")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
+    return p
+
+
+def _models(opts: dict, device: torch.device):
+    from clorch.models import GPT, GPTConfig
+
+    config = GPTConfig(**PRESETS[opts["preset"]])
+    torch.manual_seed(0)
+    plain = GPT(config).to(device)
+    torch.manual_seed(0)
+    theirs = GPT(config).to(device)
+    return config, plain, theirs
+
+
+def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
+    from clorch.optim import build_optimizer
+
+    compiled = torch.compile(model) if opts["compile"] else model
+    optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(1)
+    state = {"step": 0}
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            idx = torch.randint(0, len(task), (opts["batch_size"],), generator=gen)
+            batch = {k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
+                     for k, v in task.batch(idx).items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = task.loss(compiled, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+
+    return run
+
+
+def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, run_dir: Path):
+    from clorch.data import DistributedSampler
+    from clorch.engine.components import Components
+    from clorch.engine.loop import LoopState, fit
+    from clorch.engine.outputs import MetricsWriter
+    from clorch.engine.worker import StepHooks
+    from clorch.nn.parallel import DistributedDataParallel
+    from clorch.optim import build_optimizer, build_scheduler
+
+    inner = torch.compile(model) if opts["compile"] else model
+    ddp = DistributedDataParallel(inner)
+    optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
+    c = Components(model=ddp, raw_model=model, optimizer=optimizer,
+                   scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
+                   eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
+                   autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1)
+    cfg = {"log_every": opts["log_every"], "eval_every": 0, "fail_at_step": None,
+           "checkpoint": {"policy": "none"}}
+    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    hooks = StepHooks(cfg, c, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)
+    state = LoopState()
+
+    def run(steps: int) -> None:
+        fit(c, state.step + steps, state, hooks)
+
+    return run, writer
+
+
+def _time_block(run, steps: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run(steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def worker(ctx: dict) -> dict:
+    """Run both loops interleaved on this rank's device (world size 1) and return the results."""
+    opts = ctx["args"]
+    device = cd.device() if opts["device"] == "cuda" else torch.device("cpu")
+    config, plain_model, clorch_model = _models(opts, device)
+    samples = max(64, opts["batch_size"] * 8)
+    task = RandomTokens(samples, config.seq_len, config.vocab_size)
+    tokens_per_step = opts["batch_size"] * config.seq_len
+    with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
+        runners = {"plain": _plain_runner(plain_model, task, opts, device)}
+        runners["clorch"], writer = _clorch_runner(clorch_model, task, opts, device, Path(tmp))
+        for run in runners.values():
+            _time_block(run, opts["warmup"], device)
+        samples_s: dict[str, list[float]] = {name: [] for name in runners}
+        for r in range(opts["rounds"]):
+            order = list(runners) if r % 2 == 0 else list(reversed(runners))
+            for name in order:
+                seconds = _time_block(runners[name], opts["steps"], device)
+                samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
+        writer.close()
+        metrics_lines = sum(1 for _ in open(Path(tmp) / "metrics.jsonl"))
+    flops = plain_model.flops_per_token()
+    tps = {name: median(v) for name, v in samples_s.items()}
+    return {"tokens_per_s": tps, "samples": samples_s, "ratio": tps["clorch"] / tps["plain"],
+            "mfu": {n: t * flops / (opts["peak_tflops"] * 1e12) for n, t in tps.items()},
+            "params": plain_model.num_parameters(), "metrics_lines": metrics_lines,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+
+
+def report(result: dict, opts: dict) -> str:
+    rows = [[name, result["tokens_per_s"][name], f"{100 * result['mfu'][name]:.1f}%"]
+            for name in ("plain", "clorch")]
+    head = (f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
+            f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']}, "
+            f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
+    table = format_table(["loop", "tokens/s", "MFU"], rows)
+    return f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = vars(parser().parse_args(sys.argv[1:] if argv is None else argv))
+    if opts["device"] == "cuda" and not torch.cuda.is_available():
+        print("clorch-bench runner: no CUDA device here; use --device cpu --preset tiny for a smoke run",
+              file=sys.stderr)
+        return 2
+    if "RANK" in os.environ:
+        with cd.process_group(backend="nccl" if opts["device"] == "cuda" else "gloo"):
+            print(report(worker({"args": opts}), opts))
+        return 0
+    backend = "nccl" if opts["device"] == "cuda" else "gloo"
+    job = cd.launch("clorch.bench.runner:worker", nproc_per_node=1, backend=backend, args=opts,
+                    devices=[0] if backend == "nccl" else None)
+    status = job.wait()
+    if status["state"] != "succeeded":
+        print(f"benchmark failed: {status}\n{cd.job_logs(job, 0)['stderr']}", file=sys.stderr)
+        return 1
+    print(report(status["results"][0], opts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
