@@ -1,0 +1,147 @@
+"""A rank's entry point: `python -m clorch.launch.child --main pkg.mod:fn --log-dir DIR --backend B`.
+
+In order:
+1. Ask for SIGKILL when the launcher goes (PR_SET_PDEATHSIG), and exit at
+   once if it is already gone.
+2. Fork a sentinel into this rank's process group (the rank leads its own
+   session). It ignores SIGTERM/SIGINT and waits for the rank to die, however
+   it dies, then SIGKILLs the group: the rank's own children (data-loader
+   workers, subprocesses) never outlive it, even when nobody is left to reap.
+3. Import `main`, join the process group (unless backend is "none"), call
+   `main(ctx)`, leave the group. A JSON-serializable return value goes to
+   rank_{r}.result.json; an exception (or sys.exit with a non-zero code) goes
+   to rank_{r}.error.json with its type, message and traceback, then
+   propagates, so the exit code and the traceback on stderr are Python's own.
+
+Nothing here imports torch before step 3, and nothing at all without a backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE, set_parent_death_signal
+
+
+def _guard_parent() -> None:
+    """Die with the launcher. The ppid check closes the race with a launcher dying before prctl."""
+    expected = os.environ.get(LAUNCHER_PID_VARIABLE)
+    set_parent_death_signal(signal.SIGKILL)
+    if expected and os.getppid() != int(expected):
+        os._exit(128 + signal.SIGKILL)
+
+
+def _start_sentinel() -> None:
+    """Fork the process that kills this rank's group once the rank has died (see module doc)."""
+    rank_pid = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Blocked before prctl, so the parent-death signal waits for sigwait instead of being lost.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        set_parent_death_signal(signal.SIGUSR1)
+        if os.getppid() == rank_pid:
+            signal.sigwait({signal.SIGUSR1})
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _extend_sys_path() -> None:
+    """See the launcher's modules (a fresh interpreter does not inherit its sys.path edits)."""
+    for entry in json.loads(os.environ.get(SYS_PATH_VARIABLE, "[]")):
+        if entry not in sys.path:
+            sys.path.append(entry)
+
+
+def _resolve(target: str) -> Any:
+    module_name, name = target.split(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"main {target!r}: module {module_name!r} has no attribute {name!r}") from None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _write_error(log_dir: Path, rank: int, exc: BaseException) -> None:
+    code = exc.code if isinstance(exc, SystemExit) else None
+    message = f"sys.exit({code!r})" if isinstance(exc, SystemExit) else str(exc)
+    _write_json(log_dir / f"rank_{rank}.error.json", {
+        "rank": rank, "pid": os.getpid(), "timestamp": time.time(),
+        "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
+        "traceback": "".join(traceback.format_exception(exc)),
+    })
+
+
+def _write_result(log_dir: Path, rank: int, result: Any) -> None:
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        print(f"clorch: rank {rank}: main returned a value that is not JSON-serializable "
+              f"({type(result).__name__}: {exc}); it is not stored", file=sys.stderr)
+        return
+    tmp = log_dir / f"rank_{rank}.result.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, log_dir / f"rank_{rank}.result.json")
+
+
+def _call(fn: Any, backend: str, args: Any) -> Any:
+    ctx = {
+        "rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]), "backend": None, "process_group": None,
+        "args": args,
+    }
+    if backend == "none":
+        return fn(ctx)
+    import torch.distributed as dist
+
+    from clorch.distributed import process_group
+
+    with process_group(backend=backend):
+        ctx["backend"] = str(dist.get_backend())
+        ctx["process_group"] = dist.group.WORLD
+        return fn(ctx)
+
+
+def run(target: str, log_dir: Path, backend: str) -> None:
+    """Resolve and call `target` as this rank; write its result or its error file."""
+    rank = int(os.environ["RANK"])
+    try:
+        fn = _resolve(target)
+        args = json.loads((log_dir / "args.json").read_text())
+        _write_result(log_dir, rank, _call(fn, backend, args))
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _write_error(log_dir, rank, exc)
+        raise
+    except BaseException as exc:
+        _write_error(log_dir, rank, exc)
+        raise
+
+
+def main(argv: list[str]) -> None:
+    options = dict(zip(argv[::2], argv[1::2]))
+    _guard_parent()
+    _start_sentinel()
+    _extend_sys_path()
+    run(options["--main"], Path(options["--log-dir"]), options["--backend"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

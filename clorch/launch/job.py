@@ -1,0 +1,181 @@
+"""The job handle: status, waiting, logs, stopping, and the JSON record on disk.
+
+The launching process owns the job (a supervisor thread watches the ranks);
+any other process can `Job.open(log_dir)` the record `job.json` and read the
+same status and logs, or stop the job.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from clorch.launch.procs import kill_group, pid_alive
+
+RECORD = "job.json"
+STOP_REQUEST = "stop.request"
+FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out")
+_OBSERVER_POLL_S = 0.05
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+class Job:
+    """A launched job. Returned by `clorch.launch.launch`; also `Job.open(log_dir)`.
+
+    A context manager: leaving the with-block stops the job if it still runs.
+    """
+
+    def __init__(self, log_dir: Path, record: dict[str, Any], owner: bool) -> None:
+        self.log_dir = Path(log_dir)
+        self._record = record
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._stop_signal: int | None = None
+        self._wake_r, self._wake_w = os.pipe() if owner else (-1, -1)
+        if owner:
+            os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
+        self._thread: threading.Thread | None = None
+
+    # -- reading -------------------------------------------------------------
+    @classmethod
+    def open(cls, log_dir: str | os.PathLike) -> "Job":
+        """Attach to the job whose record is in `log_dir` (from any process).
+
+        Raises:
+            ValueError: `log_dir` holds no job record.
+        """
+        path = Path(log_dir) / RECORD
+        if not path.is_file():
+            raise ValueError(f"log_dir {str(log_dir)!r} holds no job record ({RECORD})")
+        return cls(Path(log_dir), json.loads(path.read_text()), owner=False)
+
+    def _read_record(self) -> dict[str, Any]:
+        if self._owner:
+            with self._lock:
+                return copy.deepcopy(self._record)
+        record = json.loads((self.log_dir / RECORD).read_text())
+        status = record["status"]
+        same_host = record.get("host") == socket.gethostname()  # a pid means nothing elsewhere
+        if status["state"] == "running" and same_host and not pid_alive(record["launcher_pid"]):
+            # The launcher died without writing the end; its ranks died with it (PDEATHSIG).
+            status.update(state="failed", error={
+                "rank": None, "type": None, "traceback": None, "exit_code": None, "signal": None,
+                "message": f"the launcher (pid {record['launcher_pid']}) ended without recording "
+                           "the job's end; its ranks were killed with it"})
+        return record
+
+    def status(self) -> dict[str, Any]:
+        """The job's status now; see `clorch.launch.job_status`."""
+        return self._read_record()["status"]
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of this node's ranks in the current (or last) attempt."""
+        return list(self.status()["pids"])
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The validated launch arguments, as stored in the record."""
+        return copy.deepcopy(self._record["config"])
+
+    def done(self) -> bool:
+        return self.status()["state"] in FINAL_STATES
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job ends; return its final status. See `await_job`."""
+        if self._owner:
+            if not self._done.wait(timeout):
+                raise TimeoutError(f"job in {str(self.log_dir)!r} still running after timeout={timeout}s")
+            return self.status()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status["state"] in FINAL_STATES:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job in {str(self.log_dir)!r} still running after timeout={timeout}s")
+            time.sleep(_OBSERVER_POLL_S)
+
+    def logs(self, rank: int) -> dict[str, str]:
+        """`{"stdout": ..., "stderr": ...}` of `rank`, read from its files; see `job_logs`."""
+        ranks = self._record["status"]["ranks"]
+        if not isinstance(rank, int) or rank not in ranks:
+            raise ValueError(f"rank must be one of this node's ranks {ranks}, got {rank!r}")
+        out = {}
+        for stream in ("stdout", "stderr"):
+            path = self.log_dir / f"rank_{rank}.{stream}"
+            out[stream] = path.read_text(errors="replace") if path.exists() else ""
+        return out
+
+    # -- stopping ------------------------------------------------------------
+    def stop(self, timeout: float | None = None) -> dict[str, Any]:
+        """Cancel the job (SIGTERM, then SIGKILL after the grace period); return the final status."""
+        if self._owner:
+            self._request_stop(signal.SIGTERM)
+            return self.wait(timeout)
+        record = self._read_record()
+        if record["status"]["state"] == "running":
+            (self.log_dir / STOP_REQUEST).write_text(str(os.getpid()))
+            for pid in record["status"]["pids"]:
+                if _is_rank_process(pid):
+                    kill_group(pid, signal.SIGTERM)
+        return self.wait(timeout)
+
+    def _request_stop(self, signum: int) -> None:
+        """Ask the supervisor to end the job with `signum` (forwarded), escalating to SIGKILL."""
+        with self._lock:
+            if self._stop_signal is None:
+                self._stop_signal = signum
+            # Under the lock: the supervisor closes the pipe under it once the job has ended.
+            if not self._done.is_set():
+                try:
+                    os.write(self._wake_w, b"s")
+                except BlockingIOError:
+                    pass  # the pipe is full of wake-ups already
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.done():
+            self.stop()
+
+    def __repr__(self) -> str:
+        return f"Job(log_dir={str(self.log_dir)!r}, state={self.status()['state']!r})"
+
+    # -- writing (the owning process's supervisor) ---------------------------
+    def _finish(self) -> None:
+        """Mark the job ended and release the wake-up pipe (the supervisor, once)."""
+        with self._lock:
+            self._done.set()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _update(self, **status: Any) -> None:
+        with self._lock:
+            self._record["status"].update(copy.deepcopy(status))
+            snapshot = copy.deepcopy(self._record)
+        write_json_atomic(self.log_dir / RECORD, snapshot)
+
+
+def _is_rank_process(pid: int) -> bool:
+    """Guard against pid reuse: only signal a process that runs clorch's rank entry point."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"clorch.launch.child" in handle.read()
+    except OSError:
+        return False

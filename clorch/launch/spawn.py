@@ -1,0 +1,86 @@
+"""Start one rank: its environment, its command line, its log files, its own session."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import clorch
+from clorch.launch.config import LaunchConfig
+from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
+
+RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
+
+
+def _dist_env_module() -> ModuleType:
+    """clorch.distributed.env, without importing torch when clorch.distributed is not loaded yet.
+
+    Importing the submodule runs clorch/distributed/__init__.py, which imports
+    torch (seconds); the launcher itself never needs torch, so load the small
+    env.py file directly unless the package is already in memory.
+    """
+    loaded = sys.modules.get("clorch.distributed.env")
+    if loaded is not None:
+        return loaded
+    path = Path(clorch.__file__).parent / "distributed" / "env.py"
+    spec = importlib.util.spec_from_file_location("clorch.launch._distributed_env", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up while building DistEnv
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+# Loaded once, at import, so that two supervisor threads never load it together.
+with_multicast_off: Callable[[dict[str, str]], dict[str, str]] = _dist_env_module().with_multicast_off
+
+
+def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> dict[str, str]:
+    """The full environment of one rank: the launcher's, the user's `env`, then clorch's variables."""
+    env = {**os.environ, **config.env}
+    env.update({
+        "RANK": str(config.global_rank(local_rank)), "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(config.world_size), "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+        "GROUP_RANK": str(config.node_rank), "MASTER_ADDR": config.master_addr,
+        "MASTER_PORT": str(port), RESTART_VARIABLE: str(attempt),
+        LAUNCHER_PID_VARIABLE: str(os.getpid()), SYS_PATH_VARIABLE: json.dumps(sys.path),
+        # Unbuffered: what a rank prints right before it crashes still reaches its log file.
+        "PYTHONUNBUFFERED": "1",
+    })
+    if config.nproc_per_node > 1:
+        # Ranks sharing a node would otherwise each start one thread per core.
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if config.cuda_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = config.cuda_devices[local_rank]
+    return with_multicast_off(env)
+
+
+def rank_command(config: LaunchConfig) -> list[str]:
+    """The command line every rank runs (the same for all; the environment tells them apart)."""
+    return [sys.executable, "-m", "clorch.launch.child", "--main", config.main,
+            "--log-dir", config.log_dir, "--backend", config.backend or "none"]
+
+
+def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> subprocess.Popen:
+    """Start one rank in a new session (so its group id is its pid), output straight to its files.
+
+    Call it from the thread that supervises the job: the rank's parent-death
+    signal fires when that *thread* exits.
+    """
+    rank = config.global_rank(local_rank)
+    log_dir = Path(config.log_dir)
+    mode = "wb" if attempt == 0 else "ab"
+    with open(log_dir / f"rank_{rank}.stdout", mode) as out, open(log_dir / f"rank_{rank}.stderr", mode) as err:
+        if attempt:
+            banner = f"=== clorch: restart {attempt} of {config.max_restarts} ===\n".encode()
+            out.write(banner)
+            err.write(banner)
+            out.flush()
+            err.flush()
+        return subprocess.Popen(rank_command(config), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                env=rank_env(config, local_rank, port, attempt), start_new_session=True)

@@ -1,0 +1,129 @@
+"""Entry points for the launcher tests: `tests.launch.workers:NAME`.
+
+Most need no torch (launched with backend=None) so that each rank starts in
+a fraction of a second; the ones named gloo_* run in a real gloo group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "OMP_NUM_THREADS", "CLORCH_RESTART_COUNT", "PYTHONUNBUFFERED",
+             "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+             "CUDA_VISIBLE_DEVICES", "CLORCH_TEST_MARK")
+
+
+def report(ctx):
+    """Print to both streams; return ctx (without the group) and the clorch environment."""
+    print(f"stdout of rank {ctx['rank']}")
+    print(f"stderr of rank {ctx['rank']}", file=sys.stderr)
+    fields = {k: v for k, v in ctx.items() if k != "process_group"}
+    return {"ctx": fields, "env": {name: os.environ.get(name) for name in ENV_NAMES},
+            "torch_imported": "torch" in sys.modules}
+
+
+def returns_a_set(ctx):
+    """A return value JSON cannot hold: the job succeeds, the result is not stored."""
+    return {ctx["rank"]}
+
+
+def _spawn_grandchild(ctx) -> None:
+    """Start a long sleeper and record (rank pid, grandchild pid) for the test to check."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    pid_dir = Path(ctx["args"]["pid_dir"])
+    tmp = pid_dir / f"rank_{ctx['rank']}.tmp"
+    tmp.write_text(json.dumps({"rank": os.getpid(), "grandchild": child.pid}))
+    os.replace(tmp, pid_dir / f"rank_{ctx['rank']}.json")
+
+
+def grandchild_then(ctx):
+    """Spawn a grandchild, then act per args["then"] ("return", "sleep", "raise" on rank 1)."""
+    _spawn_grandchild(ctx)
+    then = ctx["args"].get("then", "return")
+    if then == "raise" and ctx["rank"] == 1:
+        time.sleep(0.3)
+        raise ValueError("rank 1 gave up")
+    if then in ("sleep", "raise"):
+        time.sleep(120)
+    return ctx["rank"]
+
+
+def exit_with(ctx):
+    """Rank 1 calls sys.exit(args["code"]); the others wait to be stopped."""
+    if ctx["rank"] == 1:
+        sys.exit(ctx["args"]["code"])
+    time.sleep(120)
+
+
+def segfault(ctx):
+    """Rank 1 prints (no flush) and dies by SIGSEGV; the others wait to be stopped."""
+    if ctx["rank"] == 1:
+        print("last words before the crash")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(120)
+
+
+def hang_ignoring_sigterm(ctx):
+    """A hung rank that ignores SIGTERM: only SIGKILL ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(ctx["args"]["pid_dir"], f"ready_{ctx['rank']}").write_text("1")
+    time.sleep(120)
+
+
+def flaky(ctx):
+    """Fail until the restart count reaches args["succeed_at"]; return the count and port."""
+    count = int(os.environ["CLORCH_RESTART_COUNT"])
+    if count < ctx["args"]["succeed_at"]:
+        raise RuntimeError(f"attempt {count} fails on purpose")
+    return {"restart": count, "port": int(os.environ["MASTER_PORT"])}
+
+
+def gloo_all_reduce(ctx):
+    """All-reduce a random tensor seeded by rank; return it, the ctx fields and the group size."""
+    import torch
+    import torch.distributed as dist
+
+    from clorch.distributed import all_reduce
+
+    gen = torch.Generator().manual_seed(1000 + ctx["rank"])
+    tensor = torch.randn(5, generator=gen, dtype=torch.float64)
+    all_reduce(tensor)
+    fields = {k: v for k, v in ctx.items() if k != "process_group"}
+    return {"sum": tensor.tolist(), "ctx": fields,
+            "group_size": dist.get_world_size(ctx["process_group"])}
+
+
+def gloo_fail_fast(ctx):
+    """In a real gloo group: rank 1 raises; rank 0 (with a grandchild) sleeps instead of calling a collective."""
+    import torch
+
+    from clorch.distributed import all_reduce
+
+    all_reduce(torch.randn(3))  # the group works before the failure
+    if ctx["rank"] == 1:
+        # Fail once rank 0 has its grandchild, so the test can see that die too.
+        while not Path(ctx["args"]["pid_dir"], "rank_0.json").exists():
+            time.sleep(0.02)
+        raise ValueError("rank 1 gave up after the first all_reduce")
+    _spawn_grandchild(ctx)
+    time.sleep(120)
+
+
+def cuda_all_reduce(ctx):
+    """On this rank's one visible GPU: all-reduce a random tensor seeded by rank."""
+    import torch
+
+    from clorch.distributed import all_reduce, device
+
+    gen = torch.Generator().manual_seed(3000 + ctx["rank"])
+    tensor = torch.randn(6, generator=gen, dtype=torch.float64).to(device())
+    all_reduce(tensor)
+    return {"sum": tensor.cpu().tolist(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device_count": torch.cuda.device_count(), "device": str(device()), "backend": ctx["backend"]}
