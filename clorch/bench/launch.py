@@ -68,7 +68,7 @@ def _run_clorch(nproc: int) -> float:
 
 
 def _run_torchrun(nproc: int) -> float:
-    from clorch.distributed.env import with_multicast_off
+    from clorch.env import with_multicast_off
 
     work = Path(tempfile.mkdtemp(prefix="clorch-bench-torchrun-"))
     try:

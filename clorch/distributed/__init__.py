@@ -2,7 +2,8 @@
 
 The launcher and checkpoint functions live in `clorch.launch` and
 `clorch.checkpoint`; they are re-exported here, where the user guide puts
-them, and imported on first use so that `import clorch.distributed` stays light.
+them, and imported on first use. The environment-variable helpers live in the
+torch-free `clorch.env`, so the launcher process never imports torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from clorch.distributed.collectives import (
     wait,
 )
 from clorch.distributed.debug import CollectiveMismatchError
-from clorch.distributed.env import DistEnv, read_env
+from clorch.env import DistEnv, read_env
 from clorch.distributed.process_group import (
     backend,
     destroy_process_group,
@@ -55,7 +56,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'clorch.distributed' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from clorch.distributed.env import DistEnv, read_env
+from clorch.env import DistEnv, read_env
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 1800.0

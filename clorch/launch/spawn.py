@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
-from typing import Callable
 
-import clorch
+from clorch.env import with_multicast_off
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
 
 RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
-
-
-def _dist_env_module() -> ModuleType:
-    """clorch.distributed.env, without importing torch when clorch.distributed is not loaded yet.
-
-    Importing the submodule runs clorch/distributed/__init__.py, which imports
-    torch (seconds); the launcher itself never needs torch, so load the small
-    env.py file directly unless the package is already in memory.
-    """
-    loaded = sys.modules.get("clorch.distributed.env")
-    if loaded is not None:
-        return loaded
-    path = Path(clorch.__file__).parent / "distributed" / "env.py"
-    spec = importlib.util.spec_from_file_location("clorch.launch._distributed_env", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses looks its module up while building DistEnv
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-# Loaded once, at import, so that two supervisor threads never load it together.
-with_multicast_off: Callable[[dict[str, str]], dict[str, str]] = _dist_env_module().with_multicast_off
 
 
 def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> dict[str, str]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import clorch.distributed as cd
-from clorch.distributed.env import read_env
+from clorch.env import read_env
 from tests.harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)

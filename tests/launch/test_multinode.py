@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clorch.distributed.env import with_multicast_off
+from clorch.env import with_multicast_off
 from clorch.launch import launch
 from clorch.launch.procs import reserve_free_port
 from clorch.launch.slurm import PORT_BASE, PORT_SPAN

@@ -1,0 +1,88 @@
+"""The standard distributed environment variables, read and checked (no torch import).
+
+clorch's launcher, torchrun and a SLURM script (with the usual exports) all
+set the same six variables; this module turns them into one typed record so
+that a missing or malformed value is reported by name before any socket opens.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+REQUIRED_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+OPTIONAL_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+# NVLink multicast (NVLS) can put a shared host's GPUs out of service; clorch
+# keeps it off in every environment it builds, unless the user set a value.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One rank's place in the job, as the environment describes it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+
+def _int_var(environ: Mapping[str, str], name: str, minimum: int) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Read RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+
+    LOCAL_RANK defaults to RANK and LOCAL_WORLD_SIZE to WORLD_SIZE (one node).
+
+    Raises:
+        ValueError: a required variable is missing, not an integer, or out of range.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [name for name in REQUIRED_VARIABLES if not environ.get(name)]
+    if missing:
+        raise ValueError(
+            f"missing environment variable(s) {', '.join(missing)}: set them, or start the "
+            "workers with clorch.distributed.launch, clorch-train or torchrun"
+        )
+    world_size = _int_var(environ, "WORLD_SIZE", 1)
+    rank = _int_var(environ, "RANK", 0)
+    if rank >= world_size:
+        raise ValueError(f"environment variable RANK must be in [0, {world_size}), got {rank}")
+    local_rank = _int_var(environ, "LOCAL_RANK", 0) if environ.get("LOCAL_RANK") else rank
+    local_world_size = (
+        _int_var(environ, "LOCAL_WORLD_SIZE", 1) if environ.get("LOCAL_WORLD_SIZE") else world_size
+    )
+    if local_rank >= local_world_size:
+        raise ValueError(
+            f"environment variable LOCAL_RANK must be in [0, {local_world_size}) "
+            f"(LOCAL_WORLD_SIZE), got {local_rank}"
+        )
+    port = _int_var(environ, "MASTER_PORT", 1)
+    if port > 65535:
+        raise ValueError(f"environment variable MASTER_PORT must be in [1, 65535], got {port}")
+    return DistEnv(rank, world_size, local_rank, local_world_size, environ["MASTER_ADDR"], port)
+
+
+def with_multicast_off(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `environ` with NVLink multicast disabled where the user did not decide."""
+    merged = dict(environ)
+    for name, value in MULTICAST_OFF.items():
+        merged.setdefault(name, value)
+    return merged

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GPU verification in one go (run on the lent GPU machine by the `device` tool,
+# or on any Linux box with CUDA and torch >= 2.11 preinstalled):
+#   bash scripts/gpu-verify.sh [OUTDIR]
+# Installs clorch (and the carried hydra/omegaconf wheels in .whl/, when present)
+# into /tmp/site, records the environment, runs the `cuda` test tier, one recipe
+# end to end and the GPU benchmarks, and writes everything under OUTDIR.
+set -uo pipefail
+OUTDIR=${1:-${OUT:-/tmp/clorch-gpu}}
+mkdir -p "$OUTDIR"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+SITE=/tmp/site
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target $SITE . || exit 1
+export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
+STAGES=${STAGES:-env tests recipe bench}
+run() { echo "=== $1: ${*:2}"; local t=$SECONDS; "${@:2}"; local rc=$?; echo "=== $1 rc=$rc ($((SECONDS - t)) s)"; return 0; }
+
+for stage in $STAGES; do case $stage in
+env)
+  run env python3 - <<'PY' | tee "$OUTDIR/env.txt"
+import datetime, platform, torch
+print("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+for i in range(torch.cuda.device_count()):
+    print("gpu", i, torch.cuda.get_device_name(i))
+PY
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUTDIR/env.txt" ;;
+tests)
+  run tests python3 -m pytest -q -m cuda -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUTDIR/tests.txt" ;;
+recipe)
+  (cd /tmp && run recipe clorch-train +recipe=gpt_bf16 ${RECIPE_ARGS:-}) 2>&1 | tail -40 | tee "$OUTDIR/recipe.txt" ;;
+bench)
+  run runner clorch-bench runner 2>&1 | tee "$OUTDIR/bench_runner.txt"
+  run scaler clorch-bench scaler 2>&1 | tee "$OUTDIR/bench_scaler.txt"
+  run runner-compile clorch-bench runner --compile 2>&1 | tee "$OUTDIR/bench_runner_compile.txt" ;;
+*) echo "unknown stage $stage" ;;
+esac; done
