@@ -1,0 +1,255 @@
+"""save_checkpoint / load_checkpoint / verify_checkpoint: rank-zero, atomic, verified.
+
+On disk, a checkpoint at `path` is two files in `path`'s directory:
+
+    path                          metadata (JSON): the commit point
+    <path name>.<token>.tensors   tensor archive (torch zip), named by the metadata
+
+Saving writes the archive under a fresh unique name and fsyncs it, writes the
+metadata to a hidden temporary (`.<path name>.<token>.tmp`) and fsyncs it, then
+renames the temporary onto `path` (atomic) and fsyncs the directory. Only then
+is the archive of the checkpoint it replaced deleted. Killed at any moment,
+`path` holds the previous complete checkpoint or the new one, never a mix; a
+leftover `.tensors` or `.tmp` file is named by no metadata and never loaded.
+"""
+
+from __future__ import annotations
+
+import glob
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import clorch
+from clorch.checkpoint import archive, metadata
+from clorch.checkpoint.atomic import commit, remove_quietly, test_pause, unique_token, write_durable
+from clorch.checkpoint.collective import agree, exchange
+from clorch.checkpoint.restore import detach_from_file, model_mismatches, optimizer_mismatches
+from clorch.checkpoint.rng import capture_rng, check_rng_state, restore_rng
+import clorch.distributed as cdist
+
+CheckpointError = archive.CheckpointError
+
+
+def _check_stateful(name: str, obj: Any) -> None:
+    if obj is not None and not (callable(getattr(obj, "state_dict", None))
+                                and callable(getattr(obj, "load_state_dict", None))):
+        raise TypeError(f"{name} must have state_dict() and load_state_dict() methods, "
+                        f"got {type(obj).__name__}")
+
+
+def _check_path(path: Any) -> Path:
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a str or pathlib.Path, got {type(path).__name__}")
+    return Path(path)
+
+
+def _local_save_state(model, optimizer, sampler, scaler, state) -> tuple[dict, dict]:
+    if model is None:
+        raise TypeError("model is required (an nn.Module or anything with state_dict/load_state_dict)")
+    for name, obj in (("model", model), ("optimizer", optimizer), ("sampler", sampler), ("scaler", scaler)):
+        _check_stateful(name, obj)
+    state = {} if state is None else state
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict (or None), got {type(state).__name__}")
+    metadata.check_json_state(state)
+    sampler_state = sampler.state_dict() if sampler is not None else None
+    metadata.check_json_state(sampler_state, "sampler.state_dict()")
+    return state, {"sampler": sampler_state, "rng": capture_rng()}
+
+
+def _remove_superseded(path: Path, keep_archive: str) -> None:
+    """Delete archives and temporaries of earlier (or crashed) saves to this same path."""
+    pattern = glob.escape(path.name)
+    for old in path.parent.glob(f"{pattern}.*.tensors"):
+        if old.name != keep_archive:
+            remove_quietly(old)
+    for tmp in path.parent.glob(f".{pattern}.*.tmp"):
+        remove_quietly(tmp)
+
+
+def _write(path: Path, model, optimizer, scaler, state: dict, per_rank: list[dict]) -> None:
+    """Rank 0's part of save_checkpoint: archive, metadata, commit, clean up."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = unique_token()
+    archive_file = path.parent / f"{path.name}.{token}.tensors"
+    temporary = path.parent / f".{path.name}.{token}.tmp"
+    tensors = {"model": model.state_dict()}
+    if optimizer is not None:
+        tensors["optimizer"] = optimizer.state_dict()
+    if scaler is not None:
+        tensors["scaler"] = scaler.state_dict()
+    try:
+        info = archive.write_archive(archive_file, tensors)
+        body = metadata.new_body(
+            versions={"clorch_version": clorch.__version__, "torch_version": torch.__version__},
+            world_size=len(per_rank), state=state, archive={"file": archive_file.name, **info},
+            contents={name: name in tensors for name in ("model", "optimizer", "scaler")},
+            samplers=[r["sampler"] for r in per_rank], rng=[r["rng"] for r in per_rank])
+        write_durable(temporary, metadata.encode(body))
+        test_pause("before_commit")
+        commit(temporary, path)
+    except BaseException:
+        remove_quietly(temporary)
+        remove_quietly(archive_file)
+        raise
+    test_pause("after_commit")
+    _remove_superseded(path, archive_file.name)
+
+
+def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,
+                    scaler: Any = None, state: dict[str, Any] | None = None) -> Path:
+    """Save model, optimizer, scaler, every rank's sampler and RNG states, and `state`, atomically.
+
+    Collective: every rank of the process group must call it (without a group,
+    it is an ordinary local save). All ranks first exchange their sampler and
+    RNG states (a blocking all-gather); rank 0 then writes the checkpoint while
+    the others wait for its outcome (a second all-gather, the barrier), so
+    when it returns on any rank the checkpoint is committed and durable.
+    Model, optimizer, scaler and `state` are taken from rank 0.
+
+    Args:
+        path: the checkpoint's metadata file (its directory is created).
+        model: an nn.Module, a DDP wrapper, or anything with state_dict().
+        optimizer, scaler: optional; anything with state_dict()/load_state_dict().
+        sampler: optional clorch.data.DistributedSampler (each rank's is saved).
+        state: JSON-serializable training state (epoch, step...), returned by
+            load_checkpoint; tuples come back as lists.
+
+    Returns:
+        The committed path.
+
+    Raises:
+        TypeError: an argument without state_dict, or a `state` JSON cannot hold
+            (on every rank: a rank that failed the check re-raises its own error,
+            the others raise CheckpointError naming it).
+        OSError: rank 0 could not write (re-raised on rank 0; CheckpointError on the others).
+        RuntimeError: the process group failed.
+    """
+    error, gathered_local = None, None
+    try:
+        path = _check_path(path)
+        state, gathered_local = _local_save_state(model, optimizer, sampler, scaler, state)
+    except Exception as exc:  # shared with the other ranks before any of them raises
+        error = exc
+    per_rank = exchange(gathered_local, error, f"prepare checkpoint {path}")
+    error = None
+    if cdist.rank() == 0:
+        try:
+            _write(path, model, optimizer, scaler, state, per_rank)
+        except Exception as exc:
+            error = exc
+    agree(error, f"write checkpoint {path} (rank 0 writes)")
+    return path
+
+
+def _read(path: Path) -> tuple[dict[str, Any], Any]:
+    body = metadata.read(path)
+    tensors = archive.read_archive(metadata.archive_path(path, body), body["archive"], path)
+    if not isinstance(tensors, dict) or not isinstance(tensors.get("model"), dict):
+        raise CheckpointError(f"checkpoint archive of {path} has no 'model' state dict")
+    return body, tensors
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check a checkpoint completely without changing anything; return its metadata.
+
+    Reads the metadata (JSON, checksummed), checks the archive's size and every
+    block's sha256, and opens it with torch.load(weights_only=True). Local: not
+    collective, any rank may call it.
+
+    Raises:
+        FileNotFoundError: no metadata file at `path`.
+        CheckpointError: corrupt or truncated metadata or archive, a missing
+            archive, or an archive that is not a plain tensor archive.
+    """
+    body, _ = _read(_check_path(path))
+    return body
+
+
+def _check_fit(path: Path, body: dict, tensors: dict, model, optimizer, sampler, scaler) -> None:
+    problems = model_mismatches(model.state_dict(), tensors["model"])
+    if problems:
+        raise ValueError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
+    for name, obj in (("optimizer", optimizer), ("scaler", scaler)):
+        if obj is not None and name not in tensors:
+            raise ValueError(f"{name} was given, but checkpoint {path} holds no {name} state "
+                             f"(it holds {sorted(tensors)}): pass {name}=None")
+    if optimizer is not None:
+        problems = optimizer_mismatches(optimizer, tensors["optimizer"])
+        if problems:
+            raise ValueError(f"checkpoint {path} does not fit the optimizer: " + "; ".join(problems))
+    rank, world_size = cdist.rank(), cdist.world_size()
+    if sampler is not None:
+        saved = body["samplers"]
+        if body["world_size"] != world_size:
+            raise ValueError(f"sampler was given, but checkpoint {path} was saved by world_size "
+                             f"{body['world_size']} and this job has {world_size}")
+        if saved[rank] is None:
+            raise ValueError(f"sampler was given, but checkpoint {path} holds no sampler state for rank {rank}")
+        if callable(getattr(sampler, "check_state_dict", None)):
+            sampler.check_state_dict(saved[rank])
+    if body["world_size"] == world_size:
+        check_rng_state(body["rng"][rank], f"checkpoint {path} rng[{rank}]")
+
+
+def _apply(body: dict, tensors: dict, model, optimizer, sampler, scaler) -> None:
+    model.load_state_dict(tensors["model"])  # copies out of the archive's mapping
+    if optimizer is not None:
+        optimizer.load_state_dict(detach_from_file(tensors["optimizer"]))
+    if scaler is not None:
+        scaler.load_state_dict(detach_from_file(tensors["scaler"]))
+    rank = cdist.rank()
+    if sampler is not None:
+        sampler.load_state_dict(body["samplers"][rank])
+    if body["world_size"] == cdist.world_size():
+        restore_rng(body["rng"][rank])  # last: nothing above may consume random numbers after it
+    else:
+        warnings.warn(f"checkpoint was saved by world_size {body['world_size']}, this job has "
+                      f"{cdist.world_size()}: RNG states not restored", stacklevel=3)
+
+
+def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,
+                    scaler: Any = None) -> dict[str, Any]:
+    """Restore what save_checkpoint saved, on every rank; return the training `state`.
+
+    Collective: every rank of the process group must call it (without a group,
+    it is local). Each rank reads and verifies the files itself (a shared
+    filesystem, or one host), checks that they fit its model, optimizer,
+    sampler and scaler, then all ranks agree (a blocking all-gather) before
+    any of them changes anything: a load is all or nothing, on every rank.
+    Each rank then restores the model, optimizer, scaler, its own sampler
+    state and its own RNG states (CPU, numpy, Python, CUDA where captured).
+
+    Raises:
+        FileNotFoundError: nothing at `path` (on the rank that saw it; the
+            others raise CheckpointError naming that rank).
+        CheckpointError: a corrupt, truncated, missing or unsafe file.
+        ValueError: missing, unexpected or mis-shaped model/optimizer keys (all
+            listed), a component the checkpoint lacks, or sampler state saved
+            with another dataset_size, num_replicas, rank or seed.
+        TypeError: an argument without state_dict/load_state_dict.
+        RuntimeError: the process group failed.
+    """
+    error, body, tensors = None, None, None
+    try:
+        path = _check_path(path)
+        for name, obj in (("model", model), ("optimizer", optimizer), ("sampler", sampler),
+                          ("scaler", scaler)):
+            _check_stateful(name, obj)
+        if model is None:
+            raise TypeError("model is required (an nn.Module or anything with state_dict/load_state_dict)")
+        body, tensors = _read(path)
+        _check_fit(path, body, tensors, model, optimizer, sampler, scaler)
+    except Exception as exc:
+        error = exc
+    agree(error, f"read checkpoint {path}")
+    try:
+        _apply(body, tensors, model, optimizer, sampler, scaler)
+    except Exception as exc:
+        error = exc
+    del tensors  # drop the archive's mapping
+    agree(error, f"restore checkpoint {path}")
+    return body["state"]

@@ -1,0 +1,247 @@
+"""A distributed sampler whose position survives a checkpoint.
+
+Each rank draws a disjoint, deterministic share of `range(dataset_size)`:
+
+* The epoch's permutation is `torch.randperm(dataset_size)` seeded with
+  `seed + epoch`, identical on every rank and in every run; the same indices,
+  padding and strides as `torch.utils.data.DistributedSampler`, so switching
+  between the two keeps the data order.
+* With `drop_last=False` the permutation is padded by repeating it from the
+  start until it divides evenly; every index is covered and at most
+  `num_replicas - 1` are seen twice. With `drop_last=True` the tail is dropped
+  so that every rank gets the same count.
+* Rank r takes positions r, r + num_replicas, r + 2 * num_replicas, ...
+
+Unlike torch's sampler this one remembers how far it got: `advance(n)` (or
+iterating it) moves a per-epoch position, `state_dict()` records it, and
+after `load_state_dict()` the sampler continues with the very next index.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+import clorch.distributed as cdist
+
+_STATE_KEYS = ("epoch", "seed", "rank", "num_replicas", "dataset_size", "shuffle",
+               "drop_last", "consumed")
+# Keys that must agree between a saved state and the sampler it is loaded into;
+# epoch and consumed are what loading restores.
+_FIXED_KEYS = ("dataset_size", "num_replicas", "rank", "seed", "shuffle", "drop_last")
+
+
+def _int_arg(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool_arg(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+class DistributedSampler(Sampler[int]):
+    """This rank's share of each epoch's permutation, with a resumable position.
+
+    Args:
+        dataset_size: number of samples, >= 0.
+        num_replicas: ranks sharing the data; defaults to the process group's
+            world size (1 outside a group).
+        rank: this rank, in [0, num_replicas); defaults to the group's rank.
+        seed: base seed; the permutation of epoch e is seeded with seed + e.
+        shuffle: permute each epoch; False keeps `range(dataset_size)` order.
+        drop_last: drop the tail so every rank gets the same count without
+            padding (instead of repeating indices from the start).
+
+    Call `set_epoch(epoch)` before each epoch. Without it every epoch reuses the
+    same permutation, exactly as torch's sampler does.
+
+    Position rules: `advance(n)` and iteration move the position within the
+    current epoch; `set_epoch` with a new epoch resets it to 0, and with the
+    current epoch keeps it, so the usual loop
+    `for epoch in range(start, epochs): sampler.set_epoch(epoch)` continues
+    mid-epoch after `load_state_dict`. `len(sampler)` is always the full
+    per-rank count of an epoch; `remaining()` is what is left of it.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: dataset_size < 0, num_replicas < 1, or rank outside
+            [0, num_replicas).
+    """
+
+    def __init__(self, dataset_size: int, *, num_replicas: int | None = None,
+                 rank: int | None = None, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False) -> None:
+        super().__init__()
+        self.dataset_size = _int_arg("dataset_size", dataset_size, 0)
+        self.num_replicas = _int_arg(
+            "num_replicas", cdist.world_size() if num_replicas is None else num_replicas, 1)
+        rank = cdist.rank() if rank is None else rank
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {rank!r} ({type(rank).__name__})")
+        if not 0 <= rank < self.num_replicas:
+            raise ValueError(
+                f"rank must be in [0, {self.num_replicas}) (num_replicas={self.num_replicas}), got {rank}")
+        self.rank = rank
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+        self.seed = seed
+        self.shuffle = _bool_arg("shuffle", shuffle)
+        self.drop_last = _bool_arg("drop_last", drop_last)
+        self.num_samples = self._per_rank_count()
+        self.total_size = self.num_samples * self.num_replicas
+        self._epoch = 0
+        self._consumed = 0
+        # Set by load_state_dict: the restored (possibly empty) rest of the
+        # epoch is served before an exhausted epoch may start over.
+        self._restored = False
+        self._cache: tuple[int, list[int]] | None = None
+
+    def _per_rank_count(self) -> int:
+        # Same arithmetic as torch.utils.data.DistributedSampler.
+        if self.drop_last and self.dataset_size % self.num_replicas != 0:
+            return math.ceil((self.dataset_size - self.num_replicas) / self.num_replicas)
+        return math.ceil(self.dataset_size / self.num_replicas)
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0 until `set_epoch` is called)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; a new epoch starts at position 0, the current one keeps its position.
+
+        Raises:
+            TypeError / ValueError: epoch is not an int >= 0.
+        """
+        epoch = _int_arg("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._consumed = 0
+            self._restored = False
+
+    def _epoch_indices(self) -> list[int]:
+        """This rank's full index list for the current epoch (cached per epoch)."""
+        if self._cache is not None and self._cache[0] == self._epoch:
+            return self._cache[1]
+        n = self.dataset_size
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self._epoch)
+            indices = torch.randperm(n, generator=generator).tolist()
+        else:
+            indices = list(range(n))
+        if not self.drop_last and n > 0:
+            padding = self.total_size - n
+            indices += (indices * math.ceil(padding / n))[:padding]
+        else:
+            indices = indices[: self.total_size]
+        mine = indices[self.rank: self.total_size: self.num_replicas]
+        self._cache = (self._epoch, mine)
+        return mine
+
+    def sample_indices(self) -> list[int]:
+        """The rest of this epoch's indices for this rank, from the current position.
+
+        A pure read: the position moves only through `advance` or iteration.
+        """
+        return list(self._epoch_indices()[self._consumed:])
+
+    def remaining(self) -> int:
+        """How many of this epoch's indices this rank has not consumed yet."""
+        return self.num_samples - self._consumed
+
+    def advance(self, n: int) -> None:
+        """Mark the next `n` indices of this epoch as consumed (e.g. after a batch trained).
+
+        Raises:
+            TypeError / ValueError: n is not an int in [0, remaining()].
+        """
+        n = _int_arg("n", n, 0)
+        if n > self.remaining():
+            raise ValueError(
+                f"n must be in [0, {self.remaining()}] (indices left in epoch {self._epoch}), got {n}")
+        self._consumed += n
+        self._restored = False
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield the rest of this epoch, advancing the position by one per index yielded.
+
+        If the epoch is already fully consumed when iteration starts, a new pass
+        over the same permutation begins (torch's behaviour when `set_epoch` is
+        not called), unless the position was just restored by `load_state_dict`:
+        then the restored remainder (nothing) is what this pass yields.
+        A DataLoader with workers reads ahead of training, so a position saved
+        mid-epoch then counts prefetched indices; use `sample_indices()` and
+        `advance()` where the exact position matters.
+        """
+        if self._consumed >= self.num_samples and not self._restored:
+            self._consumed = 0
+        self._restored = False
+        indices = self._epoch_indices()
+        epoch = self._epoch
+        while self._epoch == epoch and self._consumed < self.num_samples:
+            index = indices[self._consumed]
+            self._consumed += 1
+            yield index
+
+    def __len__(self) -> int:
+        """Indices per rank in a full epoch (mid-epoch too; see `remaining()`)."""
+        return self.num_samples
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain ints and bools: the arguments, the epoch and the position within it."""
+        return {"epoch": self._epoch, "seed": self.seed, "rank": self.rank,
+                "num_replicas": self.num_replicas, "dataset_size": self.dataset_size,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "consumed": self._consumed}
+
+    def check_state_dict(self, state: Any) -> None:
+        """Raise the error `load_state_dict(state)` would raise, without changing anything.
+
+        Raises:
+            TypeError: state is not a dict.
+            ValueError: missing or unknown keys, or a saved dataset_size,
+                num_replicas, rank, seed, shuffle or drop_last differing from
+                this sampler's (all differences listed), or a bad position.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"sampler state must be a dict, got {type(state).__name__}")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        unknown = sorted(str(k) for k in state if k not in _STATE_KEYS)
+        if missing or unknown:
+            raise ValueError(f"sampler state has missing keys {missing} and unknown keys {unknown}; "
+                             f"expected exactly {list(_STATE_KEYS)}")
+        mine = self.state_dict()
+        differs = [f"{k}: saved {state[k]!r}, this sampler {mine[k]!r}"
+                   for k in _FIXED_KEYS if state[k] != mine[k] or type(state[k]) is not type(mine[k])]
+        if differs:
+            raise ValueError("sampler state was saved by a different sampler: " + "; ".join(differs))
+        _int_arg("sampler state 'epoch'", state["epoch"], 0)
+        consumed = state["consumed"]
+        if isinstance(consumed, bool) or not isinstance(consumed, int) or not 0 <= consumed <= self.num_samples:
+            raise ValueError(f"sampler state 'consumed' must be an int in [0, {self.num_samples}], "
+                             f"got {consumed!r}")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the epoch and position saved by `state_dict()`; the next index is the one after.
+
+        Raises:
+            TypeError / ValueError: see `check_state_dict`.
+        """
+        self.check_state_dict(state)
+        self._epoch = state["epoch"]
+        self._consumed = state["consumed"]
+        self._restored = True
+
+    def __repr__(self) -> str:
+        return (f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "
+                f"rank={self.rank}, seed={self.seed}, shuffle={self.shuffle}, "
+                f"drop_last={self.drop_last}, epoch={self._epoch}, consumed={self._consumed})")
