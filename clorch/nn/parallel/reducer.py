@@ -1,0 +1,160 @@
+"""The gradient reducer: hooks fill flat buckets, full buckets all-reduce asynchronously.
+
+Life of one synchronized step, on every rank:
+
+1. backward: each parameter's post-accumulate-grad hook writes its gradient,
+   divided by world_size, into its slot of the bucket, and points `.grad` at
+   the bucket's view of that slot (so no copy back is needed later).
+2. when a bucket's last slot is filled, its all-reduce (sum) starts at once,
+   overlapping the rest of backward. Buckets launch strictly in index order,
+   so every rank issues the same collectives in the same order even when
+   hooks fire in a slightly different order.
+3. `finish()` (from `optimizer_step`) waits for every bucket and, for buckets
+   that travel in `reduce_dtype`, copies the reduced values back into the
+   gradient-dtype buffer that `.grad` views: one `copy_` per bucket.
+
+Averaging divides *before* the sum (pre-division): with fp16 gradients near
+the format's maximum, summing world_size of them first would overflow to inf
+before a post-division could bring them back.
+
+Nothing here reads a device value on the host: hooks and `finish()` only
+enqueue work (on CUDA, copies run on the current stream and NCCL orders
+itself after them).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from clorch.distributed import collectives
+from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
+
+
+class Reducer:
+    """Owns the buckets and the hooks of one DistributedDataParallel model.
+
+    Args:
+        params: trainable parameters, registration order.
+        names: their qualified names (for error messages).
+        bucket_cap_mb / first_bucket_cap_mb: see `plan_buckets`.
+        reduce_dtype: dtype floating buckets travel in, or None for their own.
+        world_size: the divisor of the average.
+        communicate: False runs the whole bucket path without a collective
+            (world size 1 with no process group).
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
+                 bucket_cap_mb: float, first_bucket_cap_mb: float,
+                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool = True):
+        self._params = list(params)
+        self._names = list(names)
+        plan = plan_buckets(self._params, bucket_cap_mb, first_bucket_cap_mb)
+        self.buckets: list[Bucket] = build_buckets(self._params, self._names, plan, reduce_dtype)
+        self._divisor = world_size
+        self._communicate = communicate
+        self._fired = [False] * len(self._params)
+        self._ready = [False] * len(self.buckets)
+        self._next_launch = 0
+        self.sync = True
+        self.committed = False  # True between finish() and the next optimizer step
+        self.param_ids = frozenset(id(p) for p in self._params)
+        self._handles = []
+        for bucket in self.buckets:
+            for position, index in enumerate(bucket.param_indices):
+                hook = self._make_hook(index, bucket, position)
+                self._handles.append(self._params[index].register_post_accumulate_grad_hook(hook))
+
+    def _make_hook(self, index: int, bucket: Bucket, position: int):
+        grad_view = bucket.grad_views[position]
+        comm_view = bucket.comm_views[position]
+        slot_ptr = grad_view.data_ptr()
+        divisor = self._divisor
+        size = len(bucket.param_indices)
+
+        def hook(param: torch.Tensor) -> None:
+            if not self.sync:
+                return  # no_sync: autograd keeps accumulating into .grad locally
+            if self._fired[index] or self.committed:
+                raise ValueError(
+                    f"DistributedDataParallel: parameter {self._names[index]!r} received a second "
+                    "synchronized gradient before optimizer_step(); wrap every micro-batch but the "
+                    "last in no_sync() and call optimizer_step() once per synchronized backward")
+            self._fired[index] = True
+            grad = param.grad
+            # Pre-divided copy into the slot (in place when .grad already is the slot).
+            torch.div(grad, divisor, out=comm_view)
+            if grad.data_ptr() != slot_ptr:
+                param.grad = grad_view
+            bucket.filled += 1
+            if bucket.filled == size:
+                self._mark_ready(bucket.index)
+
+        return hook
+
+    def _mark_ready(self, index: int) -> None:
+        self._ready[index] = True
+        while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
+            self._launch(self.buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        if self._communicate:
+            bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
+
+    def finish(self) -> None:
+        """Wait for every bucket's all-reduce and commit the averages to `.grad`.
+
+        Every rank must call it once per synchronized backward (it is the
+        second half of that backward's collectives). It blocks until all
+        buckets are reduced (on CUDA: until the reductions are ordered on the
+        current stream; no host sync).
+
+        Raises:
+            ValueError: a trainable parameter got no gradient in the
+                synchronized backward (or there was none since the last
+                step). The missing buckets are still reduced first, so ranks
+                that did get every gradient are not left waiting.
+        """
+        missing: list[str] = []
+        if self._next_launch < len(self.buckets):
+            missing = [name for name, fired in zip(self._names, self._fired) if not fired]
+            while self._next_launch < len(self.buckets):
+                self._launch(self.buckets[self._next_launch])
+                self._next_launch += 1
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                work, bucket.work = bucket.work, None
+                work.wait()
+            if bucket.converts:
+                bucket.flat.copy_(bucket.comm)
+            bucket.filled = 0
+        self._fired = [False] * len(self._params)
+        self._ready = [False] * len(self.buckets)
+        self._next_launch = 0
+        self.committed = not missing
+        if missing:
+            self._raise_missing(missing)
+
+    def _raise_missing(self, missing: list[str]) -> None:
+        if len(missing) == len(self._params):
+            raise ValueError(
+                "DistributedDataParallel.optimizer_step(): no synchronized backward since the last "
+                "step (every backward ran under no_sync()?); run the last micro-batch's backward "
+                "outside no_sync()")
+        raise ValueError(
+            f"DistributedDataParallel: the synchronized backward produced no gradient for trainable "
+            f"parameter(s) {missing}; every trainable parameter must receive a gradient in each "
+            "synchronized backward (set requires_grad=False on parameters you do not use; "
+            "find_unused_parameters is unsupported)")
+
+    def remove(self) -> None:
+        """Remove every hook, after waiting for reductions still in flight (local, no collective)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                work, bucket.work = bucket.work, None
+                work.wait()
