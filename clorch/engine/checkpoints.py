@@ -1,0 +1,125 @@
+"""Checkpoint policy for the worker: where checkpoints go, when, and what to resume.
+
+The checkpoint holds model, optimizer, sampler and scaler (clorch.checkpoint)
+plus the loop state: step, epoch and the schedule's state, so a resumed run
+continues exactly where the checkpoint was taken.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from clorch.engine.components import Components
+from clorch.engine.loop import LoopState
+
+
+def checkpoint_dir(cfg: Mapping[str, Any], run_dir: Path) -> Path:
+    """`checkpoint.dir`, or <run dir>/checkpoints."""
+    configured = cfg["checkpoint"]["dir"]
+    return Path(configured).expanduser() if configured else run_dir / "checkpoints"
+
+
+def final_path(cfg: Mapping[str, Any], run_dir: Path) -> Path:
+    """`checkpoint.path`, or <checkpoint dir>/final.ckpt."""
+    configured = cfg["checkpoint"]["path"]
+    return Path(configured).expanduser() if configured else checkpoint_dir(cfg, run_dir) / "final.ckpt"
+
+
+def restart_count() -> int:
+    """How many times the launcher restarted this job (0 on the first start)."""
+    return int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0)
+
+
+def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
+    """The checkpoint to start from, or None for a fresh start.
+
+    `checkpoint.resume`: none, latest (the newest step checkpoint in the
+    checkpoint directory; none yet means a fresh start), or a path. After a
+    restart by the launcher the latest checkpoint is used whatever the setting.
+    """
+    resume = cfg["checkpoint"]["resume"]
+    if restart_count() > 0 or resume == "latest":
+        from clorch.checkpoint import latest_checkpoint
+
+        directory = checkpoint_dir(cfg, run_dir)
+        return latest_checkpoint(directory) if directory.is_dir() else None
+    if resume == "none":
+        return None
+    return Path(resume).expanduser()
+
+
+def save(c: Components, path: Path, state: LoopState) -> None:
+    """Write a checkpoint of everything needed to continue.
+
+    Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint);
+    it blocks until rank 0 has committed the file.
+    """
+    from clorch.checkpoint import save_checkpoint
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The open logging window travels too, so the first metrics line after a
+    # resume averages the same steps as an uninterrupted run's (one host read).
+    window = _gather_window(c, state)
+    save_checkpoint(path, model=c.raw_model, optimizer=c.optimizer, sampler=c.sampler,
+                    scaler=c.scaler, state={"step": state.step, "epoch": state.epoch,
+                                            "scheduler": _scheduler_state(c.scheduler),
+                                            "window_loss": window, "window_steps": state.window_steps,
+                                            "window_samples": state.window_samples})
+
+
+def restore(c: Components, path: Path) -> LoopState:
+    """Load a checkpoint into the components and return the loop state to continue from.
+
+    Every rank must call it (collective: see clorch.checkpoint.load_checkpoint).
+
+    Raises:
+        ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
+    """
+    from clorch.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(path, model=c.raw_model, optimizer=c.optimizer, sampler=c.sampler,
+                            scaler=c.scaler)
+    scheduler_state = saved.get("scheduler")
+    if scheduler_state:
+        c.scheduler.load_state_dict(scheduler_state)
+    window = saved.get("window_loss")
+    if window is not None:  # each rank continues its own window
+        window = torch.tensor(window[c.rank], dtype=torch.float32, device=c.device)
+    return LoopState(step=int(saved["step"]), epoch=int(saved["epoch"]), resumed=True,
+                     window_loss=window,
+                     window_steps=int(saved.get("window_steps", 0)),
+                     window_samples=int(saved.get("window_samples", 0)))
+
+
+def _gather_window(c: Components, state: LoopState) -> list[float] | None:
+    """Every rank's open window loss (checkpoints keep rank 0's state only).
+
+    Collective when a window is open: every rank calls it from `save`.
+    """
+    if state.window_loss is None:
+        return None
+    from clorch.distributed import all_gather_into, is_initialized
+
+    mine = state.window_loss.detach().float().reshape(1)
+    if not is_initialized() or c.world_size == 1:
+        return mine.tolist()
+    out = torch.empty(c.world_size, dtype=torch.float32, device=mine.device)
+    all_gather_into(out, mine)
+    return out.tolist()
+
+
+def _scheduler_state(scheduler: Any) -> dict[str, Any]:
+    """The schedule's state as plain values (lr lambdas are objects with plain attributes)."""
+    state = scheduler.state_dict()
+    return {k: v for k, v in state.items() if not callable(v)}
+
+
+def prune(cfg: Mapping[str, Any], run_dir: Path) -> None:
+    """Keep the newest `checkpoint.keep_last` step checkpoints. Rank 0 only."""
+    from clorch.checkpoint import prune_checkpoints
+
+    prune_checkpoints(checkpoint_dir(cfg, run_dir), cfg["checkpoint"]["keep_last"])

@@ -1,0 +1,124 @@
+"""The training loop: one optimizer step (`train_step`) and the run around it (`fit`).
+
+`build_components(cfg, ctx)` (re-exported here) builds what a rank trains
+with; `train_step(components, micro_batches)` is one optimizer step with
+gradient accumulation. Neither syncs host and device: the loss stays a tensor,
+and `fit` reads it (`.item()`) only on logging steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from clorch.engine.components import Components, build_components
+
+__all__ = ["Components", "StepResult", "build_components", "to_device", "train_step", "fit"]
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step produced."""
+
+    loss: torch.Tensor   # this rank's mean micro-batch loss, detached, on the device
+    stepped: bool        # False when the scaler skipped the update (fp16 overflow)
+    samples: int         # samples this rank trained on in the step
+
+
+def to_device(batch: Mapping[str, torch.Tensor], device: torch.device, pin: bool) -> dict[str, torch.Tensor]:
+    """Move a CPU batch to `device` without blocking the host (pinned first on CUDA)."""
+    if device.type == "cpu":
+        return dict(batch)
+    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train_step(c: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
+    """Forward and backward each micro-batch, then step optimizer, scaler and schedule.
+
+    Every rank must call it with the same number of micro-batches: the last
+    backward is a synchronization point (DDP's gradient all-reduce) and so is
+    `optimizer_step` with a scaler (its found-inf all-reduce). All micro-batches
+    but the last run under `no_sync`, so gradients are reduced once per step.
+
+    Raises:
+        ValueError: `micro_batches` is empty.
+    """
+    if not micro_batches:
+        raise ValueError("micro_batches must hold at least one batch, got none")
+    from clorch.amp import backward
+
+    count = len(micro_batches)
+    total = torch.zeros((), device=c.device)
+    samples = 0
+    for i, batch in enumerate(micro_batches):
+        batch = to_device(batch, c.device, c.pin_memory)
+        samples += next(iter(batch.values())).size(0)
+        last = i == count - 1
+        with (_null() if last else c.model.no_sync()):
+            with c.autocast():
+                loss = c.task.loss(c.model, batch) / count
+            backward(c.scaler, loss)
+        total += loss.detach().float()
+    stepped = c.model.optimizer_step(c.optimizer, c.scaler)
+    c.scheduler.step()
+    return StepResult(loss=total, stepped=stepped, samples=samples)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@dataclass
+class LoopState:
+    """Where training is: saved in checkpoints and restored on resume."""
+
+    step: int = 0
+    epoch: int = 0
+    resumed: bool = False            # the sampler's epoch is already set and partly consumed
+    window_loss: Any = None          # device tensor: sum of step losses since the last log
+    window_steps: int = 0
+    window_samples: int = 0
+    window_start: float = field(default_factory=time.perf_counter)
+
+
+def _step_chunks(indices: Any, per_step: int, batch_size: int) -> list[list[Any]]:
+    steps = []
+    for start in range(0, len(indices), per_step):
+        chunk = indices[start:start + per_step]
+        steps.append([chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)])
+    return steps
+
+
+def fit(c: Components, total_steps: int, state: LoopState,
+        after_step: Callable[[LoopState, StepResult], None]) -> LoopState:
+    """Train until `total_steps`, calling `after_step` (logging, eval, checkpoints) after each step.
+
+    Every rank must call it with the same arguments: each step is a
+    synchronization point (see `train_step`), and so is `after_step` when it
+    logs, evaluates or checkpoints.
+    """
+    per_step = c.batch_size * c.accumulation
+    while state.step < total_steps:
+        if not state.resumed:
+            c.sampler.set_epoch(state.epoch)
+        state.resumed = False
+        for micro_indices in _step_chunks(c.sampler.sample_indices(), per_step, c.batch_size):
+            result = train_step(c, [c.task.batch(ix) for ix in micro_indices])
+            c.sampler.advance(sum(len(ix) for ix in micro_indices))
+            state.step += 1
+            loss = result.loss
+            state.window_loss = loss if state.window_loss is None else state.window_loss + loss
+            state.window_steps += 1
+            state.window_samples += result.samples
+            after_step(state, result)
+            if state.step >= total_steps:
+                return state
+        state.epoch += 1
+    return state

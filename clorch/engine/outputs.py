@@ -1,0 +1,151 @@
+"""What a run leaves in its run directory.
+
+    config.yaml      the resolved config            env.json      the environment record
+    logs/            per-rank stdout/stderr          metrics.jsonl rank 0's metrics, one JSON a line
+    checkpoints/     by checkpoint policy            summary.json  status, final/best metrics, throughput
+    loss.png         the loss curve (with matplotlib installed)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+TIMING_KEYS = ("time_s", "samples_per_s", "tokens_per_s")
+
+
+def new_run_dir(base: str | os.PathLike | None = None) -> Path:
+    """A fresh `outputs/DATE/TIME` (Hydra's layout) under `base` (default: the current directory)."""
+    now = _dt.datetime.now()
+    root = Path(base or os.getcwd()) / "outputs" / now.strftime("%Y-%m-%d")
+    path = root / now.strftime("%H-%M-%S")
+    n = 1
+    while path.exists():  # two runs in one second get _1, _2, ...
+        path = root / f"{now.strftime('%H-%M-%S')}_{n}"
+        n += 1
+    path.mkdir(parents=True)
+    return path
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as indented JSON through a temporary file (never a half-written file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _git_commit() -> str | None:
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
+    """Python, torch, CUDA and NCCL versions, GPU names, git commit, host and command line."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    nccl = None
+    if cuda:
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # torch built without NCCL
+            nccl = None
+    return {
+        "python": sys.version.split()[0], "torch": torch.__version__,
+        "cuda": torch.version.cuda, "cuda_available": cuda, "nccl": nccl,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "git_commit": _git_commit(), "host": socket.gethostname(), "platform": platform.platform(),
+        "command": list(sys.argv if argv is None else argv), "cwd": os.getcwd(),
+        "time": _dt.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to metrics.jsonl (rank 0 only), flushed each line.
+
+    Resuming into the same run directory first drops the lines after the resumed
+    step, so the file ends up as an uninterrupted run's would.
+    """
+
+    def __init__(self, path: Path, keep_until_step: int | None = None, tensorboard_dir: Path | None = None):
+        self.path = Path(path)
+        if keep_until_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_until_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif keep_until_step is None and self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a")
+        self._tb = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(tensorboard_dir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file ([] when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records minus wall-clock fields: what two identical runs must agree on."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def plot_loss(run_dir: Path) -> Path | None:
+    """loss.png from metrics.jsonl, when matplotlib is installed (else None)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train"]
+    held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    if not train:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*train), label="train loss")
+    if held_out:
+        ax.plot(*zip(*held_out), "o-", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    out = run_dir / "loss.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,117 @@
+"""Run one job from a composed config: validate, resolve, launch, follow, report.
+
+This is the launching process's side (the ranks run `clorch.engine.worker`).
+`execute(cfg, run_dir)` is what `clorch-train` (inside its Hydra job) and
+`clorch.run_local` call.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
+from clorch.engine.progress import Progress
+from clorch.engine.resolve import Resolved, resolve
+
+POLL_S = 0.25
+
+
+def _launch(container: Mapping[str, Any], resolved: Resolved, run_dir: Path) -> Any:
+    from clorch.distributed import launch
+
+    launcher = container["launcher"]
+    return launch("clorch.engine.worker:main", nproc_per_node=resolved.nproc_per_node,
+                  devices=resolved.devices, backend=resolved.backend, timeout=launcher["timeout"],
+                  args={"config": dict(container), "run_dir": str(run_dir),
+                        "total_steps": resolved.total_steps},
+                  log_dir=run_dir / "logs", nnodes=launcher["nnodes"],
+                  node_rank=launcher["node_rank"], master_addr=launcher["master_addr"],
+                  master_port=launcher["master_port"], max_restarts=launcher["max_restarts"])
+
+
+def _follow(job: Any, progress: Progress) -> dict[str, Any]:
+    """Wait for the job, showing progress; Ctrl-C stops the ranks before re-raising."""
+    try:
+        while True:
+            try:
+                status = job.wait(timeout=POLL_S)
+                break
+            except TimeoutError:
+                progress.poll()
+    except KeyboardInterrupt:
+        job.stop()
+        raise
+    finally:
+        progress.close()
+    return status
+
+
+def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if not evals:
+        return {}
+    best = min(evals, key=lambda r: r["eval_loss"])
+    return {k: v for k, v in best.items() if k != "kind"}
+
+
+def summarize(status: Mapping[str, Any], run_dir: Path, resolved: Resolved,
+              wall_s: float) -> dict[str, Any]:
+    """summary.json's content: status, final and best metrics, steps, wall time, throughput."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if r.get("kind") == "train"]
+    results = status.get("results") or []
+    rank0 = (results[0] if isinstance(results, list) and results else None) or {}
+    final = {k: v for k, v in (train[-1] if train else {}).items() if k != "kind"}
+    final.update({f"eval_{k}": v for k, v in (rank0.get("final_eval") or {}).items()})
+    summary = {
+        "status": status.get("state"), "exit_codes": status.get("exit_codes"),
+        "failed_rank": status.get("failed_rank"), "error": status.get("error"),
+        "steps": rank0.get("steps", final.get("step", 0)), "planned_steps": resolved.total_steps,
+        "final": final, "best": _best(records), "wall_time_s": wall_s,
+        "train_time_s": rank0.get("train_time_s"), "samples_per_s": rank0.get("samples_per_s"),
+        "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
+        "resumed_from": rank0.get("resumed_from"), "world_size": resolved.world_size,
+        "backend": resolved.backend, "attempts": len(status.get("attempts") or []) or 1,
+    }
+    return summary
+
+
+def execute(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, *,
+            progress: str | None = None, echo: bool = True) -> dict[str, Any]:
+    """Validate, launch the ranks, wait, and write the run's outputs into `run_dir`.
+
+    Args:
+        cfg: the composed config (Hydra's, or `clorch.config.compose`'s).
+        run_dir: the run directory (created if missing).
+        progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
+        echo: print the one-line description of where the job runs.
+
+    Returns:
+        {"status": the launcher's final status, "logs": {rank: {"stdout", "stderr"}},
+         "run_dir": str, "summary": summary.json's content}.
+
+    Raises:
+        ConfigError: every config error, before anything starts.
+    """
+    run_dir = Path(run_dir).resolve()
+    resolved = resolve(cfg)
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    container["run_dir"] = str(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
+    write_json(run_dir / "env.json", {**env_record(), "resolved": resolved.to_dict()})
+    if echo:
+        print(resolved.describe(container["precision"]["name"]), flush=True)
+    start = time.perf_counter()
+    job = _launch(container, resolved, run_dir)
+    mode = progress or container["logger"]["progress"]
+    status = _follow(job, Progress(run_dir / "metrics.jsonl", resolved.total_steps, mode))
+    summary = summarize(status, run_dir, resolved, time.perf_counter() - start)
+    write_json(run_dir / "summary.json", summary)
+    plot_loss(run_dir)
+    logs = {rank: job.logs(rank) for rank in status.get("ranks", range(resolved.nproc_per_node))}
+    return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary}

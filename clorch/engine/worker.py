@@ -1,0 +1,157 @@
+"""The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
+
+`ctx["args"]` carries the resolved config (a plain dict), the run directory
+and the planned step count. Each rank builds its components, resumes if asked,
+trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
+after each step as configured, and returns a JSON summary (rank 0's is the
+run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from clorch.engine import checkpoints
+from clorch.engine.components import Components, build_components
+from clorch.engine.evaluate import evaluate
+from clorch.engine.loop import LoopState, StepResult, fit
+from clorch.engine.outputs import MetricsWriter
+
+FAIL_EXIT_CODE = 17
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state dict (names and exact bytes): equal iff the weights are."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class StepHooks:
+    """What happens after each optimizer step: log, evaluate, checkpoint, (test) fail."""
+
+    def __init__(self, cfg: Mapping[str, Any], c: Components, run_dir: Path, total: int,
+                 writer: MetricsWriter | None):
+        self.cfg, self.c, self.run_dir, self.total, self.writer = cfg, c, run_dir, total, writer
+        self.tokens = getattr(c.task, "tokens_per_sample", None)
+        self.last_eval: dict[str, float] = {}
+
+    def __call__(self, state: LoopState, result: StepResult) -> None:
+        cfg, step = self.cfg, state.step
+        if step % cfg["log_every"] == 0 or step == self.total:
+            self.log(state)
+        if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step != self.total:
+            self.eval(state)
+        ckpt = cfg["checkpoint"]
+        # The last step too, so that resume=latest after a finished run finds the end.
+        if ckpt["policy"] == "periodic" and (step % ckpt["every_n_steps"] == 0 or step == self.total):
+            from clorch.checkpoint import step_checkpoint_path
+
+            directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
+            checkpoints.save(self.c, step_checkpoint_path(directory, step), state)
+            if self.c.rank == 0:
+                checkpoints.prune(cfg, self.run_dir)
+        if cfg["fail_at_step"] == step and checkpoints.restart_count() == 0 \
+                and self.c.rank == self.c.world_size - 1:
+            print(f"fail_at_step={step}: rank {self.c.rank} exits on purpose", flush=True)
+            sys.stderr.flush()
+            os._exit(FAIL_EXIT_CODE)  # abrupt, like a crash: no cleanup, no group teardown
+
+    def log(self, state: LoopState) -> None:
+        """Average the window's loss over ranks and write one metrics line (rank 0).
+
+        Every rank must call it: one all_reduce (a host sync, only on logging steps).
+        """
+        from clorch.distributed import all_reduce, is_initialized
+
+        c = self.c
+        window = state.window_loss.detach().clone().float()
+        if is_initialized() and c.world_size > 1:
+            all_reduce(window, op="sum")
+        loss = window.item() / (c.world_size * state.window_steps)
+        elapsed = max(time.perf_counter() - state.window_start, 1e-9)
+        samples_per_s = state.window_samples * c.world_size / elapsed
+        record = {"kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss,
+                  "lr": c.scheduler.get_last_lr()[0],
+                  "loss_scale": c.scaler.get_scale() if c.scaler is not None else None,
+                  "skipped_steps": c.scaler.skipped_steps if c.scaler is not None else 0,
+                  "samples_per_s": samples_per_s}
+        if self.tokens:
+            record["tokens_per_s"] = samples_per_s * self.tokens
+        state.window_loss, state.window_steps, state.window_samples = None, 0, 0
+        state.window_start = time.perf_counter()
+        if self.writer is not None:
+            self.writer.write(record)
+            print(f"step {state.step}/{self.total} epoch {state.epoch} loss {loss:.6g} "
+                  f"lr {record['lr']:.3g} {samples_per_s:,.0f} samples/s", flush=True)
+
+    def eval(self, state: LoopState) -> dict[str, float]:
+        """Evaluate on the held-out split (collective: every rank calls it) and log it."""
+        start = time.perf_counter()
+        metrics = evaluate(self.c)
+        self.last_eval = metrics
+        record = {"kind": "eval", "step": state.step, "epoch": state.epoch,
+                  **{f"eval_{k}": v for k, v in metrics.items()},
+                  "time_s": time.perf_counter() - start}
+        if self.writer is not None:
+            self.writer.write(record)
+            shown = " ".join(f"eval_{k} {v:.6g}" for k, v in metrics.items())
+            print(f"step {state.step}/{self.total} {shown}", flush=True)
+        # the window's throughput should not count the evaluation
+        state.window_start += time.perf_counter() - start
+        return metrics
+
+
+def _start(cfg: Mapping[str, Any], c: Components, run_dir: Path) -> tuple[LoopState, str | None]:
+    path = checkpoints.resume_path(cfg, run_dir)
+    if path is None:
+        return LoopState(), None
+    state = checkpoints.restore(c, path)
+    if c.rank == 0:
+        print(f"resumed from {path} at step {state.step} (epoch {state.epoch})", flush=True)
+    return state, str(path)
+
+
+def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Train one rank from `ctx["args"]` = {"config", "run_dir", "total_steps"}.
+
+    Every rank of the job must run it (the launcher does); see `fit` for the
+    synchronization points. Returns rank 0's summary (None on other ranks).
+    """
+    args = ctx["args"]
+    cfg, run_dir, total = args["config"], Path(args["run_dir"]), int(args["total_steps"])
+    c = build_components(cfg, ctx, total)
+    state, resumed_from = _start(cfg, c, run_dir)
+    writer = None
+    if c.rank == 0:
+        tb = run_dir / "tensorboard" if cfg["logger"]["tensorboard"] else None
+        writer = MetricsWriter(run_dir / "metrics.jsonl",
+                               keep_until_step=state.step if resumed_from else None, tensorboard_dir=tb)
+    hooks = StepHooks(cfg, c, run_dir, total, writer)
+    start, first_step = time.perf_counter(), state.step
+    try:
+        fit(c, total, state, hooks)
+        train_time = time.perf_counter() - start
+        final_eval = hooks.eval(state)
+        if cfg["checkpoint"]["policy"] in ("final", "periodic"):
+            checkpoints.save(c, checkpoints.final_path(cfg, run_dir), state)
+    finally:
+        if writer is not None:
+            writer.close()
+    if c.rank != 0:
+        return None
+    steps_run = state.step - first_step
+    samples = steps_run * c.batch_size * c.accumulation * c.world_size  # planned, tail aside
+    return {"steps": state.step, "epoch": state.epoch, "resumed_from": resumed_from,
+            "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
+            "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
+            "final_eval": final_eval, "weights_sha256": weights_digest(c.raw_model)}

@@ -1,0 +1,128 @@
+"""Every bad-config error, with its message, collected together before anything launches."""
+
+from __future__ import annotations
+
+import pytest
+
+import clorch
+from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
+from clorch.config.preflight import compose_checked, preflight
+from clorch.config.targets import check_target
+from clorch.engine.resolve import resolve, resolve_errors
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _errors(*overrides: str) -> list[str]:
+    return preflight(list(overrides), resolve_errors)
+
+
+def _has(errors: list[str], *parts: str) -> bool:
+    return any(all(p in e for p in parts) for e in errors)
+
+
+def test_the_issue_examples_are_reported_together(tmp_path):
+    errors = _errors("precision=fp8", "ddp.bucket_cap_mb=0", "batch_size=700",
+                     f"checkpoint.resume={tmp_path / 'missing.ckpt'}")
+    assert _has(errors, "precision=fp8", "choose one of: bf16, fp16, fp32")
+    assert _has(errors, "ddp.bucket_cap_mb must be > 0 (MiB), got 0")
+    assert _has(errors, "batch_size=700 is larger than a rank's shard",
+                "1024 training samples over 2 ranks give 512 per rank")
+    assert _has(errors, "checkpoint.resume=", "missing.ckpt", "no such checkpoint",
+                "none, latest, or an existing checkpoint path")
+    assert len(errors) == 4, errors
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["backend=nccl"], ["backend=nccl", "needs CUDA", "gloo"]),
+    (["launcher.devices=[0,1]"], ["launcher.devices", "no CUDA GPU is visible"]),
+    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node", "'many'", "'auto' or an integer"]),
+    (["model.foo=1"], ["model.foo is not a known key", "allowed: name, hidden_features, depth"]),
+    (["epochs=two"], ["epochs must be int, got 'two'"]),
+    (["epochs=0"], ["epochs must be >= 1, got 0"]),
+    (["accumulation=-1"], ["accumulation must be >= 1, got -1"]),
+    (["optim.lr=0"], ["optim.lr must be > 0, got 0"]),
+    (["optim=rmsprop"], ["optim=rmsprop", "choose one of: adamw, sgd"]),
+    (["+recipe=nope"], ["recipe=nope", "choose one of:", "ddp_bf16"]),
+    (["ddp.reduce_dtype=fp8"], ["ddp.reduce_dtype='fp8'", "null, fp32, bf16, fp16"]),
+    (["ddp.first_bucket_cap_mb=-1"], ["ddp.first_bucket_cap_mb must be > 0 (MiB), got -1"]),
+    (["precision.scaler.growth_factor=0.5", "precision=fp16"], ["precision.scaler.growth_factor must be > 1"]),
+    (["precision=fp16", "precision.scaler.enabled=false"], ["precision.scaler.enabled=false", "fp16"]),
+    (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
+    (["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],
+     ["model.d_model (30) must be divisible by model.n_head (4)"]),
+    (["model=gpt", "data=text"], ["data.path is required for data=text"]),
+    (["model=gpt", "data=text", "data.path=/no/such/file.txt"], ["data.path='/no/such/file.txt' does not exist"]),
+    (["checkpoint=periodic", "checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps must be >= 1"]),
+    (["checkpoint.resume=latest"], ["checkpoint.resume=latest needs checkpoint.dir"]),
+    (["launcher.max_restarts=2"], ["launcher.max_restarts=2", "use checkpoint=periodic"]),
+    (["schedule=cosine", "schedule.warmup_steps=500"], ["schedule.warmup_steps=500", "must be < the run's 64"]),
+    (["++model._target_=logging.os.system"], ["model._target_='logging.os.system' is not allowed"]),
+    (["logger.progress=loud"], ["logger.progress='loud'", "auto, bar, lines, off"]),
+])
+def test_each_error_names_key_value_and_what_is_allowed(overrides, parts):
+    errors = _errors(*overrides)
+    assert _has(errors, *parts), errors
+
+
+def test_a_sweep_checks_every_value():
+    errors = _errors("precision=bf16,fp8", "optim.lr=1e-3,-1")
+    assert _has(errors, "precision=fp8 is not allowed")
+    assert _has(errors, "optim.lr must be > 0, got -1")
+
+
+def test_resolve_raises_all_errors_as_one_config_error():
+    cfg = compose(["ddp.bucket_cap_mb=0", "++batch_size=900", "++sampler.shuffle=maybe"])
+    with pytest.raises(ConfigError) as info:
+        resolve(cfg)
+    assert len(info.value.errors) == 3
+    assert "3 config error(s)" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_run_local_launches_nothing_on_a_bad_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        clorch.run_local(recipe="cpu_smoke", precision="float16", batch_size=0,
+                         **{"ddp.bucket_cap_mb": 0})
+    assert {"batch_size must be >= 1, got 0", "ddp.bucket_cap_mb must be > 0 (MiB), got 0"} \
+        <= set(info.value.errors)
+    assert not (tmp_path / "outputs").exists()
+    with pytest.raises(ValueError, match="precision must be one of .* got 'fp8'"):
+        clorch.run_local(recipe="cpu_smoke", precision="fp8")
+
+
+def test_compose_checked_returns_the_config_with_overrides():
+    cfg = compose_checked(["+recipe=cpu_smoke", "optim.lr=0.05", "precision=fp16"], resolve_errors)
+    assert cfg.optim.lr == 0.05 and cfg.precision.name == "fp16" and check_config(cfg) == []
+
+
+def test_target_allow_list_checks_the_resolved_object():
+    assert check_target("model._target_", "torch.nn.Linear") == []
+    assert check_target("optim._target_", "torch.optim.AdamW") == []
+    assert _has(check_target("x", "os.system"), "x='os.system' is not allowed", "clorch, torch.optim, torch.nn")
+    # An allowed-looking prefix that resolves elsewhere is refused.
+    assert _has(check_target("x", "torch.nn.functional.torch.distributed.rpc"),
+                "resolves to torch.distributed.rpc", "outside the allow-list")
+    assert _has(check_target("x", "torch.nn.NoSuchThing"), "does not import")
+    with pytest.raises(ValueError, match="not allowed"):
+        resolve_target("subprocess.run")
+    assert resolve_target("torch.nn.Linear").__name__ == "Linear"
+
+
+def test_registered_prefixes_are_allowed():
+    import clorch.config.targets as targets
+
+    assert check_target("x", "json.dumps") != []
+    register_target_prefix("json")
+    try:
+        assert check_target("x", "json.dumps") == []
+    finally:
+        targets._user_prefixes.remove("json")
+    with pytest.raises(ValueError, match="prefix must be a dotted module name"):
+        register_target_prefix("")
+
+
+def test_user_model_target_composes_and_validates():
+    errors = check_config(compose(["++model._target_=torch.nn.Linear", "++model.bias=false"]))
+    assert errors == []

@@ -1,0 +1,93 @@
+"""`clorch-train` as users run it: the default job, a sweep with a failing job, bad configs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clorch.cli import train_main
+
+pytestmark = pytest.mark.timeout(180)
+
+CLORCH_TRAIN = str(Path(sys.executable).with_name("clorch-train"))
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([CLORCH_TRAIN, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_default_command_runs_a_small_job_and_says_where(tmp_path):
+    proc = _cli([], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "clorch: running 2 CPU rank(s) over gloo (no CUDA GPU visible), bf16 CPU autocast" in proc.stdout
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))  # Hydra's outputs/DATE/TIME
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["world_size"] == 2
+    assert summary["final"]["loss"] < 0.2  # the synthetic teacher is learned, not just run
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "logs" / "rank_1.stderr").is_file()
+    assert "step 64/64" in proc.stderr  # plain progress lines when not on a terminal
+
+
+def test_sweep_runs_each_job_records_a_failure_and_writes_the_summary(tmp_path):
+    proc = _cli(["-m", "+recipe=cpu_smoke", "fail_at_step=null,1"], tmp_path)
+    assert proc.returncode == 1, proc.stderr  # one job failed; the sweep still finished
+    (sweep_dir,) = list((tmp_path / "multirun").glob("*/*"))
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["overrides"], r["status"]) for r in rows] == [
+        ("0", "fail_at_step=null", "succeeded"), ("1", "fail_at_step=1", "failed")]
+    assert float(rows[0]["loss"]) > 0 and float(rows[0]["samples_per_s"]) > 0
+    table = (sweep_dir / "sweep_summary.md").read_text()
+    assert "| job | overrides | status |" in table and "fail_at_step=1 | failed |" in table
+    assert "rank 1 failed first" in proc.stderr
+
+
+def test_bad_config_exits_2_with_every_error_and_no_traceback(tmp_path):
+    proc = _cli(["precision=fp8", "ddp.bucket_cap_mb=0", "batch_size=600"], tmp_path)
+    assert proc.returncode == 2
+    assert "3 config error(s); nothing was launched" in proc.stderr
+    assert "precision=fp8 is not allowed; choose one of: bf16, fp16, fp32" in proc.stderr
+    assert "ddp.bucket_cap_mb must be > 0 (MiB), got 0" in proc.stderr
+    assert "batch_size=600 is larger than a rank's shard" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_missing_recipe_file_and_bad_sweep_value_in_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert train_main([f"+recipe={tmp_path / 'mine.yaml'}"]) == 2
+    assert "no such recipe file" in capsys.readouterr().err
+    assert train_main(["-m", "+recipe=cpu_smoke", "optim.lr=1e-3,-2"]) == 2
+    assert "optim.lr must be > 0, got -2" in capsys.readouterr().err
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_help_lists_recipes_and_groups(capsys):
+    assert train_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "recipe: cpu_smoke, ddp_bf16, ddp_fp16, ddp_fp32, gpt_bf16" in out
+    for group in ("precision: bf16, fp16, fp32", "checkpoint: final, none, periodic",
+                  "data: arithmetic, synthetic, text", "backend: auto, gloo, nccl"):
+        assert group in out
+
+
+def test_user_recipe_by_path_and_by_directory(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "my_recipes" / "tiny_sgd.yaml"
+    mine.parent.mkdir()
+    mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\n"
+                    "batch_size: 8\noptim:\n  lr: 0.05\n")
+    monkeypatch.chdir(tmp_path)
+    assert train_main([f"+recipe={mine}", "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert "name: sgd" in out and "lr: 0.05" in out and "batch_size: 8" in out
+    monkeypatch.setenv("CLORCH_RECIPE_PATH", str(mine.parent))
+    assert train_main(["+recipe=tiny_sgd", "--cfg", "job"]) == 0
+    assert "lr: 0.05" in capsys.readouterr().out

@@ -1,0 +1,105 @@
+"""Reproducible runs on CPU over gloo (2 ranks): same config and seed, same metrics and weights;
+a run killed mid-epoch and resumed (by hand, or by the launcher's restart) ends bit-identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import clorch
+from clorch.engine.outputs import read_metrics, without_timing
+from clorch.engine.worker import FAIL_EXIT_CODE
+
+pytestmark = pytest.mark.timeout(200)
+
+# 256 samples over 2 ranks in micro-batches of 16: 8 steps an epoch, 16 in all.
+# Checkpoints every 3 steps; the kill at step 10 is mid-epoch 1, after the
+# checkpoint of step 9. fp16 so the scaler's state must survive too; shuffled
+# sampler, AdamW moments and a cosine schedule so theirs must as well.
+BASE = dict(recipe="cpu_smoke", progress="off", epochs=2, sample_count=256, precision="fp16",
+            seed=7, **{"checkpoint": "periodic", "checkpoint.every_n_steps": 3,
+                       "schedule": "cosine", "schedule.warmup_steps": 2, "eval_every": 5})
+
+
+def _run(tmp: Path, name: str, **overrides):
+    return clorch.run_local(run_dir=tmp / name, **{**BASE, "checkpoint.dir": str(tmp / f"ckpt_{name}"),
+                                                   **overrides})
+
+
+def _metrics(result) -> list[dict]:
+    return without_timing(read_metrics(Path(result["run_dir"]) / "metrics.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("repro")
+    result = _run(tmp, "a")
+    assert result["status"]["state"] == "succeeded", result["logs"]
+    return tmp, result
+
+
+def test_same_config_same_metrics_and_weights(uninterrupted):
+    tmp, first = uninterrupted
+    second = _run(tmp, "b")
+    assert second["status"]["state"] == "succeeded", second["logs"]
+    metrics = _metrics(first)
+    assert [r["step"] for r in metrics if r["kind"] == "train"] == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert [r["step"] for r in metrics if r["kind"] == "eval"] == [5, 10, 15, 16]  # and the final one
+    assert metrics == _metrics(second)
+    assert first["summary"]["weights_sha256"] == second["summary"]["weights_sha256"]
+    assert first["summary"]["final"]["eval_loss"] == second["summary"]["final"]["eval_loss"]
+    # Each rank wrote its logs; the summary and the outputs are all there.
+    assert set(first["logs"]) == {0, 1}
+    for name in ("config.yaml", "env.json", "summary.json", "metrics.jsonl"):
+        assert (Path(first["run_dir"]) / name).is_file(), name
+    assert (tmp / "ckpt_a" / "final.ckpt").is_file()
+
+
+def test_a_different_seed_gives_different_weights(uninterrupted):
+    tmp, first = uninterrupted
+    other = _run(tmp, "seed", seed=8, epochs=1, **{"checkpoint": "none"})
+    assert other["status"]["state"] == "succeeded", other["logs"]
+    assert other["summary"]["weights_sha256"] != first["summary"]["weights_sha256"]
+
+
+def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted):
+    tmp, first = uninterrupted
+    killed = _run(tmp, "killed", fail_at_step=10)
+    status = killed["status"]
+    assert status["state"] == "failed" and status["failed_rank"] == 1
+    assert status["exit_codes"][1] == FAIL_EXIT_CODE
+    assert killed["summary"]["status"] == "failed"
+    resumed = _run(tmp, "resumed", **{"checkpoint.dir": str(tmp / "ckpt_killed"),
+                                      "checkpoint.resume": "latest"})
+    assert resumed["status"]["state"] == "succeeded", resumed["logs"]
+    assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
+    assert "resumed from" in resumed["logs"][0]["stdout"]
+    after = [r for r in _metrics(first) if r["step"] > 9]
+    assert _metrics(resumed) == after
+    assert resumed["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
+    assert resumed["summary"]["final"]["eval_loss"] == first["summary"]["final"]["eval_loss"]
+
+
+def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted):
+    tmp, first = uninterrupted
+    result = _run(tmp, "restart", fail_at_step=10, **{"launcher.max_restarts": 1})
+    assert result["status"]["state"] == "succeeded", result["logs"]
+    assert result["summary"]["attempts"] == 2
+    # The restarted job trimmed its metrics back to the checkpoint: the file
+    # is the uninterrupted run's, line for line.
+    assert _metrics(result) == _metrics(first)
+    assert result["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
+    summary = json.loads((Path(result["run_dir"]) / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["steps"] == 16
+
+
+def test_resume_latest_after_the_end_trains_nothing_more(uninterrupted):
+    tmp, first = uninterrupted
+    again = _run(tmp, "again", **{"checkpoint.dir": str(tmp / "ckpt_a"), "checkpoint.resume": "latest"})
+    assert again["status"]["state"] == "succeeded", again["logs"]
+    assert again["summary"]["resumed_from"].endswith("step_00000016.ckpt")
+    assert again["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
+    assert sorted(p.name for p in (tmp / "ckpt_a").glob("step_*.ckpt")) == \
+        ["step_00000015.ckpt", "step_00000016.ckpt"]  # keep_last=2
