@@ -14,8 +14,12 @@ SITE=/tmp/site
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
 fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target $SITE . || exit 1
-export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
+# clorch itself runs from this checkout (its conf/ and recipes/ are found beside the package).
+export PYTHONPATH=$PWD:$SITE
+BIN=/tmp/clorch-bin; mkdir -p $BIN
+printf '#!/bin/sh\nexec python3 -c "import sys; from clorch.cli import train_main; sys.exit(train_main())" "$@"\n' > $BIN/clorch-train
+printf '#!/bin/sh\nexec python3 -m clorch.bench.cli "$@"\n' > $BIN/clorch-bench
+chmod +x $BIN/*; export PATH=$BIN:$PATH
 STAGES=${STAGES:-env tests recipe bench}
 run() { echo "=== $1: ${*:2}"; local t=$SECONDS; "${@:2}"; local rc=$?; echo "=== $1 rc=$rc ($((SECONDS - t)) s)"; return 0; }
 
