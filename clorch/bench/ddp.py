@@ -1,15 +1,28 @@
 """`clorch-bench ddp`: clorch's DDP reducer vs torch's DDP vs one process without communication.
 
-Per rank, the same MLP (about 6M parameters by default) and the same batches
-train under four candidates, interleaved round by round (the order rotates):
-clorch's DistributedDataParallel, clorch's with reduce_dtype="bf16", torch's
+Per rank, the same model and the same batch train under four candidates,
+interleaved round by round (the order rotates): clorch's
+DistributedDataParallel, clorch's with reduce_dtype="bf16", torch's
 DistributedDataParallel with the same bucket cap, and the bare model (no
 communication: what one process would cost). A candidate's sample is the mean
-step time (forward, backward, reduction, SGD step, zero_grad) of a few steps;
-the table gives rank 0's medians and the ratios.
+step time (forward, backward, reduction, optimizer step, zero_grad) of a few
+steps; the table gives rank 0's medians and the ratios, followed by clorch /
+torch DDP step time and the scaling efficiency (one-process step time / N-rank
+step time at the same per-rank batch).
 
-Run: `clorch-bench ddp` (starts 2 gloo ranks with clorch's launcher) or
-`torchrun --standalone --nproc-per-node 2 -m clorch.bench.ddp`.
+Workloads (`--model`, see `clorch.bench.ddp_models`):
+
+* `mlp` (default): an MLP of about 6M parameters, fp32, SGD, 64 rows per rank.
+* `gpt2-small`: GPT-2 small (124M parameters), random tokens, bf16 autocast,
+  AdamW (fused on CUDA), 8 x 1024 tokens per rank (`--batch` sequences).
+* `gpt-tiny`: a 2-layer GPT with the same code path, for a CPU smoke run.
+
+`--device cpu` (default) runs gloo ranks; `--device cuda` runs nccl ranks, one
+GPU each (ranks 0..N-1 on GPUs 0..N-1).
+
+Run: `clorch-bench ddp` (starts 2 ranks with clorch's launcher),
+`clorch-bench ddp --model gpt2-small --device cuda --nproc 2`, or
+`torchrun --standalone --nproc-per-node 2 -m clorch.bench.ddp [--device cuda ...]`.
 """
 
 from __future__ import annotations
@@ -24,19 +37,25 @@ import time
 import torch
 
 import clorch.distributed as cd
+from clorch.bench import ddp_models
 from clorch.bench.stats import format_table, interleave, median, ratio
 from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
 
 DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
-            "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1}
+            "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu"}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench ddp", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=ddp_models.MODELS, default=DEFAULTS["model"],
+                   help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=DEFAULTS["device"],
+                   help="cpu: gloo ranks; cuda: nccl ranks, one GPU each")
     p.add_argument("--width", type=int, default=DEFAULTS["width"], help="hidden width of the MLP")
-    p.add_argument("--features", type=int, default=DEFAULTS["features"], help="input/output width")
-    p.add_argument("--batch", type=int, default=DEFAULTS["batch"], help="rows per rank per step")
+    p.add_argument("--features", type=int, default=DEFAULTS["features"], help="input/output width of the MLP")
+    p.add_argument("--batch", type=int, default=None,
+                   help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)")
     p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"], help="interleaved rounds")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="steps per timed sample")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="untimed rounds first")
@@ -47,24 +66,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _mlp(args: dict) -> torch.nn.Module:
-    torch.manual_seed(0)
-    f, w = args["features"], args["width"]
-    return torch.nn.Sequential(torch.nn.Linear(f, w), torch.nn.ReLU(), torch.nn.Linear(w, w // 2),
-                               torch.nn.ReLU(), torch.nn.Linear(w // 2, w), torch.nn.ReLU(),
-                               torch.nn.Linear(w, f))
-
-
-def _candidate(forward, optimizer, step, batch, steps):
+def _candidate(forward, optimizer, step, loss, steps, sync):
     """One sample: mean seconds per training step over `steps` steps, ranks aligned first."""
-    x, y = batch
 
     def run() -> float:
         cd.barrier()
+        sync()
         start = time.perf_counter()
         for _ in range(steps):
-            torch.nn.functional.mse_loss(forward(x), y).backward()
+            loss(forward).backward()
             step(optimizer)
+        sync()  # CUDA work is asynchronous: the clock stops when the GPU is done
         return (time.perf_counter() - start) / steps
 
     return run
@@ -75,50 +87,94 @@ def _plain_step(optimizer):
     optimizer.zero_grad(set_to_none=True)
 
 
-def _candidates(args: dict, rank: int) -> tuple[dict, int]:
-    base = _mlp(args)
-    gen = torch.Generator().manual_seed(100 + rank)
-    batch = (torch.randn(args["batch"], args["features"], generator=gen),
-             torch.randn(args["batch"], args["features"], generator=gen))
-    cap = args["bucket_cap_mb"]
+def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
+    device = cd.device()
+    work = ddp_models.build(args, rank, device)
+    base, cap, steps = work.model, args["bucket_cap_mb"], args["steps"]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    ids = [device.index] if device.type == "cuda" else None
     ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     ours_bf16 = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, reduce_dtype="bf16")
-    theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
+                                                       bucket_cap_mb=cap)
     single = copy.deepcopy(base)
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=1e-4)  # noqa: E731
-    steps = args["steps"]
+    opt = work.optimizer
     candidates = {
-        "clorch DDP": _candidate(ours, sgd(ours), ours.optimizer_step, batch, steps),
-        "clorch DDP bf16": _candidate(ours_bf16, sgd(ours_bf16), ours_bf16.optimizer_step, batch, steps),
-        "torch DDP": _candidate(theirs, sgd(theirs), _plain_step, batch, steps),
-        "one process": _candidate(single, sgd(single), _plain_step, batch, steps),
+        "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
+        "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
+                                      work.loss, steps, sync),
+        "torch DDP": _candidate(theirs, opt(theirs.module), _plain_step, work.loss, steps, sync),
+        "one process": _candidate(single, opt(single), _plain_step, work.loss, steps, sync),
     }
-    return candidates, sum(p.numel() for p in base.parameters())
+    return candidates, work
+
+
+def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str:
+    """clorch / torch DDP step time, then the scaling efficiency of each DDP candidate."""
+    lines = [f"clorch DDP / torch DDP step time: {ratio(medians['clorch DDP'], medians['torch DDP']):.4f}"]
+    ddp = [name for name in medians if name != "one process"]
+    eff = ", ".join(f"{name} {ratio(medians['one process'], medians[name]):.4f}" for name in ddp)
+    lines.append(f"scaling efficiency (one-process step time / {world_size}-rank step time, "
+                 f"same per-rank batch): {eff}")
+    if tokens_per_step:
+        tps = ", ".join(f"{name} {world_size * tokens_per_step / medians[name]:,.0f}" for name in ddp)
+        lines.append(f"tokens/s over {world_size} rank(s): {tps}")
+    return "\n".join(lines)
 
 
 def worker(ctx: dict) -> dict:
-    """One rank's benchmark (every rank runs it); returns rank 0's table and medians."""
+    """One rank's benchmark (every rank runs it); returns rank 0's table and medians.
+
+    Every rank must call it: DDP construction, each synchronized backward and
+    the barrier before each sample are collectives across the job.
+    """
     args = {**DEFAULTS, **(ctx.get("args") or {})}
+    if args["batch"] is None:
+        args["batch"] = ddp_models.default_batch(args["model"])
     torch.set_num_threads(args["threads"])
-    candidates, params = _candidates(args, ctx["rank"])
+    candidates, work = _candidates(args, ctx["rank"])
     interleave(candidates, args["warmup"])
     samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
     rows = [[name, medians[name] * 1e3, ratio(medians[name], medians["torch DDP"]),
              ratio(medians[name], medians["one process"])] for name in medians]
-    title = (f"DDP step, MLP {params / 1e6:.1f}M params, batch {args['batch']}/rank, "
-             f"{ctx['world_size']} ranks, {ctx['backend']}, bucket_cap_mb {args['bucket_cap_mb']}, "
-             f"{args['rounds']} rounds x {args['steps']} steps (rank 0)")
+    n = ctx["world_size"]
+    title = (f"DDP step, {work.description}, {n} ranks, {ctx['backend']}, bucket_cap_mb "
+             f"{args['bucket_cap_mb']}, {args['rounds']} rounds x {args['steps']} steps (rank 0)")
     table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
-    return {"table": table, "medians_s": medians, "params": params}
+    if args["model"] != "mlp":  # the MLP's output stays as it was
+        table += "\n" + _summary(medians, n, work.tokens_per_step)
+    return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),
+            "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
+            "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians}}
 
 
 def _argv_args(ns: argparse.Namespace) -> dict:
-    return {key: getattr(ns, key) for key in DEFAULTS}
+    args = {key: getattr(ns, key) for key in DEFAULTS}
+    if args["batch"] is None:
+        args["batch"] = ddp_models.default_batch(args["model"])
+    return args
+
+
+def _check(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Every bad argument at once, before any rank starts."""
+    errors = [f"--{name.replace('_', '-')} must be >= {low}, got {getattr(ns, name)}"
+              for name, low in (("batch", 1), ("rounds", 1), ("steps", 1), ("warmup", 0),
+                                ("threads", 1), ("nproc", 1), ("width", 2), ("features", 1))
+              if getattr(ns, name) is not None and getattr(ns, name) < low]
+    if not ns.bucket_cap_mb > 0:
+        errors.append(f"--bucket-cap-mb must be > 0 (MiB), got {ns.bucket_cap_mb}")
+    if ns.device == "cuda" and not torch.cuda.is_available():
+        errors.append("--device cuda: no CUDA device here (HINT: --device cpu --model gpt-tiny for a smoke run)")
+    elif ns.device == "cuda" and "RANK" not in os.environ and ns.nproc > torch.cuda.device_count():
+        errors.append(f"--nproc must be <= the visible GPU count ({torch.cuda.device_count()}) "
+                      f"with --device cuda, got {ns.nproc}")
+    if errors:
+        p.error("; ".join(errors))
 
 
 def _under_launcher(ns: argparse.Namespace) -> int:
-    with cd.process_group(backend="gloo"):
+    with cd.process_group(backend="nccl" if ns.device == "cuda" else "gloo"):
         ctx = {"rank": cd.rank(), "local_rank": cd.local_rank(), "world_size": cd.world_size(),
                "backend": cd.backend(), "process_group": None, "args": _argv_args(ns)}
         result = worker(ctx)
@@ -134,8 +190,9 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={ns.nproc}", "-m", "clorch.bench.ddp", *argv]
         return subprocess.call(cmd, env=with_multicast_off(os.environ))
-    job = launch("clorch.bench.ddp:worker", nproc_per_node=ns.nproc, backend="gloo",
-                 args=_argv_args(ns), timeout=1800)
+    cuda = ns.device == "cuda"
+    job = launch("clorch.bench.ddp:worker", nproc_per_node=ns.nproc, backend="nccl" if cuda else "gloo",
+                 devices=list(range(ns.nproc)) if cuda else None, args=_argv_args(ns), timeout=1800)
     status = await_job(job)
     if status.get("state") != "succeeded":
         print(job_logs(job, 0).get("stderr", ""), file=sys.stderr)
@@ -147,7 +204,9 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    ns = parser().parse_args(argv)
+    p = parser()
+    ns = p.parse_args(argv)
+    _check(ns, p)
     if os.environ.get("RANK") is not None:
         return _under_launcher(ns)
     return _launch(ns, argv)

@@ -26,6 +26,10 @@ import torch.distributed as dist
 from clorch.distributed import process_group as pg
 from clorch.distributed.debug import check_fingerprint
 
+# torch 2.14 renamed the single-tensor gather/scatter; 2.11 (the GPU image) has only the old names.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 OPS = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.AVG,
@@ -177,7 +181,7 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, async_op: bool =
     _check_stacked("output", output, "tensor", tensor)
     if pg.debug_enabled():
         check_fingerprint("all_gather_into", shape=tuple(tensor.shape), dtype=str(tensor.dtype))
-    work = dist.all_gather_into_tensor(output, tensor, async_op=async_op)
+    work = _all_gather_single(output, tensor, async_op=async_op)
     return _run(work, async_op)
 
 
@@ -192,7 +196,7 @@ def reduce_scatter_into(output: torch.Tensor, tensor: torch.Tensor, op: str = "s
     if pg.debug_enabled():
         check_fingerprint("reduce_scatter_into", op=op, shape=tuple(tensor.shape), dtype=str(tensor.dtype))
     if pg.backend() == "nccl":
-        return _run(dist.reduce_scatter_tensor(output, tensor, op=reduce_op, async_op=async_op), async_op)
+        return _run(_reduce_scatter_single(output, tensor, op=reduce_op, async_op=async_op), async_op)
     # gloo has no reduce-scatter: all-reduce a copy, keep our chunk (correct, more bytes).
     scratch = tensor.clone()
     native = dist.ReduceOp.SUM if op == "avg" else reduce_op

@@ -10,8 +10,10 @@ In order:
 3. Import `main`, join the process group (unless backend is "none"), call
    `main(ctx)`, leave the group. A JSON-serializable return value goes to
    rank_{r}.result.json; an exception (or sys.exit with a non-zero code) goes
-   to rank_{r}.error.json with its type, message and traceback, then
-   propagates, so the exit code and the traceback on stderr are Python's own.
+   to rank_{r}.error.json with its type, message and traceback, and to
+   stderr; the exit code is Python's own (1, or sys.exit's code).
+4. Leave through `_exit_now`: atexit handlers run, interpreter finalization
+   does not (see there why).
 
 Nothing here imports torch before step 3, and nothing at all without a backend.
 """
@@ -135,12 +137,50 @@ def run(target: str, log_dir: Path, backend: str) -> None:
         raise
 
 
+def _exit_now(code: int) -> None:
+    """Run atexit handlers and flush, then leave without interpreter finalization.
+
+    The rank's work is done and reported (result or error file written, group
+    destroyed). Finalization is skipped because torch's gloo threads have been
+    seen to abort there ("terminate called without an active exception",
+    SIGABRT) once in a few hundred runs, which turned a finished rank into a
+    failed job. User atexit handlers (logging's flush among them) still run.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)  # sys.exit("message") prints it and exits 1, as Python does
+    return 1
+
+
 def main(argv: list[str]) -> None:
     options = dict(zip(argv[::2], argv[1::2]))
     _guard_parent()
     _start_sentinel()
     _extend_sys_path()
-    run(options["--main"], Path(options["--log-dir"]), options["--backend"])
+    try:
+        run(options["--main"], Path(options["--log-dir"]), options["--backend"])
+    except SystemExit as exc:
+        _exit_now(_exit_code(exc))
+    except KeyboardInterrupt:
+        raise  # Python then ends the process by SIGINT, which the status reports by name
+    except BaseException:
+        traceback.print_exc()  # what Python would print; the error file has it too
+        _exit_now(1)
+    _exit_now(0)
 
 
 if __name__ == "__main__":
