@@ -16,17 +16,10 @@ from clorch.checkpoint import metadata
 from clorch.checkpoint.api import CheckpointError, verify_checkpoint
 from clorch.checkpoint.atomic import remove_quietly
 import clorch.distributed as cdist
+from clorch._args import int_arg as _int_arg
 
 _STEP_NAME = re.compile(r"step_(\d{8,})\.ckpt")
 _LEFTOVER_NAME = re.compile(r"\.?step_(\d{8,})\.ckpt\..+\.(tensors|tmp)")
-
-
-def _int_arg(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def step_checkpoint_path(directory: str | Path, step: int) -> Path:

@@ -26,20 +26,13 @@ import torch
 from torch.utils.data import Sampler
 
 import clorch.distributed as cdist
+from clorch._args import int_arg as _int_arg
 
 _STATE_KEYS = ("epoch", "seed", "rank", "num_replicas", "dataset_size", "shuffle",
                "drop_last", "consumed")
 # Keys that must agree between a saved state and the sampler it is loaded into;
 # epoch and consumed are what loading restores.
 _FIXED_KEYS = ("dataset_size", "num_replicas", "rank", "seed", "shuffle", "drop_last")
-
-
-def _int_arg(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _bool_arg(name: str, value: object) -> bool:
