@@ -1,0 +1,58 @@
+"""`clorch-bench ddp`: argument errors in-process, both workloads on 2 gloo ranks, and on GPUs (cuda tier)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clorch.bench import ddp
+from tests.harness import run_ranks
+
+CANDIDATES = ["clorch DDP", "clorch DDP bf16", "torch DDP", "one process"]
+QUICK = {"rounds": 1, "warmup": 1, "steps": 1, "batch": 2}
+
+
+def test_every_bad_argument_is_reported_at_once(capsys):
+    with pytest.raises(SystemExit) as exc:
+        ddp.main(["--batch", "0", "--rounds", "0", "--bucket-cap-mb", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch must be >= 1, got 0" in err and "--rounds must be >= 1, got 0" in err
+    assert "--bucket-cap-mb must be > 0 (MiB), got 0.0" in err
+
+
+def test_batch_defaults_per_model():
+    assert ddp._argv_args(ddp.parser().parse_args([]))["batch"] == 64
+    assert ddp._argv_args(ddp.parser().parse_args(["--model", "gpt2-small"]))["batch"] == 8
+
+
+def _both_workloads(rank: int, world_size: int, device: str) -> dict:
+    import clorch.distributed as cd
+
+    ctx = {"rank": rank, "world_size": world_size, "backend": cd.backend()}
+    mlp = ddp.worker({**ctx, "args": {**QUICK, "model": "mlp", "width": 64, "features": 16}})
+    gpt = ddp.worker({**ctx, "args": {**QUICK, "model": "gpt-tiny", "device": device}})
+    return {"mlp": mlp, "gpt": gpt}
+
+
+@pytest.mark.timeout(120)
+def test_mlp_and_gpt_tiny_on_two_gloo_ranks():
+    result = run_ranks(_both_workloads, 2, "cpu", timeout=100)[0]
+    for name in ("mlp", "gpt"):
+        assert list(result[name]["medians_s"]) == CANDIDATES
+        assert all(t > 0 for t in result[name]["medians_s"].values())
+    assert "clorch DDP / torch DDP" not in result["mlp"]["table"]  # the MLP's table is unchanged
+    gpt = result["gpt"]["table"]
+    assert "gpt-tiny" in gpt and "batch 2x64 tokens/rank" in gpt and "2 ranks, gloo" in gpt
+    assert "clorch DDP / torch DDP step time:" in gpt and "scaling efficiency" in gpt
+    assert result["gpt"]["scaling_efficiency"]["one process"] == 1.0
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", list(range(1, torch.cuda.device_count() + 1)) or [1])
+def test_gpt_tiny_on_cuda_ranks(world_size):
+    result = run_ranks(_both_workloads, world_size, "cuda", backend="nccl", timeout=240)[0]
+    gpt = result["gpt"]["table"]
+    assert f"{world_size} ranks, nccl" in gpt and "fused AdamW" in gpt
+    assert all(t > 0 for t in result["gpt"]["medians_s"].values())
