@@ -42,7 +42,9 @@ class Job:
         self.log_dir = Path(log_dir)
         self._record = record
         self._owner = owner
-        self._lock = threading.Lock()
+        # Reentrant: the signal handler (_request_stop) runs on the main thread, which may
+        # already hold the lock (e.g. inside status()); a plain Lock would deadlock there.
+        self._lock = threading.RLock()
         self._done = threading.Event()
         self._stop_signal: int | None = None
         self._wake_r, self._wake_w = os.pipe() if owner else (-1, -1)

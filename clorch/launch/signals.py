@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 _live: set["Job"] = set()
-_live_lock = threading.Lock()
+_live_lock = threading.RLock()  # reentrant: _forward runs in a signal handler on the main thread
 _previous: dict[int, Any] = {}
 
 
@@ -57,8 +57,16 @@ def _forward(signum: int, frame: Any) -> None:
         previous(signum, frame)
         return
     if previous == signal.SIG_DFL:
-        for job in jobs:
-            # The grace period, then SIGKILL, then a moment to reap.
-            job._done.wait(job._record["config"]["grace_period"] + 5.0)
+        # Die of the signal once the jobs have ended, but not inside this handler: the
+        # interrupted main thread may hold a job's lock, which the supervisors need to record
+        # the end. A second signal meanwhile takes the default action at once.
         signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        # Not a daemon: the process must not exit normally before the signal is re-raised.
+        threading.Thread(target=_die_after, args=(jobs, signum), daemon=False).start()
+
+
+def _die_after(jobs: list, signum: int) -> None:
+    for job in jobs:
+        # The grace period, then SIGKILL, then a moment to reap.
+        job._done.wait(job._record["config"]["grace_period"] + 5.0)
+    os.kill(os.getpid(), signum)

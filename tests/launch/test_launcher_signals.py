@@ -54,3 +54,28 @@ def test_launcher_signal_leaves_nothing_running(signum, tmp_path):
         assert "ended without recording the job's end" in status["error"]["message"]
     else:
         assert status["signals"] == [signal.Signals(signum).name] * 2
+
+
+# The signal arrives while the main thread holds the job's lock (as inside job.status()).
+LOCK_HOLDER = """
+import os, signal, sys
+from clorch.launch import launch
+from tests.launch.procutil import wait_for_pid_files
+job = launch("tests.launch.workers:grandchild_then", backend=None, log_dir=sys.argv[1],
+             args={"pid_dir": sys.argv[2], "then": "sleep"}, grace_period=1)
+wait_for_pid_files(sys.argv[2], [0, 1])
+with job._lock:
+    os.kill(os.getpid(), signal.SIGTERM)
+print("handler returned", flush=True)
+"""
+
+
+def test_signal_while_the_job_lock_is_held_does_not_deadlock(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path / "logs"), str(tmp_path)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == -signal.SIGTERM, (out, err)
+    assert Job.open(tmp_path / "logs").status()["state"] == "stopped"
