@@ -46,6 +46,13 @@ class SamplerConfig:
     drop_last: bool = False  # drop the tail instead of padding every rank to equal length
 
 
+# ddp.reduce_dtype's names -> the torch dtype attribute. The one table:
+# clorch.nn.parallel.DistributedDataParallel accepts exactly these (kept here,
+# torch-free, so that composing and checking a config does not import torch).
+REDUCE_DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
+                      "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
 @dataclass
 class DDPConfig:
     """clorch.nn.parallel.DistributedDataParallel settings."""
@@ -53,7 +60,8 @@ class DDPConfig:
     bucket_cap_mb: float = field(default=25.0, metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
     first_bucket_cap_mb: float = field(default=1.0, metadata=rule(gt=0, unit="MiB"))  # first (latency) bucket, MiB
     broadcast_buffers: bool = True  # broadcast rank 0's buffers before each forward
-    reduce_dtype: Optional[str] = field(default=None, metadata=rule(choices=(None, "fp32", "bf16", "fp16")))
+    # dtype gradient buckets travel in; null: the gradients' own (fp32 over fp32 gradients is the same)
+    reduce_dtype: Optional[str] = field(default=None, metadata=rule(choices=(None, *REDUCE_DTYPE_NAMES)))
 
 
 @dataclass

@@ -39,14 +39,18 @@ def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
 
     `checkpoint.resume`: none, latest (the newest step checkpoint in the
     checkpoint directory; none yet means a fresh start), or a path. After a
-    restart by the launcher the latest checkpoint is used whatever the setting.
+    restart by the launcher the newest step checkpoint this job wrote wins;
+    before the first one exists the restart starts as configured (from the
+    resume path, or fresh).
     """
     resume = cfg["checkpoint"]["resume"]
     if restart_count() > 0 or resume == "latest":
         from clorch.checkpoint import latest_checkpoint
 
         directory = checkpoint_dir(cfg, run_dir)
-        return latest_checkpoint(directory) if directory.is_dir() else None
+        latest = latest_checkpoint(directory) if directory.is_dir() else None
+        if latest is not None or resume in ("latest", "none"):
+            return latest
     if resume == "none":
         return None
     return Path(resume).expanduser()

@@ -23,7 +23,9 @@ class Progress:
         if mode == "auto":
             mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "lines"
         self.mode = mode
-        self._offset = 0
+        self._offset = 0  # bytes of metrics.jsonl already read
+        self._shown: dict[str, int] = {}  # kind -> the highest step shown
+        self._skip_until: dict[str, int] = {}  # after a rewrite: kind -> steps shown before it
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
@@ -33,12 +35,37 @@ class Progress:
     def _new_records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        with open(self.path) as f:
+        with open(self.path, "rb") as f:
+            size = f.seek(0, 2)
+            if size < self._offset or not self._at_line_start(f):
+                # A restart rewrites metrics.jsonl up to the resumed step: read it again
+                # from the top, leaving out the steps already shown.
+                self._offset, self._skip_until = 0, dict(self._shown)
             f.seek(self._offset)
-            text = f.read()
-        end = text.rfind("\n") + 1  # only whole lines; the rest is still being written
-        self._offset += len(text[:end].encode())
-        return [json.loads(line) for line in text[:end].splitlines() if line.strip()]
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # only whole lines; the rest is still being written
+        self._offset += end
+        records = []
+        for line in data[:end].decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a damaged line is not worth stopping the run's view for
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                continue
+            kind = record.get("kind", "train")
+            if record["step"] <= self._skip_until.get(kind, -1):
+                continue
+            self._shown[kind] = max(self._shown.get(kind, -1), record["step"])
+            records.append(record)
+        return records
+
+    def _at_line_start(self, f: Any) -> bool:
+        """Whether the byte before the offset still ends a line (false after a rewrite)."""
+        if self._offset == 0:
+            return True
+        f.seek(self._offset - 1)
+        return f.read(1) == b"\n"
 
     def poll(self) -> None:
         """Show the records written since the last call."""

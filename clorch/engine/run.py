@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from clorch.config.validate import ConfigError, reused_dir_errors
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
 from clorch.engine.progress import Progress
 from clorch.engine.resolve import Resolved, resolve
@@ -34,7 +35,11 @@ def _launch(container: Mapping[str, Any], resolved: Resolved, run_dir: Path) -> 
 
 
 def _follow(job: Any, progress: Progress) -> dict[str, Any]:
-    """Wait for the job, showing progress; Ctrl-C stops the ranks before re-raising."""
+    """Wait for the job, showing progress.
+
+    Anything that ends the wait early (Ctrl-C, an error while showing progress)
+    stops the ranks before re-raising, so none keeps running unwatched.
+    """
     try:
         while True:
             try:
@@ -42,7 +47,7 @@ def _follow(job: Any, progress: Progress) -> dict[str, Any]:
                 break
             except TimeoutError:
                 progress.poll()
-    except KeyboardInterrupt:
+    except BaseException:
         job.stop()
         raise
     finally:
@@ -80,6 +85,18 @@ def summarize(status: Mapping[str, Any], run_dir: Path, resolved: Resolved,
     return summary
 
 
+def _check_default_checkpoint_dir(ckpt: Mapping[str, Any], run_dir: Path) -> None:
+    """A reused run directory must not mix two runs' step checkpoints (checkpoint.dir=null).
+
+    Raises:
+        ConfigError: <run_dir>/checkpoints already holds step checkpoints and resume=none.
+    """
+    if ckpt["dir"] is None and ckpt["policy"] == "periodic" and ckpt["resume"] == "none":
+        errors = reused_dir_errors("checkpoint.dir", run_dir / "checkpoints")
+        if errors:
+            raise ConfigError(errors)
+
+
 def execute(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, *,
             progress: str | None = None, echo: bool = True) -> dict[str, Any]:
     """Validate, launch the ranks, wait, and write the run's outputs into `run_dir`.
@@ -100,6 +117,7 @@ def execute(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, *,
     run_dir = Path(run_dir).resolve()
     resolved = resolve(cfg)
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    _check_default_checkpoint_dir(container["checkpoint"], run_dir)
     container["run_dir"] = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))

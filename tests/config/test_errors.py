@@ -44,7 +44,24 @@ def test_the_issue_examples_are_reported_together(tmp_path):
     (["optim.lr=0"], ["optim.lr must be > 0, got 0"]),
     (["optim=rmsprop"], ["optim=rmsprop", "choose one of: adamw, sgd"]),
     (["+recipe=nope"], ["recipe=nope", "choose one of:", "ddp_bf16"]),
-    (["ddp.reduce_dtype=fp8"], ["ddp.reduce_dtype='fp8'", "null, fp32, bf16, fp16"]),
+    (["ddp.reduce_dtype=fp8"], ["ddp.reduce_dtype='fp8'",
+                                "null, fp32, float32, bf16, bfloat16, fp16, float16"]),
+    (["optim.lr=inf"], ["optim.lr must be a finite number, got inf"]),
+    (["ddp.bucket_cap_mb=inf"], ["ddp.bucket_cap_mb must be a finite number, got inf"]),
+    (["launcher.timeout=inf"], ["launcher.timeout must be a finite number, got inf"]),
+    (["optim.weight_decay=nan"], ["optim.weight_decay must be a finite number, got nan"]),
+    (["optim.betas=[0.9,-inf]"], ["optim.betas must hold only finite numbers, got [0.9, -inf]"]),
+    (["++optim._target_=torch.optim.SGD"],
+     ["optim._target_ is not supported: only model._target_ is honoured",
+      "got optim._target_='torch.optim.SGD'"]),
+    (["++precision.scaler._target_=clorch.amp.GradScaler"],
+     ["precision.scaler._target_ is not supported: only model._target_ is honoured"]),
+    (["++model._target_=torch.nn.Linear", "++model.bias=false"],
+     ["model.hidden_features=64 is not an argument of model._target_=torch.nn.Linear",
+      "its arguments: in_features, out_features, bias, device, dtype",
+      "remove it with ~model.hidden_features"]),
+    (["++model._target_=torch.nn.Linear", "~model.hidden_features", "~model.depth", "++model.bias=inf"],
+     ["model.bias must be a finite number, got inf"]),
     (["ddp.first_bucket_cap_mb=-1"], ["ddp.first_bucket_cap_mb must be > 0 (MiB), got -1"]),
     (["precision.scaler.growth_factor=0.5", "precision=fp16"], ["precision.scaler.growth_factor must be > 1"]),
     (["precision=fp16", "precision.scaler.enabled=false"], ["precision.scaler.enabled=false", "fp16"]),
@@ -124,5 +141,30 @@ def test_registered_prefixes_are_allowed():
 
 
 def test_user_model_target_composes_and_validates():
-    errors = check_config(compose(["++model._target_=torch.nn.Linear", "++model.bias=false"]))
+    errors = check_config(compose(["++model._target_=torch.nn.Linear", "~model.hidden_features",
+                                   "~model.depth", "++model.bias=false"]))
     assert errors == []
+
+
+@pytest.mark.parametrize("name", ["fp32", "float32", "bf16", "bfloat16", "fp16", "float16"])
+def test_every_reduce_dtype_the_module_accepts_validates(name):
+    assert check_config(compose([f"ddp.reduce_dtype={name}"])) == []
+
+
+def _periodic(directory, *more):
+    return compose(["checkpoint=periodic", "checkpoint.every_n_steps=2",
+                    f"checkpoint.dir={directory}", *more])
+
+
+def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLORCH_RESTART_COUNT", raising=False)
+    assert check_config(_periodic(tmp_path)) == []  # empty: fine
+    (tmp_path / "step_00000010.ckpt").write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert check_config(_periodic(tmp_path)) == [
+        f"checkpoint.dir={tmp_path} already holds checkpoints (step_00000010.ckpt); pass "
+        "checkpoint.resume=latest to continue that run, or choose an empty directory"]
+    assert check_config(_periodic(tmp_path, "checkpoint.resume=latest")) == []
+    # The launcher's restarts resume from their own directory.
+    monkeypatch.setenv("CLORCH_RESTART_COUNT", "1")
+    assert check_config(_periodic(tmp_path)) == []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from clorch.config.schema import DDPConfig
 from clorch.nn.parallel import DistributedDataParallel, no_sync
 from clorch.nn.parallel.buckets import MIB, plan_buckets
+from clorch.nn.parallel.ddp import REDUCE_DTYPES
 from tests.nn import models as m
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,8 +39,10 @@ def test_plan_one_dtype_per_bucket_in_arrival_order():
 @pytest.mark.parametrize("kwargs, text", [
     ({"find_unused_parameters": True}, "find_unused_parameters=True is unsupported"),
     ({"gradient_as_bucket_view": True}, "gradient_as_bucket_view=True is unsupported"),
-    ({"reduce_dtype": "fp8"}, "reduce_dtype must be None, 'bf16', 'bfloat16' or a floating torch dtype"),
-    ({"reduce_dtype": torch.int32}, "reduce_dtype must be None, 'bf16'"),
+    ({"reduce_dtype": "fp8"}, "reduce_dtype must be None, one of 'fp32', 'float32', 'bf16', "
+                              "'bfloat16', 'fp16', 'float16' or a floating torch dtype (e.g. "
+                              "torch.bfloat16), got 'fp8'"),
+    ({"reduce_dtype": torch.int32}, "reduce_dtype must be None, one of 'fp32'"),
     ({"bucket_cap_mb": 0}, "bucket_cap_mb must be a finite number > 0 (MiB), got 0"),
     ({"first_bucket_cap_mb": -1.0}, "first_bucket_cap_mb must be a finite number > 0 (MiB), got -1.0"),
 ])
@@ -102,6 +108,30 @@ def test_full_bucket_path_at_world_size_one_matches_plain_training():
     assert ddp.buckets == []
     m.loss_fn(ddp.module(x), y).backward()
     assert all(p.grad._base is None for p in ddp.module.parameters())
+
+
+@pytest.mark.parametrize("name, comm_dtype", [
+    ("fp32", torch.float32), ("float32", torch.float32), ("bf16", torch.bfloat16),
+    ("bfloat16", torch.bfloat16), ("fp16", torch.float16), ("float16", torch.float16),
+])
+def test_every_config_reduce_dtype_builds_and_trains(name, comm_dtype):
+    choices = next(f for f in dataclasses.fields(DDPConfig) if f.name == "reduce_dtype").metadata["choices"]
+    assert set(choices) == {None, *REDUCE_DTYPES}  # the schema allows exactly what the module accepts
+    data = [(x.float(), y.float()) for x, y in m.batches(2, 4)]  # fp32 gradients
+
+    def build():
+        return m.mlp().float()
+
+    ref = m.reference(build, data)
+    with DistributedDataParallel(build(), skip_at_world_size_one=False, reduce_dtype=name) as ddp:
+        for bucket in ddp.buckets:
+            assert bucket.comm.dtype == comm_dtype
+            # Gradients already in the reduce dtype travel in place (fp32 is then the same as None).
+            assert (bucket.comm is bucket.flat) == (comm_dtype == torch.float32)
+        _train(ddp, ddp.module, data)
+        tol = {"rtol": 0, "atol": 0} if comm_dtype == torch.float32 else {"rtol": 0.05, "atol": 0.02}
+        for key, value in m.weights(ref).items():
+            torch.testing.assert_close(ddp.state_dict()[key], value, **tol)
 
 
 def test_optimizer_step_without_synchronized_backward_raises():

@@ -17,20 +17,28 @@ import torch
 from torch import nn
 
 from clorch.amp.scaler import GradScaler
+from clorch.config.schema import REDUCE_DTYPE_NAMES
 from clorch.distributed.process_group import is_initialized, world_size
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
 
-REDUCE_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+REDUCE_DTYPES = {name: getattr(torch, attr) for name, attr in REDUCE_DTYPE_NAMES.items()}
+"""Names `reduce_dtype` accepts: the config schema's ddp.reduce_dtype choices, as torch dtypes.
+
+Buckets whose gradients already have the dtype travel as they are (fp32 over
+fp32 gradients is the same as None). fp16 is safe for the sum because every
+rank divides by world_size before the all-reduce.
+"""
 
 
 def resolve_reduce_dtype(value: object) -> torch.dtype | None:
-    """None, "bf16"/"bfloat16" or a floating torch dtype; anything else is a ValueError."""
+    """None, a name of `REDUCE_DTYPES` or a floating torch dtype; anything else is a ValueError."""
     if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
         return value  # type: ignore[return-value]
     if isinstance(value, str) and value in REDUCE_DTYPES:
         return REDUCE_DTYPES[value]
-    raise ValueError(f"reduce_dtype must be None, 'bf16', 'bfloat16' or a floating torch dtype "
+    names = ", ".join(repr(name) for name in REDUCE_DTYPES)
+    raise ValueError(f"reduce_dtype must be None, one of {names} or a floating torch dtype "
                      f"(e.g. torch.bfloat16), got {value!r}")
 
 
@@ -62,7 +70,8 @@ class DistributedDataParallel(nn.Module):
         bucket_cap_mb: most MiB of gradients per bucket.
         first_bucket_cap_mb: most MiB in the first bucket (starts communication early).
         broadcast_buffers: broadcast buffers from rank 0 before each forward.
-        reduce_dtype: None, "bf16"/"bfloat16" or a torch dtype buckets travel in.
+        reduce_dtype: None, a name in `REDUCE_DTYPES` ("fp32", "bf16", "fp16", ...)
+            or a torch dtype buckets travel in.
         find_unused_parameters: unsupported; True raises ValueError.
         gradient_as_bucket_view: unsupported; True raises ValueError.
         skip_at_world_size_one: at world size 1 register no hooks and copy
