@@ -8,6 +8,7 @@ and `fit` reads it (`.item()`) only on logging steps.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -57,7 +58,7 @@ def train_step(c: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]
         batch = to_device(batch, c.device, c.pin_memory)
         samples += next(iter(batch.values())).size(0)
         last = i == count - 1
-        with (_null() if last else c.model.no_sync()):
+        with (contextlib.nullcontext() if last else c.model.no_sync()):
             with c.autocast():
                 loss = c.task.loss(c.model, batch) / count
             backward(c.scaler, loss)
@@ -65,14 +66,6 @@ def train_step(c: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]
     stepped = c.model.optimizer_step(c.optimizer, c.scaler)
     c.scheduler.step()
     return StepResult(loss=total, stepped=stepped, samples=samples)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @dataclass
