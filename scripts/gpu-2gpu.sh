@@ -17,19 +17,7 @@
 set -uo pipefail
 OUTDIR=${1:-${OUT:-/tmp/clorch-2gpu}}
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-SITE=/tmp/site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
-fi
-# clorch itself runs from this checkout (its conf/ and recipes/ are found beside the package).
-export PYTHONPATH=$PWD:$SITE
-PY=${PYTHON:-python3}
-BIN=/tmp/clorch-2gpu-bin; mkdir -p $BIN  # not gpu-verify.sh's: PYTHON may differ
-printf '#!/bin/sh\nexec %s -c "import sys; from clorch.cli import train_main; sys.exit(train_main())" "$@"\n' "$PY" > $BIN/clorch-train
-printf '#!/bin/sh\nexec %s -m clorch.bench.cli "$@"\n' "$PY" > $BIN/clorch-bench
-chmod +x $BIN/*; export PATH=$BIN:$PATH
+source "$(dirname "$0")/gpu-setup.sh"
 if [ "${CPU_DRY_RUN:-0}" = 1 ]; then
   DEV=cpu BACKEND=gloo MODEL=gpt-tiny DEVICES=null SIZES="1M 4M"
 else

@@ -8,24 +8,13 @@
 set -uo pipefail
 OUTDIR=${1:-${OUT:-/tmp/clorch-gpu}}
 mkdir -p "$OUTDIR"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-SITE=/tmp/site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
-fi
-# clorch itself runs from this checkout (its conf/ and recipes/ are found beside the package).
-export PYTHONPATH=$PWD:$SITE
-BIN=/tmp/clorch-bin; mkdir -p $BIN
-printf '#!/bin/sh\nexec python3 -c "import sys; from clorch.cli import train_main; sys.exit(train_main())" "$@"\n' > $BIN/clorch-train
-printf '#!/bin/sh\nexec python3 -m clorch.bench.cli "$@"\n' > $BIN/clorch-bench
-chmod +x $BIN/*; export PATH=$BIN:$PATH
+source "$(dirname "$0")/gpu-setup.sh"
 STAGES=${STAGES:-env tests recipe bench}
 run() { echo "=== $1: ${*:2}"; local t=$SECONDS; "${@:2}"; local rc=$?; echo "=== $1 rc=$rc ($((SECONDS - t)) s)"; return 0; }
 
 for stage in $STAGES; do case $stage in
 env)
-  run env python3 - <<'PY' | tee "$OUTDIR/env.txt"
+  run env $PY - <<'PY' | tee "$OUTDIR/env.txt"
 import datetime, platform, torch
 print("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
@@ -35,7 +24,7 @@ for i in range(torch.cuda.device_count()):
 PY
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUTDIR/env.txt" ;;
 tests)
-  run tests python3 -m pytest -q -m cuda -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUTDIR/tests.txt" ;;
+  run tests $PY -m pytest -q -m cuda -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUTDIR/tests.txt" ;;
 recipe)
   (cd /tmp && run recipe clorch-train +recipe=gpt_bf16 ${RECIPE_ARGS:-}) 2>&1 | tail -40 | tee "$OUTDIR/recipe.txt" ;;
 bench)
