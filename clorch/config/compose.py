@@ -92,6 +92,9 @@ def _is_path(value: str) -> bool:
     return value.endswith((".yaml", ".yml")) or os.sep in value
 
 
+_path_recipes: dict[str, Path] = {}  # recipes registered from a file path, by their name
+
+
 def register_recipe_path(value: str) -> str:
     """Register a recipe given as a file path; return the name to select it by.
 
@@ -103,6 +106,7 @@ def register_recipe_path(value: str) -> str:
         raise ValueError(f"recipe={value!r}: no such recipe file ({path})")
     name = f"file_{path.stem}"
     _store_recipe(name, path)
+    _path_recipes[name] = path
     return name
 
 
@@ -121,7 +125,7 @@ def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
 def group_options(group: str) -> list[str]:
     """The options of a config group under conf/ (or the recipe names)."""
     if group == "recipe":
-        return sorted(available_recipes())
+        return sorted({**available_recipes(), **_path_recipes})
     directory = conf_dir() / group
     return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
 

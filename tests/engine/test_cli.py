@@ -91,3 +91,13 @@ def test_user_recipe_by_path_and_by_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CLORCH_RECIPE_PATH", str(mine.parent))
     assert train_main(["+recipe=tiny_sgd", "--cfg", "job"]) == 0
     assert "lr: 0.05" in capsys.readouterr().out
+
+
+def test_user_recipe_by_path_passes_the_preflight_checks(tmp_path):
+    # The launch path (not --cfg): the rewritten `recipe=file_<stem>` must be an allowed option.
+    from clorch.config.compose import rewrite_recipe_overrides
+    from clorch.config.preflight import preflight
+
+    mine = tmp_path / "wide.yaml"
+    mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\nbatch_size: 8\n")
+    assert preflight(rewrite_recipe_overrides([f"+recipe={mine}", "max_steps=3"])) == []
