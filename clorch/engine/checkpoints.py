@@ -56,6 +56,28 @@ def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
     return Path(resume).expanduser()
 
 
+def agreed_resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
+    """`resume_path` as rank 0 sees it, the same on every rank.
+
+    Every rank must call it: with a group of more than one rank it is one
+    broadcast from rank 0, which blocks until rank 0 has chosen. Without it,
+    ranks that see different files (a node without the shared checkpoint
+    directory, a checkpoint committed in between) could disagree on whether
+    to resume, and the ones that load would wait forever on the others.
+    Only rank 0 verifies the candidates (hashing each archive).
+    """
+    import torch.distributed as dist
+
+    from clorch.distributed import is_initialized, rank, world_size
+
+    path = resume_path(cfg, run_dir) if rank() == 0 else None
+    if is_initialized() and world_size() > 1:
+        box = [None if path is None else str(path)]
+        dist.broadcast_object_list(box, src=0)
+        path = None if box[0] is None else Path(box[0])
+    return path
+
+
 def save(c: Components, path: Path, state: LoopState) -> None:
     """Write a checkpoint of everything needed to continue.
 

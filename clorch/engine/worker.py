@@ -112,7 +112,7 @@ class StepHooks:
 
 
 def _start(cfg: Mapping[str, Any], c: Components, run_dir: Path) -> tuple[LoopState, str | None]:
-    path = checkpoints.resume_path(cfg, run_dir)
+    path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None
     state = checkpoints.restore(c, path)

@@ -111,3 +111,19 @@ def test_execute_refuses_a_run_dir_holding_another_runs_checkpoints(tmp_path, mo
         f"checkpoint.dir={tmp_path / 'checkpoints'} already holds checkpoints (step_00000002.ckpt); "
         "pass checkpoint.resume=latest to continue that run, or choose an empty directory"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # nothing launched or written
+
+
+def _agreed(rank: int, world_size: int, directory: str) -> str | None:
+    from pathlib import Path
+
+    # Each rank is configured (or sees files) differently; rank 0's choice must win everywhere.
+    cfg = _ckpt_cfg(directory, f"{directory}/from_rank_{rank}.ckpt")
+    path = checkpoints.agreed_resume_path(cfg, Path(directory))
+    return None if path is None else str(path)
+
+
+def test_every_rank_resumes_from_rank_zeros_choice(tmp_path):
+    from tests.harness import run_ranks
+
+    paths = run_ranks(_agreed, 2, str(tmp_path), timeout=60)
+    assert paths == [f"{tmp_path}/from_rank_0.ckpt"] * 2
