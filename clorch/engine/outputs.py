@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable
+from clorch._files import write_json_atomic
 
 TIMING_KEYS = ("time_s", "samples_per_s", "tokens_per_s")
 
@@ -36,9 +37,7 @@ def new_run_dir(base: str | os.PathLike | None = None) -> Path:
 
 def write_json(path: Path, data: Any) -> None:
     """Write `data` as indented JSON through a temporary file (never a half-written file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, data, indent=2, sort_keys=True, default=str)
 
 
 def _git_commit() -> str | None:

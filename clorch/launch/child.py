@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from clorch._files import write_json_atomic
 from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE, set_parent_death_signal
 
 
@@ -75,16 +76,10 @@ def _resolve(target: str) -> Any:
         raise AttributeError(f"main {target!r}: module {module_name!r} has no attribute {name!r}") from None
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def _write_error(log_dir: Path, rank: int, exc: BaseException) -> None:
     code = exc.code if isinstance(exc, SystemExit) else None
     message = f"sys.exit({code!r})" if isinstance(exc, SystemExit) else str(exc)
-    _write_json(log_dir / f"rank_{rank}.error.json", {
+    write_json_atomic(log_dir / f"rank_{rank}.error.json", {
         "rank": rank, "pid": os.getpid(), "timestamp": time.time(),
         "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
         "traceback": "".join(traceback.format_exception(exc)),
@@ -93,14 +88,10 @@ def _write_error(log_dir: Path, rank: int, exc: BaseException) -> None:
 
 def _write_result(log_dir: Path, rank: int, result: Any) -> None:
     try:
-        text = json.dumps(result, allow_nan=False)
+        write_json_atomic(log_dir / f"rank_{rank}.result.json", result, allow_nan=False)
     except (TypeError, ValueError) as exc:
         print(f"clorch: rank {rank}: main returned a value that is not JSON-serializable "
               f"({type(result).__name__}: {exc}); it is not stored", file=sys.stderr)
-        return
-    tmp = log_dir / f"rank_{rank}.result.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, log_dir / f"rank_{rank}.result.json")
 
 
 def _call(fn: Any, backend: str, args: Any) -> Any:

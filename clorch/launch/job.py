@@ -17,19 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clorch._files import write_json_atomic
 from clorch.launch.procs import kill_group, pid_alive
 
 RECORD = "job.json"
 STOP_REQUEST = "stop.request"
 FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out")
 _OBSERVER_POLL_S = 0.05
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 class Job:
@@ -171,7 +165,7 @@ class Job:
         with self._lock:
             self._record["status"].update(copy.deepcopy(status))
             snapshot = copy.deepcopy(self._record)
-        write_json_atomic(self.log_dir / RECORD, snapshot)
+        write_json_atomic(self.log_dir / RECORD, snapshot, indent=1)
 
 
 def _is_rank_process(pid: int) -> bool:

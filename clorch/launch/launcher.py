@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from clorch._files import write_json_atomic
 from clorch.launch import signals
 from clorch.launch.config import LaunchConfig, build_config
-from clorch.launch.job import RECORD, Job, write_json_atomic
+from clorch.launch.job import RECORD, Job
 from clorch.launch.spawn import rank_command
 from clorch.launch.supervisor import run_job
 
@@ -74,7 +75,7 @@ def launch(
     )
     config = _with_log_dir(config)
     job = Job(Path(config.log_dir), _initial_record(config), owner=True)
-    write_json_atomic(Path(config.log_dir) / RECORD, job._record)
+    write_json_atomic(Path(config.log_dir) / RECORD, job._record, indent=1)
     signals.install()
     signals.register(job)
 

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from clorch.data.arithmetic import ArithmeticTask, decode
-from clorch.data.synthetic import SyntheticRegression
 from clorch.data.tasks import Task, build_task, finalize_metrics
 from clorch.data.text import ByteTextTask
 from clorch.models import build_model
