@@ -13,8 +13,6 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 @dataclass
 class Components:
@@ -130,6 +128,7 @@ def build_components(cfg: Mapping[str, Any], ctx: Mapping[str, Any],
     Raises:
         ValueError, TypeError: the builders reject a setting (validation catches most first).
     """
+    from clorch.amp import precision_settings
     from clorch.data import DistributedSampler
     from clorch.nn.parallel import DistributedDataParallel
 
@@ -159,6 +158,6 @@ def build_components(cfg: Mapping[str, Any], ctx: Mapping[str, Any],
     return Components(model=model, raw_model=raw, optimizer=optimizer,
                       scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
-                      autocast_dtype=AUTOCAST_DTYPES[cfg["precision"]["name"]],
+                      autocast_dtype=precision_settings(cfg["precision"]["name"])[0],
                       batch_size=cfg["batch_size"], accumulation=cfg["accumulation"],
                       rank=rank, world_size=world)
