@@ -14,6 +14,7 @@ DEVICES = ("cuda", "cpu")
 DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
     "fp16": torch.float16, "float16": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32,
 }
 PRECISIONS = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}
 
@@ -25,43 +26,49 @@ def precision_settings(precision: str) -> tuple[torch.dtype | None, bool]:
     return PRECISIONS[precision]
 
 
-def _resolve_dtype(dtype: object) -> torch.dtype:
-    if dtype in (torch.bfloat16, torch.float16):
+def _resolve_dtype(dtype: object, device_type: str) -> torch.dtype:
+    if dtype is None:
+        return torch.get_autocast_dtype(device_type)  # torch's default: fp16 on cuda, bf16 on cpu
+    if dtype in (torch.bfloat16, torch.float16, torch.float32):
         return dtype  # type: ignore[return-value]
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
-    raise ValueError(f"dtype must be torch.bfloat16, torch.float16 or one of "
+    raise ValueError(f"dtype must be None, torch.bfloat16, torch.float16, torch.float32 or one of "
                      f"{', '.join(DTYPES)}, got {dtype!r}")
 
 
 class autocast(contextlib.ContextDecorator):
-    """Context manager (or decorator) enabling autocast on `device` for its body.
+    """torch.autocast's interface: run the body's eligible ops in `dtype` on `device_type`.
 
     On exit, also when the body raises and when nested, the thread's previous
-    autocast enabled flag and dtype for `device` and the cache setting are
+    autocast enabled flag and dtype for the device and the cache setting are
     restored; the cast cache is cleared when the outermost autocast exits.
 
     Args:
-        device: "cuda" or "cpu".
-        dtype: torch.bfloat16 / torch.float16 (or "bf16", "fp16").
+        device_type: "cuda" or "cpu".
+        dtype: torch.bfloat16 / torch.float16 (or "bf16", "fp16"); None takes
+            torch's default for the device (fp16 on cuda, bf16 on cpu);
+            torch.float32 (or "fp32") runs the body in full precision.
         enabled: False runs the body in full precision (still restoring state).
-        cache_enabled: cache casts of weights within the outermost region.
+        cache_enabled: cache casts of weights within the outermost region;
+            None keeps the thread's current setting (torch's default).
 
     Raises:
-        ValueError: unknown device or dtype.
+        ValueError: unknown device_type or dtype.
         TypeError: enabled or cache_enabled not a bool.
     """
 
-    def __init__(self, device: str = "cuda", dtype: object = torch.bfloat16, enabled: bool = True,
-                 cache_enabled: bool = True):
-        if device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    def __init__(self, device_type: str = "cuda", dtype: object = None, enabled: bool = True,
+                 cache_enabled: bool | None = None):
+        if device_type not in DEVICES:
+            raise ValueError(f"device_type must be one of {', '.join(DEVICES)}, got {device_type!r}")
         for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled)):
-            if not isinstance(value, bool):
+            if not isinstance(value, bool) and not (name == "cache_enabled" and value is None):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
-        self.device = device
-        self.dtype = _resolve_dtype(dtype)
-        self.enabled = enabled
+        self.device = self.device_type = device_type
+        self.fast_dtype = self.dtype = _resolve_dtype(dtype, device_type)
+        # float32 autocast is no autocast (torch warns and disables it; clorch just disables).
+        self.enabled = enabled and self.dtype != torch.float32
         self.cache_enabled = cache_enabled
         self._saved: list[tuple[bool, torch.dtype, bool]] = []
 
@@ -71,8 +78,10 @@ class autocast(contextlib.ContextDecorator):
         self._saved.append((torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
                             torch.is_autocast_cache_enabled()))
         torch.set_autocast_enabled(device, self.enabled)
-        torch.set_autocast_dtype(device, self.dtype)
-        torch.set_autocast_cache_enabled(self.cache_enabled)
+        if self.dtype != torch.float32:
+            torch.set_autocast_dtype(device, self.dtype)
+        if self.cache_enabled is not None:
+            torch.set_autocast_cache_enabled(self.cache_enabled)
         torch.autocast_increment_nesting()
         return self
 

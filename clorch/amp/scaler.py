@@ -1,22 +1,29 @@
 """Dynamic loss scaling for fp16 training, overflow-checked across all ranks.
 
-Per step: `scale(loss)` -> backward -> `step(optimizer)`, which unscales the
-gradients with the fused multi-tensor kernel, all-reduces (max) one found-inf
-flag across every rank of the initialized group, reads it on the host once
-(the step-or-skip decision; the only host read of the step), steps or skips
-the optimizer on every rank alike, and **updates the scale itself** (backoff
-on overflow, growth after `growth_interval` clean steps). `update()` exists
-for code written against torch's API and does nothing.
+`GradScaler` takes torch.amp.GradScaler's arguments and call sequence:
 
-The scale lives in a tensor on the gradients' device; because every update is
-decided on the host from that one read, the host keeps an exact float32
-mirror, so `get_scale()` never synchronizes.
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)          # optional, e.g. before clip_grad_norm_
+    scaler.step(optimizer)              # skips the step if any rank overflowed
+    scaler.update()                     # backoff on overflow, growth after growth_interval clean steps
+
+What clorch adds: the found-inf flag is all-reduced (max) across every rank of
+the initialized group, so every rank skips the same steps (torch's scaler
+decides per rank); unscaling uses the fused multi-tensor kernel, and over
+DDP's flat buckets when `DistributedDataParallel.optimizer_step` drives it;
+`skipped_steps` and `last_step_skipped` count overflows. `clorch.amp.step`
+(and `optimizer_step`) is the short path: step then update.
+
+The scale lives in a tensor on the gradients' device. Every update is decided
+on the host from the one found-inf read of `step`, so the host keeps an exact
+float32 mirror and `get_scale()` never synchronizes.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import warnings
 from typing import Any
 
 import torch
@@ -24,8 +31,11 @@ import torch
 from clorch.distributed import collectives
 from clorch.distributed.process_group import device as group_device, is_initialized, world_size
 
-STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "growth_tracker",
-              "skipped_steps")
+_READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+
+
+class ScalerStateError(RuntimeError, ValueError):
+    """A GradScaler method called out of torch's order (RuntimeError, as torch raises)."""
 
 
 def _f32(value: float) -> float:
@@ -48,52 +58,77 @@ def _check_factors(growth_factor: object, backoff_factor: object, growth_interva
         raise ValueError(f"growth_interval must be an int >= 1 (steps), got {growth_interval!r}")
 
 
+def _device_type(device: object) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str) and device.split(":")[0] in ("cuda", "cpu"):
+        return device.split(":")[0]
+    raise ValueError(f"device must be 'cuda' or 'cpu' (or a torch.device), got {device!r}")
+
+
 class GradScaler:
-    """Dynamic loss scaler; see the module docstring for the per-step protocol.
+    """Dynamic loss scaler with torch.amp.GradScaler's interface; see the module docstring.
 
     Args:
-        initial_scale: starting scale, > 0.
+        device: "cuda" or "cpu", the device type of the gradients. "cuda" on a
+            machine without CUDA disables the scaler with a warning, as torch's does.
+        init_scale: starting scale, > 0 (`initial_scale` is an alias).
         growth_factor: multiply the scale by this after growth_interval clean steps, > 1.
         backoff_factor: multiply the scale by this on overflow, in (0, 1).
         growth_interval: clean steps (int >= 1) before the scale grows.
         enabled: False makes every method a pass-through (scale 1, always step).
 
     Raises:
-        ValueError: an invalid scale, factor or interval.
+        ValueError: an invalid device, scale, factor or interval.
+        TypeError: enabled is not a bool.
     """
 
-    def __init__(self, initial_scale: float = 65536.0, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
-        _positive("initial_scale", initial_scale)
+    def __init__(self, device: str = "cuda", init_scale: float = 65536.0, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 *, initial_scale: float | None = None):
+        self.device = _device_type(device)
+        scale = init_scale if initial_scale is None else initial_scale
+        _positive("init_scale", scale)
         _check_factors(growth_factor, backoff_factor, growth_interval)
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
+        if enabled and self.device == "cuda" and not torch.cuda.is_available():
+            warnings.warn("GradScaler(device='cuda') on a machine without CUDA: the scaler is disabled",
+                          stacklevel=2)
+            enabled = False
         self.enabled = enabled
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = growth_interval
-        self._scale_value = _f32(float(initial_scale))
+        self._scale_value = _f32(float(scale))
         self._growth_tracker = 0
         self.skipped_steps = 0
         self.last_step_skipped = False
         self._scale: torch.Tensor | None = None
         self._inv_scale: torch.Tensor | None = None
-        self._found: dict[torch.device, torch.Tensor] = {}
-        self._unscaled: set[int] = set()
+        self._stages: dict[int, str] = {}                         # id(optimizer) -> stage
+        self._found: dict[int, dict[torch.device, torch.Tensor]] = {}  # id(optimizer) -> flags
+        self._skipped_since_update: list[bool] = []
+
+    # -- scaling ---------------------------------------------------------------------------
 
     def _device_tensors(self, device: torch.device) -> None:
         if self._scale is None or self._scale.device != device:
             self._scale = torch.full((), self._scale_value, dtype=torch.float32, device=device)
             self._inv_scale = torch.full((), 1.0 / self._scale_value, dtype=torch.float32, device=device)
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        """`loss` times the current scale (unchanged when disabled). Local, no sync."""
+    def scale(self, outputs: Any) -> Any:
+        """`outputs` (a tensor, or a list/tuple of them) times the current scale. Local, no sync."""
         if not self.enabled:
-            return loss
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"loss must be a torch.Tensor, got {type(loss).__name__}")
-        self._device_tensors(loss.device)
-        return loss * self._scale
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            self._device_tensors(outputs.device)
+            return outputs * self._scale.to(outputs.device)
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise TypeError(f"outputs must be a torch.Tensor or a list/tuple of them, got {type(outputs).__name__}")
+
+    # -- unscaling -------------------------------------------------------------------------
 
     def _grad_groups(self, optimizer: torch.optim.Optimizer) -> dict[tuple, list[torch.Tensor]]:
         groups: dict[tuple, list[torch.Tensor]] = {}
@@ -107,22 +142,25 @@ class GradScaler:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide `optimizer`'s gradients by the scale and record inf/nan, with fused kernels.
 
-        Local (no collective, no host sync). Call at most once per optimizer
-        per step, e.g. before gradient clipping; `step` calls it otherwise.
+        Local (no collective, no host sync). At most once per optimizer per
+        step, before `step` (which unscales otherwise), e.g. before clipping.
 
         Raises:
-            ValueError: called a second time for `optimizer` since the last step().
+            ScalerStateError: called twice since the last update(), or after step().
         """
         if not self.enabled:
             return
-        if id(optimizer) in self._unscaled:
-            raise ValueError("unscale_(optimizer) was already called for this optimizer since the "
-                             "last step(); call it at most once per step")
+        stage = self._stages.get(id(optimizer), _READY)
+        if stage == _UNSCALED:
+            raise ScalerStateError("unscale_() has already been called on this optimizer since the "
+                                   "last update(); call it at most once per step")
+        if stage == _STEPPED:
+            raise ScalerStateError("unscale_() is being called after step(); call update() first")
         self._unscale(optimizer, self._grad_groups(optimizer))
 
     def _unscale_flat_(self, optimizer: torch.optim.Optimizer, flats: list[torch.Tensor]) -> None:
         """DDP's shortcut: `optimizer`'s gradients are exactly views of `flats` (a few buffers)."""
-        if not self.enabled or id(optimizer) in self._unscaled:
+        if not self.enabled or self._stages.get(id(optimizer), _READY) != _READY:
             return
         groups: dict[tuple, list[torch.Tensor]] = {}
         for flat in flats:
@@ -130,110 +168,191 @@ class GradScaler:
         self._unscale(optimizer, groups)
 
     def _unscale(self, optimizer: torch.optim.Optimizer, groups: dict[tuple, list[torch.Tensor]]) -> None:
+        found_by_device = self._found.setdefault(id(optimizer), {})
         for (device, _), grads in groups.items():
             self._device_tensors(self._scale.device if self._scale is not None else device)
-            found = self._found.get(device)
+            found = found_by_device.get(device)
             if found is None:
-                found = self._found[device] = torch.zeros(1, dtype=torch.float32, device=device)
+                found = found_by_device[device] = torch.zeros(1, dtype=torch.float32, device=device)
             inv_scale = self._inv_scale if device == self._inv_scale.device else self._inv_scale.to(device)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
-        self._unscaled.add(id(optimizer))
+        self._stages[id(optimizer)] = _UNSCALED
 
-    def _found_inf(self) -> torch.Tensor:
-        """This rank's found-inf flags folded into one tensor on the collective device."""
-        target = group_device() if is_initialized() else next(iter(self._found), torch.device("cpu"))
-        flags = list(self._found.values())
+    def _found_inf(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """This optimizer's found-inf flags folded into one tensor on the collective device."""
+        flags = list(self._found.get(id(optimizer), {}).values())
+        target = group_device() if is_initialized() else (flags[0].device if flags else torch.device("cpu"))
         if len(flags) == 1 and flags[0].device == target:
             return flags[0]  # the usual case: one device, reduced in place and zeroed after
         if not flags:
             return torch.zeros(1, dtype=torch.float32, device=target)
         return sum(flag.to(target) for flag in flags)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Unscale (if not yet), agree on overflow across ranks, step or skip, update the scale.
+    # -- stepping --------------------------------------------------------------------------
 
-        Every rank of the initialized group must call it once per step: it
-        all-reduces (max) one found-inf flag and blocks on one host read of
-        it. Outside a group it is local.
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> bool:
+        """Unscale (if not yet), agree on overflow across ranks, then step or skip `optimizer`.
+
+        Every rank of the initialized group must call it once per optimizer
+        per step: it all-reduces (max) one found-inf flag and blocks on one
+        host read of it, so every rank skips together. Outside a group it is
+        local. Call `update()` after stepping every optimizer.
 
         Returns:
-            True when the optimizer stepped, False when every rank skipped it.
+            True when the optimizer stepped, False when every rank skipped it
+            (torch's scaler returns the optimizer's return value instead).
+
+        Raises:
+            TypeError: optimizer has no step().
+            ScalerStateError: step() was already called for it since the last update().
         """
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not self.enabled:
-            optimizer.step()
-            self.last_step_skipped = False
+            optimizer.step(*args, **kwargs)
             return True
-        if id(optimizer) not in self._unscaled:
-            self.unscale_(optimizer)
-        found = self._found_inf()
+        if self._stages.get(id(optimizer), _READY) == _STEPPED:
+            raise ScalerStateError("step() has already been called since the last update(); "
+                                   "call scaler.update() once per step, after stepping every optimizer")
+        if self._stages.get(id(optimizer), _READY) == _READY:
+            self._unscale(optimizer, self._grad_groups(optimizer))
+        found = self._found_inf(optimizer)
         if is_initialized() and world_size() > 1:
             collectives.all_reduce(found, op="max")
         skipped = bool(found.item())  # the one host read of the step
         if not skipped:
-            optimizer.step()
-        self._update(skipped)
-        for flag in self._found.values():
+            optimizer.step(*args, **kwargs)
+        self._stages[id(optimizer)] = _STEPPED
+        self._skipped_since_update.append(skipped)
+        for flag in self._found.get(id(optimizer), {}).values():
             flag.zero_()
-        self._unscaled.clear()
         return not skipped
 
-    def _update(self, skipped: bool) -> None:
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Adjust the scale after this step's optimizers stepped (or set `new_scale`). Local.
+
+        Backoff when any optimizer's step was skipped, growth after
+        `growth_interval` clean steps; `new_scale` replaces the scale instead.
+
+        Raises:
+            ScalerStateError: no step() since the last update() (and no new_scale).
+            ValueError: new_scale is not a finite number > 0.
+        """
+        if not self.enabled:
+            return
+        if new_scale is not None:
+            if isinstance(new_scale, torch.Tensor):
+                if new_scale.numel() != 1:
+                    raise ValueError(f"new_scale must be a number or a one-element tensor, got shape "
+                                     f"{tuple(new_scale.shape)}")
+                new_scale = float(new_scale.item())
+            self._set_scale(_f32(_positive("new_scale", new_scale)))
+        else:
+            if not self._skipped_since_update:
+                raise ScalerStateError("update() was called without a step(optimizer) since the last "
+                                       "update(); call scaler.step(optimizer) first")
+            self._grow_or_back_off(any(self._skipped_since_update))
+        self._stages.clear()
+        self._skipped_since_update = []
+
+    def _grow_or_back_off(self, skipped: bool) -> None:
         self.last_step_skipped = skipped
-        previous = self._scale_value
         if skipped:
             self.skipped_steps += 1
             self._growth_tracker = 0
-            self._scale_value = _f32(self._scale_value * self.backoff_factor)
-        else:
-            self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
-                self._growth_tracker = 0
-                self._scale_value = _f32(self._scale_value * self.growth_factor)
-        if self._scale_value != previous and self._scale is not None:
-            self._scale.fill_(self._scale_value)
-            self._inv_scale.fill_(1.0 / self._scale_value)
+            self._set_scale(_f32(self._scale_value * self.backoff_factor))
+            return
+        self._growth_tracker += 1
+        if self._growth_tracker == self.growth_interval:
+            self._growth_tracker = 0
+            self._set_scale(_f32(self._scale_value * self.growth_factor))
 
-    def update(self) -> None:
-        """Does nothing: `step()` already updated the scale (kept for torch-style loops)."""
+    def _set_scale(self, value: float) -> None:
+        if value != self._scale_value:
+            self._scale_value = value
+            if self._scale is not None:
+                self._scale.fill_(value)
+                self._inv_scale.fill_(1.0 / value)
+
+    # -- torch's getters and setters -------------------------------------------------------
 
     def get_scale(self) -> float:
         """The current scale (1.0 when disabled). No device sync."""
         return self._scale_value if self.enabled else 1.0
 
+    def is_enabled(self) -> bool:
+        """Whether scaling is on."""
+        return self.enabled
+
+    def get_growth_factor(self) -> float:
+        return self.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        _check_factors(new_factor, self.backoff_factor, self.growth_interval)
+        self.growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        _check_factors(self.growth_factor, new_factor, self.growth_interval)
+        self.backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        _check_factors(self.growth_factor, self.backoff_factor, new_interval)
+        self.growth_interval = new_interval
+
+    def _get_growth_tracker(self) -> int:
+        return self._growth_tracker if self.enabled else 0
+
+    # -- state -----------------------------------------------------------------------------
+
     def state_dict(self) -> dict[str, Any]:
-        """Scale, factors, growth tracker and skipped-step count (plain Python values)."""
+        """torch.amp.GradScaler's state dict plus `skipped_steps` ({} when disabled, as torch)."""
+        if not self.enabled:
+            return {}
         return {"scale": self._scale_value, "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "growth_tracker": self._growth_tracker, "skipped_steps": self.skipped_steps}
+                "_growth_tracker": self._growth_tracker, "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict()` returned.
+        """Restore a state dict of this class or of torch.amp.GradScaler.
+
+        Also reads clorch's earlier key `growth_tracker`; `skipped_steps` is optional.
 
         Raises:
             TypeError: state is not a dict.
-            ValueError: a key is missing or a value is invalid.
+            ValueError: empty (saved while disabled), a key is missing, or a value is invalid.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from GradScaler.state_dict(), got {type(state).__name__}")
-        missing = [key for key in STATE_KEYS if key not in state]
+        if not self.enabled:
+            return
+        if not state:
+            raise ValueError("the scaler state dict is empty, possibly because it was saved from a "
+                             "disabled GradScaler")
+        state = dict(state)
+        if "_growth_tracker" not in state and "growth_tracker" in state:
+            state["_growth_tracker"] = state["growth_tracker"]
+        state.setdefault("skipped_steps", 0)
+        missing = [key for key in ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                                   "_growth_tracker") if key not in state]
         if missing:
-            raise ValueError(f"state is missing key(s) {missing}; expected {list(STATE_KEYS)}")
+            raise ValueError(f"state is missing key(s) {missing}; expected a GradScaler.state_dict()")
         _positive("state['scale']", state["scale"])
         _check_factors(state["growth_factor"], state["backoff_factor"], state["growth_interval"])
-        for key in ("growth_tracker", "skipped_steps"):
+        for key in ("_growth_tracker", "skipped_steps"):
             if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
                 raise ValueError(f"state[{key!r}] must be an int >= 0, got {state[key]!r}")
         self.growth_factor = float(state["growth_factor"])
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = state["growth_interval"]
-        self._growth_tracker = state["growth_tracker"]
+        self._growth_tracker = state["_growth_tracker"]
         self.skipped_steps = state["skipped_steps"]
-        self._scale_value = _f32(float(state["scale"]))
-        if self._scale is not None:
-            self._scale.fill_(self._scale_value)
-            self._inv_scale.fill_(1.0 / self._scale_value)
+        self._set_scale(_f32(float(state["scale"])))
 
 
 def backward(scaler: GradScaler | None, loss: torch.Tensor) -> None:
@@ -242,8 +361,14 @@ def backward(scaler: GradScaler | None, loss: torch.Tensor) -> None:
 
 
 def step(scaler: GradScaler | None, optimizer: torch.optim.Optimizer) -> bool:
-    """`scaler.step(optimizer)` (see GradScaler.step); plain `optimizer.step()` when scaler is None."""
+    """`scaler.step(optimizer)` then `scaler.update()`; plain `optimizer.step()` when scaler is None.
+
+    Returns:
+        True when the optimizer stepped, False when the scaler skipped it.
+    """
     if scaler is None:
         optimizer.step()
         return True
-    return scaler.step(optimizer)
+    stepped = scaler.step(optimizer)
+    scaler.update()
+    return stepped

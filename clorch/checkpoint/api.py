@@ -29,6 +29,7 @@ from clorch.checkpoint.collective import agree, exchange
 from clorch.checkpoint.restore import detach_from_file, model_mismatches, optimizer_mismatches
 from clorch.checkpoint.rng import capture_rng, check_rng_state, restore_rng
 import clorch.distributed as cdist
+from clorch.nn.parallel.ddp import unwrap_model
 
 CheckpointError = archive.CheckpointError
 
@@ -131,6 +132,7 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
     error, gathered_local = None, None
     try:
         path = _check_path(path)
+        model = unwrap_model(model)  # the model's own keys, loadable without a DDP wrapper
         state, gathered_local = _local_save_state(model, optimizer, sampler, scaler, state)
     except Exception as exc:  # shared with the other ranks before any of them raises
         error = exc
@@ -241,6 +243,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
             _check_stateful(name, obj)
         if model is None:
             raise TypeError("model is required (an nn.Module or anything with state_dict/load_state_dict)")
+        model = unwrap_model(model)
         body, tensors = _read(path)
         _check_fit(path, body, tensors, model, optimizer, sampler, scaler)
     except Exception as exc:

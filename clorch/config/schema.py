@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from clorch.precision import DTYPE_NAMES
+
 
 def rule(**metadata: Any) -> dict[str, Any]:
     """Field metadata read by the validator: gt, ge, lt, le, choices, unit."""
@@ -46,11 +48,8 @@ class SamplerConfig:
     drop_last: bool = False  # drop the tail instead of padding every rank to equal length
 
 
-# ddp.reduce_dtype's names -> the torch dtype attribute. The one table:
-# clorch.nn.parallel.DistributedDataParallel accepts exactly these (kept here,
-# torch-free, so that composing and checking a config does not import torch).
-REDUCE_DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
-                      "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+# ddp.reduce_dtype's names: clorch.nn.parallel.DistributedDataParallel accepts exactly these.
+REDUCE_DTYPE_NAMES = DTYPE_NAMES
 
 
 @dataclass

@@ -41,11 +41,23 @@ def _bool_arg(name: str, value: object) -> bool:
     return value
 
 
+def _dataset_size(dataset: Any) -> int:
+    """A sample count, or the len() of a dataset."""
+    if isinstance(dataset, int) and not isinstance(dataset, bool):
+        return _int_arg("dataset", dataset, 0)
+    if hasattr(dataset, "__len__"):
+        return len(dataset)
+    raise TypeError(f"dataset must be a dataset with len() or a sample count (int >= 0), "
+                    f"got {type(dataset).__name__}")
+
+
 class DistributedSampler(Sampler[int]):
     """This rank's share of each epoch's permutation, with a resumable position.
 
+    Takes torch's `DistributedSampler` arguments, in torch's order.
+
     Args:
-        dataset_size: number of samples, >= 0.
+        dataset: the dataset (anything with `len()`) or its number of samples, >= 0.
         num_replicas: ranks sharing the data; defaults to the process group's
             world size (1 outside a group).
         rank: this rank, in [0, num_replicas); defaults to the group's rank.
@@ -70,11 +82,10 @@ class DistributedSampler(Sampler[int]):
             [0, num_replicas).
     """
 
-    def __init__(self, dataset_size: int, *, num_replicas: int | None = None,
-                 rank: int | None = None, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = False) -> None:
+    def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
         super().__init__()
-        self.dataset_size = _int_arg("dataset_size", dataset_size, 0)
+        self.dataset_size = _dataset_size(dataset)
         self.num_replicas = _int_arg(
             "num_replicas", cdist.world_size() if num_replicas is None else num_replicas, 1)
         rank = cdist.rank() if rank is None else rank

@@ -25,12 +25,16 @@ from clorch.distributed.collectives import (
     send,
     wait,
 )
+from torch.distributed import ReduceOp
+
 from clorch.distributed.debug import CollectiveMismatchError
 from clorch.env import DistEnv, read_env
 from clorch.distributed.process_group import (
     backend,
     destroy_process_group,
     device,
+    get_rank,
+    get_world_size,
     init_process_group,
     is_initialized,
     local_rank,
@@ -65,6 +69,7 @@ __all__ = [
     "OPS", "Work", "CollectiveMismatchError", "DistEnv", "read_env",
     "all_gather_into", "all_reduce", "all_to_all_single", "barrier", "broadcast",
     "recv", "reduce", "reduce_scatter_into", "send", "wait",
+    "ReduceOp", "get_rank", "get_world_size",
     "backend", "destroy_process_group", "device", "init_process_group", "is_initialized",
     "local_rank", "local_world_size", "process_group", "rank", "world_size",
     *_LAZY,

@@ -94,9 +94,22 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
     return tensor
 
 
+_TORCH_OPS = {value: name for name, value in OPS.items()}
+
+
+def _op_name(op: object) -> str:
+    """A name of OPS, also for torch's `dist.ReduceOp.SUM`-style values."""
+    if isinstance(op, str):
+        return op
+    try:
+        return _TORCH_OPS.get(op, op)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable value: reported by _op
+        return op  # type: ignore[return-value]
+
+
 def _op(op: str, tensor: torch.Tensor) -> dist.ReduceOp:
     if op not in OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+        raise ValueError(f"op must be one of {', '.join(OPS)} (or torch's ReduceOp.SUM, ...), got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise ValueError(f"op 'avg' needs a floating-point tensor, got dtype {tensor.dtype}")
     return OPS[op]
@@ -123,6 +136,7 @@ def _run(work: dist.Work | None, async_op: bool, finish: Callable[[], None] | No
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
     """Reduce `tensor` across all ranks; every rank ends with the result. All ranks call."""
+    op = _op_name(op)
     _require_group()
     _check_tensor("tensor", tensor)
     reduce_op = _op(op, tensor)
@@ -146,6 +160,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Wor
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", async_op: bool = False) -> Work | None:
     """Reduce into rank `dst`'s tensor; other ranks' tensors are unspecified after. All ranks call."""
+    op = _op_name(op)
     _require_group()
     _check_tensor("tensor", tensor)
     _check_rank("dst", dst)
@@ -188,6 +203,7 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, async_op: bool =
 def reduce_scatter_into(output: torch.Tensor, tensor: torch.Tensor, op: str = "sum",
                         async_op: bool = False) -> Work | None:
     """Reduce `tensor` across ranks and keep this rank's dim-0 chunk in `output`. All ranks call."""
+    op = _op_name(op)
     _require_group()
     _check_tensor("output", output)
     _check_tensor("tensor", tensor)

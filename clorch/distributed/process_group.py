@@ -211,12 +211,28 @@ def backend() -> str | None:
 
 
 def device() -> torch.device:
-    """The device collectives run on: this rank's GPU for nccl, else the CPU."""
+    """The device collectives run on: this rank's GPU for nccl, else the CPU.
+
+    For a group made by `torch.distributed.init_process_group` (as torchrun
+    scripts do) with nccl, that is the current CUDA device: call
+    `torch.cuda.set_device(local_rank)` first, as with torch.
+    """
     if _state is not None:
         return _state.device
+    if is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def debug_enabled() -> bool:
-    """Whether collectives exchange fingerprints before running."""
-    return _state is not None and _state.debug
+    """Whether collectives exchange fingerprints before running.
+
+    For a group made by torch directly, CLORCH_DEBUG_COLLECTIVES decides.
+    """
+    if _state is not None:
+        return _state.debug
+    return is_initialized() and _debug_enabled(None)
+
+
+get_rank = rank
+get_world_size = world_size

@@ -44,8 +44,7 @@ class Components:
         from clorch.amp import autocast
 
         dtype = self.autocast_dtype
-        return autocast(device=self.device.type, dtype=dtype or torch.bfloat16,
-                        enabled=dtype is not None)
+        return autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
 def _device(ctx: Mapping[str, Any]) -> torch.device:
@@ -103,14 +102,14 @@ def _scheduler(cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_s
                            total_steps=total_steps, min_lr_ratio=s["min_lr_ratio"])
 
 
-def _scaler(cfg: Mapping[str, Any]) -> Any:
+def _scaler(cfg: Mapping[str, Any], device: torch.device) -> Any:
     precision = cfg["precision"]
     if precision["name"] != "fp16" or not precision["scaler"].get("enabled", True):
         return None
     from clorch.amp import GradScaler
 
     s = precision["scaler"]
-    return GradScaler(initial_scale=s.get("initial_scale", 65536.0),
+    return GradScaler(device.type, init_scale=s.get("initial_scale", 65536.0),
                       growth_factor=s.get("growth_factor", 2.0),
                       backoff_factor=s.get("backoff_factor", 0.5),
                       growth_interval=s.get("growth_interval", 2000), enabled=True)
@@ -156,7 +155,7 @@ def build_components(cfg: Mapping[str, Any], ctx: Mapping[str, Any],
                                  seed=cfg["seed"] if s["seed"] is None else s["seed"],
                                  shuffle=s["shuffle"], drop_last=s["drop_last"])
     return Components(model=model, raw_model=raw, optimizer=optimizer,
-                      scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg),
+                      scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg, device),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
                       autocast_dtype=precision_settings(cfg["precision"]["name"])[0],
                       batch_size=cfg["batch_size"], accumulation=cfg["accumulation"],

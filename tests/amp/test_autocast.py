@@ -22,7 +22,8 @@ def test_nested_regions_restore_each_level(device):
         outer = _state(device)
         assert outer == (True, torch.float16, False)
         with autocast(device, dtype="bf16", enabled=False):
-            assert _state(device) == (False, torch.bfloat16, True)
+            # cache_enabled=None keeps the enclosing region's setting, as torch.autocast does
+            assert _state(device) == (False, torch.bfloat16, False)
         assert _state(device) == outer
     assert _state(device) == before
 
@@ -60,8 +61,9 @@ def test_same_instance_reentered():
 
 
 @pytest.mark.parametrize("kwargs, error, text", [
-    ({"device": "tpu"}, ValueError, "device must be one of cuda, cpu, got 'tpu'"),
-    ({"dtype": torch.float32}, ValueError, "dtype must be torch.bfloat16, torch.float16 or one of"),
+    ({"device_type": "tpu"}, ValueError, "device_type must be one of cuda, cpu, got 'tpu'"),
+    ({"dtype": torch.int8}, ValueError, "dtype must be None, torch.bfloat16, torch.float16, torch.float32 or one of"),
+    ({"cache_enabled": "yes"}, TypeError, "cache_enabled must be a bool, got 'yes'"),
     ({"enabled": 1}, TypeError, "enabled must be a bool, got 1"),
 ])
 def test_bad_arguments(kwargs, error, text):

@@ -26,7 +26,7 @@ def _backward(model, scaler, seed=1):
 def test_scaled_step_equals_plain_step():
     model, opt = _model_and_opt()
     plain, plain_opt = _model_and_opt()
-    scaler = GradScaler(initial_scale=1024.0)
+    scaler = GradScaler("cpu", init_scale=1024.0)
     _backward(model, scaler)
     scaler.unscale_(opt)  # e.g. before clipping: grads are the true gradients now
     _backward(plain, None)
@@ -41,23 +41,24 @@ def test_scaled_step_equals_plain_step():
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_overflow_skips_and_backs_off(bad):
     model, opt = _model_and_opt()
-    scaler = GradScaler(initial_scale=256.0, backoff_factor=0.25)
+    scaler = GradScaler("cpu", init_scale=256.0, backoff_factor=0.25)
     _backward(model, scaler)
     next(model.parameters()).grad[0, 0] = bad
     before = [p.detach().clone() for p in model.parameters()]
     assert scaler.step(opt) is False
-    scaler.update()  # a no-op: step already updated
+    scaler.update()  # backoff happens here, as with torch
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     assert scaler.get_scale() == 64.0 and scaler.skipped_steps == 1 and scaler.last_step_skipped
 
 
 def test_growth_after_interval_clean_steps():
     model, opt = _model_and_opt()
-    scaler = GradScaler(initial_scale=8.0, growth_factor=3.0, growth_interval=3)
+    scaler = GradScaler("cpu", init_scale=8.0, growth_factor=3.0, growth_interval=3)
     scales = []
     for step in range(7):
         _backward(model, scaler, seed=step)
         assert scaler.step(opt) is True
+        scaler.update()
         opt.zero_grad()
         scales.append(scaler.get_scale())
     assert scales == [8.0, 8.0, 24.0, 24.0, 24.0, 72.0, 72.0]
@@ -65,41 +66,51 @@ def test_growth_after_interval_clean_steps():
 
 def test_second_unscale_is_an_error():
     model, opt = _model_and_opt()
-    scaler = GradScaler()
+    scaler = GradScaler("cpu")
     _backward(model, scaler)
     scaler.unscale_(opt)
-    with pytest.raises(ValueError, match=r"unscale_\(optimizer\) was already called for this optimizer"):
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called on this optimizer"):
         scaler.unscale_(opt)
     scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) is being called after step\(\)"):
+        scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match=r"step\(\) has already been called since the last update\(\)"):
+        scaler.step(opt)
+    scaler.update()
+    with pytest.raises(RuntimeError, match=r"update\(\) was called without a step"):
+        scaler.update()
     _backward(model, scaler)
-    scaler.unscale_(opt)  # allowed again after step
+    scaler.unscale_(opt)  # allowed again after update
 
 
 def test_state_dict_round_trip():
     model, opt = _model_and_opt()
-    scaler = GradScaler(initial_scale=512.0, growth_interval=5)
+    scaler = GradScaler("cpu", init_scale=512.0, growth_interval=5)
     for seed in range(3):
         _backward(model, scaler, seed)
         if seed == 1:
             next(model.parameters()).grad.fill_(float("inf"))
         scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
     state = scaler.state_dict()
     assert state == {"scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
-                     "growth_tracker": 1, "skipped_steps": 1}
-    fresh = GradScaler()
+                     "_growth_tracker": 1, "skipped_steps": 1}
+    fresh = GradScaler("cpu")
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state and fresh.get_scale() == 256.0
     loss = torch.tensor(3.0)
     assert fresh.scale(loss).item() == 768.0
-    with pytest.raises(ValueError, match=r"state is missing key\(s\) \['growth_tracker'\]"):
-        fresh.load_state_dict({k: v for k, v in state.items() if k != "growth_tracker"})
+    with pytest.raises(ValueError, match=r"state is missing key\(s\) \['_growth_tracker'\]"):
+        fresh.load_state_dict({k: v for k, v in state.items() if k != "_growth_tracker"})
     with pytest.raises(ValueError, match=r"backoff_factor must be in \(0, 1\), got 2"):
         fresh.load_state_dict({**state, "backoff_factor": 2})
 
 
 @pytest.mark.parametrize("kwargs, text", [
-    ({"initial_scale": 0.0}, "initial_scale must be a finite number > 0, got 0.0"),
+    ({"initial_scale": 0.0}, "init_scale must be a finite number > 0, got 0.0"),
+    ({"init_scale": -1.0}, "init_scale must be a finite number > 0, got -1.0"),
+    ({"device": "tpu"}, "device must be 'cuda' or 'cpu' (or a torch.device), got 'tpu'"),
     ({"growth_factor": 1.0}, "growth_factor must be > 1, got 1.0"),
     ({"backoff_factor": 1.0}, "backoff_factor must be in (0, 1), got 1.0"),
     ({"backoff_factor": 0}, "backoff_factor must be a finite number > 0, got 0"),
@@ -107,13 +118,13 @@ def test_state_dict_round_trip():
 ])
 def test_invalid_settings(kwargs, text):
     with pytest.raises(ValueError) as info:
-        GradScaler(**kwargs)
+        GradScaler(**{"device": "cpu", **kwargs})
     assert text in str(info.value)
 
 
 def test_disabled_is_a_pass_through():
     model, opt = _model_and_opt()
-    scaler = GradScaler(enabled=False)
+    scaler = GradScaler("cpu", enabled=False)
     loss = torch.tensor(2.5)
     assert scaler.scale(loss) is loss and scaler.get_scale() == 1.0
     _backward(model, scaler)

@@ -17,7 +17,7 @@ def _scaler_only(rank, world_size):
     """Replicas without DDP on the same data: rank world_size-1 injects inf at step 1."""
     model = m.mlp()
     opt = m.make_optimizer(model)
-    scaler = GradScaler(initial_scale=1024.0, growth_interval=2)
+    scaler = GradScaler("cpu", init_scale=1024.0, growth_interval=2)
     log = []
     for step, (x, y) in enumerate(m.batches(5, 3 * world_size, seed=21)):
         scaler.scale(m.loss_fn(model(x), y)).backward()
@@ -25,6 +25,7 @@ def _scaler_only(rank, world_size):
             model[2].weight.grad[3, 4] = float("inf")
         before = m.weights(model)
         stepped = scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
         unchanged = all(torch.equal(before[k], v) for k, v in m.weights(model).items())
         log.append((stepped, unchanged, scaler.get_scale(), scaler.skipped_steps, scaler.last_step_skipped))
@@ -35,7 +36,7 @@ def _ddp_with_scaler(rank, world_size):
     """DDP + scaler == one process, with an overflowing step (inf input on one rank) skipped."""
     data = m.batches(4, 2 * world_size, seed=23)
     ref = m.reference(m.mlp, data[:1] + data[2:])  # the reference never sees the skipped step
-    scaler = GradScaler(initial_scale=2.0 ** 10)
+    scaler = GradScaler("cpu", init_scale=2.0 ** 10)
     results = []
     with DistributedDataParallel(m.mlp(seed=rank), first_bucket_cap_mb=1e-4) as ddp:
         opt = m.make_optimizer(ddp.module)
@@ -47,7 +48,7 @@ def _ddp_with_scaler(rank, world_size):
             scaler.scale(m.loss_fn(ddp(x), y)).backward()
             results.append(ddp.optimizer_step(opt, scaler))
         for key, value in m.weights(ref).items():
-            torch.testing.assert_close(ddp.state_dict()[key], value, msg=key)
+            torch.testing.assert_close(ddp.module.state_dict()[key], value, msg=key)
     return results, scaler.state_dict()
 
 

@@ -65,7 +65,7 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     dev = cd.device()
     model = DistributedDataParallel(_model().to(dev), skip_at_world_size_one=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = GradScaler(initial_scale=1024.0, growth_interval=3)
+    scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=3)
     x, y = (t.to(dev) for t in _data(world_size, 1)[0])
     before = copy.deepcopy(model.module.state_dict())
     with autocast(device="cuda", dtype=torch.float16):

@@ -119,11 +119,11 @@ def test_bad_arguments_name_the_allowed_interval():
         DistributedSampler(10, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match=r"rank must be in \[0, 3\) \(num_replicas=3\), got -1"):
         DistributedSampler(10, num_replicas=3, rank=-1)
-    with pytest.raises(ValueError, match="dataset_size must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="dataset must be >= 0, got -1"):
         DistributedSampler(-1, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="num_replicas must be >= 1, got 0"):
         DistributedSampler(10, num_replicas=0, rank=0)
-    with pytest.raises(TypeError, match="dataset_size must be an int, got 3.5"):
+    with pytest.raises(TypeError, match=r"dataset must be a dataset with len\(\) or a sample count \(int >= 0\), got float"):
         DistributedSampler(3.5)
     with pytest.raises(TypeError, match="shuffle must be a bool, got 'yes'"):
         DistributedSampler(4, shuffle="yes")

@@ -6,6 +6,7 @@ across ranks; a check that raises is recorded with its traceback.
 
 from __future__ import annotations
 
+import copy
 import traceback
 
 import torch
@@ -80,7 +81,8 @@ def check_matches_torch_ddp(rank, world_size):
             opt.step()
             opt.zero_grad()
         _close(ours.module, theirs.module)  # BatchNorm: running stats included
-        assert list(ours.state_dict()) == list(build().state_dict())
+        assert list(ours.state_dict()) == list(theirs.state_dict())  # torch DDP's `module.` keys
+        ours.load_state_dict(theirs.state_dict())  # a torch DDP state dict loads as it is
         ours.close()
     return True
 
@@ -125,28 +127,77 @@ def check_signature_mismatch(rank, world_size):
 
 
 def check_missing_gradient(rank, world_size):
-    """An unused trainable parameter: optimizer_step raises on every rank; the group still works."""
+    """An unused trainable parameter: backward raises on every rank; the group still works."""
     messages = []
     ddp = DistributedDataParallel(m.Unused(), first_bucket_cap_mb=1e-5, bucket_cap_mb=1e-5)
-    opt = m.make_optimizer(ddp.module)
     x, y = m.shard(m.batches(1, 2 * world_size)[0], rank, world_size)
-    m.loss_fn(ddp(x), y).backward()
-    try:
-        ddp.optimizer_step(opt)
-    except ValueError as exc:
-        messages.append(str(exc))
-    ddp.close()
-    # A second synchronized backward without optimizer_step is refused in the hook.
-    ddp = DistributedDataParallel(m.mlp())
-    m.loss_fn(ddp(x), y).backward()
     try:
         m.loss_fn(ddp(x), y).backward()
-    except ValueError as exc:
+    except ValueError as exc:  # raised when the synchronized backward ends
         messages.append(str(exc))
-    assert ddp.optimizer_step(m.make_optimizer(ddp.module)) is True
     ddp.close()
     cd.barrier()
     return messages
+
+
+def _local_grads(model, x, y):
+    model.zero_grad(set_to_none=True)
+    m.loss_fn(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _average(grads):
+    out = []
+    for g in grads:
+        g = g.clone()
+        cd.all_reduce(g, op="avg")
+        out.append(g)
+    return out
+
+
+def check_grad_averaged_when_backward_returns(rank, world_size):
+    """Right after backward(), .grad is the average on every rank, before any other call.
+
+    Big enough gradients (several buckets, each a large all-reduce) that a
+    half-finished reduction would show; with accumulation and without.
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(),
+                                torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8))
+    plain = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.25, first_bucket_cap_mb=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(16, 256, generator=gen), torch.randn(16, 8, generator=gen)) for _ in range(3)]
+    for step in range(2):
+        x, y = batches[step]
+        expected = _average(_local_grads(plain, x, y))
+        ddp.zero_grad(set_to_none=step == 0)
+        m.loss_fn(ddp(x), y).backward()
+        norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), float("inf"))  # reads .grad at once
+        for got, want in zip([p.grad for p in ddp.module.parameters()], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(norm, torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for g in expected])), rtol=1e-5, atol=1e-6)
+    # Accumulation: torch's idioms, no_sync() and require_backward_grad_sync = False.
+    plain.zero_grad(set_to_none=True)
+    for x, y in batches:
+        m.loss_fn(plain(x), y).backward()
+    expected = _average([p.grad for p in plain.parameters()])
+    for style in ("no_sync", "attribute"):
+        ddp.zero_grad(set_to_none=True)
+        for i, (x, y) in enumerate(batches):
+            last = i == len(batches) - 1
+            if style == "no_sync" and not last:
+                with ddp.no_sync():
+                    loss = m.loss_fn(ddp(x), y)
+                loss.backward()  # outside no_sync: the forward decided, no sync
+            else:
+                ddp.require_backward_grad_sync = last
+                m.loss_fn(ddp(x), y).backward()
+        for got, want in zip([p.grad for p in ddp.module.parameters()], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    ddp.close()
+    return True
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}

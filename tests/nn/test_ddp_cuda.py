@@ -47,11 +47,11 @@ def _nccl_checks(rank, world_size):
         data = _data(4)
         plain = _model()
         plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
-        plain_scaler = GradScaler(initial_scale=1024.0)
+        plain_scaler = GradScaler("cuda", init_scale=1024.0)
         ddp = DistributedDataParallel(_model(), skip_at_world_size_one=False, bucket_cap_mb=0.1,
                                       first_bucket_cap_mb=0.01)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        scaler = GradScaler(initial_scale=1024.0)
+        scaler = GradScaler("cuda", init_scale=1024.0)
         syncs = []
         for x, y in data:
             with autocast("cuda", dtype=torch.float16):

@@ -38,7 +38,11 @@ def test_plan_one_dtype_per_bucket_in_arrival_order():
 
 @pytest.mark.parametrize("kwargs, text", [
     ({"find_unused_parameters": True}, "find_unused_parameters=True is unsupported"),
-    ({"gradient_as_bucket_view": True}, "gradient_as_bucket_view=True is unsupported"),
+    ({"device_mesh": "mesh"}, "device_mesh='mesh' is unsupported"),
+    ({"device_ids": [0, 1]}, "device_ids must be None or a list of one device (this rank's), got [0, 1]"),
+    ({"device_ids": [0]}, "device_ids must be None for a module on the CPU, got [0]"),
+    ({"output_device": 0}, "output_device=0 needs device_ids naming the same device"),
+    ({"process_group": "pg"}, "process_group must be None or the default process group, got 'pg'"),
     ({"reduce_dtype": "fp8"}, "reduce_dtype must be None, one of 'fp32', 'float32', 'bf16', "
                               "'bfloat16', 'fp16', 'float16' or a floating torch dtype (e.g. "
                               "torch.bfloat16), got 'fp8'"),
@@ -53,7 +57,7 @@ def test_bad_options_raise_value_error(kwargs, text):
 
 
 def test_model_must_be_a_module():
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got int"):
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got int"):
         DistributedDataParallel(3)
     with pytest.raises(TypeError, match="no_sync\\(\\) takes a clorch DistributedDataParallel, got Sequential"):
         with no_sync(m.mlp()):
@@ -78,7 +82,7 @@ def test_world_size_one_skips_hooks_and_keeps_autograd_grads():
     ddp = DistributedDataParallel(m.mlp())
     _train(ddp, ddp.module, m.batches(3, 4))
     for key, value in m.weights(ref).items():
-        torch.testing.assert_close(ddp.state_dict()[key], value)
+        torch.testing.assert_close(ddp.module.state_dict()[key], value)
 
 
 def test_full_bucket_path_at_world_size_one_matches_plain_training():
@@ -100,7 +104,9 @@ def test_full_bucket_path_at_world_size_one_matches_plain_training():
                        for p in ddp.module.parameters())
             assert ddp.optimizer_step(opt) is True
             assert all(p.grad is None for p in ddp.module.parameters())
-        assert set(ddp.state_dict()) == set(m.mlp().state_dict())
+        # torch DDP's keys, matching named_parameters(); the model's own keys load too.
+        assert set(ddp.state_dict()) == {f"module.{k}" for k in m.mlp().state_dict()}
+        assert {n for n, _ in ddp.named_parameters()} <= set(ddp.state_dict())
         ddp.load_state_dict(ref.state_dict())
         torch.testing.assert_close(ddp.module[0].weight, ref[0].weight, rtol=0, atol=0)
     # Leaving the with-block removed the hooks: backward no longer touches the buckets.
@@ -131,7 +137,7 @@ def test_every_config_reduce_dtype_builds_and_trains(name, comm_dtype):
         _train(ddp, ddp.module, data)
         tol = {"rtol": 0, "atol": 0} if comm_dtype == torch.float32 else {"rtol": 0.05, "atol": 0.02}
         for key, value in m.weights(ref).items():
-            torch.testing.assert_close(ddp.state_dict()[key], value, **tol)
+            torch.testing.assert_close(ddp.module.state_dict()[key], value, **tol)
 
 
 def test_optimizer_step_without_synchronized_backward_raises():
@@ -150,14 +156,15 @@ def test_reduce_gradients_then_clip_with_scaler_matches_plain_training():
 
     data = m.batches(3, 6, seed=9)
     plain = m.mlp()
-    plain_opt, plain_scaler = m.make_optimizer(plain), GradScaler(initial_scale=64.0)
+    plain_opt, plain_scaler = m.make_optimizer(plain), GradScaler("cpu", init_scale=64.0)
     ddp = DistributedDataParallel(m.mlp(), skip_at_world_size_one=False, first_bucket_cap_mb=1e-4)
-    opt, scaler = m.make_optimizer(ddp.module), GradScaler(initial_scale=64.0)
+    opt, scaler = m.make_optimizer(ddp.module), GradScaler("cpu", init_scale=64.0)
     for x, y in data:
         plain_scaler.scale(m.loss_fn(plain(x), y)).backward()
         plain_scaler.unscale_(plain_opt)
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
         plain_scaler.step(plain_opt)
+        plain_scaler.update()
         plain_opt.zero_grad()
 
         scaler.scale(m.loss_fn(ddp(x), y)).backward()
@@ -167,7 +174,16 @@ def test_reduce_gradients_then_clip_with_scaler_matches_plain_training():
         assert ddp.optimizer_step(opt, scaler) is True
     for p, q in zip(ddp.module.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
-    m.loss_fn(ddp(x), y).backward()
-    ddp.reduce_gradients()
-    with pytest.raises(ValueError, match="received a second synchronized gradient before optimizer_step"):
-        m.loss_fn(ddp(x), y).backward()
+
+
+def test_second_synchronized_backward_accumulates_as_torch_does():
+    """Two synchronized backwards without zero_grad: .grad sums both averages (torch's DDP too)."""
+    data = m.batches(2, 4, seed=4)
+    plain = m.mlp()
+    for x, y in data:
+        m.loss_fn(plain(x), y).backward()
+    with DistributedDataParallel(m.mlp(), skip_at_world_size_one=False, first_bucket_cap_mb=1e-4) as ddp:
+        for x, y in data:
+            m.loss_fn(ddp(x), y).backward()
+        for p, q in zip(ddp.module.parameters(), plain.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)

@@ -1,10 +1,10 @@
-"""clorch's DistributedDataParallel: a thin module around the bucketed reducer.
+"""clorch's DistributedDataParallel: torch's DDP interface on clorch's bucketed reducer.
 
 Synchronization points (every rank must reach them, in the same order):
-construction (signature check, broadcast of parameters and buffers),
-each forward when `broadcast_buffers=True` (broadcast of buffers), each
-synchronized backward (bucket all-reduces start in hooks) and
-`optimizer_step` (waits for them; with a scaler, one more all-reduce).
+construction (signature check, broadcast of parameters and buffers), each
+forward when `broadcast_buffers=True` (broadcast of buffers), and each
+synchronized backward (bucket all-reduces start in hooks and are waited for
+when backward ends, so `.grad` holds the average when `backward()` returns).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import torch
 from torch import nn
 
 from clorch.amp.scaler import GradScaler
-from clorch.config.schema import REDUCE_DTYPE_NAMES
 from clorch.distributed.process_group import is_initialized, world_size
+from clorch.nn.parallel.options import check_device_ids, check_process_group, check_unsupported
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
+from clorch.precision import DTYPE_NAMES, torch_dtype
 
-REDUCE_DTYPES = {name: getattr(torch, attr) for name, attr in REDUCE_DTYPE_NAMES.items()}
-"""Names `reduce_dtype` accepts: the config schema's ddp.reduce_dtype choices, as torch dtypes.
+REDUCE_DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
+"""Names `reduce_dtype` accepts, as torch dtypes.
 
 Buckets whose gradients already have the dtype travel as they are (fp32 over
 fp32 gradients is the same as None). fp16 is safe for the sum because every
@@ -48,58 +49,89 @@ def _check_cap(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_options(find_unused_parameters: bool, gradient_as_bucket_view: bool) -> None:
-    if find_unused_parameters:
-        raise ValueError("find_unused_parameters=True is unsupported: every trainable parameter must "
-                         "receive a gradient in each synchronized backward (set requires_grad=False "
-                         "on unused ones); got find_unused_parameters=True")
-    if gradient_as_bucket_view:
-        raise ValueError("gradient_as_bucket_view=True is unsupported: gradients are committed into "
-                         "reusable buckets by the reducer; got gradient_as_bucket_view=True")
+def _to_device(value: Any, device: torch.device) -> Any:
+    """Inputs moved to the module's device, as torch's DDP does when device_ids is given."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
 
 
 class DistributedDataParallel(nn.Module):
-    """Data parallelism over clorch's process group with clorch's own bucketed reducer.
+    """Data parallelism over the default process group with clorch's own bucketed reducer.
 
-    Construction is a synchronization point: every rank must wrap the same
-    model. It checks the parameter signature across ranks (ValueError on every
-    rank if it differs) and broadcasts parameters and buffers from rank 0.
+    Takes torch's `DistributedDataParallel` arguments, so a torch DDP script
+    runs by changing the import. As with torch's DDP, `.grad` holds the average
+    over ranks when a synchronized `backward()` returns; forwards inside
+    `no_sync()` (or with `require_backward_grad_sync = False`) make their
+    backward accumulate locally instead. Construction is a synchronization
+    point: every rank must wrap the same model. It checks the parameter
+    signature across ranks (ValueError on every rank if it differs) and
+    broadcasts parameters and buffers from rank 0.
 
     Args:
-        model: the module, already on this rank's device.
-        bucket_cap_mb: most MiB of gradients per bucket.
+        module: the model, already on this rank's device.
+        device_ids: None, or `[d]` naming the device the module is on (an int
+            index, "cuda:N" or a torch.device); inputs are then moved there.
+        output_device: None or the same device as `device_ids`.
+        dim: accepted for torch compatibility (single-device modules do not scatter).
+        broadcast_buffers: broadcast rank 0's buffers before each forward.
+        init_sync: broadcast rank 0's parameters and buffers at construction.
+        process_group: None or the default group (clorch reduces over the whole job).
+        bucket_cap_mb: most MiB of gradients per bucket (default 25).
+        find_unused_parameters: unsupported; True raises ValueError.
+        check_reduction: ignored (deprecated in torch).
+        gradient_as_bucket_view: accepted; clorch always keeps `.grad` as a view
+            of its bucket after a synchronized backward.
+        static_graph: accepted as a hint (the reducer needs no graph analysis).
         first_bucket_cap_mb: most MiB in the first bucket (starts communication early).
-        broadcast_buffers: broadcast buffers from rank 0 before each forward.
         reduce_dtype: None, a name in `REDUCE_DTYPES` ("fp32", "bf16", "fp16", ...)
             or a torch dtype buckets travel in.
-        find_unused_parameters: unsupported; True raises ValueError.
-        gradient_as_bucket_view: unsupported; True raises ValueError.
         skip_at_world_size_one: at world size 1 register no hooks and copy
             nothing; False runs the whole bucket path on one rank.
 
     Raises:
-        TypeError: model is not an nn.Module.
-        ValueError: a bad option, or parameter signatures differ across ranks.
+        TypeError: module is not an nn.Module.
+        ValueError: a bad or unsupported option, or parameter signatures differ across ranks.
     """
 
-    def __init__(self, model: nn.Module, *, bucket_cap_mb: float = 25.0,
-                 first_bucket_cap_mb: float = 1.0, broadcast_buffers: bool = True,
-                 reduce_dtype: Any = None, find_unused_parameters: bool = False,
-                 gradient_as_bucket_view: bool = False, skip_at_world_size_one: bool = True):
+    def __init__(self, module: nn.Module, device_ids: Any = None, output_device: Any = None,
+                 dim: int = 0, broadcast_buffers: bool | None = True, init_sync: bool = True,
+                 process_group: Any = None, bucket_cap_mb: float | None = None,
+                 find_unused_parameters: bool = False, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 delay_all_reduce_named_params: Any = None, param_to_hook_all_reduce: Any = None,
+                 mixed_precision: Any = None, device_mesh: Any = None,
+                 skip_all_reduce_unused_params: bool = False, *, first_bucket_cap_mb: float = 1.0,
+                 reduce_dtype: Any = None, skip_at_world_size_one: bool = True, **torch_only: Any):
         super().__init__()
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        _check_options(find_unused_parameters, gradient_as_bucket_view)
-        cap = _check_cap("bucket_cap_mb", bucket_cap_mb)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        check_unsupported(find_unused_parameters=find_unused_parameters,
+                          delay_all_reduce_named_params=delay_all_reduce_named_params,
+                          param_to_hook_all_reduce=param_to_hook_all_reduce,
+                          mixed_precision=mixed_precision, device_mesh=device_mesh,
+                          skip_all_reduce_unused_params=skip_all_reduce_unused_params, **torch_only)
+        check_process_group(process_group)
+        self.device = check_device_ids(module, device_ids, output_device)
+        cap = _check_cap("bucket_cap_mb", 25.0 if bucket_cap_mb is None else bucket_cap_mb)
         first_cap = _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
         dtype = resolve_reduce_dtype(reduce_dtype)
-        self.module = model
+        self.module = module
+        self.static_graph = bool(static_graph)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.require_backward_grad_sync = True
         size = world_size()
-        named = list(model.named_parameters())
+        named = list(module.named_parameters())
         if size > 1:
             check_signature(named)
-            broadcast_coalesced([p.detach() for _, p in named] + list(model.buffers()))
-        self._buffers_to_sync = list(model.buffers()) if broadcast_buffers and size > 1 else []
+            if init_sync:
+                broadcast_coalesced([p.detach() for _, p in named] + list(module.buffers()))
+        sync_buffers = broadcast_buffers is None or bool(broadcast_buffers)
+        self._buffers_to_sync = list(module.buffers()) if sync_buffers and size > 1 else []
         self._reducer: Reducer | None = None
         self._covers: dict[tuple[int, int], bool] = {}
         if size > 1 or not skip_at_world_size_one:
@@ -113,36 +145,47 @@ class DistributedDataParallel(nn.Module):
         return [] if self._reducer is None else self._reducer.buckets
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model; with broadcast_buffers, every rank first receives rank 0's buffers."""
+        """Run the module. Decides whether this forward's backward synchronizes (as torch's DDP).
+
+        With broadcast_buffers every rank first receives rank 0's buffers (a
+        collective: all ranks call forward the same number of times).
+        """
+        if self._reducer is not None and torch.is_grad_enabled():
+            self._reducer.sync = self.require_backward_grad_sync
         if self._buffers_to_sync:
             broadcast_coalesced(self._buffers_to_sync)
+        if self.device is not None:
+            args, kwargs = _to_device(args, self.device), _to_device(kwargs, self.device)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside only accumulate locally; the next synchronized one reduces the sum."""
-        if self._reducer is None:
-            yield
-            return
-        previous, self._reducer.sync = self._reducer.sync, False
+        """Forwards inside make their backward accumulate locally (torch's semantics).
+
+        The next synchronized backward reduces the accumulated sum. What
+        decides is where the *forward* ran: a forward inside with its backward
+        outside does not synchronize either.
+        """
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
-            self._reducer.sync = previous
+            self.require_backward_grad_sync = previous
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
-        """Wait for the reductions, commit them to `.grad`, step (through `scaler`) and zero grads.
+        """Step the optimizer (through `scaler`: step and update) and zero the gradients.
 
-        Every rank must call it after each synchronized backward. It blocks on
-        the bucket all-reduces (no host sync on CUDA) and, with a scaler, on
-        the scaler's found-inf all-reduce and its one host read.
+        Call it on every rank after each synchronized backward; the averages
+        are already in `.grad`. With a scaler it is a synchronization point
+        (the scaler's found-inf all-reduce and one host read); without one it
+        is local.
 
         Returns:
             True when the optimizer stepped, False when the scaler skipped it.
 
         Raises:
             TypeError: optimizer has no step(), or scaler has no step().
-            ValueError: a trainable parameter got no gradient (see Reducer.finish).
+            ValueError: no synchronized backward ran since the last step.
         """
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -150,7 +193,7 @@ class DistributedDataParallel(nn.Module):
             raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
         reducer = self._reducer
         if reducer is not None and not reducer.committed:
-            reducer.finish()
+            raise reducer.no_synchronized_backward()
         if scaler is None:
             optimizer.step()
             stepped = True
@@ -159,24 +202,18 @@ class DistributedDataParallel(nn.Module):
                 # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
                 scaler._unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
             stepped = bool(scaler.step(optimizer))
+            scaler.update()
         if reducer is not None:
             reducer.committed = False
         optimizer.zero_grad(set_to_none=True)
         return stepped
 
     def reduce_gradients(self) -> None:
-        """Wait for this backward's reductions and commit the averages to `.grad` now.
+        """Make sure `.grad` holds the average (kept for older code: backward already does it).
 
-        Between backward and this call (or `optimizer_step`) `.grad` holds this
-        rank's gradient divided by world_size, not yet the average; call it to
-        clip or inspect averaged gradients before `optimizer_step`, which then
-        does not reduce again. Every rank must call it (it ends the bucket
-        all-reduces); it blocks until they finish (no host sync on CUDA).
-
-        Raises:
-            ValueError: as `optimizer_step` for a missing gradient.
+        Local: the reduction ran when the synchronized backward ended.
         """
-        if self._reducer is not None and not self._reducer.committed:
+        if self._reducer is not None:
             self._reducer.finish()
 
     def _optimizer_covers(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -188,13 +225,17 @@ class DistributedDataParallel(nn.Module):
             covers = self._covers[key] = ids == self._reducer.param_ids
         return covers
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict:
-        """The wrapped model's state dict (same keys as the unwrapped model)."""
-        return self.module.state_dict(*args, **kwargs)
-
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Load into the wrapped model (keys of the unwrapped model)."""
-        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+        """Load a state dict with this module's keys (`module.`-prefixed, as torch's DDP) or the model's.
+
+        `state_dict()` returns torch DDP's keys (`module.` + the model's keys),
+        matching `named_parameters()`, so torch DDP checkpoints load as they
+        are; a state dict of the unwrapped model (what clorch's checkpoints
+        and `model.module.state_dict()` hold) loads too.
+        """
+        if isinstance(state_dict, dict) and set(state_dict) <= set(self.module.state_dict()):
+            return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def close(self) -> None:
         """Remove every hook (local; waits for reductions still in flight)."""
@@ -207,6 +248,13 @@ class DistributedDataParallel(nn.Module):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside clorch's or torch's DistributedDataParallel (the model itself otherwise)."""
+    if isinstance(model, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
+        return model.module
+    return model
 
 
 @contextlib.contextmanager

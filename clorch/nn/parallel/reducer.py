@@ -1,25 +1,27 @@
 """The gradient reducer: hooks fill flat buckets, full buckets all-reduce asynchronously.
 
-Life of one synchronized step, on every rank:
+Life of one synchronized backward, on every rank:
 
-1. backward: each parameter's post-accumulate-grad hook writes its gradient,
-   divided by world_size, into its slot of the bucket, and points `.grad` at
-   the bucket's view of that slot (so no copy back is needed later).
-2. when a bucket's last slot is filled, its all-reduce (sum) starts at once,
+1. Each parameter's post-accumulate-grad hook writes its gradient, divided by
+   world_size, into its slot of a flat bucket and points `.grad` at the
+   bucket's view of that slot (so nothing is copied back later). The first
+   hook of the backward queues `finish()` on the autograd engine, to run when
+   this backward ends.
+2. When a bucket's last slot is filled its all-reduce (sum) starts at once,
    overlapping the rest of backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
-3. `finish()` (from `optimizer_step`) waits for every bucket and, for buckets
+3. At the end of backward `finish()` waits for every bucket (on CUDA the
+   current stream waits on the reduction; the host does not) and, for buckets
    that travel in `reduce_dtype`, copies the reduced values back into the
-   gradient-dtype buffer that `.grad` views: one `copy_` per bucket.
+   gradient-dtype buffer that `.grad` views. So when `backward()` returns,
+   `.grad` holds the average, as with torch's DistributedDataParallel.
 
 Averaging divides *before* the sum (pre-division): with fp16 gradients near
 the format's maximum, summing world_size of them first would overflow to inf
 before a post-division could bring them back.
 
-Nothing here reads a device value on the host: hooks and `finish()` only
-enqueue work (on CUDA, copies run on the current stream and NCCL orders
-itself after them).
+Nothing here reads a device value on the host.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from typing import Sequence
 
 import torch
 
+import torch.distributed as dist
+from torch.autograd import Variable
+
 from clorch.distributed import collectives
+from clorch.distributed.process_group import debug_enabled
 from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
 
 
@@ -57,8 +63,10 @@ class Reducer:
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
-        self.sync = True
-        self.committed = False  # True between finish() and the next optimizer step
+        self.sync = True           # set from DistributedDataParallel.forward
+        self.committed = False     # a synchronized backward finished since the last optimizer step
+        self._in_backward = False
+        self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self.param_ids = frozenset(id(p) for p in self._params)
         self._handles = []
         for bucket in self.buckets:
@@ -76,11 +84,8 @@ class Reducer:
         def hook(param: torch.Tensor) -> None:
             if not self.sync:
                 return  # no_sync: autograd keeps accumulating into .grad locally
-            if self._fired[index] or self.committed:
-                raise ValueError(
-                    f"DistributedDataParallel: parameter {self._names[index]!r} received a second "
-                    "synchronized gradient before optimizer_step(); wrap every micro-batch but the "
-                    "last in no_sync() and call optimizer_step() once per synchronized backward")
+            if not self._in_backward:
+                self._start_backward()
             self._fired[index] = True
             grad = param.grad
             # Pre-divided copy into the slot (in place when .grad already is the slot).
@@ -93,6 +98,15 @@ class Reducer:
 
         return hook
 
+    def _start_backward(self) -> None:
+        """First synchronized hook of a backward: have the engine call finish() when it ends."""
+        self._in_backward = True
+        Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        if self._in_backward:
+            self.finish()
+
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
         while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
@@ -100,23 +114,31 @@ class Reducer:
             self._next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
-        if self._communicate:
+        if not self._communicate:
+            return
+        if self._use_wrapper:
             bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
+        else:
+            # The buckets were checked when they were built: skip the wrapper's per-call checks.
+            bucket.work = dist.all_reduce(bucket.comm, op=dist.ReduceOp.SUM, async_op=True)
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and commit the averages to `.grad`.
 
-        Every rank must call it once per synchronized backward (it is the
-        second half of that backward's collectives). It blocks until all
-        buckets are reduced (on CUDA: until the reductions are ordered on the
-        current stream; no host sync).
+        Runs by itself at the end of each synchronized backward (queued on the
+        autograd engine by the first hook), on every rank, so callers rarely
+        need it; calling it again is a no-op. It blocks until all buckets are
+        reduced (on CUDA: until the reductions are ordered on the current
+        stream; no host sync).
 
         Raises:
             ValueError: a trainable parameter got no gradient in the
-                synchronized backward (or there was none since the last
-                step). The missing buckets are still reduced first, so ranks
-                that did get every gradient are not left waiting.
+                synchronized backward. The missing buckets are still reduced
+                first, so ranks that did get every gradient are not left
+                waiting; the error then leaves `backward()` on this rank.
         """
+        if not self._in_backward:
+            return
         missing: list[str] = []
         if self._next_launch < len(self.buckets):
             missing = [name for name, fired in zip(self._names, self._fired) if not fired]
@@ -133,16 +155,19 @@ class Reducer:
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
+        self._in_backward = False
         self.committed = not missing
         if missing:
             self._raise_missing(missing)
 
+    def no_synchronized_backward(self) -> ValueError:
+        """The error for a step with no synchronized backward since the last one."""
+        return ValueError(
+            "DistributedDataParallel.optimizer_step(): no synchronized backward since the last "
+            "step (every forward ran under no_sync() or with require_backward_grad_sync=False?); "
+            "run the last micro-batch's forward and backward outside no_sync()")
+
     def _raise_missing(self, missing: list[str]) -> None:
-        if len(missing) == len(self._params):
-            raise ValueError(
-                "DistributedDataParallel.optimizer_step(): no synchronized backward since the last "
-                "step (every backward ran under no_sync()?); run the last micro-batch's backward "
-                "outside no_sync()")
         raise ValueError(
             f"DistributedDataParallel: the synchronized backward produced no gradient for trainable "
             f"parameter(s) {missing}; every trainable parameter must receive a gradient in each "
@@ -158,3 +183,4 @@ class Reducer:
             if bucket.work is not None:
                 work, bucket.work = bucket.work, None
                 work.wait()
+        self._in_backward = False
