@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Two-GPU NCCL validation and scaling (issue 8) in one go, on a machine with 2 GPUs
+# Two-GPU NCCL validation and scaling in one go, on a machine with 2 GPUs
 # (the device tool's nvidia-h200-x2 kind, or any Linux box with CUDA and torch >= 2.11):
 #   bash scripts/gpu-2gpu.sh [OUTDIR]
 # Installs the carried hydra/omegaconf wheels in .whl/ (when present) into /tmp/site,
 # records the environment, then runs on GPUs 0 and 1:
 #   tests     the `cuda` test tier (world sizes 1..GPU count: every collective, the fp16
-#             overflow skipped on both ranks, a failing worker taking the other down)
+#             overflow skipped on both ranks, a failing worker taking the other down, the
+#             torch DDP script ported by its imports within torch's own noise floor)
 #   recipe    clorch-train +recipe=ddp_bf16 on devices [0,1], accumulation 2, final checkpoint
 #   run_local clorch.run_local(devices=[0, 1]) with the same checks, from Python
-#   allreduce clorch-bench allreduce, 2 ranks, nccl, 1 MiB to 4 GiB
+#   allreduce clorch-bench allreduce, 2 ranks, nccl, 4 KiB to 4 GiB
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2
-#   goals     the issue's goals read back from the two benchmark tables
+#   goals     the goals read back from the two benchmark tables
 # Everything goes under OUTDIR (default $OUT, else /tmp/clorch-2gpu); stages.txt lists each
 # stage's exit status. Estimated 6-8 minutes in all (the 1-GPU cuda tier took 2); STAGES="allreduce ddp goals"
 # runs a subset. CPU_DRY_RUN=1 checks the plumbing without GPUs (gloo ranks, tiny sizes).
@@ -21,7 +22,7 @@ source "$(dirname "$0")/gpu-setup.sh"
 if [ "${CPU_DRY_RUN:-0}" = 1 ]; then
   DEV=cpu BACKEND=gloo MODEL=gpt-tiny DEVICES=null SIZES="1M 4M"
 else
-  DEV=cuda BACKEND=nccl MODEL=gpt2-small DEVICES="[0,1]" SIZES="1M 4M 16M 64M 256M 1G 4G"
+  DEV=cuda BACKEND=nccl MODEL=gpt2-small DEVICES="[0,1]" SIZES="4K 64K 256K 1M 4M 16M 64M 256M 1G 4G"
 fi
 export DEV DEVICES OUTDIR
 STAGES=${STAGES:-env tests recipe run_local allreduce ddp goals}
@@ -83,23 +84,24 @@ ddp)
   run ddp clorch-bench ddp --model $MODEL --device $DEV --nproc 2 ${DDP_ARGS:-} 2>&1 | tee "$OUTDIR/bench_ddp.txt" ;;
 goals)
   run goals $PY - <<'PY' 2>&1 | tee "$OUTDIR/goals.txt"
-# Issue 8's goals, read back from the benchmark tables (Markdown rows: | a | b | ... |).
+# The two-GPU goals, read back from the benchmark tables (Markdown rows: | a | b | ... |).
 import os, pathlib, re
 out = pathlib.Path(os.environ["OUTDIR"])
 def rows(name):
     text = (out / name).read_text() if (out / name).is_file() else ""
     return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not line.startswith("|-")][1:]
-ar = [r for r in rows("bench_allreduce.txt") if not r[0].endswith(" B") and not r[0].endswith("KiB")]
+ar = [r for r in rows("bench_allreduce.txt") if not r[0].endswith(" B") and r[0] not in ("4 KiB", "16 KiB")]
 if ar:
     worst = min(ar, key=lambda r: float(r[6]))
     best = max(ar, key=lambda r: float(r[4]))
-    print(f"allreduce ratio raw/clorch >= 0.97 from 1 MiB: min {float(worst[6]):.4f} at {worst[0]}")
+    print(f"allreduce ratio raw/clorch >= 0.97 from 64 KiB: min {float(worst[6]):.4f} at {worst[0]}")
     print(f"allreduce peak clorch busbw {best[4]} GB/s at {best[0]} = {float(best[4]) / 370:.3f} of the "
           f"~370 GB/s NVLink 4 ring ceiling without NVLS")
 text = (out / "bench_ddp.txt").read_text() if (out / "bench_ddp.txt").is_file() else ""
 for label, pattern, goal in (
         ("clorch DDP / torch DDP step time", r"clorch DDP / torch DDP step time: ([\d.]+)", "<= 1.00"),
+        ("clorch DDP / torch DDP best", r"clorch DDP / torch DDP best .*?step time: ([\d.]+)", "<= 0.97"),
         ("scaling efficiency, clorch DDP", r"scaling efficiency .*?: clorch DDP ([\d.]+)", ">= 0.97")):
     m = re.search(pattern, text)
     print(f"ddp {label}: {m.group(1) if m else 'missing'} (goal {goal})")

@@ -207,6 +207,8 @@ def local_world_size() -> int:
 
 def backend() -> str | None:
     """"nccl" or "gloo" inside a group, None outside."""
+    if _state is not None and dist.is_initialized():
+        return _state.backend  # known since init: no look-up on the collectives' fast path
     return str(dist.get_backend()) if is_initialized() else None
 
 

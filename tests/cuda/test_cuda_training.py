@@ -68,7 +68,7 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=3)
     x, y = (t.to(dev) for t in _data(world_size, 1)[0])
     before = copy.deepcopy(model.module.state_dict())
-    with autocast(device="cuda", dtype=torch.float16):
+    with autocast("cuda", dtype=torch.float16):
         out = model(x[rank * 4: rank * 4 + 4])
         assert out.dtype == torch.float16
         loss = nn.functional.mse_loss(out.float(), y[rank * 4: rank * 4 + 4])
@@ -80,12 +80,12 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     result = {"stepped": stepped, "unchanged": unchanged, "scale": scaler.get_scale(),
               "skipped": scaler.skipped_steps, "last_skipped": scaler.last_step_skipped}
     for _ in range(3):  # three clean steps: the scale grows once
-        with autocast(device="cuda", dtype=torch.float16):
+        with autocast("cuda", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(x[rank * 4: rank * 4 + 4]).float(), y[rank * 4: rank * 4 + 4])
         backward(scaler, loss)
         model.optimizer_step(opt, scaler)
     result["grown_scale"] = scaler.get_scale()
-    with autocast(device="cuda", dtype=torch.bfloat16):
+    with autocast("cuda", dtype=torch.bfloat16):
         result["bf16_dtype"] = str(model(x[:4]).dtype)
     result["autocast_after"] = torch.is_autocast_enabled("cuda")
     return result

@@ -58,6 +58,7 @@ def _nccl_checks(rank, world_size):
                 plain_loss = torch.nn.functional.mse_loss(plain(x).float(), y)
             plain_scaler.scale(plain_loss).backward()
             plain_scaler.step(plain_opt)
+            plain_scaler.update()
             plain_opt.zero_grad()
 
             def ddp_step():
