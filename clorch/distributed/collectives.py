@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from clorch.distributed import process_group as pg
-from clorch.distributed.debug import check_fingerprint
+from clorch.distributed.debug import check_all_to_all_splits, check_fingerprint, check_recv, check_send
 
 # torch 2.14 renamed the single-tensor gather/scatter; 2.11 (the GPU image) has only the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -257,6 +257,9 @@ def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor,
     in_splits = _check_splits("input_split_sizes", input_split_sizes, "tensor", tensor)
     if pg.debug_enabled():
         check_fingerprint("all_to_all_single", dtype=str(tensor.dtype), trailing=tuple(tensor.shape[1:]))
+        size = pg.world_size()
+        check_all_to_all_splits(in_splits or [tensor.shape[0] // size] * size,
+                                out_splits or [output.shape[0] // size] * size)
     work = dist.all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
     return _run(work, async_op)
 
@@ -273,6 +276,8 @@ def send(tensor: torch.Tensor, dst: int, async_op: bool = False) -> Work | None:
     _require_group()
     _check_tensor("tensor", tensor)
     _check_peer("dst", dst)
+    if pg.debug_enabled():
+        check_send(tensor, dst)
     if async_op:
         return Work(dist.isend(tensor, dst))
     dist.send(tensor, dst)
@@ -284,6 +289,8 @@ def recv(tensor: torch.Tensor, src: int, async_op: bool = False) -> Work | None:
     _require_group()
     _check_tensor("tensor", tensor)
     _check_peer("src", src)
+    if pg.debug_enabled():
+        check_recv(tensor, src)
     if async_op:
         return Work(dist.irecv(tensor, src))
     dist.recv(tensor, src)

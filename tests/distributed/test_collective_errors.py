@@ -84,3 +84,50 @@ def test_debug_mode_catches_different_collectives():
 
 def test_collective_outside_a_group_is_a_clear_error():
     _raises(lambda: cd.all_reduce(torch.ones(1)), RuntimeError, ["no process group is initialized"])
+
+
+def _split_mismatch(rank: int, world_size: int) -> str:
+    # Rank 0 sends 1 row to rank 1, but rank 1 expects 2 from rank 0: without the check, gloo aborts.
+    tensor = torch.randn(3, 2)
+    output = torch.empty(3, 2)
+    splits_in = [2, 1] if rank == 0 else [1, 2]
+    splits_out = [2, 1] if rank == 0 else [2, 1]
+    try:
+        cd.all_to_all_single(output, tensor, splits_out, splits_in)
+    except cd.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_debug_mode_checks_all_to_all_split_sizes_across_ranks():
+    for message in run_ranks(_split_mismatch, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=60):
+        assert "all_to_all_single: rank 0 sends 1 rows to rank 1 (input_split_sizes=[2, 1])" in message
+        assert "but rank 1 expects 2 from it (output_split_sizes=[2, 1])" in message
+
+
+def _p2p(rank: int, world_size: int) -> list[str]:
+    messages = []
+    good = torch.arange(6.0).view(2, 3)
+    if rank == 0:
+        cd.send(good, 1)  # matching pair: passes and delivers
+    else:
+        got = torch.empty(2, 3)
+        cd.recv(got, 0)
+        assert torch.equal(got, good)
+    for wrong in (torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.int32)):
+        try:
+            if rank == 0:
+                cd.send(torch.zeros(2, 3), 1)
+            else:
+                cd.recv(wrong, 0)
+        except cd.CollectiveMismatchError as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def test_debug_mode_checks_send_recv_shape_and_dtype_on_both_ranks():
+    for messages in run_ranks(_p2p, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=60):
+        assert len(messages) == 2
+        assert "rank 0 sends a tensor of shape=(2, 3), dtype=float32 to rank 1, which receives into " \
+               "shape=(3, 2), dtype=float32" in messages[0]
+        assert "receives into shape=(2, 3), dtype=int32" in messages[1]
