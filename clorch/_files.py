@@ -4,19 +4,75 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import secrets
 from pathlib import Path
 from typing import Any
+
+# Random names collide about never; a few retries cover a name someone planted on purpose.
+_CREATE_ATTEMPTS = 16
+
+
+def unique_token() -> str:
+    """A name fragment no other writer (this process, another process, a retry) will pick."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def create_exclusive(directory: str | os.PathLike, prefix: str, suffix: str,
+                     mode: int = 0o666) -> tuple[int, Path]:
+    """Create a new file `prefix<random>suffix` in `directory`; return its write descriptor and path.
+
+    The file is created with O_CREAT | O_EXCL, so nothing that is already at
+    the chosen name is ever opened: not a file another writer owns, and not a
+    symlink planted there (O_EXCL does not follow it, so its target is never
+    written). A taken name is retried with another random fragment.
+
+    Args:
+        directory: where to create the file (beside its final path, so that a
+            rename onto that path stays on one filesystem and is atomic).
+        prefix, suffix: the name around the random fragment.
+        mode: permission bits, filtered by the umask as for any new file.
+
+    Raises:
+        FileExistsError: every one of several random names was taken.
+        OSError: the directory is missing or not writable.
+    """
+    directory = Path(directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_CREATE_ATTEMPTS):
+        candidate = directory / f"{prefix}{unique_token()}{suffix}"
+        try:
+            return os.open(candidate, flags, mode), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new file {prefix}*{suffix} in {directory}: "
+                          f"{_CREATE_ATTEMPTS} random names were all taken")
+
+
+def write_all(fd: int, data: Any) -> None:
+    """Write every byte of `data` (bytes-like) to `fd`; os.write may write fewer per call."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        view = view[os.write(fd, view):]
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, **dumps_options: Any) -> None:
     """Write `data` as JSON through a temporary file beside `path`, then rename it over `path`.
 
-    A reader never sees half a file. `dumps_options` go to `json.dumps`; its
-    TypeError/ValueError (a value JSON cannot hold) is raised before anything is written.
+    A reader never sees half a file. The temporary is created exclusively
+    (see `create_exclusive`) under a random name, so a file or symlink planted
+    beside `path` is never written through, and it is removed if writing fails.
+    `dumps_options` go to `json.dumps`; its TypeError/ValueError (a value JSON
+    cannot hold) is raised before anything is written.
     """
     path = Path(path)
     text = json.dumps(data, **dumps_options)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    fd, tmp = create_exclusive(path.parent, f".{path.name}.", ".tmp")
+    try:
+        try:
+            write_all(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -5,17 +5,25 @@ On disk, a checkpoint at `path` is two files in `path`'s directory:
     path                          metadata (JSON): the commit point
     <path name>.<token>.tensors   tensor archive (torch zip), named by the metadata
 
-Saving writes the archive under a fresh unique name and fsyncs it, writes the
-metadata to a hidden temporary (`.<path name>.<token>.tmp`) and fsyncs it, then
-renames the temporary onto `path` (atomic) and fsyncs the directory. Only then
-is the archive of the checkpoint it replaced deleted. Killed at any moment,
-`path` holds the previous complete checkpoint or the new one, never a mix; a
-leftover `.tensors` or `.tmp` file is named by no metadata and never loaded.
+Saving first refuses a `path` that holds anything but a clorch checkpoint (it
+is never overwritten). It then writes the archive under a fresh random name
+and fsyncs it, writes the metadata to a hidden temporary (`.<path
+name>.<token>.tmp`) and fsyncs it, then renames the temporary onto `path`
+(atomic) and fsyncs the directory. Only then is the archive of the checkpoint
+it replaced deleted. Both new files are created exclusively (O_EXCL), so a
+symlink planted at their names is never followed. Killed at any moment, or out
+of disk space, `path` holds the previous complete checkpoint or the new one,
+never a mix; a leftover `.tensors` or `.tmp` file is named by no metadata and
+never loaded.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
+import os
+import shutil
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,14 +32,16 @@ import torch
 
 import clorch
 from clorch.checkpoint import archive, metadata
-from clorch.checkpoint.atomic import commit, remove_quietly, test_pause, unique_token, write_durable
+from clorch.checkpoint.atomic import commit, file_kind, remove_quietly, write_durable
 from clorch.checkpoint.collective import agree, exchange
 from clorch.checkpoint.restore import detach_from_file, model_mismatches, optimizer_mismatches
-from clorch.checkpoint.rng import capture_rng, check_rng_state, restore_rng
+from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.rng import capture_rng, restore_rng
 import clorch.distributed as cdist
 from clorch.nn.parallel.ddp import unwrap_model
 
-CheckpointError = archive.CheckpointError
+# errno values meaning the filesystem has no room for the checkpoint (EDQUOT: over quota).
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def _check_stateful(name: str, obj: Any) -> None:
@@ -71,32 +81,91 @@ def _remove_superseded(path: Path, keep_archive: str) -> None:
         remove_quietly(tmp)
 
 
+def _check_replaceable(path: Path) -> None:
+    """Refuse to save over anything at `path` but a clorch checkpoint (or a dangling symlink).
+
+    Checked before anything is written. Another process could still put a
+    file there before the commit; this guards against a wrong `path`
+    (a dataset, a torch.save file), not against a concurrent writer.
+
+    Raises:
+        CheckpointError: `path` is not a regular file, or not clorch checkpoint metadata.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"save_checkpoint would overwrite {path}, which is {file_kind(mode)}, "
+                              "not a clorch checkpoint: nothing was written; pass another path")
+    if not metadata.is_checkpoint(path):
+        raise CheckpointError(f"save_checkpoint would overwrite {path}, which is not a clorch checkpoint "
+                              "(it cannot be parsed as clorch checkpoint metadata): nothing was written; "
+                              "delete it yourself or pass another path")
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: about the size of their archive."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def _disk_full(path: Path, needed: int, exc: OSError) -> CheckpointError:
+    """The error for a save that ran out of space (measured after its partial files were removed)."""
+    try:
+        free = f"{shutil.disk_usage(path.parent).free} bytes are free"
+    except OSError as usage_error:
+        free = f"the free space is unknown ({usage_error})"
+    return CheckpointError(
+        f"not enough disk space to save checkpoint {path}: it needs about {needed} bytes and {free} "
+        f"in {path.parent} ({exc.strerror or exc}); the partial files were removed and whatever was at "
+        f"{path} is unchanged")
+
+
+def _write_files(path: Path, tensors: dict, state: dict, per_rank: list[dict]) -> Path:
+    """Archive, metadata, commit; a failure before the commit leaves no new file. Returns the archive."""
+    archive_file, info = archive.write_archive(path.parent, f"{path.name}.", tensors)
+    try:
+        body = metadata.new_body(
+            versions={"clorch_version": clorch.__version__, "torch_version": torch.__version__},
+            world_size=len(per_rank), state=state, archive={"file": archive_file.name, **info},
+            contents={name: name in tensors for name in ("model", "optimizer", "scaler")},
+            samplers=[r["sampler"] for r in per_rank], rng=[r["rng"] for r in per_rank])
+        temporary = write_durable(path.parent, f".{path.name}.", ".tmp", metadata.encode(body))
+    except BaseException:
+        remove_quietly(archive_file)
+        raise
+    try:
+        commit(temporary, path)
+    except BaseException:
+        # A temporary that is gone was renamed onto `path` (only a directory fsync failed):
+        # the committed metadata names this archive, which must then stay.
+        if remove_quietly(temporary):
+            remove_quietly(archive_file)
+        raise
+    return archive_file
+
+
 def _write(path: Path, model, optimizer, scaler, state: dict, per_rank: list[dict]) -> None:
-    """Rank 0's part of save_checkpoint: archive, metadata, commit, clean up."""
+    """Rank 0's part of save_checkpoint: check the path, write and commit, clean up."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    token = unique_token()
-    archive_file = path.parent / f"{path.name}.{token}.tensors"
-    temporary = path.parent / f".{path.name}.{token}.tmp"
+    _check_replaceable(path)
     tensors = {"model": model.state_dict()}
     if optimizer is not None:
         tensors["optimizer"] = optimizer.state_dict()
     if scaler is not None:
         tensors["scaler"] = scaler.state_dict()
     try:
-        info = archive.write_archive(archive_file, tensors)
-        body = metadata.new_body(
-            versions={"clorch_version": clorch.__version__, "torch_version": torch.__version__},
-            world_size=len(per_rank), state=state, archive={"file": archive_file.name, **info},
-            contents={name: name in tensors for name in ("model", "optimizer", "scaler")},
-            samplers=[r["sampler"] for r in per_rank], rng=[r["rng"] for r in per_rank])
-        write_durable(temporary, metadata.encode(body))
-        test_pause("before_commit")
-        commit(temporary, path)
-    except BaseException:
-        remove_quietly(temporary)
-        remove_quietly(archive_file)
+        archive_file = _write_files(path, tensors, state, per_rank)
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise _disk_full(path, _tensor_bytes(tensors), exc) from exc
         raise
-    test_pause("after_commit")
     _remove_superseded(path, archive_file.name)
 
 
@@ -126,6 +195,9 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
         TypeError: an argument without state_dict, or a `state` JSON cannot hold
             (on every rank: a rank that failed the check re-raises its own error,
             the others raise CheckpointError naming it).
+        CheckpointError: `path` holds something other than a clorch checkpoint
+            (nothing is written), or the disk is full (the message gives the bytes
+            needed and free; the partial files are removed, `path` is unchanged).
         OSError: rank 0 could not write (re-raised on rank 0; CheckpointError on the others).
         RuntimeError: the process group failed.
     """
@@ -164,8 +236,10 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no metadata file at `path`.
-        CheckpointError: corrupt or truncated metadata or archive, a missing
-            archive, or an archive that is not a plain tensor archive.
+        CheckpointError: corrupt, truncated or malformed metadata or archive, a
+            missing archive, a path that is not a regular file (a FIFO, a
+            directory: refused at once, never read), or an archive that is not a
+            plain tensor archive.
     """
     body, _ = _read(_check_path(path))
     return body
@@ -193,8 +267,6 @@ def _check_fit(path: Path, body: dict, tensors: dict, model, optimizer, sampler,
             raise ValueError(f"sampler was given, but checkpoint {path} holds no sampler state for rank {rank}")
         if callable(getattr(sampler, "check_state_dict", None)):
             sampler.check_state_dict(saved[rank])
-    if body["world_size"] == world_size:
-        check_rng_state(body["rng"][rank], f"checkpoint {path} rng[{rank}]")
 
 
 def _apply(body: dict, tensors: dict, model, optimizer, sampler, scaler) -> None:
@@ -228,7 +300,8 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
     Raises:
         FileNotFoundError: nothing at `path` (on the rank that saw it; the
             others raise CheckpointError naming that rank).
-        CheckpointError: a corrupt, truncated, missing or unsafe file.
+        CheckpointError: a corrupt, truncated, malformed, missing or unsafe file,
+            or a path that is not a regular file.
         ValueError: missing, unexpected or mis-shaped model/optimizer keys (all
             listed), a component the checkpoint lacks, or sampler state saved
             with another dataset_size, num_replicas, rank or seed.

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from clorch.checkpoint.atomic import test_pause
+from clorch.checkpoint import atomic
+from clorch.checkpoint.errors import CheckpointError
 
 BLOCK_BYTES = 4 << 20
 # Writes smaller than this are hashed inline: handing them to a thread costs more than it saves.
@@ -50,10 +51,6 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt, or not a safe tensor archive."""
-
-
 def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
@@ -69,6 +66,10 @@ class HashingWriter:
     block boundaries and each piece hashed on a pool thread while this thread
     writes the bytes; `write` returns only when both are done, because torch
     may reuse the buffer afterwards.
+
+    torch.save turns an OSError raised by `write` into a RuntimeError that has
+    lost its errno (ENOSPC: disk full), so the first one is kept in `error`
+    for the caller to re-raise, and every later write fails the same way.
     """
 
     def __init__(self, fd: int, block_bytes: int = BLOCK_BYTES) -> None:
@@ -77,6 +78,7 @@ class HashingWriter:
         self._hashers = [hashlib.sha256()]
         self._filled = 0  # bytes in the current (last) block
         self.written = 0
+        self.error: OSError | None = None
 
     def _pieces(self, view: memoryview) -> list[tuple[Any, memoryview]]:
         pieces = []
@@ -91,6 +93,8 @@ class HashingWriter:
         return pieces
 
     def write(self, data: Any) -> int:
+        if self.error is not None:
+            raise self.error
         view = memoryview(data).cast("B")
         pieces = self._pieces(view)
         futures: list[Future] = []
@@ -99,14 +103,15 @@ class HashingWriter:
         else:
             for hasher, piece in pieces:
                 hasher.update(piece)
-        rest = view
-        while rest.nbytes:
-            rest = rest[os.write(self._fd, rest):]
-        for future in futures:
-            future.result()
+        try:
+            atomic.write_all(self._fd, view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        finally:
+            for future in futures:  # the pool must be done with `data` before torch reuses it
+                future.result()
         self.written += view.nbytes
-        if self.written >= _PARALLEL_MIN_BYTES // 16:  # some, not all, of the archive is on disk
-            test_pause("mid_archive")
         return view.nbytes
 
     def flush(self) -> None:
@@ -121,32 +126,49 @@ def root_digest(block_digests: list[str]) -> str:
     return hashlib.sha256(b"".join(bytes.fromhex(d) for d in block_digests)).hexdigest()
 
 
-def write_archive(path: Path, obj: dict[str, Any]) -> dict[str, Any]:
-    """`torch.save(obj)` into a new file at `path`, fsynced; return its size and checksums.
+def _save(fd: int, obj: dict[str, Any]) -> HashingWriter:
+    """`torch.save(obj)` through a HashingWriter on `fd`, then fsync; the writer's own OSError wins."""
+    writer = HashingWriter(fd)
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(obj, writer)
+    except Exception:
+        if writer.error is not None:  # torch wrapped it: give the caller the errno back
+            raise writer.error from None
+        raise
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    os.fsync(fd)
+    return writer
 
+
+def write_archive(directory: Path, prefix: str, obj: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """`torch.save(obj)` into a new file `<prefix><random>.tensors` in `directory`, fsynced.
+
+    The file is created exclusively (never an existing file or symlink).
     torch's own zip CRC32s are switched off while writing: torch.load does not
     check them and the sha256 blocks cover every byte, so they would be wasted
     work (the setting is restored afterwards).
 
+    Returns:
+        The archive's path, and its size and checksums (the metadata's "archive" entry, less "file").
+
     Raises:
-        FileExistsError: `path` exists (archives are never overwritten).
-        OSError: the write or the fsync failed (the partial file is left to the caller).
+        OSError: the write or the fsync failed, e.g. errno ENOSPC (the partial file is removed).
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd, path = atomic.create_exclusive(directory, prefix, ".tensors", 0o644)
     try:
-        writer = HashingWriter(fd)
-        crc = torch.serialization.get_crc32_options()
-        torch.serialization.set_crc32_options(False)
         try:
-            torch.save(obj, writer)
+            writer = _save(fd, obj)
         finally:
-            torch.serialization.set_crc32_options(crc)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            os.close(fd)
+    except BaseException:
+        atomic.remove_quietly(path)
+        raise
     blocks = writer.digests()
-    return {"bytes": writer.written, "block_bytes": BLOCK_BYTES, "block_sha256": blocks,
-            "sha256": root_digest(blocks)}
+    return path, {"bytes": writer.written, "block_bytes": BLOCK_BYTES, "block_sha256": blocks,
+                  "sha256": root_digest(blocks)}
 
 
 def hash_blocks(fd: int, size: int, block_bytes: int) -> list[str]:
@@ -192,10 +214,11 @@ def open_archive(path: Path, metadata_path: Path) -> int:
     """Open the archive read-only and return its descriptor.
 
     Raises:
-        CheckpointError: the archive the metadata names is missing.
+        CheckpointError: the archive the metadata names is missing, or is not
+            a regular file (a FIFO there would otherwise block the load forever).
     """
     try:
-        return os.open(path, os.O_RDONLY)
+        return atomic.open_regular(path, "checkpoint archive")
     except FileNotFoundError:
         raise CheckpointError(
             f"checkpoint archive {path}, named by {metadata_path}, is missing") from None

@@ -20,10 +20,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-from clorch.checkpoint.archive import CheckpointError
+from clorch.checkpoint.atomic import open_regular
+from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.rng import rng_state_problem
 
 FORMAT = "clorch-checkpoint"
 FORMAT_VERSION = 1
@@ -32,6 +36,9 @@ _MAX_METADATA_BYTES = 64 << 20
 _ARCHIVE_KEYS = ("file", "bytes", "block_bytes", "block_sha256", "sha256")
 _REQUIRED = ("format", "format_version", "world_size", "state", "archive", "contents",
              "samplers", "rng", "checksum")
+_OPTIONAL_TEXT = ("created", "clorch_version", "torch_version")
+_COMPONENTS = ("model", "optimizer", "scaler")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def check_json_state(value: Any, where: str = "state") -> None:
@@ -80,29 +87,60 @@ def new_body(*, versions: dict[str, str], world_size: int, state: dict[str, Any]
             "samplers": samplers, "rng": rng, **versions}
 
 
-def read(path: Path) -> dict[str, Any]:
-    """Parse and check the metadata file at `path`; return it without its checksum.
+def _read_json(path: Path) -> Any:
+    """The parsed JSON at `path` (any JSON value).
 
     Raises:
         FileNotFoundError: nothing at `path`.
-        CheckpointError: not JSON, not a clorch checkpoint, a newer format, a
-            missing field, or a checksum that does not match (corrupt file).
+        CheckpointError: not a regular file (a FIFO, a directory...), too
+            large or a tensor archive, or not JSON.
     """
-    path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(_MAX_METADATA_BYTES + 1)
+        fd = open_regular(path, "checkpoint path")
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint at {path}") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"checkpoint path {path} is a directory, expected a metadata file") from None
+    with os.fdopen(fd, "rb") as handle:
+        raw = handle.read(_MAX_METADATA_BYTES + 1)
     if raw.startswith(b"PK") or len(raw) > _MAX_METADATA_BYTES:
         raise CheckpointError(f"{path} is not a clorch checkpoint metadata file (it looks like a "
                               "tensor archive or another large file): pass the path given to save_checkpoint")
     try:
-        full = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
         raise CheckpointError(f"checkpoint metadata {path} is corrupt (not valid JSON: {exc})") from None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether `path` is a regular file holding JSON that declares itself clorch checkpoint metadata.
+
+    Only the format marker is checked, not the checksum: a damaged checkpoint
+    is still ours to replace, while any other file is someone else's.
+
+    Raises:
+        FileNotFoundError: nothing at `path`.
+        OSError: it cannot be read (e.g. permissions).
+    """
+    try:
+        full = _read_json(Path(path))
+    except CheckpointError:
+        return False
+    return isinstance(full, dict) and full.get("format") == FORMAT
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Parse and check the metadata file at `path`; return it without its checksum.
+
+    Every field is checked (`validate`), so code that uses the result may
+    index and compute with it without further checks.
+
+    Raises:
+        FileNotFoundError: nothing at `path`.
+        CheckpointError: not a regular file, not JSON, not a clorch checkpoint,
+            a newer format, a missing or malformed field, or a checksum that does
+            not match (corrupt file).
+    """
+    path = Path(path)
+    full = _read_json(path)
     if not isinstance(full, dict) or full.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a clorch checkpoint (format is not {FORMAT!r})")
     missing = [key for key in _REQUIRED if key not in full]
@@ -111,21 +149,82 @@ def read(path: Path) -> dict[str, Any]:
     body = {key: value for key, value in full.items() if key != "checksum"}
     if hashlib.sha256(_canonical(body)).hexdigest() != full["checksum"]:
         raise CheckpointError(f"checkpoint metadata {path} is corrupt: its checksum does not match its content")
-    version = body["format_version"]
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format_version {version!r}; this clorch reads "
-                              f"up to {FORMAT_VERSION}: upgrade clorch")
-    _check_archive_entry(path, body["archive"])
+    validate(path, body)
     return body
 
 
-def _check_archive_entry(path: Path, archive: Any) -> None:
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _malformed(path: Path, field: str, value: Any, allowed: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint metadata {path} is corrupt: field {field!r} is {_shown(value)}, "
+                           f"expected {allowed}")
+
+
+def _check_int(path: Path, field: str, value: Any, minimum: int) -> None:
+    if type(value) is not int or value < minimum:  # type(): True is an int to isinstance
+        raise _malformed(path, field, value, f"an int >= {minimum}")
+
+
+def _check_list(path: Path, field: str, value: Any, length: int) -> None:
+    if not isinstance(value, list) or len(value) != length:
+        raise _malformed(path, field, value, f"a list of {length} entries (one per rank of world_size {length})")
+
+
+def _check_archive(path: Path, archive: Any) -> None:
     if not isinstance(archive, dict) or any(key not in archive for key in _ARCHIVE_KEYS):
-        raise CheckpointError(f"checkpoint metadata {path} is corrupt: 'archive' needs {list(_ARCHIVE_KEYS)}")
+        raise _malformed(path, "archive", archive, f"a dict with {list(_ARCHIVE_KEYS)}")
     name = archive["file"]
     # The archive must sit beside the metadata: a name with a separator could point anywhere.
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
-        raise CheckpointError(f"checkpoint metadata {path} names an invalid archive file {name!r}")
+        raise _malformed(path, "archive.file", name, "a file name without directory parts")
+    _check_int(path, "archive.bytes", archive["bytes"], 0)
+    _check_int(path, "archive.block_bytes", archive["block_bytes"], 1)
+    blocks = -(-archive["bytes"] // archive["block_bytes"])
+    digests = archive["block_sha256"]
+    if not isinstance(digests, list) or len(digests) != blocks or not all(
+            isinstance(d, str) and _SHA256.fullmatch(d) for d in digests):
+        raise _malformed(path, "archive.block_sha256", digests,
+                         f"a list of {blocks} sha256 hex digests (bytes / block_bytes, rounded up)")
+    if not isinstance(archive["sha256"], str) or not _SHA256.fullmatch(archive["sha256"]):
+        raise _malformed(path, "archive.sha256", archive["sha256"], "a sha256 hex digest")
+
+
+def validate(path: Path, body: dict[str, Any]) -> None:
+    """Check every field of a metadata body (its checksum already matched); the one place that does.
+
+    A checksum only proves the file is as written, not that a writer (an
+    older or foreign one) wrote sensible values; the loader indexes and
+    divides by these, so each is checked here once.
+
+    Raises:
+        CheckpointError: naming the first malformed field, its value and what is allowed.
+    """
+    version = body["format_version"]
+    if type(version) is int and version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format_version {version!r}; this clorch reads "
+                              f"up to {FORMAT_VERSION}: upgrade clorch")
+    _check_int(path, "format_version", version, 1)
+    for key in _OPTIONAL_TEXT:
+        if key in body and not isinstance(body[key], str):
+            raise _malformed(path, key, body[key], "a str")
+    _check_int(path, "world_size", body["world_size"], 1)
+    if not isinstance(body["state"], dict):
+        raise _malformed(path, "state", body["state"], "a dict (the training state)")
+    _check_archive(path, body["archive"])
+    contents = body["contents"]
+    if not isinstance(contents, dict) or any(not isinstance(contents.get(k), bool) for k in _COMPONENTS):
+        raise _malformed(path, "contents", contents, f"a dict of {list(_COMPONENTS)} to true/false")
+    _check_list(path, "samplers", body["samplers"], body["world_size"])
+    _check_list(path, "rng", body["rng"], body["world_size"])
+    for rank, state in enumerate(body["rng"]):
+        problem = rng_state_problem(state)
+        if problem is not None:
+            key, what = problem
+            field = f"rng[{rank}]" + (f".{key}" if key else "")
+            raise CheckpointError(f"checkpoint metadata {path} is corrupt: field {field!r} {what}")
 
 
 def archive_path(metadata_path: Path, body: dict[str, Any]) -> Path:

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from clorch.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from clorch.checkpoint.atomic import TEST_HOOK_VARIABLE
 from clorch.env import with_multicast_off
 from tests.checkpoint.crash_writer import model
 
@@ -24,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _start(*args: str) -> subprocess.Popen:
     env = with_multicast_off(os.environ)
-    env.pop(TEST_HOOK_VARIABLE, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.Popen([sys.executable, "-m", "tests.checkpoint.crash_writer", *args], cwd=ROOT,
@@ -42,7 +40,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _kill_at(tmp_path: Path, first: str, second: str, point: str) -> None:
     """Run the writer until its second save reaches `point`, then kill -9 it."""
     signal_file = tmp_path.parent / f"{tmp_path.name}-reached"
-    proc = _start(str(tmp_path), first, second, "pause", f"{point}:{signal_file}")
+    proc = _start(str(tmp_path), first, second, "pause", point, str(signal_file))
     try:
         deadline = time.monotonic() + 60
         while not signal_file.exists():
