@@ -5,13 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["run_local", "__version__"]
 
 
-def run_local(*args: Any, **kwargs: Any) -> dict:
-    """Compose a recipe, launch it on this machine, wait, and return status and logs.
+def __getattr__(name: str) -> Any:
+    """`clorch.run_local` is `clorch.engine.api.run_local` itself, imported on first use.
 
-    See `clorch.engine.run_local`.
+    Importing it lazily keeps `import clorch` (and clorch.nn, clorch.distributed)
+    free of Hydra; handing out the function itself, not a wrapper, keeps its
+    signature and docstring for help(), inspect and IDEs.
     """
-    from clorch.engine.api import run_local as _run_local
+    if name == "run_local":
+        from clorch.engine.api import run_local
 
-    return _run_local(*args, **kwargs)
+        globals()["run_local"] = run_local  # later lookups skip this hook
+        return run_local
+    raise AttributeError(f"module 'clorch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,7 +4,11 @@
     clorch-train +recipe=ddp_bf16 optim.lr=3e-4   a recipe plus overrides
     clorch-train -m +recipe=ddp_bf16 optim.lr=1e-3,3e-4   a sweep
     clorch-train --help                           recipes, groups and the default config
+    clorch-train +recipe=ddp_bf16 --cfg job       the composed config, checked like a run
+    clorch-train --version                        clorch's, torch's and Hydra's versions
 
+Each run gets a directory of its own, outputs/DATE/TIME (TIME-1, TIME-2, ...
+when several runs start in the same second); sweeps get multirun/DATE/TIME.
 Every config error is reported together, before anything launches, and the
 command exits with status 2; a failed job exits with 1.
 """
@@ -12,6 +16,7 @@ command exits with status 2; a failed job exits with 1.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -21,10 +26,13 @@ from clorch.config.compose import conf_dir, rewrite_recipe_overrides
 from clorch.config.validate import ConfigError
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
-# Hydra flags that print or change what is composed: no launch, or configs preflight cannot see.
-_NO_PREFLIGHT = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion",
-                 "-sc", "--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                 "--resolve", "--package", "-p")
+# Hydra flags that only print something that is not the job's config: no preflight, no launch.
+_PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+# Hydra flags that change what is composed: preflight (which uses conf/) cannot see those configs.
+_OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+# Hydra flags that print the composed config instead of running it: checked like a run, no launch.
+_PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
+_MULTIRUN = ("-m", "--multirun")
 _failures: list[str] = []
 
 
@@ -64,31 +72,74 @@ def _train(cfg: DictConfig) -> None:
         result = execute(cfg, run_dir)
     except ConfigError as exc:
         _print_errors(exc.errors)
-        from pathlib import Path
-
         write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
         _failures.append(run_dir)
         return
     _report(result)
 
 
-def train_main(argv: list[str] | None = None) -> int:
-    """The `clorch-train` console script. Returns the exit status."""
-    from clorch.config.preflight import preflight
-    from clorch.engine.resolve import resolve_errors
+def _flags(args: list[str]) -> set[str]:
+    """The `-x`/`--xyz` flags among `args` (`--cfg=job` counts as `--cfg`)."""
+    return {a.split("=")[0] for a in args if a.startswith("-")}
 
-    args = list(sys.argv[1:] if argv is None else argv)
+
+def _versions() -> str:
+    """One line with clorch's, torch's and Hydra's versions (read without importing torch)."""
+    from importlib import metadata
+
+    import clorch
+
     try:
-        args = rewrite_recipe_overrides(args)
-    except ValueError as exc:
-        _print_errors([str(exc)])
-        return EXIT_CONFIG
-    if not any(a.split("=")[0] in _NO_PREFLIGHT for a in args):
-        overrides = [a for a in args if "=" in a and not a.startswith("-")]
-        errors = preflight(overrides, resolve_errors)
-        if errors:
-            _print_errors(errors)
-            return EXIT_CONFIG
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"clorch {clorch.__version__} (torch {torch_version}, hydra-core {hydra.__version__})"
+
+
+def _sets(args: list[str], *keys: str) -> bool:
+    """Whether an override in `args` sets one of `keys` or a key below it (`+`/`++`/`~` too)."""
+    names = [a.split("=")[0].lstrip("+~") for a in args if not a.startswith("-")]
+    return any(n == k or n.startswith((f"{k}.", f"{k}/")) for n in names for k in keys)
+
+
+def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None]:
+    """Hydra overrides that give this launch its own directory and no empty log file.
+
+    Hydra names the directory after the current second and reuses it when it
+    exists, so runs started in the same second would write into one directory.
+    Unless the user chose one (hydra.run.dir, or hydra.sweep.dir for -m), the
+    directory is created here, atomically, and handed to Hydra.
+
+    Returns:
+        (the overrides, the directory created here or None).
+    """
+    from clorch.config.compose import format_value
+    from clorch.engine.outputs import new_run_dir
+
+    out, created = [], None
+    multirun = bool(_flags(args) & set(_MULTIRUN))
+    key, layout = ("hydra.sweep.dir", "multirun") if multirun else ("hydra.run.dir", "outputs")
+    if not _sets(args, key):
+        created = new_run_dir(layout=layout)
+        out.append(f"{key}={format_value(str(created))}")
+    if not _sets(args, "hydra/job_logging", "hydra.job_logging"):
+        # The launching process rarely logs: open clorch-train.log on the first record only.
+        out.append("++hydra.job_logging.handlers.file.delay=true")
+    return out, created
+
+
+def _remove_if_empty(directory: Path | None) -> None:
+    """Drop a directory made for a launch that Hydra never started (it is still empty)."""
+    if directory is None:
+        return
+    try:
+        directory.rmdir()  # fails, as wanted, once the run wrote anything
+    except OSError:
+        pass
+
+
+def _run_hydra(args: list[str]) -> int:
+    """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()  # preflight composed in-process
@@ -102,6 +153,36 @@ def train_main(argv: list[str] | None = None) -> int:
     finally:
         sys.argv = saved
     return EXIT_FAILED if _failures else 0
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """The `clorch-train` console script. Returns the exit status."""
+    from clorch.config.preflight import preflight
+    from clorch.engine.resolve import resolve_errors
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    flags = _flags(args)
+    if "--version" in flags:  # Hydra's own --version names only Hydra
+        print(_versions())
+        return 0
+    try:
+        args = rewrite_recipe_overrides(args)
+    except ValueError as exc:
+        _print_errors([str(exc)])
+        return EXIT_CONFIG
+    if not flags & set(_PRINT_ONLY + _OTHER_CONFIG):  # --cfg job is checked like a run
+        overrides = [a for a in args if "=" in a and not a.startswith("-")]
+        errors = preflight(overrides, resolve_errors)
+        if errors:
+            _print_errors(errors)
+            return EXIT_CONFIG
+    if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG):
+        return _run_hydra(args)
+    extra, created = _launch_overrides(args)
+    try:
+        return _run_hydra([*args, *extra])
+    finally:
+        _remove_if_empty(created)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -22,17 +23,32 @@ from clorch._files import write_json_atomic
 TIMING_KEYS = ("time_s", "samples_per_s", "tokens_per_s")
 
 
-def new_run_dir(base: str | os.PathLike | None = None) -> Path:
-    """A fresh `outputs/DATE/TIME` (Hydra's layout) under `base` (default: the current directory)."""
+def new_run_dir(base: str | os.PathLike | None = None, layout: str = "outputs") -> Path:
+    """Create and return a fresh `<layout>/DATE/TIME` directory (Hydra's layout) under `base`.
+
+    The directory is made with one `os.mkdir`, which fails when it exists, so two
+    runs that start in the same second (in one or several processes) never share
+    it: the later one gets `TIME-1`, `TIME-2`, ...
+
+    Args:
+        base: the folder holding `<layout>/`; None: the current directory.
+        layout: "outputs" for single runs, "multirun" for sweeps.
+
+    Returns:
+        The new, empty directory (absolute).
+    """
     now = _dt.datetime.now()
-    root = Path(base or os.getcwd()) / "outputs" / now.strftime("%Y-%m-%d")
-    path = root / now.strftime("%H-%M-%S")
-    n = 1
-    while path.exists():  # two runs in one second get _1, _2, ...
-        path = root / f"{now.strftime('%H-%M-%S')}_{n}"
-        n += 1
-    path.mkdir(parents=True)
-    return path
+    root = Path(base or os.getcwd()).resolve() / layout / now.strftime("%Y-%m-%d")
+    root.mkdir(parents=True, exist_ok=True)  # shared by every run of the day
+    stem = now.strftime("%H-%M-%S")
+    for n in itertools.count():
+        path = root / (f"{stem}-{n}" if n else stem)
+        try:
+            os.mkdir(path)  # atomic: exactly one process succeeds for each name
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")  # itertools.count() never ends
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -101,3 +101,26 @@ def test_user_recipe_by_path_passes_the_preflight_checks(tmp_path):
     mine = tmp_path / "wide.yaml"
     mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\nbatch_size: 8\n")
     assert preflight(rewrite_recipe_overrides([f"+recipe={mine}", "max_steps=3"])) == []
+
+
+def test_version_names_clorch_torch_and_hydra(capsys):
+    import importlib.metadata
+
+    import hydra
+
+    import clorch
+
+    assert train_main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"clorch {clorch.__version__} ")
+    assert f"torch {importlib.metadata.version('torch')}" in out and f"hydra-core {hydra.__version__}" in out
+
+
+def test_cfg_job_checks_the_config_like_a_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert train_main(["+recipe=cpu_smoke", "batch_size=0", "--cfg", "job"]) == 2
+    captured = capsys.readouterr()
+    assert "batch_size must be >= 1, got 0" in captured.err and "batch_size:" not in captured.out
+    assert train_main(["+recipe=cpu_smoke", "batch_size=4", "--cfg", "job"]) == 0
+    assert "batch_size: 4" in capsys.readouterr().out
+    assert not (tmp_path / "outputs").exists()  # printing a config makes no run directory
