@@ -11,6 +11,7 @@ import contextlib
 import datetime as _dt
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -97,6 +98,13 @@ def _check_distinct_devices(env: DistEnv, index: int) -> None:
     uuid = str(torch.cuda.get_device_properties(index).uuid)
     store.set(f"clorch/device/{env.rank}", f"{host}|{uuid}")
     claims = [store.get(f"clorch/device/{r}").decode() for r in range(env.world_size)]
+    # Rank 0 hosts the store: it must not tear it down (on the error below) before every rank
+    # has read the claims, or the others fail with "connection reset" instead of this message.
+    store.add("clorch/device/read", 1)
+    if env.rank == 0:
+        deadline = time.monotonic() + 60.0
+        while store.add("clorch/device/read", 0) < env.world_size and time.monotonic() < deadline:
+            time.sleep(0.005)
     owners = [r for r, claim in enumerate(claims) if claim == f"{host}|{uuid}"]
     if len(owners) > 1:
         raise ValueError(
