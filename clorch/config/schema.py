@@ -77,7 +77,7 @@ class CheckpointConfig:
 
 @dataclass
 class MLPConfig:
-    """The seed's MLP; in/out features come from the data."""
+    """A multilayer perceptron; its in/out features come from the data."""
 
     name: str = "mlp"
     hidden_features: int = field(default=64, metadata=rule(ge=1))  # width of the hidden layers

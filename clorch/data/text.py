@@ -53,7 +53,7 @@ class ByteTextTask:
     The eval split is the file's last `eval_fraction` (at least one window); the train split
     is everything before it, so the two never share a byte. Without `sample_count` a split
     is every non-overlapping window of its region, in file order; with it, `sample_count`
-    windows start at offsets drawn from the seed's stream for that split.
+    windows start at offsets drawn from a generator seeded with `seed` for that split.
 
     Args:
         path: the file (any bytes; UTF-8 text is the intended use).

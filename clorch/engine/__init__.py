@@ -1,6 +1,6 @@
 """The engine: a composed config becomes a multi-rank job.
 
-    api.py         run_local(): compose, launch, wait, report (the seed's run-local!)
+    api.py         run_local(): compose, launch, wait, report, from Python
     run.py         execute(cfg, run_dir): validate, resolve, launch, follow, write outputs
     resolve.py     auto settings (backend, ranks, devices) and the step plan
     worker.py      the per-rank entry point, clorch.engine.worker:main(ctx)

@@ -1,4 +1,4 @@
-"""`clorch.run_local`: the seed's run-local!, composing the same config as `clorch-train`."""
+"""`clorch.run_local`: train from Python, composing the same config as `clorch-train`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from clorch.config.compose import format_value
 
 PRECISION_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
                      "fp32": "fp32", "float32": "fp32"}
-# Keyword arguments of the seed's example, and the config keys they set.
+# Keyword arguments run_local takes as shorthands, and the config keys they set.
 SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_size": "batch_size",
               "accumulation": "accumulation", "max_steps": "max_steps", "seed": "seed",
               "backend": "backend"}
@@ -26,7 +26,7 @@ def overrides_for(devices: Sequence[int] | None, nproc_per_node: int | None, rec
                   kwargs: dict[str, Any]) -> list[str]:
     """Hydra overrides for run_local's arguments.
 
-    Keyword arguments are the seed's shorthands (epochs, sample_count, batch_size,
+    Keyword arguments are shorthands (epochs, sample_count, batch_size,
     accumulation, precision, checkpoint_path), or any config key with dots
     written as `__` (optim__lr=3e-4), or passed as {"optim.lr": 3e-4} with **.
     """

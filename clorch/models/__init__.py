@@ -1,4 +1,4 @@
-"""Models the recipes can name: `mlp` (the seed's example) and `gpt` (decoder-only).
+"""Models the recipes can name: `mlp` (a multilayer perceptron) and `gpt` (decoder-only).
 
     >>> from clorch.models import build_model
     >>> model = build_model("gpt", n_layer=2, d_model=64, n_head=4)

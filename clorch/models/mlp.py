@@ -1,4 +1,4 @@
-"""A small multilayer perceptron: the seed's `linear 128 -> 32` example, optionally deeper."""
+"""A small multilayer perceptron: `Linear(128, 32)` by default, optionally deeper."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _check_positive_int(name: str, value: object) -> None:
 class MLP(nn.Module):
     """Linear layers with GELU between them.
 
-    `depth` counts the Linear layers: depth=1 is the seed's single `Linear(128, 32)`;
+    `depth` counts the Linear layers: depth=1 is a single `Linear(in_features, out_features)`;
     depth=2 (the default) is `Linear(in, hidden) -> GELU -> Linear(hidden, out)`.
 
     Args:
