@@ -10,12 +10,10 @@ import contextlib
 
 import torch
 
+from clorch.precision import DTYPE_NAMES, torch_dtype
+
 DEVICES = ("cuda", "cpu")
-DTYPES = {
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
-    "fp32": torch.float32, "float32": torch.float32,
-}
+DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
 PRECISIONS = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}
 
 

@@ -211,10 +211,11 @@ class GradScaler:
         if not self.enabled:
             optimizer.step(*args, **kwargs)
             return True
-        if self._stages.get(id(optimizer), _READY) == _STEPPED:
+        stage = self._stages.get(id(optimizer), _READY)
+        if stage == _STEPPED:
             raise ScalerStateError("step() has already been called since the last update(); "
                                    "call scaler.update() once per step, after stepping every optimizer")
-        if self._stages.get(id(optimizer), _READY) == _READY:
+        if stage == _READY:
             self._unscale(optimizer, self._grad_groups(optimizer))
         found = self._found_inf(optimizer)
         if is_initialized() and world_size() > 1:

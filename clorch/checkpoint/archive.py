@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from clorch import _files
 from clorch.checkpoint import atomic
 from clorch.checkpoint.errors import CheckpointError
 
@@ -104,7 +105,7 @@ class HashingWriter:
             for hasher, piece in pieces:
                 hasher.update(piece)
         try:
-            atomic.write_all(self._fd, view)
+            _files.write_all(self._fd, view)
         except OSError as exc:
             self.error = exc
             raise
@@ -157,7 +158,7 @@ def write_archive(directory: Path, prefix: str, obj: dict[str, Any]) -> tuple[Pa
     Raises:
         OSError: the write or the fsync failed, e.g. errno ENOSPC (the partial file is removed).
     """
-    fd, path = atomic.create_exclusive(directory, prefix, ".tensors", 0o644)
+    fd, path = _files.create_exclusive(directory, prefix, ".tensors", 0o644)
     try:
         try:
             writer = _save(fd, obj)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from clorch import _files
 from clorch._files import create_exclusive
@@ -40,15 +39,6 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_all(fd: int, data: Any) -> None:
-    """Write every byte of `data` to `fd`: the one low-level write of checkpoint saving.
-
-    The archive and the metadata both go through it (looked up at call time),
-    so a test can inject a failure such as ENOSPC into every checkpoint write.
-    """
-    _files.write_all(fd, data)
-
-
 def write_durable(directory: Path, prefix: str, suffix: str, data: bytes) -> Path:
     """Write `data` to a new, exclusively created file in `directory`, fsync it, return its path.
 
@@ -58,7 +48,7 @@ def write_durable(directory: Path, prefix: str, suffix: str, data: bytes) -> Pat
     fd, path = create_exclusive(directory, prefix, suffix, 0o644)
     try:
         try:
-            write_all(fd, data)
+            _files.write_all(fd, data)  # looked up at call time: tests inject ENOSPC there
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
@@ -64,12 +65,12 @@ def check_all_to_all_splits(input_splits: list[int], output_splits: list[int]) -
 
 
 _P2P_SLOTS = 12  # dtype code, ndim, then up to 10 dims: a fixed-size message, so no size can hang
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
 
 
-def _p2p_fingerprint(tensor) -> "Any":
-    import torch
-
-    code = list(_DTYPES).index(tensor.dtype) if tensor.dtype in _DTYPES else -1
+def _p2p_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else -1
     shape = list(tensor.shape)[:_P2P_SLOTS - 2]
     values = [code, tensor.dim(), *shape] + [0] * (_P2P_SLOTS - 2 - len(shape))
     return torch.tensor(values, dtype=torch.int64, device=tensor.device)
@@ -81,7 +82,7 @@ def _describe_p2p(fingerprint: list[int]) -> str:
     return f"shape={tuple(fingerprint[2:2 + ndim])}, dtype={dtype}"
 
 
-def check_send(tensor, dst: int) -> None:
+def check_send(tensor: torch.Tensor, dst: int) -> None:
     """Before `send`: exchange fingerprints with rank `dst` (which calls `check_recv`).
 
     Raises:
@@ -95,7 +96,7 @@ def check_send(tensor, dst: int) -> None:
         raise _p2p_error(dist.get_rank(), mine.tolist(), dst, theirs.tolist())
 
 
-def check_recv(tensor, src: int) -> None:
+def check_recv(tensor: torch.Tensor, src: int) -> None:
     """Before `recv`: receive rank `src`'s fingerprint, answer with ours, compare. See check_send."""
     mine = _p2p_fingerprint(tensor)
     theirs = mine.clone()
@@ -109,13 +110,3 @@ def _p2p_error(sender: int, sent: list[int], receiver: int, expected: list[int])
     return CollectiveMismatchError(
         f"collective mismatch: rank {sender} sends a tensor of {_describe_p2p(sent)} to rank {receiver}, "
         f"which receives into {_describe_p2p(expected)}")
-
-
-def _dtype_list() -> list:
-    import torch
-
-    return [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-            torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
-
-
-_DTYPES = _dtype_list()

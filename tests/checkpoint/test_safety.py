@@ -143,7 +143,7 @@ def test_an_existing_checkpoint_is_still_replaced(tmp_path):
 
 def _fill_disk(monkeypatch, where: str, after: int) -> None:
     """Make checkpoint writes to the archive or the metadata fail with ENOSPC after `after` bytes."""
-    real, written = atomic.write_all, {"bytes": 0}
+    real, written = files.write_all, {"bytes": 0}
 
     def write_all(fd: int, data) -> None:
         name = os.readlink(f"/proc/self/fd/{fd}")
@@ -156,7 +156,7 @@ def _fill_disk(monkeypatch, where: str, after: int) -> None:
         if view.nbytes > room:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(atomic, "write_all", write_all)
+    monkeypatch.setattr(files, "write_all", write_all)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to tell the files apart")
@@ -188,7 +188,7 @@ def test_other_write_errors_are_not_reported_as_a_full_disk(tmp_path, monkeypatc
     def write_all(fd, data):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(atomic, "write_all", write_all)
+    monkeypatch.setattr(files, "write_all", write_all)
     with pytest.raises(OSError) as info:
         save_checkpoint(path, model=_model(1))
     assert info.value.errno == errno.EIO and not isinstance(info.value, CheckpointError)

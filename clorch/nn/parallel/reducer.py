@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-
 import torch.distributed as dist
 from torch.autograd import Variable
 
@@ -101,11 +100,7 @@ class Reducer:
     def _start_backward(self) -> None:
         """First synchronized hook of a backward: have the engine call finish() when it ends."""
         self._in_backward = True
-        Variable._execution_engine.queue_callback(self._end_of_backward)
-
-    def _end_of_backward(self) -> None:
-        if self._in_backward:
-            self.finish()
+        Variable._execution_engine.queue_callback(self.finish)
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
