@@ -96,7 +96,7 @@ def train(steps=20, precision="fp32", accumulation=2, batch=4, poison_step=None,
         scaler.step(opt)
         scaler.update()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     weights = {k: v.detach().float().cpu() for k, v in model.module.state_dict().items()}
     return {"losses": losses, "norms": norms, "weights": weights, "grads": grads,
             "scale": scaler.get_scale()}
