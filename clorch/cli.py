@@ -9,12 +9,15 @@
 
 Each run gets a directory of its own, outputs/DATE/TIME (TIME-1, TIME-2, ...
 when several runs start in the same second); sweeps get multirun/DATE/TIME.
-Every config error is reported together, before anything launches, and the
-command exits with status 2; a failed job exits with 1.
+A run composes its config once (Hydra), checks and resolves it once into the
+launch plan (clorch.engine.resolve), and launches that. Every config error is
+reported together, before anything launches, and the command exits with
+status 2 (leaving no run directory behind); a failed job exits with 1.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from clorch.config.compose import conf_dir, rewrite_recipe_overrides
-from clorch.config.validate import ConfigError
+from clorch.config.checks import ConfigError
+from clorch.config.compose import CONFIG_PATH, rewrite_recipe_overrides
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 # Hydra flags that only print something that is not the job's config: no preflight, no launch.
@@ -34,6 +37,8 @@ _OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name",
 _PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
 _MULTIRUN = ("-m", "--multirun")
 _failures: list[str] = []
+_config_failures: list[str] = []
+_single_run_dir: list[Path] = []  # the directory made for a single run (removed on a config error)
 
 
 def _print_errors(errors: list[str]) -> None:
@@ -59,7 +64,7 @@ def _report(result: dict[str, Any]) -> None:
     _failures.append(result["run_dir"])
 
 
-@hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
 def _train(cfg: DictConfig) -> None:
     """The Hydra job: one multi-rank run in Hydra's output directory."""
     from hydra.core.hydra_config import HydraConfig
@@ -72,8 +77,9 @@ def _train(cfg: DictConfig) -> None:
         result = execute(cfg, run_dir)
     except ConfigError as exc:
         _print_errors(exc.errors)
-        write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
-        _failures.append(run_dir)
+        _config_failures.append(run_dir)
+        if not _single_run_dir:  # a sweep's job keeps its directory, with the reason
+            write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
         return
     _report(result)
 
@@ -138,12 +144,22 @@ def _remove_if_empty(directory: Path | None) -> None:
         pass
 
 
+def _remove_refused(directory: Path | None) -> None:
+    """Drop the directory made for a single run that its config errors stopped before launch.
+
+    It holds only what Hydra wrote (.hydra/, perhaps clorch-train.log): no run happened.
+    """
+    if directory is not None and _config_failures:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _run_hydra(args: list[str]) -> int:
     """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()  # preflight composed in-process
+    GlobalHydra.instance().clear()  # preflight may have composed in-process
     _failures.clear()
+    _config_failures.clear()
     saved = sys.argv
     sys.argv = [saved[0] if saved else "clorch-train", *args]
     try:
@@ -152,12 +168,14 @@ def _run_hydra(args: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
     finally:
         sys.argv = saved
-    return EXIT_FAILED if _failures else 0
+    if _config_failures and not _failures:
+        return EXIT_CONFIG
+    return EXIT_FAILED if _failures or _config_failures else 0
 
 
 def train_main(argv: list[str] | None = None) -> int:
     """The `clorch-train` console script. Returns the exit status."""
-    from clorch.config.preflight import preflight
+    from clorch.config.preflight import hydra_overrides, preflight, split_overrides
     from clorch.engine.resolve import resolve_errors
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -170,19 +188,35 @@ def train_main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         _print_errors([str(exc)])
         return EXIT_CONFIG
-    if not flags & set(_PRINT_ONLY + _OTHER_CONFIG):  # --cfg job is checked like a run
-        overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    if flags & set(_PRINT_ONLY + _OTHER_CONFIG):
+        return _run_hydra(args)
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    multirun = bool(flags & set(_MULTIRUN))
+    if multirun or flags & set(_PRINT_CONFIG) or split_errors(overrides, split_overrides):
+        # A sweep, a printed config or a bad group choice: compose and check in-process first
+        # (every combination, every error). A single run is composed by Hydra and checked once.
         errors = preflight(overrides, resolve_errors)
         if errors:
             _print_errors(errors)
             return EXIT_CONFIG
-    if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG):
+    if flags & set(_PRINT_CONFIG):
         return _run_hydra(args)
     extra, created = _launch_overrides(args)
+    _single_run_dir[:] = [] if multirun else [created]
     try:
-        return _run_hydra([*args, *extra])
+        return _run_hydra([*(args if multirun else hydra_overrides(args)), *extra])
     finally:
+        _remove_refused(created if not multirun else None)
         _remove_if_empty(created)
+        _single_run_dir.clear()
+
+
+def split_errors(overrides: list[str], split) -> list[str]:
+    """The errors found without composing (bad group choices, recipe files, grammar)."""
+    try:
+        return split(overrides)[1]
+    except Exception as exc:  # Hydra's grammar error names the bad override itself
+        return [str(exc).strip()]
 
 
 def main() -> None:

@@ -67,10 +67,10 @@ result = clorch.run_local(devices=devices, recipe="ddp_bf16", epochs=4, sample_c
 env = json.loads((out / "run" / "env.json").read_text())
 checks = {"succeeded": result["status"]["state"] == "succeeded",
           "two ranks": len(result["logs"]) == 2,
-          "backend": env["resolved"]["backend"] == ("nccl" if devices else "gloo"),
+          "backend": env["plan"]["backend"] == ("nccl" if devices else "gloo"),
           "checkpoint written by rank 0": ckpt.is_file()}
 print("summary", json.dumps(result["summary"], default=str)[:2000])
-print("resolved", env["resolved"])
+print("plan", env["plan"])
 for name, ok in checks.items():
     print(f"{'ok  ' if ok else 'FAIL'} {name}")
 if not all(checks.values()):

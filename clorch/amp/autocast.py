@@ -1,7 +1,8 @@
 """Autocast: run the body's eligible ops in a lower precision, restore the thread's state after.
 
 bf16 uses autocast without a scaler; fp16 uses autocast and `GradScaler`;
-fp32 uses neither (see `precision_settings`).
+fp32 uses neither (`clorch.precision` holds these modes; `precision_settings`
+returns one's pair).
 """
 
 from __future__ import annotations
@@ -10,29 +11,37 @@ import contextlib
 
 import torch
 
-from clorch.precision import DTYPE_NAMES, torch_dtype
+from clorch.precision import DTYPE_NAMES, PRECISIONS, get_precision, torch_dtype
 
 DEVICES = ("cuda", "cpu")
-DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
-PRECISIONS = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}
+_TORCH_DTYPES = tuple(mode.torch_dtype() for mode in PRECISIONS.values())
 
 
 def precision_settings(precision: str) -> tuple[torch.dtype | None, bool]:
-    """(autocast dtype or None, whether a GradScaler is needed) for "fp32", "bf16" or "fp16"."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return PRECISIONS[precision]
+    """(autocast dtype or None, whether a GradScaler is needed) for a precision name.
+
+    A view of `clorch.precision.get_precision(precision)`: "fp32" gives
+    (None, False), "bf16" (torch.bfloat16, False), "fp16" (torch.float16, True);
+    the aliases "float32", "bfloat16" and "float16" give the same.
+
+    Raises:
+        TypeError: precision is not a str.
+        ValueError: precision names no precision mode.
+    """
+    mode = get_precision(precision)
+    return mode.autocast_dtype(), mode.uses_scaler
 
 
 def _resolve_dtype(dtype: object, device_type: str) -> torch.dtype:
     if dtype is None:
         return torch.get_autocast_dtype(device_type)  # torch's default: fp16 on cuda, bf16 on cpu
-    if dtype in (torch.bfloat16, torch.float16, torch.float32):
-        return dtype  # type: ignore[return-value]
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"dtype must be None, torch.bfloat16, torch.float16, torch.float32 or one of "
-                     f"{', '.join(DTYPES)}, got {dtype!r}")
+    if isinstance(dtype, torch.dtype) and dtype in _TORCH_DTYPES:
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return torch_dtype(dtype)
+    torch_names = ", ".join(str(d) for d in _TORCH_DTYPES)
+    raise ValueError(f"dtype must be None, {torch_names} or one of {', '.join(DTYPE_NAMES)}, "
+                     f"got {dtype!r}")
 
 
 class autocast(contextlib.ContextDecorator):

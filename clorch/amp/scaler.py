@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from clorch.distributed import collectives
-from clorch.distributed.process_group import device as group_device, is_initialized, world_size
+from clorch.distributed.groups import device as group_device, is_initialized, world_size
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 

@@ -108,6 +108,7 @@ def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
 
 
 def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, run_dir: Path):
+    from clorch.config.schema import TrainConfig
     from clorch.data import DistributedSampler
     from clorch.engine.components import Components
     from clorch.engine.loop import LoopState, fit
@@ -123,8 +124,7 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
                    scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
                    eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
                    autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1)
-    cfg = {"log_every": opts["log_every"], "eval_every": 0, "fail_at_step": None,
-           "checkpoint": {"policy": "none"}}
+    cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     hooks = StepHooks(cfg, c, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)
     state = LoopState()

@@ -1,86 +1,113 @@
-"""Where the configs live, the `recipe` group, and composing a config in-process.
+"""The configs' home, the `recipe` group, and composing a config in-process.
 
-`conf/` (the primary config and one folder per group) and `recipes/` sit at
-the top of a source checkout; an installed wheel puts them under
-`<prefix>/share/clorch/` (pyproject.toml's data-files). Hydra finds `+recipe=NAME` in a config
-group named `recipe`: clorch registers every `recipes/*.yaml` file (and those
-in the directories of CLORCH_RECIPE_PATH) in Hydra's ConfigStore under that
-group, in the global package, so that the recipe folder keeps its place and
-name. `+recipe=/a/path.yaml` registers that one file first.
+The primary config is package data, `clorch/conf/config.yaml`, which Hydra
+reads as `pkg://clorch.conf`; the groups' options are the schema dataclasses
+(`clorch.config.store`). Recipes are package data too, `clorch/recipes/*.yaml`,
+read through importlib.resources, so they install with the package and an
+editable install (`pip install -e .`) sees edits to them. Hydra finds
+`+recipe=NAME` in a config group named `recipe`: clorch registers every
+shipped recipe (and those in the directories of CLORCH_RECIPE_PATH) in
+Hydra's ConfigStore under that group, in the global package.
+`+recipe=/a/path.yaml` registers that one file first.
+
+A recipe's `defaults` entries are checked when it is registered: an entry
+naming an unknown group or option is left out of the stored recipe and kept
+as an error naming the recipe file (`recipe_errors`), so that the rest of the
+config still composes and its own errors are reported too.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import sysconfig
+from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from clorch.config.store import config_groups, group_options as _group_options, register_groups
+
 RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_MODULE = "clorch.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+_recipe_errors: dict[str, list[str]] = {}  # recipe name -> errors found when registering it
+
+register_groups()
 
 
-def _data_dir(name: str, marker: str) -> Path:
-    """`name` (conf or recipes) of a source checkout, else of the installed data files.
-
-    A checkout (editable install) has pyproject.toml beside the package; a
-    wheel installs the folders under <scheme data>/share/clorch/ (the venv or
-    prefix, or the user base for `pip install --user`).
-    """
-    checkout = _PACKAGE_ROOT.parent
-    if (checkout / "pyproject.toml").is_file() and (checkout / name / marker).exists():
-        return checkout / name
-    roots = [sysconfig.get_path("data"), sys.prefix]
-    try:
-        roots.append(sysconfig.get_path("data", f"{os.name}_user"))
-    except KeyError:
-        pass
-    for root in roots:
-        candidate = Path(root) / "share" / "clorch" / name
-        if (candidate / marker).exists():
-            return candidate
-    raise FileNotFoundError(f"clorch's {name}/ folder was not found beside the package "
-                            f"({checkout}) or under <prefix>/share/clorch: reinstall clorch")
+def recipes_dir() -> Traversable:
+    """The shipped recipes (a package folder: `/ "name.yaml"` and `.read_text()` work on it)."""
+    return resources.files("clorch.recipes")
 
 
-def conf_dir() -> Path:
-    """The directory holding config.yaml and the config groups."""
-    return _data_dir("conf", "config.yaml")
-
-
-def recipes_dir() -> Path:
-    """The directory of the shipped recipes."""
-    return _data_dir("recipes", "ddp_bf16.yaml")
-
-
-def recipe_dirs() -> list[Path]:
+def recipe_dirs() -> list[Traversable]:
     """Shipped recipes first, then CLORCH_RECIPE_PATH entries (later names win)."""
     extra = os.environ.get(RECIPE_PATH_VARIABLE, "")
     return [recipes_dir(), *(Path(p).expanduser() for p in extra.split(os.pathsep) if p)]
 
 
-def _store_recipe(name: str, path: Path) -> None:
+def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
+    """(the recipe's defaults entries that name a real group option, errors for the others)."""
+    if defaults is None:
+        return [], []
+    if not isinstance(defaults, list):
+        return [], [f"{where}: defaults must be a list of '- override /GROUP: OPTION' entries, "
+                    f"got {defaults!r}"]
+    kept, errors = [], []
+    groups = config_groups()
+    for entry in defaults:
+        if not isinstance(entry, dict) or len(entry) != 1:
+            kept.append(entry)  # _self_ and other forms: Hydra judges them
+            continue
+        ((key, option),) = entry.items()
+        group = str(key).replace("override", "").strip().lstrip("/")
+        if group not in groups:
+            errors.append(f"{where}: defaults entry '{key}: {option}' names no config group; "
+                          f"groups: {', '.join(groups)}")
+        elif option not in _group_options(group):
+            errors.append(f"{where}: defaults entry '{key}: {option}': {group}={option} is not "
+                          f"allowed; choose one of: {', '.join(_group_options(group))}")
+        else:
+            kept.append(entry)
+    return kept, errors
+
+
+def _store_recipe(name: str, path: Path | Traversable) -> None:
     from hydra.core.config_store import ConfigStore
 
-    node = OmegaConf.load(path)
+    where = f"recipe {name} ({path})"
+    try:
+        node = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    except Exception as exc:  # YAML syntax: name the file, keep going
+        node, errors = {}, [f"{where} does not parse: {exc}".strip()]
+    else:
+        if not isinstance(node, dict):
+            node, errors = {}, [f"{where} must be a mapping of config keys, got {node!r}"]
+        else:
+            node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
+    _recipe_errors[name] = errors
     ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
                                  provider="clorch")
 
 
-def available_recipes() -> dict[str, Path]:
+def available_recipes() -> dict[str, Path | Traversable]:
     """Recipe name -> file, over every recipe directory."""
-    found: dict[str, Path] = {}
+    found: dict[str, Path | Traversable] = {}
     for directory in recipe_dirs():
         if directory.is_dir():
-            for path in sorted(directory.glob("*.yaml")):
-                found[path.stem] = path
+            for path in sorted(directory.iterdir(), key=lambda p: p.name):
+                if path.name.endswith(".yaml"):
+                    found[path.name[:-len(".yaml")]] = path
     return found
 
 
-def register_recipes() -> dict[str, Path]:
+def recipe_errors(name: str) -> list[str]:
+    """Errors found in recipe `name` when it was registered (bad defaults entries, bad YAML)."""
+    return list(_recipe_errors.get(name, []))
+
+
+def register_recipes() -> dict[str, Path | Traversable]:
     """Register every recipe file in Hydra's ConfigStore as group `recipe`."""
     found = available_recipes()
     for name, path in found.items():
@@ -110,6 +137,15 @@ def register_recipe_path(value: str) -> str:
     return name
 
 
+def registered_name(value: str) -> str:
+    """The recipe group's option name for `value` (a name, or a file path it registers).
+
+    Raises:
+        ValueError: a recipe file path that does not exist.
+    """
+    return register_recipe_path(value) if _is_path(value) else value
+
+
 def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
     """Register recipes, and turn `+recipe=/a/file.yaml` into `+recipe=<registered name>`."""
     register_recipes()
@@ -123,16 +159,10 @@ def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
 
 
 def group_options(group: str) -> list[str]:
-    """The options of a config group under conf/ (or the recipe names)."""
+    """The options of a config group (or the recipe names)."""
     if group == "recipe":
         return sorted({**available_recipes(), **_path_recipes})
-    directory = conf_dir() / group
-    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
-
-
-def config_groups() -> list[str]:
-    """The config groups under conf/."""
-    return sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+    return _group_options(group)
 
 
 def format_value(value: Any) -> str:
@@ -161,10 +191,10 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         hydra.errors.HydraException: an unknown group option or key (Hydra's message).
     """
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = rewrite_recipe_overrides(overrides)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
         return hydra_compose(config_name="config", overrides=overrides)

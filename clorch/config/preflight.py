@@ -1,10 +1,11 @@
 """Check command-line overrides before Hydra sees them, collecting every error.
 
-Hydra stops at the first unknown group option or key. `preflight` instead
-checks every group choice (`precision=fp8`), composes with the rest (value
-overrides as `++key=value`, so an unknown key reaches the schema check and is
-reported with the keys allowed there) and validates the result; for a sweep
-(`-m`), every combination up to a limit is checked the same way.
+Hydra stops at the first unknown group option or key. clorch instead checks
+every group choice (`precision=fp8`) and the chosen recipe's own defaults
+entries up front, and gives value overrides to Hydra as `++key=value`, so an
+unknown key reaches the schema check and is reported (with the closest known
+key) together with every other error. `preflight` composes each combination
+of a sweep (`-m`), up to a limit, and checks it the same way.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Callable, Iterable
 
 from omegaconf import DictConfig
 
-from clorch.config.compose import compose, config_groups, group_options, _is_path
-from clorch.config.validate import ConfigError, check_config
+from clorch.config.compose import compose, config_groups, group_options, _is_path, recipe_errors
 
 MAX_COMBINATIONS = 64
 
@@ -24,6 +24,19 @@ def _choices(override) -> list[str]:
     if override.is_sweep_override():
         return list(override.sweep_string_iterator())
     return [override.get_value_element_as_str()]
+
+
+def _close(value: str, allowed: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
+    return f"did you mean {close[0]}? " if close else ""
+
+
+def _recipe_name(value: str) -> str:
+    from clorch.config.compose import registered_name
+
+    return registered_name(value)
 
 
 def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str]]:
@@ -46,7 +59,11 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
             allowed = group_options(key)
             good = [v for v in values if v in allowed or (key == "recipe" and _is_path(str(v)))]
             for bad in sorted(set(values) - set(good), key=str):
-                errors.append(f"{key}={bad} is not allowed; choose one of: {', '.join(allowed)}")
+                hint = _close(str(bad), allowed)
+                errors.append(f"{key}={bad} is not allowed; {hint}choose one of: {', '.join(allowed)}")
+            if key == "recipe":
+                for value in good:
+                    errors += [e for e in recipe_errors(_recipe_name(str(value))) if e not in errors]
             if good:
                 forms.append([f"{prefix}{key}={v}" for v in good])
             continue
@@ -57,16 +74,36 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
     return forms, errors
 
 
+def hydra_overrides(args: Iterable[str]) -> list[str]:
+    """`args` for one run as Hydra should see them: value overrides forced (`++key=value`).
+
+    Flags, Hydra's own keys (hydra.*), group choices, `+`/`++` additions and
+    deletions pass unchanged; `key=value` becomes `++key=value` so that an unknown
+    key is composed and then reported by the schema check with every other error.
+    """
+    groups = set(config_groups()) | {"recipe"}
+    out = []
+    for arg in args:
+        key, sep, _ = arg.partition("=")
+        plain = sep and not arg.startswith(("-", "+", "~"))
+        if plain and key not in groups and key.split(".")[0] != "hydra" and "/" not in key:
+            arg = f"++{arg}"
+        out.append(arg)
+    return out
+
+
 def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None,
               max_combinations: int = MAX_COMBINATIONS) -> list[str]:
     """Every error in the config these overrides compose to (all sweep combinations).
 
     Args:
         overrides: command-line overrides, as `clorch-train` receives them.
-        extra: more checks on a composed config (the engine's machine checks);
-            repeats of check_config's messages are dropped.
+        extra: more checks on a composed config (the launch plan's); without it,
+            only the config's own checks run.
         max_combinations: check at most this many sweep combinations.
     """
+    from clorch.config.checks import check_config
+
     try:
         forms, errors = split_overrides(overrides)
     except Exception as exc:  # Hydra's grammar error names the bad override itself
@@ -74,25 +111,27 @@ def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]]
     for combo in itertools.islice(itertools.product(*forms), max_combinations):
         try:
             cfg = compose(list(combo))
-        except (ValueError, Exception) as exc:  # a composition error from Hydra
+        except Exception as exc:  # a composition error from Hydra
             found = [str(exc).strip()]
         else:
-            found = check_config(cfg) + (extra(cfg) if extra is not None else [])
+            found = extra(cfg) if extra is not None else check_config(cfg)
         for error in found:
             if error not in errors:
                 errors.append(error)
     return errors
 
 
-def compose_checked(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None) -> DictConfig:
-    """Compose one config (no sweeps) and raise every error in it at once.
+def compose_once(overrides: Iterable[str]) -> tuple[DictConfig | None, list[str]]:
+    """Compose one config (no sweeps): (the config or None, the group-choice and recipe errors).
 
-    Raises:
-        ConfigError: bad group choices, unknown keys, bad values, machine errors.
+    Bad group choices are left out so that the rest still composes and its own
+    errors can be reported with them.
     """
-    overrides = list(overrides)
-    errors = preflight(overrides, extra)
-    if errors:
-        raise ConfigError(errors)
-    forms, _ = split_overrides(overrides)
-    return compose([f[0] for f in forms])
+    try:
+        forms, errors = split_overrides(overrides)
+    except Exception as exc:  # Hydra's grammar error names the bad override itself
+        return None, [str(exc).strip()]
+    try:
+        return compose([f[0] for f in forms]), errors
+    except Exception as exc:  # a composition error from Hydra
+        return None, [*errors, str(exc).strip()]

@@ -1,73 +1,111 @@
-"""Typed schemas, one dataclass per config group option.
+"""The typed config: one dataclass per config group option, and `TrainConfig` holding them all.
 
-The YAML files under `conf/` are the values users see and override; these
-dataclasses say which keys each option may carry, their types and units, and
-the rules `clorch.config.validate` checks (in each field's metadata). A field's
-comment says what it does and its unit.
+These dataclasses are the single source of every default. `clorch.config.store`
+registers each option with Hydra's ConfigStore (so `optim=sgd` selects
+`SGDConfig()`'s values), `clorch.config.checks` validates a composed config
+against them, and `TrainConfig.from_dict` turns the validated config into the
+object the engine and the ranks read (`cfg.optim.lr`, not `cfg["optim"]["lr"]`).
+
+A field's comment says what it does and its unit; `rule(...)` metadata holds
+the ranges the validator checks, and `Literal` annotations the allowed values.
+An option carries only its own keys: `sgd` has no `betas`, `constant` no
+`min_lr_ratio`. Where a key configures a clorch class, its default is read
+from that class (`GPTConfig`, `MLP`, `GradScaler`, `DistributedSampler`,
+`DistributedDataParallel`), so the config and the library cannot disagree.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
+from clorch.amp.scaler import GradScaler
+from clorch.data.sampler import DistributedSampler
+from clorch.models.gpt import GPTConfig as GPTArchitecture
+from clorch.models.mlp import MLP
+from clorch.nn.parallel import ddp as _ddp
 from clorch.precision import DTYPE_NAMES
 
 
 def rule(**metadata: Any) -> dict[str, Any]:
-    """Field metadata read by the validator: gt, ge, lt, le, choices, unit."""
+    """Field metadata read by the validator: gt, ge, lt, le (bounds) and unit."""
     return metadata
 
 
+def default_of(owner: Callable[..., Any] | type, name: str) -> Any:
+    """The default of argument `name` of `owner` (a function, a class's __init__ or a dataclass)."""
+    if dataclasses.is_dataclass(owner):
+        return {f.name: f.default for f in dataclasses.fields(owner)}[name]
+    return inspect.signature(owner).parameters[name].default
+
+
+ReduceDtype = Literal[(None, *DTYPE_NAMES)]  # type: ignore[valid-type]
+
+
+# --- precision -------------------------------------------------------------------------------
 @dataclass
 class ScalerConfig:
-    """Dynamic loss scaling (fp16 only)."""
+    """Dynamic loss scaling (clorch.amp.GradScaler); fp16 only."""
 
-    enabled: bool = False  # scale the loss and skip steps whose gradients overflow
-    initial_scale: float = field(default=65536.0, metadata=rule(gt=0))  # first loss scale
-    growth_factor: float = field(default=2.0, metadata=rule(gt=1))  # scale *= this after growth_interval good steps
-    backoff_factor: float = field(default=0.5, metadata=rule(gt=0, lt=1))  # scale *= this on overflow
-    growth_interval: int = field(default=2000, metadata=rule(ge=1))  # steps without overflow before growing
+    enabled: bool = True  # scale the loss and skip steps whose gradients overflow
+    initial_scale: float = field(default=default_of(GradScaler, "init_scale"), metadata=rule(gt=0))  # first loss scale
+    growth_factor: float = field(default=default_of(GradScaler, "growth_factor"), metadata=rule(gt=1))  # scale *= this after growth_interval good steps
+    backoff_factor: float = field(default=default_of(GradScaler, "backoff_factor"), metadata=rule(gt=0, lt=1))  # scale *= this on overflow
+    growth_interval: int = field(default=default_of(GradScaler, "growth_interval"), metadata=rule(ge=1))  # steps without overflow before growing
 
 
 @dataclass
-class PrecisionConfig:
-    """Autocast dtype; fp16 adds the scaler."""
+class FP32Config:
+    """Full fp32: no autocast, no scaler."""
 
-    name: str = field(default="bf16", metadata=rule(choices=("fp32", "bf16", "fp16")))
+    name: Literal["fp32"] = "fp32"
+
+
+@dataclass
+class BF16Config:
+    """bf16 autocast (CUDA, or CPU autocast without GPUs); no scaler needed."""
+
+    name: Literal["bf16"] = "bf16"
+
+
+@dataclass
+class FP16Config:
+    """fp16 autocast with dynamic loss scaling."""
+
+    name: Literal["fp16"] = "fp16"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
 
 
+# --- sampler, ddp, checkpoint ----------------------------------------------------------------
 @dataclass
 class SamplerConfig:
-    """clorch.data.DistributedSampler settings."""
+    """clorch.data.DistributedSampler: a disjoint, deterministic shard per rank."""
 
-    name: str = field(default="distributed", metadata=rule(choices=("distributed",)))
+    name: Literal["distributed"] = "distributed"
     seed: Optional[int] = None  # shuffling seed; null uses the top-level seed
-    shuffle: bool = True  # a new permutation each epoch (set_epoch)
-    drop_last: bool = False  # drop the tail instead of padding every rank to equal length
-
-
-# ddp.reduce_dtype's names: clorch.nn.parallel.DistributedDataParallel accepts exactly these.
-REDUCE_DTYPE_NAMES = DTYPE_NAMES
+    shuffle: bool = default_of(DistributedSampler, "shuffle")  # a new permutation each epoch (set_epoch)
+    drop_last: bool = default_of(DistributedSampler, "drop_last")  # drop the tail instead of padding every rank to equal length
 
 
 @dataclass
 class DDPConfig:
     """clorch.nn.parallel.DistributedDataParallel settings."""
 
-    bucket_cap_mb: float = field(default=25.0, metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
-    first_bucket_cap_mb: float = field(default=1.0, metadata=rule(gt=0, unit="MiB"))  # first (latency) bucket, MiB
-    broadcast_buffers: bool = True  # broadcast rank 0's buffers before each forward
-    # dtype gradient buckets travel in; null: the gradients' own (fp32 over fp32 gradients is the same)
-    reduce_dtype: Optional[str] = field(default=None, metadata=rule(choices=(None, *REDUCE_DTYPE_NAMES)))
+    bucket_cap_mb: float = field(default=_ddp.DEFAULT_BUCKET_CAP_MB, metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
+    first_bucket_cap_mb: float = field(default=default_of(_ddp.DistributedDataParallel, "first_bucket_cap_mb"),
+                                       metadata=rule(gt=0, unit="MiB"))  # first bucket: starts communication early, MiB
+    broadcast_buffers: bool = default_of(_ddp.DistributedDataParallel, "broadcast_buffers")  # broadcast rank 0's buffers before each forward
+    # dtype gradient buckets travel in; null: the gradients' own
+    reduce_dtype: ReduceDtype = None
 
 
 @dataclass
 class CheckpointConfig:
     """When to write checkpoints and where to resume from."""
 
-    policy: str = field(default="none", metadata=rule(choices=("none", "final", "periodic")))
+    policy: Literal["none", "final", "periodic"] = "none"  # none | final (at the end) | periodic (+ final)
     dir: Optional[str] = None  # checkpoint directory; null is <run dir>/checkpoints
     path: Optional[str] = None  # file of the final checkpoint; null is <dir>/final.ckpt
     every_n_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # periodic: steps between checkpoints
@@ -75,36 +113,51 @@ class CheckpointConfig:
     resume: str = "none"  # none | latest (newest in dir) | a checkpoint file
 
 
+# --- model ------------------------------------------------------------------------------------
 @dataclass
 class MLPConfig:
     """A multilayer perceptron; its in/out features come from the data."""
 
-    name: str = "mlp"
-    hidden_features: int = field(default=64, metadata=rule(ge=1))  # width of the hidden layers
-    depth: int = field(default=2, metadata=rule(ge=1))  # number of hidden layers
+    name: Literal["mlp"] = "mlp"
+    hidden_features: int = field(default=default_of(MLP, "hidden_features"), metadata=rule(ge=1))  # hidden width
+    depth: int = field(default=default_of(MLP, "depth"), metadata=rule(ge=1))  # Linear layers
+
+
+def _gpt_default(name: str) -> Any:
+    return default_of(GPTArchitecture, name)
 
 
 @dataclass
 class GPTConfig:
     """A small decoder-only transformer; vocab_size and seq_len come from the data."""
 
-    name: str = "gpt"
-    n_layer: int = field(default=2, metadata=rule(ge=1))  # transformer blocks
-    n_head: int = field(default=2, metadata=rule(ge=1))  # attention heads
-    d_model: int = field(default=64, metadata=rule(ge=1))  # residual width; divisible by n_head
-    mlp_ratio: int = field(default=4, metadata=rule(ge=1))  # MLP width / d_model
-    dropout: float = field(default=0.0, metadata=rule(ge=0, lt=1))  # dropout probability
-    tie_weights: bool = True  # share the embedding and output matrices
-    bias: bool = True  # biases in linear layers and layer norms
+    name: Literal["gpt"] = "gpt"
+    n_layer: int = field(default=_gpt_default("n_layer"), metadata=rule(ge=1))  # transformer blocks
+    n_head: int = field(default=_gpt_default("n_head"), metadata=rule(ge=1))  # attention heads; must divide d_model
+    d_model: int = field(default=_gpt_default("d_model"), metadata=rule(ge=1))  # residual width
+    mlp_ratio: float = field(default=_gpt_default("mlp_ratio"), metadata=rule(gt=0))  # MLP width / d_model
+    dropout: float = field(default=_gpt_default("dropout"), metadata=rule(ge=0, lt=1))  # dropout probability
+    tie_weights: bool = _gpt_default("tie_weights")  # share the embedding and output matrices
+    bias: bool = _gpt_default("bias")  # biases in linear layers and layer norms
     vocab_size: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's (256 bytes)
     seq_len: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's
 
 
 @dataclass
+class TargetModelConfig:
+    """A model named by `model._target_` (allow-listed); its other keys are keyword arguments."""
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = "custom"
+
+
+# --- data -------------------------------------------------------------------------------------
+@dataclass
 class SyntheticDataConfig:
     """Regression against a fixed random teacher (for the mlp)."""
 
-    name: str = "synthetic"
+    name: Literal["synthetic"] = "synthetic"
     sample_count: int = field(default=1024, metadata=rule(ge=1))  # training samples
     in_features: int = field(default=32, metadata=rule(ge=1))  # input width
     out_features: int = field(default=8, metadata=rule(ge=1))  # target width
@@ -115,7 +168,7 @@ class SyntheticDataConfig:
 class ArithmeticDataConfig:
     """Generated sums such as 123+456=579 (for the gpt); eval reports exact match."""
 
-    name: str = "arithmetic"
+    name: Literal["arithmetic"] = "arithmetic"
     sample_count: int = field(default=2048, metadata=rule(ge=1))  # training samples
     digits: int = field(default=3, metadata=rule(ge=1, le=9))  # digits per operand
     eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out share of the pairs
@@ -123,44 +176,65 @@ class ArithmeticDataConfig:
 
 @dataclass
 class TextDataConfig:
-    """Byte-level language modelling over a UTF-8 file."""
+    """Byte-level language modelling over a UTF-8 file: data.path=/path/to/file.txt."""
 
-    name: str = "text"
+    name: Literal["text"] = "text"
     path: Optional[str] = None  # the UTF-8 file to model (required)
     seq_len: int = field(default=128, metadata=rule(ge=2))  # bytes per sample
     sample_count: Optional[int] = field(default=None, metadata=rule(ge=1))  # windows; null: tile the file
     eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out tail of the file
 
 
+# --- optimizer and schedule -------------------------------------------------------------------
 @dataclass
-class OptimConfig:
-    """clorch.optim.build_optimizer settings."""
+class AdamWConfig:
+    """torch.optim.AdamW."""
 
-    name: str = field(default="adamw", metadata=rule(choices=("adamw", "sgd")))
+    name: Literal["adamw"] = "adamw"
     lr: float = field(default=3e-3, metadata=rule(gt=0))  # peak learning rate
-    weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # decoupled (adamw) or L2 (sgd)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # adamw moment decays
-    momentum: float = field(default=0.9, metadata=rule(ge=0, lt=1))  # sgd momentum
+    weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95],  # moment decays
+                               metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"))
     fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
 
 @dataclass
-class ScheduleConfig:
-    """Learning-rate schedule, stepped once per optimizer step."""
+class SGDConfig:
+    """torch.optim.SGD with momentum."""
 
-    name: str = field(default="constant", metadata=rule(choices=("constant", "cosine")))
-    warmup_steps: int = field(default=0, metadata=rule(ge=0))  # linear warmup, steps
-    min_lr_ratio: float = field(default=0.1, metadata=rule(ge=0, le=1))  # cosine floor / peak lr
+    name: Literal["sgd"] = "sgd"
+    lr: float = field(default=1e-2, metadata=rule(gt=0))  # peak learning rate
+    weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # L2 penalty
+    momentum: float = field(default=0.9, metadata=rule(ge=0, lt=1))  # momentum factor
+    fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
 
 @dataclass
-class LauncherConfig:
-    """clorch.distributed.launch settings."""
+class ConstantScheduleConfig:
+    """Constant learning rate after an optional linear warmup."""
 
-    name: str = field(default="local", metadata=rule(choices=("local",)))
-    nproc_per_node: Union[str, int] = "auto"  # ranks on this node; auto: one per GPU, or 2 on CPU
-    devices: Optional[list[int]] = None  # CUDA device indices, one per local rank
-    timeout: Optional[float] = field(default=None, metadata=rule(gt=0, unit="seconds"))  # whole-job limit, seconds
+    name: Literal["constant"] = "constant"
+    warmup_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # linear warmup
+
+
+@dataclass
+class CosineScheduleConfig:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr."""
+
+    name: Literal["cosine"] = "cosine"
+    warmup_steps: int = field(default=10, metadata=rule(ge=0, unit="steps"))  # linear warmup
+    min_lr_ratio: float = field(default=0.1, metadata=rule(ge=0, le=1))  # floor / peak lr
+
+
+# --- launcher and logger ----------------------------------------------------------------------
+@dataclass
+class LocalLauncherConfig:
+    """clorch.distributed.launch on this machine (one node, or one launcher per node)."""
+
+    name: Literal["local"] = "local"
+    nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node; auto: one per GPU, or 2 on CPU
+    devices: Optional[list[int]] = None  # CUDA device indices, one per local rank, e.g. [0,1]
+    timeout: Optional[float] = field(default=None, metadata=rule(gt=0, unit="seconds"))  # whole-job limit; null: none
     nnodes: int = field(default=1, metadata=rule(ge=1))  # nodes in the job
     node_rank: int = field(default=0, metadata=rule(ge=0))  # this node's index
     master_addr: str = "127.0.0.1"  # rendezvous host
@@ -170,41 +244,111 @@ class LauncherConfig:
 
 @dataclass
 class LoggerConfig:
-    """metrics.jsonl is always written; tensorboard is optional."""
+    """metrics.jsonl from rank 0 (always written); TensorBoard event files optionally."""
 
-    name: str = field(default="jsonl", metadata=rule(choices=("jsonl", "tensorboard")))
+    name: Literal["jsonl", "tensorboard"] = "jsonl"
     tensorboard: bool = False  # also write TensorBoard event files (needs the tensorboard extra)
-    progress: str = field(default="auto", metadata=rule(choices=("auto", "bar", "lines", "off")))
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"  # auto: a bar on a terminal, else lines
+
+
+# --- the top level ----------------------------------------------------------------------------
+@dataclass
+class TopConfig:
+    """Keys at the top level of the config (not in a group)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # process-group backend; auto: nccl with CUDA, gloo without
+    seed: int = field(default=0, metadata=rule(ge=0))  # seeds model init, data and sampler
+    epochs: int = field(default=4, metadata=rule(ge=1))  # passes over the training split
+    max_steps: Optional[int] = field(default=None, metadata=rule(ge=1, unit="steps"))  # stop here (overrides epochs)
+    batch_size: int = field(default=32, metadata=rule(ge=1))  # samples per micro-batch, per rank
+    accumulation: int = field(default=1, metadata=rule(ge=1))  # micro-batches per optimizer step
+    log_every: int = field(default=10, metadata=rule(ge=1, unit="steps"))  # steps between metrics lines
+    eval_every: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # steps between evals; 0: at the end
+    compile: bool = False  # torch.compile the model
+
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "precision": {"fp32": FP32Config(), "bf16": BF16Config(), "fp16": FP16Config()},
+    "sampler": {"distributed": SamplerConfig()},
+    "ddp": {"default": DDPConfig()},
+    "checkpoint": {"none": CheckpointConfig(),
+                   "final": CheckpointConfig(policy="final"),
+                   "periodic": CheckpointConfig(policy="periodic", every_n_steps=50)},
+    "model": {"mlp": MLPConfig(), "gpt": GPTConfig()},
+    "data": {"synthetic": SyntheticDataConfig(), "arithmetic": ArithmeticDataConfig(),
+             "text": TextDataConfig()},
+    "optim": {"adamw": AdamWConfig(), "sgd": SGDConfig()},
+    "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
+    "launcher": {"local": LocalLauncherConfig()},
+    "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True)},
+}
+"""Config group -> option name -> that option's values (an instance of its schema)."""
+
+BACKENDS = ("auto", "gloo", "nccl")
+"""The `backend` group's options: each sets the top-level `backend` key."""
+
+SELECTOR = {"checkpoint": "policy"}
+"""The key that names a group's option inside it ("name" unless listed here; ddp has one option)."""
+
+
+def option_schemas(group: str) -> dict[str, type]:
+    """Option name -> schema class for a group."""
+    return {name: type(values) for name, values in OPTIONS[group].items()}
+
+
+# --- the whole config, as the engine reads it ---------------------------------------------------
+PrecisionOption = Union[FP32Config, BF16Config, FP16Config]
+ModelOption = Union[MLPConfig, GPTConfig, TargetModelConfig]
+DataOption = Union[SyntheticDataConfig, ArithmeticDataConfig, TextDataConfig]
+OptimOption = Union[AdamWConfig, SGDConfig]
+ScheduleOption = Union[ConstantScheduleConfig, CosineScheduleConfig]
 
 
 @dataclass
-class TopConfig:
-    """Top-level keys."""
+class TrainConfig(TopConfig):
+    """A whole validated config: the top-level keys and one option per group."""
 
-    backend: str = field(default="auto", metadata=rule(choices=("auto", "nccl", "gloo")))
-    seed: int = field(default=0, metadata=rule(ge=0))  # seeds model init, data and sampler
-    epochs: int = field(default=4, metadata=rule(ge=1))  # passes over the training split
-    max_steps: Optional[int] = field(default=None, metadata=rule(ge=1))  # stop after this many steps
-    batch_size: int = field(default=32, metadata=rule(ge=1))  # samples per micro-batch per rank
-    accumulation: int = field(default=1, metadata=rule(ge=1))  # micro-batches per optimizer step
-    log_every: int = field(default=10, metadata=rule(ge=1))  # steps between metrics lines
-    eval_every: int = field(default=0, metadata=rule(ge=0))  # steps between evals; 0: at the end only
-    compile: bool = False  # torch.compile the model
-    fail_at_step: Optional[int] = field(default=None, metadata=rule(ge=1))  # test hook: last rank exits
-    run_dir: Optional[str] = None  # set by the engine: where outputs go
+    precision: PrecisionOption = field(default_factory=BF16Config)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    model: ModelOption = field(default_factory=MLPConfig)
+    data: DataOption = field(default_factory=SyntheticDataConfig)
+    optim: OptimOption = field(default_factory=AdamWConfig)
+    schedule: ScheduleOption = field(default_factory=ConstantScheduleConfig)
+    launcher: LocalLauncherConfig = field(default_factory=LocalLauncherConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """Build from a composed, *validated* config (plain containers; see clorch.config.checks).
+
+        Raises:
+            KeyError, TypeError: `values` was not validated (a missing or unknown key).
+        """
+        groups = {group: section_from_dict(group, values[group]) for group in OPTIONS}
+        top = {f.name: values[f.name] for f in dataclasses.fields(TopConfig)}
+        return cls(**top, **groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers again (what `from_dict` takes; `_target_` for a target model)."""
+        out = dataclasses.asdict(self)
+        if isinstance(self.model, TargetModelConfig):
+            out["model"] = {"_target_": self.model.target, **self.model.kwargs}
+        return out
 
 
-GROUPS: dict[str, Any] = {
-    "precision": PrecisionConfig,
-    "sampler": SamplerConfig,
-    "ddp": DDPConfig,
-    "checkpoint": CheckpointConfig,
-    "model": {"mlp": MLPConfig, "gpt": GPTConfig},
-    "data": {"synthetic": SyntheticDataConfig, "arithmetic": ArithmeticDataConfig,
-             "text": TextDataConfig},
-    "optim": OptimConfig,
-    "schedule": ScheduleConfig,
-    "launcher": LauncherConfig,
-    "logger": LoggerConfig,
-}
-"""Config key -> its schema, or {name: schema} where options carry different keys."""
+def section_from_dict(group: str, values: dict[str, Any]) -> Any:
+    """One group's validated values as its option's dataclass (TargetModelConfig for `_target_`)."""
+    if group == "model" and "_target_" in values:
+        kwargs = {k: v for k, v in values.items() if k not in ("_target_", "name")}
+        return TargetModelConfig(target=values["_target_"], kwargs=kwargs)
+    options = OPTIONS[group]
+    values = {k: v for k, v in values.items() if k != "_target_"}  # only model's is honoured
+    selector = SELECTOR.get(group, "name")
+    sample = next(iter(options.values()))
+    cls = type(options[values[selector]]) if hasattr(sample, selector) else type(sample)
+    values = dict(values)
+    if cls is FP16Config:
+        values["scaler"] = ScalerConfig(**values["scaler"])
+    return cls(**values)

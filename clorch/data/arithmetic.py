@@ -13,13 +13,15 @@ would see exactly the correct prefix), at the cost of one forward pass.
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from clorch.data.tasks import (
-    as_index, check_positive_int, check_seed, check_split, count_like, derive_seed, generator,
+from clorch.data.base import (
+    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, count_like,
+    derive_seed, generator,
 )
 from clorch.data.text import VOCAB_SIZE, lm_per_sample_loss
 
@@ -48,27 +50,75 @@ def _in_eval_split(a: torch.Tensor, b: torch.Tensor, digits: int, seed: int,
     return torch.from_numpy(uniform < eval_fraction)
 
 
-def _draw_pairs(count: int, digits: int, split: str, seed: int,
-                eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` pairs of this split, drawn uniformly (with replacement) by rejection."""
+def _rounds(count: int, digits: int, split: str, seed: int,
+            eval_fraction: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Rejection rounds for `count` pairs of this split: `(a, b, keep)` per round.
+
+    The caller stops once it has kept `count` pairs; a caller still asking after
+    `_MAX_ROUNDS` rounds gets the ValueError saying the split is (nearly) empty.
+    """
     stream = generator(seed, _TRAIN if split == "train" else _EVAL)
     share = eval_fraction if split == "eval" else 1.0 - eval_fraction
     per_round = max(4096, math.ceil(1.2 * count / share))
-    found_a, found_b, found = [], [], 0
     for _ in range(_MAX_ROUNDS):
         a = torch.randint(0, 10 ** digits, (per_round,), generator=stream)
         b = torch.randint(0, 10 ** digits, (per_round,), generator=stream)
-        keep = _in_eval_split(a, b, digits, seed, eval_fraction) == (split == "eval")
-        found_a.append(a[keep])
-        found_b.append(b[keep])
-        found += int(keep.sum())
-        if found >= count:
-            return torch.cat(found_a)[:count], torch.cat(found_b)[:count]
+        yield a, b, _in_eval_split(a, b, digits, seed, eval_fraction) == (split == "eval")
     raise ValueError(
         f"arithmetic: could not draw {count} {split} pairs with digits={digits}, "
         f"eval_fraction={eval_fraction}: the {split} split of the {10 ** (2 * digits)} pairs "
         f"is (nearly) empty; raise digits or change eval_fraction"
     )
+
+
+def _draw_pairs(count: int, digits: int, split: str, seed: int,
+                eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` pairs of this split, drawn uniformly (with replacement) by rejection."""
+    found_a, found_b, found = [], [], 0
+    for a, b, keep in _rounds(count, digits, split, seed, eval_fraction):
+        found_a.append(a[keep])
+        found_b.append(b[keep])
+        found += int(keep.sum())
+        if found >= count:
+            break
+    return torch.cat(found_a)[:count], torch.cat(found_b)[:count]
+
+
+def _check_drawable(count: int, digits: int, split: str, seed: int, eval_fraction: float) -> None:
+    """Raise the ValueError `_draw_pairs` raises, if it does, keeping no pairs.
+
+    Whether the draw fails depends on how many of the pairs the seeded hash gives this
+    split, which no formula tells, so this replays the same rounds; it costs the random
+    integers and their hashes (usually one round), not the token tensors.
+    """
+    found = 0
+    for _, _, keep in _rounds(count, digits, split, seed, eval_fraction):
+        found += int(keep.sum())
+        if found >= count:
+            return
+
+
+def _check_arguments(sample_count: object, digits: object, seq_len: object,
+                     eval_fraction: object, split: object, seed: object) -> int:
+    """The model input length (`seq_len`, or the shortest that fits when None).
+
+    Raises:
+        ValueError: the first bad argument, in the order the constructor checks them.
+    """
+    check_positive_int("arithmetic", "sample_count", sample_count)
+    check_positive_int("arithmetic", "digits", digits)
+    if digits > MAX_DIGITS:
+        raise ValueError(f"arithmetic.digits must be <= {MAX_DIGITS}, got {digits}")
+    need = min_seq_len(digits)
+    seq_len = need if seq_len is None else seq_len
+    check_positive_int("arithmetic", "seq_len", seq_len)
+    if seq_len < need:
+        raise ValueError(f"arithmetic.seq_len must be >= {need} for digits={digits} "
+                         f"(3 * digits + 3), got {seq_len}")
+    check_fraction("arithmetic", "eval_fraction", eval_fraction)
+    check_split("arithmetic", split)
+    check_seed("arithmetic", seed)
+    return seq_len
 
 
 def _digit_columns(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,27 +181,26 @@ class ArithmeticTask:
 
     def __init__(self, sample_count: int = 4096, digits: int = 3, seq_len: int | None = None,
                  eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> None:
-        check_positive_int("arithmetic", "sample_count", sample_count)
-        check_positive_int("arithmetic", "digits", digits)
-        if digits > MAX_DIGITS:
-            raise ValueError(f"arithmetic.digits must be <= {MAX_DIGITS}, got {digits}")
-        need = min_seq_len(digits)
-        seq_len = need if seq_len is None else seq_len
-        check_positive_int("arithmetic", "seq_len", seq_len)
-        if seq_len < need:
-            raise ValueError(f"arithmetic.seq_len must be >= {need} for digits={digits} "
-                             f"(3 * digits + 3), got {seq_len}")
-        if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) \
-                or not 0.0 < eval_fraction < 1.0:
-            raise ValueError(f"arithmetic.eval_fraction must be a number in (0, 1), got {eval_fraction!r}")
-        check_split("arithmetic", split)
-        check_seed("arithmetic", seed)
+        seq_len = _check_arguments(sample_count, digits, seq_len, eval_fraction, split, seed)
         self.split, self.seed, self.digits, self.seq_len = split, seed, digits, seq_len
         self.tokens_per_sample = seq_len
         self.a, self.b = _draw_pairs(sample_count, digits, split, seed, float(eval_fraction))
         tokens, answer = encode(self.a, self.b, digits, seq_len + 1)
         self.tokens = tokens.to(torch.uint8)  # bytes: a quarter of the memory, widened per batch
         self.answer_mask = answer[:, 1:].contiguous()  # aligned with the targets
+
+    @classmethod
+    def sizes(cls, sample_count: int = 4096, digits: int = 3, seq_len: int | None = None,
+              eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> TaskSizes:
+        """`len` and `model_kwargs()` of the split these arguments build, without building it.
+
+        Takes the constructor's arguments and raises what it raises. The length is always
+        `sample_count`, but telling whether the draw fails replays its random pairs (see
+        `_check_drawable`); no tokens are built.
+        """
+        seq_len = _check_arguments(sample_count, digits, seq_len, eval_fraction, split, seed)
+        _check_drawable(sample_count, digits, split, seed, float(eval_fraction))
+        return TaskSizes(sample_count, {"vocab_size": VOCAB_SIZE, "seq_len": seq_len})
 
     def __len__(self) -> int:
         return self.tokens.size(0)

@@ -6,12 +6,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clorch.data.tasks import (
-    as_index, check_positive_int, check_seed, check_split, count_like, generator,
+from clorch.data.base import (
+    TaskSizes, as_index, check_positive_int, check_seed, check_split, count_like, generator,
 )
 
 # Independent random streams of one seed.
 _TEACHER, _TRAIN, _EVAL = 0, 1, 2
+
+
+def _check_arguments(sample_count: object, in_features: object, out_features: object,
+                     noise: object, split: object, seed: object) -> None:
+    """Raise ValueError for the first bad argument, in the order the constructor checks them."""
+    for name, value in (("sample_count", sample_count), ("in_features", in_features),
+                        ("out_features", out_features)):
+        check_positive_int("synthetic", name, value)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
+        raise ValueError(f"synthetic.noise must be a number >= 0, got {noise!r}")
+    check_split("synthetic", split)
+    check_seed("synthetic", seed)
 
 
 class SyntheticRegression:
@@ -40,13 +52,7 @@ class SyntheticRegression:
 
     def __init__(self, sample_count: int = 1024, in_features: int = 128, out_features: int = 32,
                  noise: float = 0.01, *, split: str = "train", seed: int = 0) -> None:
-        for name, value in (("sample_count", sample_count), ("in_features", in_features),
-                            ("out_features", out_features)):
-            check_positive_int("synthetic", name, value)
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
-            raise ValueError(f"synthetic.noise must be a number >= 0, got {noise!r}")
-        check_split("synthetic", split)
-        check_seed("synthetic", seed)
+        _check_arguments(sample_count, in_features, out_features, noise, split, seed)
         self.split, self.seed = split, seed
         self.in_features, self.out_features = in_features, out_features
         teacher = generator(seed, _TEACHER)
@@ -56,6 +62,16 @@ class SyntheticRegression:
         self.inputs = torch.randn(sample_count, in_features, generator=stream)
         noise_draw = torch.randn(sample_count, out_features, generator=stream)
         self.targets = self.inputs @ weight + bias + float(noise) * noise_draw
+
+    @classmethod
+    def sizes(cls, sample_count: int = 1024, in_features: int = 128, out_features: int = 32,
+              noise: float = 0.01, *, split: str = "train", seed: int = 0) -> TaskSizes:
+        """`len` and `model_kwargs()` of the split these arguments build, without building it.
+
+        Takes the constructor's arguments and raises what it raises.
+        """
+        _check_arguments(sample_count, in_features, out_features, noise, split, seed)
+        return TaskSizes(sample_count, {"in_features": in_features, "out_features": out_features})
 
     def __len__(self) -> int:
         return self.inputs.size(0)

@@ -1,113 +1,48 @@
-"""The task protocol: what every dataset offers the engine, and `build_task`.
+"""The task registry: task names to classes, `build_task`, and sizes without building.
 
-A task holds its whole split as pre-built CPU tensors. The engine's loop never looks
-inside a batch; it only calls:
+The protocol every task follows, and the helpers the tasks share, live in
+`clorch.data.base`; `Task`, `SPLITS` and `finalize_metrics` are re-exported here so that
+code outside `clorch.data` imports all it needs from this one module.
 
-    batch = task.batch(indices)                 # dict of CPU tensors, a vectorized gather
-    batch = {k: v.to(device) for k, v in batch.items()}
-    loss = task.loss(model, batch)              # scalar, mean over the batch's samples
-    sums = task.eval_sums(model, batch)         # 0-d float64 tensors on the batch's device
-
-`eval_sums` returns `count` (samples in the batch) and one `<metric>_sum` per metric, the
-metric summed over samples, so the engine can `all_reduce` every value across ranks and
-divide exactly: metric = `<metric>_sum / count` (see `finalize_metrics`). Every loss is a
-mean over samples of a per-sample mean, so the training loss and the eval loss agree.
-
-Splits are deterministic for a seed, and the train and eval splits are disjoint.
+`split_size` and `model_sizes` answer what `len(build_task(...))` and its `model_kwargs()`
+would be without building the split's tensors, so a process can plan a run (steps per
+epoch, the model's shape) before any rank builds the data.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from clorch.data.arithmetic import ArithmeticTask
+from clorch.data.base import SPLITS, Task, TaskSizes, finalize_metrics
+from clorch.data.synthetic import SyntheticRegression
+from clorch.data.text import ByteTextTask
 
-import numpy as np
-import torch
-from torch import nn
+__all__ = ["SPLITS", "TASK_NAMES", "Task", "build_task", "finalize_metrics", "model_sizes",
+           "split_size"]
 
-TASK_NAMES = ("synthetic", "arithmetic", "text")
-SPLITS = ("train", "eval")
-
-
-@runtime_checkable
-class Task(Protocol):
-    """A dataset plus its loss and eval metrics (see the module docstring)."""
-
-    tokens_per_sample: int | None  # model input tokens per sample; None for regression
-
-    def __len__(self) -> int: ...
-
-    def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]: ...
-
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor: ...
-
-    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
-
-    def model_kwargs(self) -> dict: ...
+_CLASSES: dict[str, type] = {
+    "synthetic": SyntheticRegression, "arithmetic": ArithmeticTask, "text": ByteTextTask,
+}
+TASK_NAMES = tuple(_CLASSES)
 
 
-def finalize_metrics(sums: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Turn (all-reduced) `eval_sums` into metrics: `{"loss": loss_sum / count, ...}`.
-
-    Call it after the all_reduce: it reads each value to the host, which waits for the
-    device (a synchronization point on CUDA) on the calling rank only.
+def _task_class(name: str, kwargs: dict) -> type:
+    """The class registered as `name`, once `kwargs` are known to be arguments it takes.
 
     Raises:
-        ValueError: `count` is missing or zero.
+        ValueError: unknown name.
+        TypeError: an argument the task does not take.
     """
-    count = float(sums.get("count", 0.0))
-    if count <= 0:
-        raise ValueError(f"eval sums need a positive 'count', got {sums.get('count')!r}")
-    return {k[: -len("_sum")]: float(v) / count for k, v in sums.items() if k.endswith("_sum")}
-
-
-def check_seed(owner: str, seed: object) -> None:
-    """Raise ValueError naming `owner.seed` unless `seed` is an int >= 0."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"{owner}.seed must be a non-negative int, got {seed!r}")
-
-
-def derive_seed(seed: int, *stream: int) -> int:
-    """A 63-bit seed for one independent stream (teacher, train split, eval split) of `seed`."""
-    state = np.random.SeedSequence([int(seed), *stream]).generate_state(2, dtype=np.uint32)
-    return int((int(state[0]) << 31) ^ int(state[1]))
-
-
-def generator(seed: int, *stream: int) -> torch.Generator:
-    """A CPU generator for one stream of `seed` (see `derive_seed`)."""
-    return torch.Generator().manual_seed(derive_seed(seed, *stream))
-
-
-def check_positive_int(owner: str, name: str, value: object) -> None:
-    """Raise ValueError naming `owner.name` unless `value` is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
-
-
-def check_split(owner: str, split: object) -> None:
-    """Raise ValueError unless `split` is "train" or "eval"."""
-    if split not in SPLITS:
-        raise ValueError(f"{owner}.split must be one of {', '.join(SPLITS)}, got {split!r}")
-
-
-def as_index(indices: torch.Tensor | list[int]) -> torch.Tensor:
-    """Indices as a CPU int64 tensor (out-of-range ones fail in the gather, as in torch)."""
-    if isinstance(indices, torch.Tensor):
-        return indices.to(device="cpu", dtype=torch.long)
-    return torch.as_tensor(indices, dtype=torch.long)
-
-
-def count_like(tensor: torch.Tensor) -> torch.Tensor:
-    """The batch size as a 0-d float64 tensor on `tensor`'s device (a fill, no host copy)."""
-    return torch.full((), tensor.size(0), dtype=torch.float64, device=tensor.device)
-
-
-def _classes() -> dict[str, type]:
-    # Imported here: the task modules import this one's helpers.
-    from clorch.data.arithmetic import ArithmeticTask
-    from clorch.data.synthetic import SyntheticRegression
-    from clorch.data.text import ByteTextTask
-
-    return {"synthetic": SyntheticRegression, "arithmetic": ArithmeticTask, "text": ByteTextTask}
+    if name not in _CLASSES:
+        raise ValueError(f"task name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
+    cls = _CLASSES[name]
+    allowed = cls.ARGUMENTS
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"build_task({name!r}) got unknown argument(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+    return cls
 
 
 def build_task(name: str, *, split: str, seed: int, **kwargs) -> Task:
@@ -124,15 +59,43 @@ def build_task(name: str, *, split: str, seed: int, **kwargs) -> Task:
         ValueError: unknown name or split, or a bad argument value.
         TypeError: an argument the task does not take.
     """
-    classes = _classes()
-    if name not in classes:
-        raise ValueError(f"task name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
-    cls = classes[name]
-    allowed = cls.ARGUMENTS
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise TypeError(
-            f"build_task({name!r}) got unknown argument(s) {', '.join(map(repr, unknown))}; "
-            f"allowed: {', '.join(allowed)}"
-        )
-    return cls(split=split, seed=seed, **kwargs)
+    return _task_class(name, kwargs)(split=split, seed=seed, **kwargs)
+
+
+def _sizes(name: str, split: str, seed: int, kwargs: dict) -> TaskSizes:
+    return _task_class(name, kwargs).sizes(split=split, seed=seed, **kwargs)
+
+
+def split_size(name: str, split: str, seed: int, **kwargs) -> int:
+    """`len(build_task(name, split=split, seed=seed, **kwargs))`, without building the split.
+
+    Cheap: arithmetic on the arguments, and for "text" one stat of the file. For
+    "arithmetic" it also replays the random pairs of the draw (not its tokens), since
+    only they tell whether the split has enough pairs to draw from.
+
+    Args:
+        name: "synthetic", "arithmetic" or "text".
+        split: "train" or "eval".
+        seed: as for `build_task`.
+        **kwargs: the task class's other arguments, as for `build_task`.
+
+    Raises:
+        ValueError, TypeError: what `build_task` raises for the same arguments.
+    """
+    return _sizes(name, split, seed, kwargs).samples
+
+
+def model_sizes(name: str, **kwargs) -> dict:
+    """`build_task(name, split="train", seed=0, **kwargs).model_kwargs()`, without building it.
+
+    The model's sizes do not depend on the split or seed; these two are fixed only so
+    that the same arguments fail here exactly as they would there.
+
+    Args:
+        name: "synthetic", "arithmetic" or "text".
+        **kwargs: the task class's other arguments, as for `build_task`.
+
+    Raises:
+        ValueError, TypeError: what that `build_task` call raises.
+    """
+    return _sizes(name, "train", 0, kwargs).model_kwargs

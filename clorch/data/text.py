@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clorch.data.tasks import (
-    as_index, check_positive_int, check_seed, check_split, count_like, generator,
+from clorch.data.base import (
+    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, count_like,
+    generator,
 )
 
 _TRAIN, _EVAL = 1, 2
@@ -33,7 +34,19 @@ def lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
     return (per_token * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-def _read_bytes(path: str | os.PathLike, minimum: int) -> torch.Tensor:
+def _check_arguments(seq_len: object, sample_count: object, eval_fraction: object,
+                     split: object, seed: object) -> None:
+    """Raise ValueError for the first bad argument other than `path`, in the constructor's order."""
+    check_positive_int("text", "seq_len", seq_len)
+    if sample_count is not None:
+        check_positive_int("text", "sample_count", sample_count)
+    check_fraction("text", "eval_fraction", eval_fraction)
+    check_split("text", split)
+    check_seed("text", seed)
+
+
+def _file_size(path: object, minimum: int) -> int:
+    """The size in bytes (one stat) of the file at `path`, which must hold `minimum` bytes."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ValueError(f"text.path must name a file, got {path!r}")
     if not os.path.isfile(path):
@@ -44,7 +57,23 @@ def _read_bytes(path: str | os.PathLike, minimum: int) -> torch.Tensor:
             f"text.path {str(path)!r} has {size} bytes; it needs at least {minimum} "
             f"(one window of seq_len + 1 bytes for each of the train and eval splits)"
         )
-    return torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+    return size
+
+
+def _region(path: str | os.PathLike, size: int, seq_len: int, eval_fraction: float,
+            split: str) -> tuple[int, int]:
+    """`[start, stop)`, the bytes of a `size`-byte file that `split` owns.
+
+    Raises:
+        ValueError: the train split would be shorter than one window.
+    """
+    eval_bytes = max(math.ceil(size * eval_fraction), seq_len + 1)
+    if size - eval_bytes < seq_len + 1:
+        raise ValueError(
+            f"text.path {str(path)!r} has {size} bytes; with eval_fraction={eval_fraction} "
+            f"the train split keeps {size - eval_bytes}, fewer than seq_len + 1 = {seq_len + 1}"
+        )
+    return (0, size - eval_bytes) if split == "train" else (size - eval_bytes, size)
 
 
 class ByteTextTask:
@@ -73,25 +102,12 @@ class ByteTextTask:
 
     def __init__(self, path: str | os.PathLike, seq_len: int = 128, sample_count: int | None = None,
                  eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> None:
-        check_positive_int("text", "seq_len", seq_len)
-        if sample_count is not None:
-            check_positive_int("text", "sample_count", sample_count)
-        if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) \
-                or not 0.0 < eval_fraction < 1.0:
-            raise ValueError(f"text.eval_fraction must be a number in (0, 1), got {eval_fraction!r}")
-        check_split("text", split)
-        check_seed("text", seed)
-        data = _read_bytes(path, 2 * (seq_len + 1))
-        size = data.numel()
-        eval_bytes = max(math.ceil(size * eval_fraction), seq_len + 1)
-        if size - eval_bytes < seq_len + 1:
-            raise ValueError(
-                f"text.path {str(path)!r} has {size} bytes; with eval_fraction={eval_fraction} "
-                f"the train split keeps {size - eval_bytes}, fewer than seq_len + 1 = {seq_len + 1}"
-            )
-        start = 0 if split == "train" else size - eval_bytes
+        _check_arguments(seq_len, sample_count, eval_fraction, split, seed)
+        _file_size(path, 2 * (seq_len + 1))
+        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        start, stop = _region(path, data.numel(), seq_len, eval_fraction, split)
         # Clone the region so the file-sized buffer of the other split can be freed.
-        self.data = data[start: size - eval_bytes if split == "train" else size].clone()
+        self.data = data[start:stop].clone()
         self.path, self.split, self.seed, self.seq_len = str(path), split, seed, seq_len
         self.tokens_per_sample = seq_len
         last_start = self.data.numel() - seq_len - 1  # largest valid window start
@@ -101,6 +117,21 @@ class ByteTextTask:
             stream = generator(seed, _TRAIN if split == "train" else _EVAL)
             self.starts = torch.randint(0, last_start + 1, (sample_count,), generator=stream)
         self._offsets = torch.arange(seq_len + 1)
+
+    @classmethod
+    def sizes(cls, path: str | os.PathLike, seq_len: int = 128, sample_count: int | None = None,
+              eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> TaskSizes:
+        """`len` and `model_kwargs()` of the split these arguments build, without building it.
+
+        Takes the constructor's arguments and raises what it raises; it stats the file
+        instead of reading it.
+        """
+        _check_arguments(seq_len, sample_count, eval_fraction, split, seed)
+        size = _file_size(path, 2 * (seq_len + 1))
+        start, stop = _region(path, size, seq_len, eval_fraction, split)
+        if sample_count is None:  # len(range(0, last_start + 1, seq_len)), last_start >= 0
+            sample_count = (stop - start - seq_len - 1) // seq_len + 1
+        return TaskSizes(sample_count, {"vocab_size": VOCAB_SIZE, "seq_len": seq_len})
 
     def __len__(self) -> int:
         return self.starts.numel()

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from clorch.distributed import process_group as pg
+from clorch.distributed import groups as pg
 from clorch.distributed.debug import check_all_to_all_splits, check_fingerprint, check_recv, check_send
 
 # torch 2.14 renamed the single-tensor gather/scatter; 2.11 (the GPU image) has only the old names.

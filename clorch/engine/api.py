@@ -7,8 +7,6 @@ from typing import Any, Sequence
 
 from clorch.config.compose import format_value
 
-PRECISION_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-                     "fp32": "fp32", "float32": "fp32"}
 # Keyword arguments run_local takes as shorthands, and the config keys they set.
 SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_size": "batch_size",
               "accumulation": "accumulation", "max_steps": "max_steps", "seed": "seed",
@@ -16,10 +14,10 @@ SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_si
 
 
 def _precision(value: Any) -> str:
-    name = str(value).lstrip(":")
-    if name not in PRECISION_ALIASES:
-        raise ValueError(f"precision must be one of {', '.join(PRECISION_ALIASES)}, got {value!r}")
-    return f"precision={PRECISION_ALIASES[name]}"
+    from clorch.precision import get_precision
+
+    name = value.lstrip(":") if isinstance(value, str) else value
+    return f"precision={get_precision(name).name}"
 
 
 def overrides_for(devices: Sequence[int] | None, nproc_per_node: int | None, recipe: str | None,
@@ -73,11 +71,18 @@ def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None =
         ConfigError: every config error at once (nothing is launched).
         ValueError: a bad precision name.
     """
-    from clorch.config.preflight import compose_checked
+    from clorch.config.checks import ConfigError
+    from clorch.config.preflight import compose_once
     from clorch.engine.outputs import new_run_dir
-    from clorch.engine.resolve import resolve_errors
+    from clorch.engine.resolve import plan_or_errors
     from clorch.engine.run import execute
 
-    cfg = compose_checked(overrides_for(devices, nproc_per_node, recipe, overrides), resolve_errors)
+    cfg, errors = compose_once(overrides_for(devices, nproc_per_node, recipe, overrides))
+    plan = None
+    if cfg is not None:
+        plan, found = plan_or_errors(cfg, run_dir)
+        errors += [e for e in found if e not in errors]
+    if errors:
+        raise ConfigError(errors)
     directory = Path(run_dir) if run_dir is not None else new_run_dir()
-    return execute(cfg, directory, progress=progress, echo=progress != "off")
+    return execute(plan, directory, progress=progress, echo=progress != "off")

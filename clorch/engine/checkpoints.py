@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
+from clorch.config.schema import TrainConfig
 from clorch.engine.components import Components
 from clorch.engine.loop import LoopState
+from clorch.engine.resume_check import RECORD_KEY, run_record
 
 
-def checkpoint_dir(cfg: Mapping[str, Any], run_dir: Path) -> Path:
+def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     """`checkpoint.dir`, or <run dir>/checkpoints."""
-    configured = cfg["checkpoint"]["dir"]
+    configured = cfg.checkpoint.dir
     return Path(configured).expanduser() if configured else run_dir / "checkpoints"
 
 
-def final_path(cfg: Mapping[str, Any], run_dir: Path) -> Path:
+def final_path(cfg: TrainConfig, run_dir: Path) -> Path:
     """`checkpoint.path`, or <checkpoint dir>/final.ckpt."""
-    configured = cfg["checkpoint"]["path"]
+    configured = cfg.checkpoint.path
     return Path(configured).expanduser() if configured else checkpoint_dir(cfg, run_dir) / "final.ckpt"
 
 
@@ -34,7 +36,7 @@ def restart_count() -> int:
     return int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0)
 
 
-def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
+def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     """The checkpoint to start from, or None for a fresh start.
 
     `checkpoint.resume`: none, latest (the newest step checkpoint in the
@@ -43,7 +45,7 @@ def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
     before the first one exists the restart starts as configured (from the
     resume path, or fresh).
     """
-    resume = cfg["checkpoint"]["resume"]
+    resume = cfg.checkpoint.resume
     if restart_count() > 0 or resume == "latest":
         from clorch.checkpoint import latest_checkpoint
 
@@ -56,7 +58,7 @@ def resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
     return Path(resume).expanduser()
 
 
-def agreed_resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
+def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     """`resume_path` as rank 0 sees it, the same on every rank.
 
     Every rank must call it: with a group of more than one rank it is one
@@ -78,7 +80,7 @@ def agreed_resume_path(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
     return path
 
 
-def save(c: Components, path: Path, state: LoopState) -> None:
+def save(cfg: TrainConfig, c: Components, path: Path, state: LoopState) -> None:
     """Write a checkpoint of everything needed to continue.
 
     Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint);
@@ -91,7 +93,8 @@ def save(c: Components, path: Path, state: LoopState) -> None:
     # resume averages the same steps as an uninterrupted run's (one host read).
     window = _gather_window(c, state)
     save_checkpoint(path, model=c.raw_model, optimizer=c.optimizer, sampler=c.sampler,
-                    scaler=c.scaler, state={"step": state.step, "epoch": state.epoch,
+                    scaler=c.scaler, state={RECORD_KEY: run_record(cfg, c.world_size),
+                                            "step": state.step, "epoch": state.epoch,
                                             "scheduler": _scheduler_state(c.scheduler),
                                             "window_loss": window, "window_steps": state.window_steps,
                                             "window_samples": state.window_samples})
@@ -144,8 +147,8 @@ def _scheduler_state(scheduler: Any) -> dict[str, Any]:
     return {k: v for k, v in state.items() if not callable(v)}
 
 
-def prune(cfg: Mapping[str, Any], run_dir: Path) -> None:
+def prune(cfg: TrainConfig, run_dir: Path) -> None:
     """Keep the newest `checkpoint.keep_last` step checkpoints. Rank 0 only."""
     from clorch.checkpoint import prune_checkpoints
 
-    prune_checkpoints(checkpoint_dir(cfg, run_dir), cfg["checkpoint"]["keep_last"])
+    prune_checkpoints(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)

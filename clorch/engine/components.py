@@ -1,4 +1,4 @@
-"""Build everything one rank trains with from the config: `build_components(cfg, ctx)`.
+"""Build everything one rank trains with from the config: `build_components(cfg, ctx, total_steps)`.
 
 Also usable in-process (a benchmark at world size 1): `ctx` only needs
 `rank` and `world_size`, and the process group must already be initialized
@@ -7,11 +7,14 @@ when world_size > 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
 from torch import nn
+
+from clorch.config.schema import (AdamWConfig, CosineScheduleConfig, FP16Config, TargetModelConfig,
+                                  TrainConfig)
 
 
 @dataclass
@@ -56,107 +59,97 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
         else torch.device("cpu")
 
 
-def build_tasks(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
+def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data`."""
     from clorch.data.tasks import build_task
+    from clorch.engine.resolve import data_kwargs
 
-    data = {k: v for k, v in cfg["data"].items() if k != "name"}
-    train = build_task(cfg["data"]["name"], split="train", seed=cfg["seed"], **data)
-    held_out = build_task(cfg["data"]["name"], split="eval", seed=cfg["seed"], **data)
+    kwargs = data_kwargs(cfg)
+    train = build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs)
+    held_out = build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs)
     return train, held_out
 
 
-def build_raw_model(cfg: Mapping[str, Any], task: Any) -> nn.Module:
+def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`."""
     from clorch.models import build_model
 
+    model = cfg.model
     # Sizes the config leaves null come from the data; set ones win (e.g. a
     # padded vocab_size of 50304 over byte tokens, for a GPT-2 shape).
-    spec = {**task.model_kwargs(),
-            **{k: v for k, v in cfg["model"].items() if k != "name" and v is not None}}
-    torch.manual_seed(cfg["seed"])  # identical weights on every rank and in every run
-    target = spec.pop("_target_", None)
-    if target is not None:
+    given = model.kwargs if isinstance(model, TargetModelConfig) \
+        else {k: v for k, v in asdict(model).items() if k != "name"}
+    spec = {**task.model_kwargs(), **{k: v for k, v in given.items() if v is not None}}
+    torch.manual_seed(cfg.seed)  # identical weights on every rank and in every run
+    if isinstance(model, TargetModelConfig):
         from clorch.config.targets import resolve_target
 
-        return resolve_target(target)(**spec)
-    return build_model(cfg["model"]["name"], **spec)
+        return resolve_target(model.target)(**spec)
+    return build_model(model.name, **spec)
 
 
-def _optimizer(cfg: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
+def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     from clorch.optim import build_optimizer
 
-    o = cfg["optim"]
-    extra = {"betas": tuple(o["betas"])} if o["name"] == "adamw" else {"momentum": o["momentum"]}
-    return build_optimizer(o["name"], model.parameters(), lr=o["lr"],
-                           weight_decay=o["weight_decay"], fused=o["fused"], **extra)
+    o = cfg.optim
+    extra = {"betas": tuple(o.betas)} if isinstance(o, AdamWConfig) else {"momentum": o.momentum}
+    return build_optimizer(o.name, model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+                           fused=o.fused, **extra)
 
 
-def _scheduler(cfg: Mapping[str, Any], optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     from clorch.optim import build_scheduler
 
-    s = cfg["schedule"]
-    if s["name"] == "constant":
-        return build_scheduler(optimizer, "constant", warmup_steps=s["warmup_steps"])
-    return build_scheduler(optimizer, s["name"], warmup_steps=s["warmup_steps"],
-                           total_steps=total_steps, min_lr_ratio=s["min_lr_ratio"])
+    s = cfg.schedule
+    if isinstance(s, CosineScheduleConfig):
+        return build_scheduler(optimizer, s.name, warmup_steps=s.warmup_steps,
+                               total_steps=total_steps, min_lr_ratio=s.min_lr_ratio)
+    return build_scheduler(optimizer, s.name, warmup_steps=s.warmup_steps)
 
 
-def _scaler(cfg: Mapping[str, Any], device: torch.device) -> Any:
-    precision = cfg["precision"]
-    if precision["name"] != "fp16" or not precision["scaler"].get("enabled", True):
+def _scaler(cfg: TrainConfig, device: torch.device) -> Any:
+    precision = cfg.precision
+    if not isinstance(precision, FP16Config) or not precision.scaler.enabled:
         return None
     from clorch.amp import GradScaler
 
-    s = precision["scaler"]
-    return GradScaler(device.type, init_scale=s.get("initial_scale", 65536.0),
-                      growth_factor=s.get("growth_factor", 2.0),
-                      backoff_factor=s.get("backoff_factor", 0.5),
-                      growth_interval=s.get("growth_interval", 2000), enabled=True)
+    s = precision.scaler
+    return GradScaler(device.type, init_scale=s.initial_scale, growth_factor=s.growth_factor,
+                      backoff_factor=s.backoff_factor, growth_interval=s.growth_interval)
 
 
-def build_components(cfg: Mapping[str, Any], ctx: Mapping[str, Any],
-                     total_steps: int | None = None) -> Components:
+def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
     """Build task, model (on the rank's device, compiled if asked, DDP-wrapped), optimizer,
-    schedule, scaler and sampler from a validated config (a plain dict or a DictConfig).
-    `total_steps` (for the cosine schedule) defaults to the config's plan.
+    schedule, scaler and sampler from a checked config. `total_steps` is the plan's
+    (the cosine schedule's length).
 
     Every rank must call it: wrapping in DDP is a synchronization point (it checks
     parameter signatures and broadcasts rank 0's weights; see DistributedDataParallel).
 
     Raises:
-        ValueError, TypeError: the builders reject a setting (validation catches most first).
+        ValueError, TypeError: the builders reject a setting (the checks catch most first).
     """
-    from clorch.amp import precision_settings
     from clorch.data import DistributedSampler
     from clorch.nn.parallel import DistributedDataParallel
+    from clorch.precision import get_precision
 
-    if not isinstance(cfg, dict):  # a DictConfig from clorch.config.compose
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
     task, eval_task = build_tasks(cfg)
     raw = build_raw_model(cfg, task).to(device)
-    inner = torch.compile(raw) if cfg.get("compile") else raw
-    d = cfg["ddp"]
-    model = DistributedDataParallel(inner, bucket_cap_mb=d["bucket_cap_mb"],
-                                    first_bucket_cap_mb=d["first_bucket_cap_mb"],
-                                    broadcast_buffers=d["broadcast_buffers"],
-                                    reduce_dtype=d["reduce_dtype"])
+    inner = torch.compile(raw) if cfg.compile else raw
+    d = cfg.ddp
+    model = DistributedDataParallel(inner, bucket_cap_mb=d.bucket_cap_mb,
+                                    first_bucket_cap_mb=d.first_bucket_cap_mb,
+                                    broadcast_buffers=d.broadcast_buffers, reduce_dtype=d.reduce_dtype)
     optimizer = _optimizer(cfg, raw)
-    if total_steps is None:
-        from clorch.engine.resolve import plan_steps
-
-        total_steps = plan_steps(cfg, len(task), world)[2]
-    s = cfg["sampler"]
+    s = cfg.sampler
     sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
-                                 seed=cfg["seed"] if s["seed"] is None else s["seed"],
-                                 shuffle=s["shuffle"], drop_last=s["drop_last"])
+                                 seed=cfg.seed if s.seed is None else s.seed,
+                                 shuffle=s.shuffle, drop_last=s.drop_last)
     return Components(model=model, raw_model=raw, optimizer=optimizer,
                       scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg, device),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
-                      autocast_dtype=precision_settings(cfg["precision"]["name"])[0],
-                      batch_size=cfg["batch_size"], accumulation=cfg["accumulation"],
+                      autocast_dtype=get_precision(cfg.precision.name).autocast_dtype(),
+                      batch_size=cfg.batch_size, accumulation=cfg.accumulation,
                       rank=rank, world_size=world)

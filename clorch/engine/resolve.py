@@ -1,9 +1,14 @@
-"""Turn a validated config into concrete settings: backend, ranks, devices, steps.
+"""The launch plan: a checked config resolved once, on this machine, into what the ranks run.
 
-`resolve(cfg)` runs in the launching process before any rank starts. It adds
-the errors that need the machine (nccl without GPUs, devices that do not
-exist) or the data (a batch larger than a rank's shard) to the schema errors,
-and raises them all together as one `ConfigError`.
+`resolve(cfg)` runs in the launching process before any rank starts. It checks
+the config (clorch.config.checks) and adds the errors that need the machine
+(nccl without GPUs, devices that do not exist), the data's sizes (a batch
+larger than a rank's shard, an eval split smaller than the job, a model
+sequence shorter than the samples), the filesystem (directories the run
+cannot write) and the checkpoint to resume (another model, world size or
+batch size), and raises them all together as one `ConfigError`. The dataset
+sizes come from `clorch.data.tasks.split_size`, without building the data.
+The ranks receive the plan and trust it.
 """
 
 from __future__ import annotations
@@ -11,135 +16,225 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from clorch.config.validate import ConfigError, check_config
+from clorch.config.checks import ConfigError, checked_partial, complete, reused_dir_errors
+from clorch.config.schema import GPTConfig, TrainConfig
+from clorch.engine.paths import unwritable
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """What the auto settings became on this machine."""
+class Plan:
+    """What the config became on this machine; the ranks run exactly this."""
 
+    config: TrainConfig          # the checked config
     backend: str                 # "nccl" or "gloo"
     nproc_per_node: int          # ranks on this node
     devices: list[int] | None    # CUDA device indices, None for CPU ranks
     world_size: int              # ranks in the whole job
     device_type: str             # "cuda" or "cpu"
     train_size: int              # samples in the training split
+    eval_size: int               # samples in the held-out split
     shard_size: int              # samples per rank per epoch
     steps_per_epoch: int         # optimizer steps per epoch
     total_steps: int             # optimizer steps in the run
 
-    def describe(self, precision: str) -> str:
+    def describe(self) -> str:
         """One line for the user: where and how the job runs."""
+        from clorch.precision import get_precision
+
         where = (f"{self.nproc_per_node} CUDA rank(s) on devices {self.devices} over {self.backend}"
                  if self.device_type == "cuda"
                  else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)")
-        amp = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with loss scaling",
-               "fp32": "fp32"}[precision]
-        if self.device_type == "cpu" and precision != "fp32":
-            amp = f"{precision} CPU autocast" + (" with loss scaling" if precision == "fp16" else "")
+        amp = get_precision(self.config.precision.name).describe(self.device_type)
         nodes = f" x {self.world_size // self.nproc_per_node} nodes" if self.world_size > self.nproc_per_node else ""
         return (f"clorch: running {where}{nodes}, {amp}; "
                 f"{self.total_steps} steps of {self.steps_per_epoch} per epoch")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain values (env.json, the ranks' arguments); `from_dict` reverses it."""
+        out = asdict(self)
+        out["config"] = self.config.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "Plan":
+        return cls(**{**values, "config": TrainConfig.from_dict(dict(values["config"]))})
 
 
-def _ranks(launcher: Mapping[str, Any], backend: str, problems: list[str]) -> tuple[int, list[int] | None, str]:
+def _ranks(cfg: TrainConfig, problems: list[str]) -> tuple[int, list[int] | None, str]:
     from clorch.launch.gpus import resolve_ranks
 
-    nproc = launcher["nproc_per_node"]
-    if nproc == "auto":
-        nproc = None
-    elif isinstance(nproc, str):
-        problems.append(f"launcher.nproc_per_node must be 'auto' or an integer >= 1, got {nproc!r}")
-        nproc = None
-    devices = launcher.get("devices")
+    launcher, backend = cfg.launcher, cfg.backend
+    nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
     before = len(problems)
-    count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
+    count, cuda, name = resolve_ranks(nproc, launcher.devices, backend, os.environ, problems)
     for i in range(before, len(problems)):  # the launcher names its arguments bare
         problems[i] = f"launcher.{problems[i]}" if problems[i].startswith(("devices", "nproc")) \
             else f"backend={backend}: {problems[i]}"
     if cuda is None:
         return count, None, name or "gloo"
-    return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"
+    devices = launcher.devices if launcher.devices is not None else list(range(len(cuda)))
+    return count, devices, name or "nccl"
 
 
-def train_size(data: Mapping[str, Any], seed: int) -> int:
-    """Samples in the training split (builds the task unless the count is in the config).
-
-    Raises:
-        ValueError, TypeError: the task rejects its arguments.
-    """
-    if data["name"] == "synthetic":
-        return int(data["sample_count"])
-    from clorch.data.tasks import build_task
-
-    kwargs = {k: v for k, v in data.items() if k != "name"}
-    return len(build_task(data["name"], split="train", seed=seed, **kwargs))
+def data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The data section's keys other than `name`: the task builder's keyword arguments."""
+    return {k: v for k, v in asdict(cfg.data).items() if k != "name"}
 
 
-def plan_steps(cfg: Mapping[str, Any], size: int, world: int) -> tuple[int, int, int]:
+def _drop_last(cfg: Any) -> bool | None:
+    """sampler.drop_last, also from a sampler section that has errors in its other keys."""
+    if cfg.sampler is not None:
+        return cfg.sampler.drop_last
+    value = (getattr(cfg, "raw", {}).get("sampler") or {}).get("drop_last")
+    return value if isinstance(value, bool) else None
+
+
+def plan_steps(cfg: TrainConfig, size: int, world: int) -> tuple[int, int, int]:
     """(samples per rank per epoch, optimizer steps per epoch, steps in the run).
 
     A step takes batch_size * accumulation of the rank's samples; the epoch's last
     step takes what is left, so an epoch is ceil(shard / (batch_size * accumulation)) steps.
     """
-    shard = size // world if cfg["sampler"]["drop_last"] else math.ceil(size / world)
-    steps_per_epoch = max(1, math.ceil(shard / (cfg["batch_size"] * cfg["accumulation"])))
-    return shard, steps_per_epoch, cfg["max_steps"] or cfg["epochs"] * steps_per_epoch
+    shard = size // world if _drop_last(cfg) else math.ceil(size / world)
+    steps_per_epoch = max(1, math.ceil(shard / (cfg.batch_size * cfg.accumulation)))
+    return shard, steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch
 
 
-def _steps(cfg: Mapping[str, Any], size: int, world: int, problems: list[str]) -> tuple[int, int, int]:
-    shard, steps_per_epoch, total = plan_steps(cfg, size, world)
-    if cfg["batch_size"] > shard:
-        problems.append(f"batch_size={cfg['batch_size']} is larger than a rank's shard: "
-                        f"{size} training samples over {world} ranks give {shard} per rank "
-                        f"(use batch_size <= {shard}, more data, or fewer ranks)")
-    schedule = cfg["schedule"]
-    if schedule["name"] == "cosine" and total <= schedule["warmup_steps"]:
-        problems.append(f"schedule.warmup_steps={schedule['warmup_steps']} must be < the run's "
-                        f"{total} optimizer steps for schedule=cosine")
-    return shard, steps_per_epoch, total
+def _data_errors(cfg: TrainConfig, train: int, held_out: int, world: int) -> list[str]:
+    errors = []
+    shard = plan_steps(cfg, train, world)[0]
+    if cfg.batch_size > shard:
+        errors.append(f"batch_size={cfg.batch_size} is larger than a rank's shard: "
+                      f"{train} training samples over {world} ranks give {shard} per rank "
+                      f"(use batch_size <= {shard}, more data, or fewer ranks)")
+    if held_out < world:
+        errors.append(f"data={cfg.data.name}: the eval split has {held_out} sample(s), fewer than "
+                      f"the job's {world} ranks (every rank evaluates at least one): raise "
+                      f"data.sample_count or data.eval_fraction, or use fewer ranks")
+    return errors
 
 
-def _resolve(cfg: DictConfig | Mapping[str, Any]) -> tuple[Resolved | None, list[str]]:
-    problems = check_config(cfg)
-    try:
-        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-        nproc, devices, backend = _ranks(container["launcher"], container["backend"], problems)
-        world = nproc * container["launcher"]["nnodes"]
-        size = train_size(container["data"], container["seed"])
-        shard, per_epoch, total = _steps(container, size, world, problems)
-    except (ValueError, TypeError, OSError) as exc:
-        if not problems:  # the task rejected its arguments
-            problems.append(f"data={container['data']['name']}: {exc}")
-        return None, problems
-    except (KeyError, AttributeError, ArithmeticError):
-        return None, problems  # a malformed section: check_config already said which
+def _model_errors(cfg: TrainConfig) -> list[str]:
+    """A GPT sized smaller than the data's samples or vocabulary."""
+    from clorch.data.tasks import model_sizes
+
+    if not isinstance(cfg.model, GPTConfig):
+        return []
+    needed = model_sizes(cfg.data.name, **data_kwargs(cfg))
+    errors = []
+    for key in ("seq_len", "vocab_size"):
+        value = getattr(cfg.model, key)
+        if value is not None and key in needed and value < needed[key]:
+            errors.append(f"model.{key}={value} is smaller than data={cfg.data.name}'s "
+                          f"{needed[key]}: use model.{key} >= {needed[key]}, or null (the data's)")
+    return errors
+
+
+def _schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
+    schedule = cfg.schedule
+    if schedule.name == "cosine" and total <= schedule.warmup_steps:
+        return [f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
+                f"{total} optimizer steps for schedule=cosine"]
+    return []
+
+
+def _path_errors(cfg: TrainConfig, run_dir: Path | None) -> list[str]:
+    """Directories the run would write and cannot (probed by creating a file)."""
+    ckpt, errors = cfg.checkpoint, []
+    targets = []
+    if run_dir is not None:
+        targets.append(("the run directory", run_dir))
+    if ckpt.policy != "none":
+        directory = Path(ckpt.dir).expanduser() if ckpt.dir else None
+        if directory is not None:
+            targets.append((f"checkpoint.dir={ckpt.dir}", directory))
+        if ckpt.path is not None:
+            targets.append((f"checkpoint.path={ckpt.path}", Path(ckpt.path).expanduser().parent))
+    for what, directory in targets:
+        problem = unwritable(directory)
+        if problem:
+            errors.append(f"{what}: cannot write there ({problem}); choose a writable location")
+    if run_dir is not None and ckpt.dir is None and ckpt.policy == "periodic" and ckpt.resume == "none":
+        # A reused run directory must not mix two runs' step checkpoints.
+        errors += reused_dir_errors("checkpoint.dir", run_dir / "checkpoints")
+    return errors
+
+
+def _build(cfg: Any, run_dir: Path | None, problems: list[str]) -> Plan | None:
+    """The plan, adding every error found to `problems`.
+
+    `cfg` may be a `Partial` (some sections have errors): each check runs when the
+    sections it reads are valid, so that every error is reported in one go.
+    """
+    from clorch.data.tasks import split_size
+    from clorch.engine.resume_check import resume_errors
+
+    world = sizes = None
+    if complete(cfg, "top", "launcher"):
+        nproc, devices, backend = _ranks(cfg, problems)
+        world = nproc * cfg.launcher.nnodes
+    if complete(cfg, "top", "data"):
+        try:
+            kwargs = data_kwargs(cfg)
+            sizes = (split_size(cfg.data.name, "train", cfg.seed, **kwargs),
+                     split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
+            if complete(cfg, "model"):
+                problems += _model_errors(cfg)
+        except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
+            problems.append(f"data={cfg.data.name}: {exc}")
+    if complete(cfg, "checkpoint"):
+        problems += _path_errors(cfg, run_dir)
+    if world is None or sizes is None or _drop_last(cfg) is None:
+        return None
+    problems += _data_errors(cfg, *sizes, world)
+    shard, per_epoch, total = plan_steps(cfg, sizes[0], world)
+    if complete(cfg, "schedule"):
+        problems += _schedule_errors(cfg, total)
+    if complete(cfg, "checkpoint", "model", "data", "optim"):
+        problems += resume_errors(cfg, world, run_dir)
     if problems:
+        return None
+    return Plan(config=cfg, backend=backend, nproc_per_node=nproc, devices=devices,
+                world_size=world, device_type="cuda" if backend == "nccl" else "cpu",
+                train_size=sizes[0], eval_size=sizes[1], shard_size=shard,
+                steps_per_epoch=per_epoch, total_steps=total)
+
+
+def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
+                   run_dir: str | os.PathLike | None = None) -> tuple[Plan | None, list[str]]:
+    """(the plan, or None, and every error: the config's, the machine's, the data's, the paths')."""
+    if isinstance(cfg, TrainConfig):
+        typed, problems = cfg, []
+    else:
+        typed, problems = checked_partial(cfg)
+    if typed is None:
         return None, problems
-    return Resolved(backend=backend, nproc_per_node=nproc, devices=devices, world_size=world,
-                    device_type="cuda" if backend == "nccl" else "cpu", train_size=size,
-                    shard_size=shard, steps_per_epoch=per_epoch, total_steps=total), []
+    plan = _build(typed, None if run_dir is None else Path(run_dir), problems)
+    return (None, problems) if problems else (plan, [])
 
 
 def resolve_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Every error `resolve` would raise (empty when the config runs here)."""
-    return _resolve(cfg)[1]
+    return plan_or_errors(cfg)[1]
 
 
-def resolve(cfg: DictConfig | Mapping[str, Any]) -> Resolved:
-    """Validate `cfg` and resolve its auto settings on this machine.
+def resolve(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
+            run_dir: str | os.PathLike | None = None) -> Plan:
+    """Check `cfg` and resolve it on this machine into the launch plan.
+
+    Args:
+        cfg: a composed config, or an already checked TrainConfig.
+        run_dir: the run directory, checked for being writable (None: not checked).
 
     Raises:
-        ConfigError: every schema, machine and data error found, together.
+        ConfigError: every config, machine, data, path and resume error found, together.
     """
-    resolved, problems = _resolve(cfg)
+    plan, problems = plan_or_errors(cfg, run_dir)
     if problems:
         raise ConfigError(problems)
-    return resolved
+    return plan

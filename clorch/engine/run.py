@@ -2,7 +2,8 @@
 
 This is the launching process's side (the ranks run `clorch.engine.worker`).
 `execute(cfg, run_dir)` is what `clorch-train` (inside its Hydra job) and
-`clorch.run_local` call.
+`clorch.run_local` call; it resolves the config once into a launch plan
+(clorch.engine.resolve) unless it is given one.
 """
 
 from __future__ import annotations
@@ -11,27 +12,27 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig
 
-from clorch.config.validate import ConfigError, reused_dir_errors
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
 from clorch.engine.progress import Progress
-from clorch.engine.resolve import Resolved, resolve
+from clorch.engine.resolve import Plan, resolve
 
 POLL_S = 0.25
+WORKER = "clorch.engine.worker:main"
 
 
-def _launch(container: Mapping[str, Any], resolved: Resolved, run_dir: Path) -> Any:
-    from clorch.distributed import launch
+def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
+    from clorch.launch import launch
 
-    launcher = container["launcher"]
-    return launch("clorch.engine.worker:main", nproc_per_node=resolved.nproc_per_node,
-                  devices=resolved.devices, backend=resolved.backend, timeout=launcher["timeout"],
-                  args={"config": dict(container), "run_dir": str(run_dir),
-                        "total_steps": resolved.total_steps},
-                  log_dir=run_dir / "logs", nnodes=launcher["nnodes"],
-                  node_rank=launcher["node_rank"], master_addr=launcher["master_addr"],
-                  master_port=launcher["master_port"], max_restarts=launcher["max_restarts"])
+    launcher = plan.config.launcher
+    return launch(worker, nproc_per_node=plan.nproc_per_node, devices=plan.devices,
+                  backend=plan.backend, timeout=launcher.timeout,
+                  args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
+                  log_dir=run_dir / "logs", nnodes=launcher.nnodes, node_rank=launcher.node_rank,
+                  master_addr=launcher.master_addr, master_port=launcher.master_port,
+                  max_restarts=launcher.max_restarts)
 
 
 def _follow(job: Any, progress: Progress) -> dict[str, Any]:
@@ -63,8 +64,7 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in best.items() if k != "kind"}
 
 
-def summarize(status: Mapping[str, Any], run_dir: Path, resolved: Resolved,
-              wall_s: float) -> dict[str, Any]:
+def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: float) -> dict[str, Any]:
     """summary.json's content: status, final and best metrics, steps, wall time, throughput."""
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("kind") == "train"]
@@ -75,37 +75,28 @@ def summarize(status: Mapping[str, Any], run_dir: Path, resolved: Resolved,
     summary = {
         "status": status.get("state"), "exit_codes": status.get("exit_codes"),
         "failed_rank": status.get("failed_rank"), "error": status.get("error"),
-        "steps": rank0.get("steps", final.get("step", 0)), "planned_steps": resolved.total_steps,
+        "steps": rank0.get("steps", final.get("step", 0)), "planned_steps": plan.total_steps,
         "final": final, "best": _best(records), "wall_time_s": wall_s,
         "train_time_s": rank0.get("train_time_s"), "samples_per_s": rank0.get("samples_per_s"),
         "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
-        "resumed_from": rank0.get("resumed_from"), "world_size": resolved.world_size,
-        "backend": resolved.backend, "attempts": len(status.get("attempts") or []) or 1,
+        "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
+        "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
     }
     return summary
 
 
-def _check_default_checkpoint_dir(ckpt: Mapping[str, Any], run_dir: Path) -> None:
-    """A reused run directory must not mix two runs' step checkpoints (checkpoint.dir=null).
-
-    Raises:
-        ConfigError: <run_dir>/checkpoints already holds step checkpoints and resume=none.
-    """
-    if ckpt["dir"] is None and ckpt["policy"] == "periodic" and ckpt["resume"] == "none":
-        errors = reused_dir_errors("checkpoint.dir", run_dir / "checkpoints")
-        if errors:
-            raise ConfigError(errors)
-
-
-def execute(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, *,
-            progress: str | None = None, echo: bool = True) -> dict[str, Any]:
-    """Validate, launch the ranks, wait, and write the run's outputs into `run_dir`.
+def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
+            progress: str | None = None, echo: bool = True, worker: str = WORKER) -> dict[str, Any]:
+    """Check and resolve the config (unless given a plan), launch the ranks, wait, and
+    write the run's outputs into `run_dir`.
 
     Args:
-        cfg: the composed config (Hydra's, or `clorch.config.compose`'s).
+        cfg: the composed config (Hydra's, or `clorch.config.compose`'s), or the plan
+            `clorch.engine.resolve.resolve(cfg, run_dir)` made of it.
         run_dir: the run directory (created if missing).
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
         echo: print the one-line description of where the job runs.
+        worker: the ranks' entry point, "module:function" taking the launcher's context.
 
     Returns:
         {"status": the launcher's final status, "logs": {rank: {"stdout", "stderr"}},
@@ -115,21 +106,20 @@ def execute(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, *,
         ConfigError: every config error, before anything starts.
     """
     run_dir = Path(run_dir).resolve()
-    resolved = resolve(cfg)
-    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    _check_default_checkpoint_dir(container["checkpoint"], run_dir)
-    container["run_dir"] = str(run_dir)
+    plan = cfg if isinstance(cfg, Plan) else resolve(cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
-    write_json(run_dir / "env.json", {**env_record(), "resolved": resolved.to_dict()})
+    config = plan.config.to_dict()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
+    write_json(run_dir / "env.json", {**env_record(), "plan": shown})
     if echo:
-        print(resolved.describe(container["precision"]["name"]), flush=True)
+        print(plan.describe(), flush=True)
     start = time.perf_counter()
-    job = _launch(container, resolved, run_dir)
-    mode = progress or container["logger"]["progress"]
-    status = _follow(job, Progress(run_dir / "metrics.jsonl", resolved.total_steps, mode))
-    summary = summarize(status, run_dir, resolved, time.perf_counter() - start)
+    job = _launch(plan, run_dir, worker)
+    mode = progress or plan.config.logger.progress
+    status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
+    summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     write_json(run_dir / "summary.json", summary)
     plot_loss(run_dir)
-    logs = {rank: job.logs(rank) for rank in status.get("ranks", range(resolved.nproc_per_node))}
+    logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
     return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary}

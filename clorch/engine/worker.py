@@ -1,7 +1,8 @@
 """The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` carries the resolved config (a plain dict), the run directory
-and the planned step count. Each rank builds its components, resumes if asked,
+`ctx["args"]` carries the launch plan (`clorch.engine.resolve.Plan.to_dict()`:
+the checked config, world size, planned steps) and the run directory; the
+ranks trust the plan. Each rank builds its components, resumes if asked,
 trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
 after each step as configured, and returns a JSON summary (rank 0's is the
 run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
@@ -10,21 +11,19 @@ run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from clorch.config.schema import TrainConfig
 from clorch.engine import checkpoints
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter
-
-FAIL_EXIT_CODE = 17
+from clorch.engine.resolve import Plan
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -37,9 +36,9 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 class StepHooks:
-    """What happens after each optimizer step: log, evaluate, checkpoint, (test) fail."""
+    """What happens after each optimizer step: log, evaluate, checkpoint."""
 
-    def __init__(self, cfg: Mapping[str, Any], c: Components, run_dir: Path, total: int,
+    def __init__(self, cfg: TrainConfig, c: Components, run_dir: Path, total: int,
                  writer: MetricsWriter | None):
         self.cfg, self.c, self.run_dir, self.total, self.writer = cfg, c, run_dir, total, writer
         self.tokens = getattr(c.task, "tokens_per_sample", None)
@@ -47,24 +46,19 @@ class StepHooks:
 
     def __call__(self, state: LoopState, result: StepResult) -> None:
         cfg, step = self.cfg, state.step
-        if step % cfg["log_every"] == 0 or step == self.total:
+        if step % cfg.log_every == 0 or step == self.total:
             self.log(state)
-        if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step != self.total:
+        if cfg.eval_every and step % cfg.eval_every == 0 and step != self.total:
             self.eval(state)
-        ckpt = cfg["checkpoint"]
+        ckpt = cfg.checkpoint
         # The last step too, so that resume=latest after a finished run finds the end.
-        if ckpt["policy"] == "periodic" and (step % ckpt["every_n_steps"] == 0 or step == self.total):
+        if ckpt.policy == "periodic" and (step % ckpt.every_n_steps == 0 or step == self.total):
             from clorch.checkpoint import step_checkpoint_path
 
             directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
-            checkpoints.save(self.c, step_checkpoint_path(directory, step), state)
+            checkpoints.save(cfg, self.c, step_checkpoint_path(directory, step), state)
             if self.c.rank == 0:
                 checkpoints.prune(cfg, self.run_dir)
-        if cfg["fail_at_step"] == step and checkpoints.restart_count() == 0 \
-                and self.c.rank == self.c.world_size - 1:
-            print(f"fail_at_step={step}: rank {self.c.rank} exits on purpose", flush=True)
-            sys.stderr.flush()
-            os._exit(FAIL_EXIT_CODE)  # abrupt, like a crash: no cleanup, no group teardown
 
     def log(self, state: LoopState) -> None:
         """Average the window's loss over ranks and write one metrics line (rank 0).
@@ -111,7 +105,7 @@ class StepHooks:
         return metrics
 
 
-def _start(cfg: Mapping[str, Any], c: Components, run_dir: Path) -> tuple[LoopState, str | None]:
+def _start(cfg: TrainConfig, c: Components, run_dir: Path) -> tuple[LoopState, str | None]:
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None
@@ -122,28 +116,41 @@ def _start(cfg: Mapping[str, Any], c: Components, run_dir: Path) -> tuple[LoopSt
 
 
 def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Train one rank from `ctx["args"]` = {"config", "run_dir", "total_steps"}.
+    """Train one rank from `ctx["args"]` = {"plan": Plan.to_dict(), "run_dir": str}.
 
     Every rank of the job must run it (the launcher does); see `fit` for the
     synchronization points. Returns rank 0's summary (None on other ranks).
     """
-    args = ctx["args"]
-    cfg, run_dir, total = args["config"], Path(args["run_dir"]), int(args["total_steps"])
+    plan = Plan.from_dict(ctx["args"]["plan"])
+    return train(plan, Path(ctx["args"]["run_dir"]), ctx)
+
+
+def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
+          hooks_class: type[StepHooks] = StepHooks) -> dict[str, Any] | None:
+    """`main`'s body, for one rank: build, resume, fit, evaluate, checkpoint, summarize.
+
+    Args:
+        plan: the launch plan.
+        run_dir: the run directory.
+        ctx: the launcher's context (rank, world_size, ...).
+        hooks_class: what runs after each optimizer step (a subclass adds to it).
+    """
+    cfg, total = plan.config, plan.total_steps
     c = build_components(cfg, ctx, total)
     state, resumed_from = _start(cfg, c, run_dir)
     writer = None
     if c.rank == 0:
-        tb = run_dir / "tensorboard" if cfg["logger"]["tensorboard"] else None
+        tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
         writer = MetricsWriter(run_dir / "metrics.jsonl",
                                keep_until_step=state.step if resumed_from else None, tensorboard_dir=tb)
-    hooks = StepHooks(cfg, c, run_dir, total, writer)
+    hooks = hooks_class(cfg, c, run_dir, total, writer)
     start, first_step = time.perf_counter(), state.step
     try:
         fit(c, total, state, hooks)
         train_time = time.perf_counter() - start
         final_eval = hooks.eval(state)
-        if cfg["checkpoint"]["policy"] in ("final", "periodic"):
-            checkpoints.save(c, checkpoints.final_path(cfg, run_dir), state)
+        if cfg.checkpoint.policy in ("final", "periodic"):
+            checkpoints.save(cfg, c, checkpoints.final_path(cfg, run_dir), state)
     finally:
         if writer is not None:
             writer.close()

@@ -102,6 +102,7 @@ def _call(fn: Any, backend: str, args: Any) -> Any:
     }
     if backend == "none":
         return fn(ctx)
+    # Imported here, not at the top: a rank started without a backend never imports torch.
     import torch.distributed as dist
 
     from clorch.distributed import process_group

@@ -62,7 +62,8 @@ def test_same_instance_reentered():
 
 @pytest.mark.parametrize("kwargs, error, text", [
     ({"device_type": "tpu"}, ValueError, "device_type must be one of cuda, cpu, got 'tpu'"),
-    ({"dtype": torch.int8}, ValueError, "dtype must be None, torch.bfloat16, torch.float16, torch.float32 or one of"),
+    ({"dtype": torch.int8}, ValueError, "dtype must be None, torch.float32, torch.bfloat16, torch.float16 "
+                                        "or one of fp32, float32, bf16, bfloat16, fp16, float16, got torch.int8"),
     ({"cache_enabled": "yes"}, TypeError, "cache_enabled must be a bool, got 'yes'"),
     ({"enabled": 1}, TypeError, "enabled must be a bool, got 1"),
 ])
@@ -76,5 +77,10 @@ def test_precision_settings():
     assert precision_settings("bf16") == (torch.bfloat16, False)
     assert precision_settings("fp16") == (torch.float16, True)
     assert precision_settings("fp32") == (None, False)
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16, got 'fp8'"):
+    # Derived from clorch.precision, so torch's dtype names are accepted too.
+    assert precision_settings("bfloat16") == (torch.bfloat16, False)
+    assert precision_settings("float16") == (torch.float16, True)
+    assert precision_settings("float32") == (None, False)
+    with pytest.raises(ValueError) as info:
         precision_settings("fp8")
+    assert str(info.value) == "precision must be one of fp32, bf16, fp16 (or float32, bfloat16, float16), got 'fp8'"

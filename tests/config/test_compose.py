@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
-from clorch.config import check_config, compose, config_groups, group_options, recipes_dir
+from clorch.config import TrainConfig, check_config, compose, config_groups, group_options, recipes_dir
 from clorch.config import schema
 from clorch.engine.resolve import resolve
 
 pytestmark = pytest.mark.timeout(120)
 
-RECIPES = ("cpu_smoke", "ddp_bf16", "ddp_fp16", "ddp_fp32", "gpt_bf16")
+# Every recipe file shipped in the package: a new recipe is tested by being added.
+RECIPES = tuple(sorted(p.name[:-len(".yaml")] for p in recipes_dir().iterdir() if p.name.endswith(".yaml")))
 # Options that need a partner in another group to be valid on their own.
 PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt"],
             ("model", "gpt"): ["data=arithmetic"], ("checkpoint", "periodic"): [],
@@ -20,6 +20,7 @@ PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt
 
 
 def test_shipped_recipes_are_all_there():
+    assert {"cpu_smoke", "ddp_bf16", "ddp_fp16", "ddp_fp32", "gpt_bf16"} <= set(RECIPES)
     assert set(RECIPES) <= set(group_options("recipe"))
     for name in RECIPES:
         text = (recipes_dir() / f"{name}.yaml").read_text()
@@ -69,30 +70,42 @@ def test_every_group_option_composes_and_validates(group, tmp_path):
         assert errors == [], f"{group}={option}: {errors}"
 
 
-def test_yaml_defaults_match_the_schemas():
-    """The dataclass defaults document the YAML values: they must agree."""
-    cfg = compose([])
-    for group, cls in schema.GROUPS.items():
-        if isinstance(cls, dict):
-            cls = cls[cfg[group].name]
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(f.type) or f.name == "scaler":
-                continue
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            assert cfg[group][f.name] == default, f"{group}.{f.name}"
-    top = {f.name: f.default for f in dataclasses.fields(schema.TopConfig)}
-    for key, default in top.items():
-        assert cfg[key] == default, key
+def test_the_composed_defaults_are_the_schemas_defaults():
+    """The dataclasses are the only source of defaults: composing nothing gives TrainConfig()."""
+    typed = TrainConfig.from_dict(dict(compose([])))
+    assert typed == TrainConfig()
+    assert check_config(compose([])) == []
 
 
-def test_every_config_folder_ships_in_the_wheel():
-    """pyproject.toml's data-files must list each config group folder (a wheel has no checkout)."""
+def test_model_and_scaler_defaults_come_from_the_library():
+    from clorch.amp import GradScaler
+    from clorch.models import GPTConfig
+    from clorch.models.mlp import MLP
+
+    gpt, library = schema.GPTConfig(), GPTConfig()
+    for name in ("n_layer", "n_head", "d_model", "mlp_ratio", "dropout", "tie_weights", "bias"):
+        assert getattr(gpt, name) == getattr(library, name), name
+    assert schema.MLPConfig().hidden_features == schema.default_of(MLP, "hidden_features")
+    scaler = GradScaler("cpu")
+    assert schema.ScalerConfig().initial_scale == scaler.get_scale()
+    assert schema.ScalerConfig().growth_interval == scaler.get_growth_interval()
+
+
+def test_options_carry_only_their_own_keys():
+    sgd, adamw = compose(["optim=sgd"]).optim, compose([]).optim
+    assert "betas" not in sgd and "momentum" not in adamw
+    assert "min_lr_ratio" not in compose([]).schedule
+    assert "scaler" not in compose(["precision=bf16"]).precision
+
+
+def test_the_configs_are_package_data():
+    """config.yaml and the recipes are read through importlib.resources, and the wheel ships them."""
     import tomllib
+    from importlib import resources
     from pathlib import Path
 
+    assert (resources.files("clorch.conf") / "config.yaml").is_file()
+    assert (resources.files("clorch.recipes") / "ddp_bf16.yaml").is_file()
     root = Path(__file__).resolve().parents[2]
-    shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
-    folders = {"conf", "recipes", *(f"conf/{g}" for g in config_groups())}
-    assert {dest.removeprefix("share/clorch/") for dest in shipped} == folders
-    for dest, patterns in shipped.items():
-        assert patterns == [f"{dest.removeprefix('share/clorch/')}/*.yaml"], dest
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert package_data == {"clorch.conf": ["*.yaml"], "clorch.recipes": ["*.yaml"]}

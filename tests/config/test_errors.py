@@ -6,7 +6,7 @@ import pytest
 
 import clorch
 from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
-from clorch.config.preflight import compose_checked, preflight
+from clorch.config.preflight import compose_once, hydra_overrides, preflight
 from clorch.config.targets import check_target
 from clorch.engine.resolve import resolve, resolve_errors
 
@@ -36,7 +36,7 @@ def test_the_issue_examples_are_reported_together(tmp_path):
 @pytest.mark.parametrize("overrides, parts", [
     (["backend=nccl"], ["backend=nccl", "needs CUDA", "gloo"]),
     (["launcher.devices=[0,1]"], ["launcher.devices", "no CUDA GPU is visible"]),
-    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node", "'many'", "'auto' or an integer"]),
+    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node", "'many'", "choose one of: auto, or an int"]),
     (["model.foo=1"], ["model.foo is not a known key", "allowed: name, hidden_features, depth"]),
     (["epochs=two"], ["epochs must be int, got 'two'"]),
     (["epochs=0"], ["epochs must be >= 1, got 0"]),
@@ -57,7 +57,7 @@ def test_the_issue_examples_are_reported_together(tmp_path):
     (["++precision.scaler._target_=clorch.amp.GradScaler"],
      ["precision.scaler._target_ is not supported: only model._target_ is honoured"]),
     (["++model._target_=torch.nn.Linear", "++model.bias=false"],
-     ["model.hidden_features=64 is not an argument of model._target_=torch.nn.Linear",
+     ["model.hidden_features=512 is not an argument of model._target_=torch.nn.Linear",
       "its arguments: in_features, out_features, bias, device, dtype",
       "remove it with ~model.hidden_features"]),
     (["++model._target_=torch.nn.Linear", "~model.hidden_features", "~model.depth", "++model.bias=inf"],
@@ -109,9 +109,69 @@ def test_run_local_launches_nothing_on_a_bad_config(tmp_path, monkeypatch):
         clorch.run_local(recipe="cpu_smoke", precision="fp8")
 
 
-def test_compose_checked_returns_the_config_with_overrides():
-    cfg = compose_checked(["+recipe=cpu_smoke", "optim.lr=0.05", "precision=fp16"], resolve_errors)
+def test_compose_once_returns_the_config_with_overrides():
+    cfg, errors = compose_once(["+recipe=cpu_smoke", "optim.lr=0.05", "precision=fp16"])
+    assert errors == [] and resolve_errors(cfg) == []
     assert cfg.optim.lr == 0.05 and cfg.precision.name == "fp16" and check_config(cfg) == []
+
+
+def test_a_single_run_gives_hydra_forced_value_overrides():
+    assert hydra_overrides(["optim=sgd", "optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d",
+                            "--cfg", "++a=1"]) == \
+        ["optim=sgd", "++optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d", "--cfg", "++a=1"]
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["optim.betas=[0.9]"], ["optim.betas must be 2 numbers in [0, 1), got [0.9]"]),
+    (["+recipe=gpt_bf16", "model.seq_len=4"],
+     ["model.seq_len=4 is smaller than data=arithmetic's 12", "model.seq_len >= 12, or null"]),
+    (["~optim.lr"], ["optim.lr is missing (removed with ~optim.lr?)", "default is 0.003"]),
+    (["precison=bf16"], ["precison is not a known key; did you mean precision?", "precision (group)"]),
+    (["optim=sgd", "optim.betas=[0.9,0.99]"],
+     ["optim.betas is not a key of optim=sgd (it belongs to optim=adamw)", "takes: name, lr"]),
+    (["schedule=constant", "++schedule.min_lr_ratio=0.2"],
+     ["schedule.min_lr_ratio is not a key of schedule=constant (it belongs to schedule=cosine)"]),
+    (["optim=adamx"], ["optim=adamx is not allowed; did you mean adamw? choose one of: adamw, sgd"]),
+    (["checkpoint=final", "checkpoint.path=/proc/x.ckpt"],
+     ["checkpoint.path=/proc/x.ckpt: cannot write there", "/proc"]),
+])
+def test_errors_found_before_launch(overrides, parts):
+    errors = _errors(*overrides)
+    assert _has(errors, *parts), errors
+
+
+def test_an_eval_split_smaller_than_the_job_is_found_before_training(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("x" * 300)  # 16-byte windows: 16 to train on, 1 held out
+    errors = _errors("model=gpt", "data=text", f"data.path={text}", "data.seq_len=16", "batch_size=4")
+    assert _has(errors, "data=text: the eval split has 1 sample(s), fewer than the job's 2 ranks"), errors
+
+
+def test_a_bad_recipe_entry_names_the_file_and_the_other_errors_still_show(tmp_path):
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("# @package _global_\ndefaults:\n  - override /optim: adamx\nbatch_size: 0\n")
+    errors = _errors(f"+recipe={recipe}", "ddp.bucket_cap_mb=0")
+    assert _has(errors, f"recipe file_mine ({recipe})", "override /optim: adamx",
+                "optim=adamx is not allowed; choose one of: adamw, sgd"), errors
+    assert _has(errors, "batch_size must be >= 1, got 0") and _has(errors, "ddp.bucket_cap_mb must be > 0")
+
+
+def _resumable(tmp_path):
+    """A finished 2-rank cpu_smoke run's final checkpoint."""
+    path = tmp_path / "final.ckpt"
+    result = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "run", checkpoint_path=str(path))
+    assert result["status"]["state"] == "succeeded", result["logs"]
+    return path
+
+
+def test_a_resume_that_does_not_fit_is_refused_before_launch(tmp_path):
+    path = _resumable(tmp_path)
+    assert _errors("+recipe=cpu_smoke", f"checkpoint.resume={path}") == []
+    errors = _errors("+recipe=cpu_smoke", f"checkpoint.resume={path}", "batch_size=8",
+                     "model.hidden_features=32", "launcher.nproc_per_node=1")
+    assert _has(errors, "was written by 2 rank(s), this job has 1"), errors
+    assert _has(errors, "batch_size=8 but the checkpoint was trained with batch_size=16"), errors
+    assert _has(errors, "another model: model.hidden_features=32 (checkpoint: 16)"), errors
 
 
 def test_target_allow_list_checks_the_resolved_object():

@@ -18,5 +18,5 @@ def test_gpt_bf16_recipe_runs_on_gpu_zero(tmp_path):
     summary = result["summary"]
     assert summary["status"] == "succeeded" and summary["steps"] == 30
     env = json.loads((tmp_path / "run" / "env.json").read_text())
-    assert env["resolved"]["backend"] == "nccl" and env["gpus"] and env["nccl"]
+    assert env["plan"]["backend"] == "nccl" and env["gpus"] and env["nccl"]
     assert summary["final"]["eval_loss"] < 5.0  # far below log(256) = 5.55 after 30 steps

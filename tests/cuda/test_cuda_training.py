@@ -34,8 +34,10 @@ def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
     data = _data(world_size, steps=4)
     reference = _model().to(dev)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    # World size 1 takes DDP's fast path (no hooks); 2 or more ranks run the tiny buckets.
     model = DistributedDataParallel(_model().to(dev), bucket_cap_mb=0.005, first_bucket_cap_mb=0.001,
-                                    reduce_dtype=reduce_dtype, skip_at_world_size_one=False)
+                                    reduce_dtype=reduce_dtype)
+    assert (len(model.buckets) > 1) == (world_size > 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in data:
         x, y = x.to(dev), y.to(dev)
@@ -63,7 +65,7 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     from clorch.nn.parallel import DistributedDataParallel
 
     dev = cd.device()
-    model = DistributedDataParallel(_model().to(dev), skip_at_world_size_one=False)
+    model = DistributedDataParallel(_model().to(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=3)
     x, y = (t.to(dev) for t in _data(world_size, 1)[0])

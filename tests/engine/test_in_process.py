@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clorch.config import compose
+from clorch.engine.resolve import resolve
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import build_components, train_step
 from clorch.engine.progress import Progress
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _components(*overrides):
-    cfg = compose(["+recipe=cpu_smoke", "precision=fp32", "optim=sgd", "optim.momentum=0.0", *overrides])
-    return build_components(cfg, {"rank": 0, "world_size": 1})
+    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", "optim=sgd", "optim.momentum=0.0",
+                            *overrides]))
+    return build_components(plan.config, {"rank": 0, "world_size": 1}, plan.total_steps)
 
 
 def test_train_step_with_accumulation_matches_one_big_batch():

@@ -30,7 +30,7 @@ def _check_outputs(result) -> list[dict]:
     for rank in (0, 1):
         assert (run_dir / "logs" / f"rank_{rank}.stdout").is_file()
     env = json.loads((run_dir / "env.json").read_text())
-    assert env["torch"] and env["python"] and env["host"] and env["resolved"]["backend"] == "gloo"
+    assert env["torch"] and env["python"] and env["host"] and env["plan"]["backend"] == "gloo"
     summary = result["summary"]
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"]
     assert summary["samples_per_s"] > 0 and summary["wall_time_s"] > 0

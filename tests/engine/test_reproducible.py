@@ -10,7 +10,7 @@ import pytest
 
 import clorch
 from clorch.engine.outputs import read_metrics, without_timing
-from clorch.engine.worker import FAIL_EXIT_CODE
+from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -23,9 +23,11 @@ BASE = dict(recipe="cpu_smoke", progress="off", epochs=2, sample_count=256, prec
                        "schedule": "cosine", "schedule.warmup_steps": 2, "eval_every": 5})
 
 
-def _run(tmp: Path, name: str, **overrides):
-    return clorch.run_local(run_dir=tmp / name, **{**BASE, "checkpoint.dir": str(tmp / f"ckpt_{name}"),
-                                                   **overrides})
+def _run(tmp: Path, name: str, fail_at_step: int | None = None, monkeypatch=None, **overrides):
+    kwargs = {**BASE, "checkpoint.dir": str(tmp / f"ckpt_{name}"), **overrides}
+    if fail_at_step is not None:  # the last rank exits abruptly after that step (first attempt)
+        return run_failing(tmp / name, fail_at_step, monkeypatch, **kwargs)
+    return clorch.run_local(run_dir=tmp / name, **kwargs)
 
 
 def _metrics(result) -> list[dict]:
@@ -64,9 +66,9 @@ def test_a_different_seed_gives_different_weights(uninterrupted):
     assert other["summary"]["weights_sha256"] != first["summary"]["weights_sha256"]
 
 
-def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted):
+def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted, monkeypatch):
     tmp, first = uninterrupted
-    killed = _run(tmp, "killed", fail_at_step=10)
+    killed = _run(tmp, "killed", fail_at_step=10, monkeypatch=monkeypatch)
     status = killed["status"]
     assert status["state"] == "failed" and status["failed_rank"] == 1
     assert status["exit_codes"][1] == FAIL_EXIT_CODE
@@ -82,9 +84,9 @@ def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted):
     assert resumed["summary"]["final"]["eval_loss"] == first["summary"]["final"]["eval_loss"]
 
 
-def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted):
+def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted, monkeypatch):
     tmp, first = uninterrupted
-    result = _run(tmp, "restart", fail_at_step=10, **{"launcher.max_restarts": 1})
+    result = _run(tmp, "restart", fail_at_step=10, monkeypatch=monkeypatch, **{"launcher.max_restarts": 1})
     assert result["status"]["state"] == "succeeded", result["logs"]
     assert result["summary"]["attempts"] == 2
     # The restarted job trimmed its metrics back to the checkpoint: the file

@@ -10,7 +10,8 @@ import json
 import pytest
 
 import clorch.checkpoint
-from clorch.config import ConfigError, compose
+from clorch.config import ConfigError, TrainConfig, compose
+from clorch.config.schema import CheckpointConfig
 from clorch.engine import checkpoints, run
 from clorch.engine.progress import Progress
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _ckpt_cfg(directory, resume):
-    return {"checkpoint": {"dir": str(directory), "resume": resume}}
+    return TrainConfig(checkpoint=CheckpointConfig(dir=str(directory), resume=resume))
 
 
 def test_restart_uses_the_latest_checkpoint_else_the_configured_resume_path(tmp_path, monkeypatch):

@@ -12,7 +12,9 @@ import traceback
 import torch
 
 import clorch.distributed as cd
+from clorch.amp import GradScaler
 from clorch.nn.parallel import DistributedDataParallel, no_sync
+from clorch.precision import DTYPE_NAMES, torch_dtype
 from tests.nn import models as m
 
 STEPS = 3
@@ -95,6 +97,126 @@ def check_reduce_bf16(rank, world_size):
         assert all(b.comm.dtype == torch.bfloat16 and b.flat.dtype == torch.float32 for b in ddp.buckets)
         _train(ddp, data, rank, world_size)
         _close(ddp.module, ref, atol=3e-2, rtol=3e-2)
+    return True
+
+
+def check_bucket_views_accumulation_and_state_dict(rank, world_size):
+    """Tiny buckets, every other backward under no_sync: .grad views the buckets, weights match.
+
+    Also: state_dict() has torch DDP's keys, the model's own keys load, and
+    close() removes every hook.
+    """
+    data = m.batches(4, 2 * world_size)
+    ref = m.reference(m.mlp, data, micro=2)
+    with DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4,
+                                 reduce_dtype=torch.float32) as ddp:
+        assert len(ddp.buckets) > 1
+        opt = m.make_optimizer(ddp.module)
+        for i, batch in enumerate(data):
+            x, y = m.shard(batch, rank, world_size)
+            if i % 2 == 0:
+                with ddp.no_sync():
+                    m.loss_fn(ddp(x), y).backward()
+                continue
+            m.loss_fn(ddp(x), y).backward()
+            # .grad now views the bucket: the commit needs no copy back.
+            flats = {b.flat.data_ptr() for b in ddp.buckets}
+            assert all(p.grad._base is not None and p.grad._base.data_ptr() in flats
+                       for p in ddp.module.parameters())
+            assert ddp.optimizer_step(opt) is True
+            assert all(p.grad is None for p in ddp.module.parameters())
+        _close(ddp.module, ref, rtol=1e-5, atol=1e-6)  # float64 gradients travel as float32
+        # torch DDP's keys, matching named_parameters(); the model's own keys load too.
+        assert set(ddp.state_dict()) == {f"module.{k}" for k in m.mlp().state_dict()}
+        assert {n for n, _ in ddp.named_parameters()} <= set(ddp.state_dict())
+        ddp.load_state_dict(ref.state_dict())
+        torch.testing.assert_close(ddp.module[0].weight, ref[0].weight, rtol=0, atol=0)
+    # Leaving the with-block removed the hooks: backward no longer touches the buckets.
+    x, y = m.shard(data[0], rank, world_size)
+    assert ddp.buckets == []
+    m.loss_fn(ddp.module(x), y).backward()
+    assert all(p.grad._base is None for p in ddp.module.parameters())
+    return True
+
+
+def check_every_reduce_dtype(rank, world_size):
+    """Every name of DTYPE_NAMES: buckets travel in its dtype and training matches one process."""
+    data = [(x.float(), y.float()) for x, y in m.batches(2, 4 * world_size)]  # fp32 gradients
+
+    def build():
+        return m.mlp().float()
+
+    ref = m.reference(build, data)
+    comm_dtypes = {}
+    for name in DTYPE_NAMES:
+        comm_dtype = torch_dtype(name)
+        with DistributedDataParallel(build(), reduce_dtype=name) as ddp:
+            comm_dtypes[name] = sorted({str(b.comm.dtype) for b in ddp.buckets})
+            for bucket in ddp.buckets:
+                assert bucket.comm.dtype == comm_dtype, (name, bucket.comm.dtype)
+                # Gradients already in the reduce dtype travel in place (fp32 is then the same as None).
+                assert (bucket.comm is bucket.flat) == (comm_dtype == torch.float32), name
+            _train(ddp, data, rank, world_size)
+            # fp32: only the order of the sums differs from one process on the whole batch.
+            tol = {} if comm_dtype == torch.float32 else {"rtol": 0.05, "atol": 0.02}
+            _close(ddp.module, ref, **tol)
+    return comm_dtypes
+
+
+def check_step_without_synchronized_backward(rank, world_size):
+    """Only no_sync backwards since the last step: optimizer_step raises ValueError."""
+    ddp = DistributedDataParallel(m.mlp())
+    x, y = m.shard(m.batches(1, 2 * world_size)[0], rank, world_size)
+    with ddp.no_sync():
+        m.loss_fn(ddp(x), y).backward()
+    try:
+        ddp.optimizer_step(m.make_optimizer(ddp.module))
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        ddp.close()
+    return None
+
+
+def check_reduce_gradients_then_clip_with_scaler(rank, world_size):
+    """reduce_gradients(), unscale_, clipping and a scaled step == one process on the whole batch."""
+    data = m.batches(3, 2 * world_size, seed=9)
+    plain = m.mlp()
+    plain_opt, plain_scaler = m.make_optimizer(plain), GradScaler("cpu", init_scale=64.0)
+    ddp = DistributedDataParallel(m.mlp(), first_bucket_cap_mb=1e-4)
+    opt, scaler = m.make_optimizer(ddp.module), GradScaler("cpu", init_scale=64.0)
+    for batch in data:
+        x, y = batch
+        plain_scaler.scale(m.loss_fn(plain(x), y)).backward()
+        plain_scaler.unscale_(plain_opt)
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+        plain_scaler.step(plain_opt)
+        plain_scaler.update()
+        plain_opt.zero_grad()
+
+        x, y = m.shard(batch, rank, world_size)
+        scaler.scale(m.loss_fn(ddp(x), y)).backward()
+        ddp.reduce_gradients()  # averaged .grad now, for clipping
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        assert ddp.optimizer_step(opt, scaler) is True
+    _close(ddp.module, plain)
+    ddp.close()
+    return True
+
+
+def check_second_synchronized_backward_accumulates(rank, world_size):
+    """Two synchronized backwards without zero_grad: .grad sums both averages (torch's DDP too)."""
+    data = m.batches(2, 2 * world_size, seed=4)
+    plain = m.mlp()
+    for x, y in data:
+        m.loss_fn(plain(x), y).backward()
+    with DistributedDataParallel(m.mlp(), first_bucket_cap_mb=1e-4) as ddp:
+        for batch in data:
+            x, y = m.shard(batch, rank, world_size)
+            m.loss_fn(ddp(x), y).backward()
+        for p, q in zip(ddp.module.parameters(), plain.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
     return True
 
 

@@ -1,4 +1,4 @@
-"""GPU tier: the reducer and scaler on CUDA with NCCL (one rank), and their host-sync budget."""
+"""GPU tier: the reducer and scaler on CUDA with NCCL, and their host-sync budget."""
 
 from __future__ import annotations
 
@@ -38,54 +38,98 @@ def _host_syncs(fn) -> int:
 
 
 def _nccl_checks(rank, world_size):
+    """DDP with the scaler on NCCL ranks that all train on the same batches.
+
+    The average of identical gradients is the plain gradient, so the bucket
+    path must match one plain model, step by step.
+    """
     from clorch.amp import GradScaler, autocast
-    from clorch.distributed import process_group
     from clorch.nn.parallel import DistributedDataParallel
 
     out = {}
-    with process_group(backend="nccl"):
-        data = _data(4)
-        plain = _model()
-        plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
-        plain_scaler = GradScaler("cuda", init_scale=1024.0)
-        ddp = DistributedDataParallel(_model(), skip_at_world_size_one=False, bucket_cap_mb=0.1,
-                                      first_bucket_cap_mb=0.01)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        scaler = GradScaler("cuda", init_scale=1024.0)
-        syncs = []
-        for x, y in data:
+    data = _data(4)
+    plain = _model()
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    plain_scaler = GradScaler("cuda", init_scale=1024.0)
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
+    assert len(ddp.buckets) > 1
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    syncs = []
+    for x, y in data:
+        with autocast("cuda", dtype=torch.float16):
+            plain_loss = torch.nn.functional.mse_loss(plain(x).float(), y)
+        plain_scaler.scale(plain_loss).backward()
+        plain_scaler.step(plain_opt)
+        plain_scaler.update()
+        plain_opt.zero_grad()
+
+        def ddp_step():
             with autocast("cuda", dtype=torch.float16):
-                plain_loss = torch.nn.functional.mse_loss(plain(x).float(), y)
-            plain_scaler.scale(plain_loss).backward()
-            plain_scaler.step(plain_opt)
-            plain_scaler.update()
-            plain_opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+            scaler.scale(loss).backward()
+            return ddp.optimizer_step(opt, scaler)
 
-            def ddp_step():
-                with autocast("cuda", dtype=torch.float16):
-                    loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
-                scaler.scale(loss).backward()
-                return ddp.optimizer_step(opt, scaler)
+        syncs.append(_host_syncs(ddp_step))
+    for p, q in zip(ddp.module.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    out["syncs_with_scaler"] = syncs
 
-            syncs.append(_host_syncs(ddp_step))
-        for p, q in zip(ddp.module.parameters(), plain.parameters()):
-            torch.testing.assert_close(p, q)
-        out["syncs_with_scaler"] = syncs
+    bf16 = DistributedDataParallel(_model(), reduce_dtype="bf16")
+    assert all(b.comm.dtype == torch.bfloat16 for b in bf16.buckets)
+    opt = torch.optim.SGD(bf16.parameters(), lr=0.05)
+    x, y = data[0]
 
-        bf16 = DistributedDataParallel(_model(), skip_at_world_size_one=False, reduce_dtype="bf16")
-        opt = torch.optim.SGD(bf16.parameters(), lr=0.05)
-        x, y = data[0]
+    def bf16_step():
+        torch.nn.functional.mse_loss(bf16(x), y).backward()
+        bf16.optimizer_step(opt)
 
-        def bf16_step():
-            torch.nn.functional.mse_loss(bf16(x), y).backward()
-            bf16.optimizer_step(opt)
-
-        bf16_step()
-        out["syncs_without_scaler"] = _host_syncs(bf16_step)
+    bf16_step()
+    out["syncs_without_scaler"] = _host_syncs(bf16_step)
     return out
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP's bucket path runs at 2 ranks: needs 2 CUDA GPUs")
 def test_bucket_path_on_nccl_matches_plain_and_syncs_once_per_step():
-    (out,) = run_ranks(_nccl_checks, 1, init_group=False, timeout=100)
-    assert out["syncs_with_scaler"] == [1, 1, 1, 1]  # the scaler's one step-or-skip read
-    assert out["syncs_without_scaler"] == 0
+    for out in run_ranks(_nccl_checks, 2, backend="nccl", timeout=100):
+        assert out["syncs_with_scaler"] == [1, 1, 1, 1]  # the scaler's one step-or-skip read
+        assert out["syncs_without_scaler"] == 0
+
+
+def _reducer_checks(rank, world_size):
+    """The reducer itself on one NCCL rank (DDP builds none there): real all-reduces, no host sync."""
+    import torch.distributed as dist
+
+    from clorch.nn.parallel.reducer import Reducer
+
+    out = {}
+    plain, model = _model(), _model()
+    named = list(model.named_parameters())
+    x, y = _data(1)[0]
+    dist.all_reduce(torch.zeros(1, device="cuda"))  # NCCL sets up its communicator on first use
+    for reduce_dtype in (None, torch.bfloat16):
+        reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, reduce_dtype, world_size)
+        plain.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(plain(x), y).backward()
+        syncs = _host_syncs(lambda: torch.nn.functional.mse_loss(model(x), y).backward())
+        flats = {b.flat.data_ptr() for b in reducer.buckets}
+        tol = {} if reduce_dtype is None else {"rtol": 2e-2, "atol": 1e-3}
+        for p, q in zip(model.parameters(), plain.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **tol)
+        out[str(reduce_dtype)] = {
+            "buckets": len(reducer.buckets), "syncs": syncs, "committed": reducer.committed,
+            "comm_dtypes": sorted({str(b.comm.dtype) for b in reducer.buckets}),
+            "views": all(p.grad._base is not None and p.grad._base.data_ptr() in flats
+                         for p in model.parameters())}
+        reducer.remove()
+    return out
+
+
+def test_reducer_on_one_nccl_rank_averages_into_bucket_views_without_host_sync():
+    (out,) = run_ranks(_reducer_checks, 1, backend="nccl", timeout=100)
+    for name, comm in (("None", "torch.float32"), ("torch.bfloat16", "torch.bfloat16")):
+        got = out[name]
+        assert got["buckets"] > 1 and got["comm_dtypes"] == [comm]
+        assert got["views"] is True and got["committed"] is True
+        assert got["syncs"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from clorch.precision import DTYPE_NAMES, torch_dtype
 from tests.harness import run_ranks
 from tests.nn import ddp_checks
 
@@ -47,6 +48,30 @@ def test_matches_torch_ddp_including_batchnorm_buffers(results):
 
 def test_reduce_dtype_bf16(results):
     _ok(results, "reduce_bf16")
+
+
+def test_grad_views_buckets_accumulation_state_dict_and_close(results):
+    _ok(results, "bucket_views_accumulation_and_state_dict")
+
+
+def test_every_reduce_dtype_builds_and_trains(results):
+    _, values = _ok(results, "every_reduce_dtype")
+    expected = {name: [str(torch_dtype(name))] for name in DTYPE_NAMES}
+    assert all(value == expected for value in values)
+
+
+def test_optimizer_step_without_synchronized_backward_raises(results):
+    _, values = _ok(results, "step_without_synchronized_backward")
+    for message in values:
+        assert message is not None and "no synchronized backward since the last step" in message
+
+
+def test_reduce_gradients_then_clip_with_scaler_matches_one_process(results):
+    _ok(results, "reduce_gradients_then_clip_with_scaler")
+
+
+def test_second_synchronized_backward_accumulates_as_torch_does(results):
+    _ok(results, "second_synchronized_backward_accumulates")
 
 
 def test_tied_frozen_and_two_dtype_models(results):

@@ -17,28 +17,35 @@ import torch
 from torch import nn
 
 from clorch.amp.scaler import GradScaler
-from clorch.distributed.process_group import is_initialized, world_size
+from clorch.distributed.groups import world_size
 from clorch.nn.parallel.options import check_device_ids, check_process_group, check_unsupported
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
 from clorch.precision import DTYPE_NAMES, torch_dtype
 
-REDUCE_DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
-"""Names `reduce_dtype` accepts, as torch dtypes.
-
-Buckets whose gradients already have the dtype travel as they are (fp32 over
-fp32 gradients is the same as None). fp16 is safe for the sum because every
-rank divides by world_size before the all-reduce.
-"""
-
+DEFAULT_BUCKET_CAP_MB = 25.0
+"""MiB per bucket when `bucket_cap_mb` is None (torch's DDP default; the config's default too)."""
 
 def resolve_reduce_dtype(value: object) -> torch.dtype | None:
-    """None, a name of `REDUCE_DTYPES` or a floating torch dtype; anything else is a ValueError."""
+    """The dtype buckets travel in, for `DistributedDataParallel(reduce_dtype=value)`.
+
+    Buckets whose gradients already have the dtype travel as they are (fp32
+    over fp32 gradients is the same as None). fp16 is safe for the sum because
+    every rank divides by world_size before the all-reduce.
+
+    Args:
+        value: None (the gradients' own dtype), a name of
+            `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16" or an alias)
+            or a floating torch dtype.
+
+    Raises:
+        ValueError: anything else.
+    """
     if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
         return value  # type: ignore[return-value]
-    if isinstance(value, str) and value in REDUCE_DTYPES:
-        return REDUCE_DTYPES[value]
-    names = ", ".join(repr(name) for name in REDUCE_DTYPES)
+    if isinstance(value, str) and value in DTYPE_NAMES:
+        return torch_dtype(value)
+    names = ", ".join(repr(name) for name in DTYPE_NAMES)
     raise ValueError(f"reduce_dtype must be None, one of {names} or a floating torch dtype "
                      f"(e.g. torch.bfloat16), got {value!r}")
 
@@ -72,6 +79,11 @@ class DistributedDataParallel(nn.Module):
     signature across ranks (ValueError on every rank if it differs) and
     broadcasts parameters and buffers from rank 0.
 
+    At world size 1 there is nothing to average, so no hooks are registered:
+    backward leaves autograd's own `.grad` and `buckets` is empty. (torch's
+    DDP copies every gradient into a bucket there too; skipping that keeps a
+    one-GPU job as fast as the plain model.)
+
     Args:
         module: the model, already on this rank's device.
         device_ids: None, or `[d]` naming the device the module is on (an int
@@ -81,17 +93,16 @@ class DistributedDataParallel(nn.Module):
         broadcast_buffers: broadcast rank 0's buffers before each forward.
         init_sync: broadcast rank 0's parameters and buffers at construction.
         process_group: None or the default group (clorch reduces over the whole job).
-        bucket_cap_mb: most MiB of gradients per bucket (default 25).
+        bucket_cap_mb: most MiB of gradients per bucket (None: `DEFAULT_BUCKET_CAP_MB`, 25).
         find_unused_parameters: unsupported; True raises ValueError.
         check_reduction: ignored (deprecated in torch).
         gradient_as_bucket_view: accepted; clorch always keeps `.grad` as a view
             of its bucket after a synchronized backward.
         static_graph: accepted as a hint (the reducer needs no graph analysis).
         first_bucket_cap_mb: most MiB in the first bucket (starts communication early).
-        reduce_dtype: None, a name in `REDUCE_DTYPES` ("fp32", "bf16", "fp16", ...)
-            or a torch dtype buckets travel in.
-        skip_at_world_size_one: at world size 1 register no hooks and copy
-            nothing; False runs the whole bucket path on one rank.
+        reduce_dtype: the dtype buckets travel in: None (the gradients' own), a
+            name of `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16", ...)
+            or a floating torch dtype (see `resolve_reduce_dtype`).
 
     Raises:
         TypeError: module is not an nn.Module.
@@ -106,7 +117,7 @@ class DistributedDataParallel(nn.Module):
                  delay_all_reduce_named_params: Any = None, param_to_hook_all_reduce: Any = None,
                  mixed_precision: Any = None, device_mesh: Any = None,
                  skip_all_reduce_unused_params: bool = False, *, first_bucket_cap_mb: float = 1.0,
-                 reduce_dtype: Any = None, skip_at_world_size_one: bool = True, **torch_only: Any):
+                 reduce_dtype: Any = None, **torch_only: Any):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -117,7 +128,7 @@ class DistributedDataParallel(nn.Module):
                           skip_all_reduce_unused_params=skip_all_reduce_unused_params, **torch_only)
         check_process_group(process_group)
         self.device = check_device_ids(module, device_ids, output_device)
-        cap = _check_cap("bucket_cap_mb", 25.0 if bucket_cap_mb is None else bucket_cap_mb)
+        cap = _check_cap("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         first_cap = _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
         dtype = resolve_reduce_dtype(reduce_dtype)
         self.module = module
@@ -134,10 +145,10 @@ class DistributedDataParallel(nn.Module):
         self._buffers_to_sync = list(module.buffers()) if sync_buffers and size > 1 else []
         self._reducer: Reducer | None = None
         self._covers: dict[tuple[int, int], bool] = {}
-        if size > 1 or not skip_at_world_size_one:
+        if size > 1:
             trainable = [(name, p) for name, p in named if p.requires_grad]
             self._reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], cap,
-                                    first_cap, dtype, size, communicate=is_initialized())
+                                    first_cap, dtype, size)
 
     @property
     def buckets(self) -> list:

@@ -33,12 +33,15 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from clorch.distributed import collectives
-from clorch.distributed.process_group import debug_enabled
+from clorch.distributed.groups import debug_enabled
 from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
 
 
 class Reducer:
     """Owns the buckets and the hooks of one DistributedDataParallel model.
+
+    Needs an initialized default process group: each full bucket is
+    all-reduced over it. (DistributedDataParallel builds none at world size 1.)
 
     Args:
         params: trainable parameters, registration order.
@@ -46,19 +49,16 @@ class Reducer:
         bucket_cap_mb / first_bucket_cap_mb: see `plan_buckets`.
         reduce_dtype: dtype floating buckets travel in, or None for their own.
         world_size: the divisor of the average.
-        communicate: False runs the whole bucket path without a collective
-            (world size 1 with no process group).
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
                  bucket_cap_mb: float, first_bucket_cap_mb: float,
-                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool = True):
+                 reduce_dtype: torch.dtype | None, world_size: int):
         self._params = list(params)
         self._names = list(names)
         plan = plan_buckets(self._params, bucket_cap_mb, first_bucket_cap_mb)
         self.buckets: list[Bucket] = build_buckets(self._params, self._names, plan, reduce_dtype)
         self._divisor = world_size
-        self._communicate = communicate
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
@@ -109,8 +109,6 @@ class Reducer:
             self._next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
-        if not self._communicate:
-            return
         if self._use_wrapper:
             bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
         else:

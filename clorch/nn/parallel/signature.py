@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from clorch.distributed import collectives
-from clorch.distributed.process_group import device as group_device, world_size
+from clorch.distributed.groups import device as group_device, world_size
 
 
 def _entries(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[list]:

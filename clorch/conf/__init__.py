@@ -1,0 +1,1 @@
+"""clorch-train's primary config (config.yaml), read through importlib.resources (Hydra's pkg://clorch.conf)."""

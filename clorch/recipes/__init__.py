@@ -1,0 +1,1 @@
+"""The shipped recipes: the `recipe` config group (`clorch-train +recipe=NAME`)."""

@@ -1,0 +1,57 @@
+"""A rank entry point for tests: the engine's worker, with one rank exiting abruptly after a step.
+
+`run_failing(run_dir, fail_at_step, overrides)` composes and resolves as
+`clorch.run_local` does, then launches this module's `main` instead of
+`clorch.engine.worker:main`. The last rank leaves with `FAIL_EXIT_CODE`
+right after optimizer step `fail_at_step` of the job's first attempt (a
+restart by the launcher trains on), like a crash: no cleanup, no group
+teardown. The step travels in an environment variable the ranks inherit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from clorch.engine.worker import StepHooks, train
+
+FAIL_EXIT_CODE = 17
+FAIL_AT_STEP_VARIABLE = "CLORCH_TESTS_FAIL_AT_STEP"
+
+
+class FailingHooks(StepHooks):
+    def __call__(self, state, result) -> None:
+        super().__call__(state, result)
+        step = int(os.environ[FAIL_AT_STEP_VARIABLE])
+        first_attempt = int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0) == 0
+        if state.step == step and first_attempt and self.c.rank == self.c.world_size - 1:
+            print(f"exiting on purpose after step {step}", flush=True)
+            sys.stderr.flush()
+            os._exit(FAIL_EXIT_CODE)
+
+
+def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
+    from clorch.engine.resolve import Plan
+
+    plan = Plan.from_dict(ctx["args"]["plan"])
+    return train(plan, Path(ctx["args"]["run_dir"]), ctx, hooks_class=FailingHooks)
+
+
+def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) -> dict[str, Any]:
+    """`clorch.run_local(run_dir=run_dir, progress="off", **kwargs)` whose last rank fails once."""
+    from clorch.config.checks import ConfigError
+    from clorch.config.preflight import compose_once
+    from clorch.engine.api import overrides_for
+    from clorch.engine.resolve import resolve
+    from clorch.engine.run import execute
+
+    monkeypatch.setenv(FAIL_AT_STEP_VARIABLE, str(fail_at_step))
+    recipe = kwargs.pop("recipe", "ddp_bf16")
+    kwargs.pop("progress", None)
+    cfg, errors = compose_once(overrides_for(None, None, recipe, kwargs))
+    if errors:
+        raise ConfigError(errors)
+    plan = resolve(cfg, run_dir)
+    return execute(plan, run_dir, progress="off", echo=False, worker=f"{__name__}:main")
