@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError
-from clorch.config.compose import CONFIG_PATH, rewrite_recipe_overrides
+from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 # Hydra flags that only print something that is not the job's config: no preflight, no launch.
@@ -119,7 +119,7 @@ def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None]:
     Returns:
         (the overrides, the directory created here or None).
     """
-    from clorch.config.compose import format_value
+    from clorch.config.composer import format_value
     from clorch.engine.outputs import new_run_dir
 
     out, created = [], None

@@ -2,7 +2,7 @@
 
     schema.py     one dataclass per config group option, and TrainConfig (what the engine reads)
     store.py      the options registered with Hydra's ConfigStore
-    compose.py    the configs' home (package data), recipes, composing in-process
+    composer.py   the configs' home (package data), recipes, composing in-process
     checks.py     every error in a composed config, at once (ConfigError)
     preflight.py  command-line overrides checked before Hydra composes
     targets.py    the `_target_` allow-list
@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from clorch.config.checks import ConfigError, check_config, checked
-from clorch.config.compose import (
+from clorch.config.composer import (
     available_recipes,
     compose,
     config_groups,

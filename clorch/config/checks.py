@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import schema
-from clorch.config.compose import format_value
+from clorch.config.composer import format_value
 from clorch.config.targets import check_target, find_targets, resolve_target
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt"}

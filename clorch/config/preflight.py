@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from omegaconf import DictConfig
 
-from clorch.config.compose import compose, config_groups, group_options, _is_path, recipe_errors
+from clorch.config.composer import compose, config_groups, group_options, _is_path, recipe_errors
 
 MAX_COMBINATIONS = 64
 
@@ -34,7 +34,7 @@ def _close(value: str, allowed: list[str]) -> str:
 
 
 def _recipe_name(value: str) -> str:
-    from clorch.config.compose import registered_name
+    from clorch.config.composer import registered_name
 
     return registered_name(value)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from clorch.config.compose import format_value
+from clorch.config.composer import format_value
 
 # Keyword arguments run_local takes as shorthands, and the config keys they set.
 SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_size": "batch_size",

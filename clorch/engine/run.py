@@ -91,7 +91,7 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     write the run's outputs into `run_dir`.
 
     Args:
-        cfg: the composed config (Hydra's, or `clorch.config.compose`'s), or the plan
+        cfg: the composed config (Hydra's, or `clorch.config.composer`'s), or the plan
             `clorch.engine.resolve.resolve(cfg, run_dir)` made of it.
         run_dir: the run directory (created if missing).
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.

@@ -109,3 +109,14 @@ def test_the_configs_are_package_data():
     root = Path(__file__).resolve().parents[2]
     package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert package_data == {"clorch.conf": ["*.yaml"], "clorch.recipes": ["*.yaml"]}
+
+
+def test_no_config_module_is_shadowed_by_an_exported_name():
+    import importlib
+    import pkgutil
+
+    import clorch.config as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"clorch.config.{info.name}")
+        assert getattr(package, info.name) is module, f"clorch.config.{info.name} is shadowed"

@@ -98,7 +98,7 @@ def test_user_recipe_by_path_and_by_directory(tmp_path, monkeypatch, capsys):
 
 def test_user_recipe_by_path_passes_the_preflight_checks(tmp_path):
     # The launch path (not --cfg): the rewritten `recipe=file_<stem>` must be an allowed option.
-    from clorch.config.compose import rewrite_recipe_overrides
+    from clorch.config.composer import rewrite_recipe_overrides
     from clorch.config.preflight import preflight
 
     mine = tmp_path / "wide.yaml"
