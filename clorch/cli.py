@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError
 from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
+from clorch.launch.external import detect as detect_external
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 # Hydra flags that only print something that is not the job's config: no preflight, no launch.
@@ -185,9 +186,15 @@ def train_main(argv: list[str] | None = None) -> int:
         return 0
     try:
         args = rewrite_recipe_overrides(args)
+        external = None if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG + _MULTIRUN) \
+            else detect_external()
     except ValueError as exc:
         _print_errors([str(exc)])
         return EXIT_CONFIG
+    if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
+        from clorch.engine.as_rank import run_as_rank
+
+        return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(_PRINT_ONLY + _OTHER_CONFIG):
         return _run_hydra(args)
     overrides = [a for a in args if "=" in a and not a.startswith("-")]

@@ -86,3 +86,19 @@ def with_multicast_off(environ: Mapping[str, str]) -> dict[str, str]:
     for name, value in MULTICAST_OFF.items():
         merged.setdefault(name, value)
     return merged
+
+
+RESTART_VARIABLES = ("CLORCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times a launcher restarted this job: clorch's (CLORCH_RESTART_COUNT) or
+    torchrun's elastic agent (TORCHELASTIC_RESTART_COUNT); 0 on the first start."""
+    environ = os.environ if environ is None else environ
+    counts = []
+    for name in RESTART_VARIABLES:
+        try:
+            counts.append(int(environ.get(name, "0") or 0))
+        except ValueError:
+            counts.append(0)
+    return max(counts)

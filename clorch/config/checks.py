@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from clorch.config import schema
 from clorch.config.composer import format_value
 from clorch.config.targets import check_target, find_targets, resolve_target
+from clorch.env import restart_count
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt"}
 # Step checkpoints as clorch.checkpoint.step_checkpoint_path names them.
@@ -333,7 +334,7 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     this, before launch: the launcher's restarts (CLORCH_RESTART_COUNT > 0)
     resume from the job's own checkpoints and are not refused.
     """
-    if int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0) > 0:
+    if restart_count() > 0:
         return []
     path = Path(directory).expanduser()
     found = sorted(p.name for p in path.iterdir() if _STEP_CHECKPOINT.fullmatch(p.name)) \

@@ -7,7 +7,6 @@ continues exactly where the checkpoint was taken.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from clorch.config.schema import TrainConfig
 from clorch.engine.components import Components
 from clorch.engine.loop import LoopState
 from clorch.engine.resume_check import RECORD_KEY, run_record
+from clorch.env import restart_count as env_restart_count
 
 
 def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
@@ -32,8 +32,8 @@ def final_path(cfg: TrainConfig, run_dir: Path) -> Path:
 
 
 def restart_count() -> int:
-    """How many times the launcher restarted this job (0 on the first start)."""
-    return int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0)
+    """How many times a launcher (clorch's or torchrun's) restarted this job (0 on the first start)."""
+    return env_restart_count()
 
 
 def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:

@@ -165,7 +165,20 @@ def _path_errors(cfg: TrainConfig, run_dir: Path | None) -> list[str]:
     return errors
 
 
-def _build(cfg: Any, run_dir: Path | None, problems: list[str]) -> Plan | None:
+def _external_ranks(cfg: Any, external: Any, problems: list[str]) -> tuple[int, list[int] | None, str]:
+    """Ranks as the external launcher placed them: this node's count, this rank's device."""
+    from clorch.distributed.groups import resolve_backend
+
+    try:
+        backend = resolve_backend(cfg.backend)
+    except ValueError as exc:
+        problems.append(f"backend={cfg.backend}: {exc}")
+        backend = "gloo"
+    devices = [external.env.local_rank] if backend == "nccl" else None
+    return external.env.local_world_size, devices, backend
+
+
+def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
     `cfg` may be a `Partial` (some sections have errors): each check runs when the
@@ -175,7 +188,10 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str]) -> Plan | None:
     from clorch.engine.resume_check import resume_errors
 
     world = sizes = None
-    if complete(cfg, "top", "launcher"):
+    if external is not None and complete(cfg, "top"):
+        nproc, devices, backend = _external_ranks(cfg, external, problems)
+        world = external.env.world_size
+    elif complete(cfg, "top", "launcher"):
         nproc, devices, backend = _ranks(cfg, problems)
         world = nproc * cfg.launcher.nnodes
     if complete(cfg, "top", "data"):
@@ -206,15 +222,20 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str]) -> Plan | None:
 
 
 def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
-                   run_dir: str | os.PathLike | None = None) -> tuple[Plan | None, list[str]]:
-    """(the plan, or None, and every error: the config's, the machine's, the data's, the paths')."""
+                   run_dir: str | os.PathLike | None = None,
+                   external: Any = None) -> tuple[Plan | None, list[str]]:
+    """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
+
+    `external` (a clorch.launch.external.ExternalRank) places the ranks as another
+    launcher (torchrun, srun) did, instead of the launcher config and this machine.
+    """
     if isinstance(cfg, TrainConfig):
         typed, problems = cfg, []
     else:
         typed, problems = checked_partial(cfg)
     if typed is None:
         return None, problems
-    plan = _build(typed, None if run_dir is None else Path(run_dir), problems)
+    plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external)
     return (None, problems) if problems else (plan, [])
 
 

@@ -9,10 +9,11 @@ the other config errors instead.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from clorch.env import restart_count
 
 RECORD_KEY = "run"
 
@@ -55,7 +56,7 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
     Restarts by a launcher (CLORCH_RESTART_COUNT > 0) resume their own job's
     checkpoints and are not checked again.
     """
-    if int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0) > 0:
+    if restart_count() > 0:
         return []
     path = _candidate(cfg, run_dir)
     if path is None or not path.is_file():

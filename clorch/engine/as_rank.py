@@ -1,0 +1,114 @@
+"""`clorch-train` as one rank of a job torchrun, srun or submitit started (see clorch.launch.external).
+
+Every process composes and checks the config itself (a config error is printed
+once per node, by local rank 0), joins the job's process group from the
+launcher's variables and trains as its rank; nothing is spawned. The run
+directory must be the same path on every node (a shared filesystem, as for
+checkpoints): `outputs/<launcher>-<run id>` unless `hydra.run.dir` names one.
+Rank 0 writes config.yaml, env.json (which launcher ran the job), metrics.jsonl
+and summary.json. A restart by the agent (torchrun --max-restarts) resumes
+from the latest checkpoint in that directory, as clorch's own restarts do.
+A failing rank exits non-zero; the external launcher then ends the others.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_FAILED, EXIT_CONFIG = 1, 2
+
+
+def run_dir_for(rank: Any, overrides: list[str]) -> Path:
+    """`hydra.run.dir` if an override sets it, else outputs/<launcher>-<run id>."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.lstrip("+") == "hydra.run.dir":
+            return Path(value).expanduser().resolve()
+    return (Path("outputs") / rank.run_name).resolve()
+
+
+def _print_errors(errors: list[str], rank: Any) -> None:
+    if rank.env.local_rank != 0:
+        return  # one report per node
+    print(f"clorch-train: {len(errors)} config error(s); nothing was launched:", file=sys.stderr)
+    for error in errors:
+        print(f"  - {error}", file=sys.stderr)
+
+
+def _plan(overrides: list[str], run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
+    from clorch.config.preflight import compose_once
+    from clorch.engine.resolve import plan_or_errors
+
+    job = [o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")]
+    cfg, errors = compose_once(job)
+    if cfg is None:
+        return None, errors
+    # Restarted ranks (and ranks other than 0) reuse the directory rank 0 made.
+    plan, found = plan_or_errors(cfg, run_dir if rank.env.rank == 0 else None, external=rank)
+    return plan, errors + [e for e in found if e not in errors]
+
+
+def _write_start(plan: Any, run_dir: Path, rank: Any) -> None:
+    import yaml
+
+    from clorch.engine.outputs import env_record, write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
+    shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
+    write_json(run_dir / "env.json", {**env_record(), "launcher": rank.launcher,
+                                      "run_id": rank.run_id, "plan": shown})
+
+
+def _train(plan: Any, run_dir: Path, rank: Any) -> dict[str, Any] | None:
+    from clorch.distributed import destroy_process_group, init_process_group
+    from clorch.engine.worker import train
+    from clorch.launch.external import rank_environ
+
+    os.environ.update(rank_environ(rank))
+    init_process_group(plan.backend)
+    try:
+        ctx = {"rank": rank.env.rank, "world_size": rank.env.world_size,
+               "local_rank": rank.env.local_rank, "backend": plan.backend}
+        return train(plan, run_dir, ctx)
+    finally:
+        destroy_process_group()
+
+
+def run_as_rank(overrides: list[str], rank: Any) -> int:
+    """Compose, check, and train as this rank; returns the exit status."""
+    from clorch.env import restart_count
+
+    run_dir = run_dir_for(rank, overrides)
+    plan, errors = _plan(overrides, run_dir, rank)
+    if errors:
+        _print_errors(errors, rank)
+        return EXIT_CONFIG
+    if rank.env.rank == 0:
+        _write_start(plan, run_dir, rank)
+        print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"),
+              flush=True)
+    start = time.perf_counter()
+    try:
+        result = _train(plan, run_dir, rank)
+    except Exception:
+        traceback.print_exc()
+        print(f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed "
+              f"(run directory {run_dir})", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    if rank.env.rank == 0:
+        from clorch.engine.outputs import write_json
+        from clorch.engine.run import summarize
+
+        status = {"state": "succeeded", "results": [result], "failed_rank": None, "error": None,
+                  "exit_codes": None, "attempts": [None] * (restart_count() + 1)}
+        summary = summarize(status, run_dir, plan, time.perf_counter() - start)
+        summary["launcher"] = rank.launcher
+        write_json(run_dir / "summary.json", summary)
+        print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
+    return 0

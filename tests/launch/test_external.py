@@ -1,0 +1,95 @@
+"""clorch-train as the ranks of another launcher: torchrun (for real, 2 CPU ranks) and srun
+(SLURM's variables set by hand on two real processes), plus the detection rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clorch.launch.external import detect
+
+pytestmark = pytest.mark.timeout(240)
+
+TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {k: v for k, v in os.environ.items()
+            if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))}
+
+
+def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--no-python", str(Path(sys.executable).parent / "clorch-train"), *args]
+    return subprocess.run(command, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=200)
+
+
+def test_detection_rules():
+    torchrun = {"TORCHELASTIC_RUN_ID": "job7", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    rank = detect(torchrun)
+    assert (rank.launcher, rank.run_name, rank.env.rank, rank.env.local_world_size) == \
+        ("torchrun", "torchrun-job7", 1, 2)
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_LOCALID": "1",
+             "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[07-08]",
+             "SLURM_NTASKS_PER_NODE": "2(x2)"}
+    rank = detect(slurm)
+    assert (rank.launcher, rank.run_name, rank.env.rank, rank.env.world_size) == ("slurm", "slurm-1234.0", 3, 4)
+    assert (rank.env.master_addr, rank.env.local_world_size, rank.env.master_port) == ("gpu07", 2, 11234)
+    assert detect({**slurm, "SUBMITIT_EXECUTOR": "slurm"}).launcher == "submitit"
+    # One task per node: clorch's own launcher runs on each node.
+    assert detect({**slurm, "SLURM_NTASKS": "2"}) is None
+    assert detect({}) is None
+    with pytest.raises(ValueError, match="SLURM_NTASKS"):
+        detect({**slurm, "SLURM_NTASKS": "many"})
+
+
+def test_torchrun_runs_the_recipe_as_its_ranks(tmp_path):
+    proc = _torchrun([*TINY, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert summary["status"] == "succeeded" and summary["world_size"] == 2 and summary["launcher"] == "torchrun"
+    assert env["launcher"] == "torchrun" and env["plan"]["world_size"] == 2
+    assert not (tmp_path / "run" / "logs").exists()  # nothing spawned: torchrun's ranks trained
+    # The same job through clorch's own launcher trains the same numbers.
+    import clorch
+
+    own = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "own", sample_count=64, log_every=1)
+    assert own["summary"]["final"]["loss"] == pytest.approx(summary["final"]["loss"], rel=1e-6)
+
+
+def test_a_config_error_under_torchrun_is_reported_once_per_node(tmp_path):
+    proc = _torchrun([*TINY, "batch_size=0"], tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.count("batch_size must be >= 1, got 0") == 1, proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_srun_tasks_train_as_ranks(tmp_path):
+    port = _free_port()
+    procs = []
+    for task in range(2):
+        env = {**_clean_env(), "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task), "SLURM_NTASKS": "2",
+               "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
+               "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([str(Path(sys.executable).parent / "clorch-train"), *TINY],
+                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=200) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    summary = json.loads((tmp_path / "outputs" / "slurm-4242.0" / "summary.json").read_text())
+    assert summary["launcher"] == "slurm" and summary["world_size"] == 2 and summary["status"] == "succeeded"
