@@ -57,8 +57,10 @@ def _report(result: dict[str, Any]) -> None:
         print(f"clorch-train: succeeded, {summary['steps']} steps, {shown}; outputs in {result['run_dir']}")
         return
     error = status.get("error") or {}
-    print(f"clorch-train: job {summary['status']}: rank {status.get('failed_rank')} failed first "
-          f"({error.get('type', '')}: {error.get('message', '')}); logs in {result['run_dir']}/logs",
+    rank = status.get("failed_rank")
+    who = f"rank {rank} failed first: " if rank is not None else ""
+    what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
+    print(f"clorch-train: job {summary['status']}: {who}{what}; run directory {result['run_dir']}",
           file=sys.stderr)
     if error.get("traceback"):
         print(error["traceback"], file=sys.stderr)

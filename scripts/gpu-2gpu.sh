@@ -9,6 +9,7 @@
 #             torch DDP script ported by its imports within torch's own noise floor)
 #   recipe    clorch-train +recipe=ddp_bf16 on devices [0,1], accumulation 2, final checkpoint
 #   run_local clorch.run_local(devices=[0, 1]) with the same checks, from Python
+#   torchrun  clorch-train +recipe=ddp_bf16 launcher=torchrun (torch's elastic agent, 2 GPUs)
 #   allreduce clorch-bench allreduce, 2 ranks, nccl, 4 KiB to 4 GiB
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2
 #   goals     the goals read back from the two benchmark tables
@@ -78,6 +79,13 @@ if not all(checks.values()):
 sys.exit(0 if all(checks.values()) else 1)
 PY
   ;;
+torchrun)
+  # launcher=torchrun: torch's elastic agent starts one rank per GPU, NCCL, c10d rendezvous.
+  run torchrun clorch-train +recipe=ddp_bf16 launcher=torchrun launcher.nproc_per_node=2 \
+    launcher.rdzv_endpoint=127.0.0.1:29477 hydra.run.dir="$OUTDIR/torchrun" 2>&1 | grep -v '^W' | tail -20 \
+    | tee "$OUTDIR/torchrun.txt"
+  $PY -c "import json; d=json.load(open('$OUTDIR/torchrun/summary.json')); print('torchrun summary', d['status'], d['backend'], d['world_size'], d['steps'])" \
+    2>&1 | tee -a "$OUTDIR/torchrun.txt" ;;
 allreduce)
   run allreduce clorch-bench allreduce --sizes $SIZES --backend $BACKEND --nproc 2 2>&1 | tee "$OUTDIR/bench_allreduce.txt" ;;
 ddp)

@@ -298,6 +298,8 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
             errors.append(f"data.path={data.path!r} does not exist or is not a file")
     if cfg.checkpoint is not None and cfg.launcher is not None:
         errors += _checkpoint_errors(cfg.checkpoint, cfg.launcher)
+    if isinstance(cfg.launcher, schema.TorchrunLauncherConfig):
+        errors += _nnodes_errors(cfg.launcher)
     if isinstance(cfg.precision, schema.FP16Config) and not cfg.precision.scaler.enabled:
         errors.append("precision.scaler.enabled=false with precision=fp16 risks underflow: "
                       "keep the scaler on for fp16 (use bf16 for no scaler)")
@@ -307,7 +309,22 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     return errors
 
 
-def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: schema.LocalLauncherConfig) -> list[str]:
+def _nnodes_errors(launcher: Any) -> list[str]:
+    """launcher.nnodes for torchrun: N or "MIN:MAX" with 1 <= MIN <= MAX."""
+    value = launcher.nnodes
+    text = str(value)
+    parts = text.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        low, high = 0, -1
+    if isinstance(value, bool) or not 1 <= low <= high:
+        return [f"launcher.nnodes={value!r} is not allowed; give a node count >= 1 or a range "
+                f"MIN:MAX with 1 <= MIN <= MAX (e.g. 2 or 1:4)"]
+    return []
+
+
+def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str]:
     errors = []
     if ckpt.policy == "periodic" and ckpt.every_n_steps < 1:
         errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, "

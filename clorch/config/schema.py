@@ -243,6 +243,22 @@ class LocalLauncherConfig:
 
 
 @dataclass
+class TorchrunLauncherConfig:
+    """torch's elastic agent (torchrun) on this node: c10d rendezvous, restarts, several nodes.
+
+    Start the same command on every node; they meet at rdzv_endpoint.
+    """
+
+    name: Literal["torchrun"] = "torchrun"
+    nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node
+    nnodes: Union[int, str] = 1  # nodes in the job, or "MIN:MAX" for an elastic range
+    rdzv_endpoint: str = "127.0.0.1:29400"  # HOST:PORT of the c10d rendezvous (the first node)
+    rdzv_id: str = "clorch"  # the job's id, the same on every node
+    rdzv_timeout: float = field(default=900.0, metadata=rule(gt=0, unit="seconds"))  # wait this long for the nodes
+    max_restarts: int = field(default=0, metadata=rule(ge=0))  # restart the ranks, resuming from latest
+
+
+@dataclass
 class LoggerConfig:
     """metrics.jsonl from rank 0 (always written); TensorBoard event files optionally."""
 
@@ -279,7 +295,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
              "text": TextDataConfig()},
     "optim": {"adamw": AdamWConfig(), "sgd": SGDConfig()},
     "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
-    "launcher": {"local": LocalLauncherConfig()},
+    "launcher": {"local": LocalLauncherConfig(), "torchrun": TorchrunLauncherConfig()},
     "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True)},
 }
 """Config group -> option name -> that option's values (an instance of its schema)."""
@@ -316,7 +332,7 @@ class TrainConfig(TopConfig):
     data: DataOption = field(default_factory=SyntheticDataConfig)
     optim: OptimOption = field(default_factory=AdamWConfig)
     schedule: ScheduleOption = field(default_factory=ConstantScheduleConfig)
-    launcher: LocalLauncherConfig = field(default_factory=LocalLauncherConfig)
+    launcher: Union[LocalLauncherConfig, TorchrunLauncherConfig] = field(default_factory=LocalLauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     @classmethod

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
+RANK0_RESULT = "rank0_result.json"  # rank 0's results under launcher=torchrun
 
 
 def run_dir_for(rank: Any, overrides: list[str]) -> Path:
@@ -112,3 +113,49 @@ def run_as_rank(overrides: list[str], rank: Any) -> int:
         write_json(run_dir / "summary.json", summary)
         print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
     return 0
+
+
+def _plan_from_file(config_path: Path, run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
+    import yaml
+
+    from clorch.engine.resolve import plan_or_errors
+
+    values = yaml.safe_load(config_path.read_text())
+    return plan_or_errors(values, None, external=rank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m clorch.engine.as_rank --config FILE --run-dir DIR`: a rank under `launcher=torchrun`.
+
+    The launching process checked the config and wrote it (config.yaml); each rank
+    plans again with the world size the rendezvous produced.
+    """
+    import argparse
+
+    from clorch.launch.external import detect
+
+    parser = argparse.ArgumentParser(prog="python -m clorch.engine.as_rank")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    options = parser.parse_args(argv)
+    rank = detect()
+    if rank is None:
+        parser.error("run it under torchrun (launcher=torchrun does): no RANK/TORCHELASTIC_RUN_ID")
+    plan, errors = _plan_from_file(options.config, options.run_dir, rank)
+    if errors:
+        _print_errors(errors, rank)
+        return EXIT_CONFIG
+    try:
+        result = _train(plan, options.run_dir, rank)
+    except Exception:
+        traceback.print_exc()
+        return EXIT_FAILED
+    if rank.env.rank == 0:  # the launching process puts it into summary.json
+        from clorch.engine.outputs import write_json
+
+        write_json(options.run_dir / RANK0_RESULT, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -70,15 +70,23 @@ def _ranks(cfg: TrainConfig, problems: list[str]) -> tuple[int, list[int] | None
 
     launcher, backend = cfg.launcher, cfg.backend
     nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
+    devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
     before = len(problems)
-    count, cuda, name = resolve_ranks(nproc, launcher.devices, backend, os.environ, problems)
+    count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
     for i in range(before, len(problems)):  # the launcher names its arguments bare
         problems[i] = f"launcher.{problems[i]}" if problems[i].startswith(("devices", "nproc")) \
             else f"backend={backend}: {problems[i]}"
     if cuda is None:
         return count, None, name or "gloo"
-    devices = launcher.devices if launcher.devices is not None else list(range(len(cuda)))
-    return count, devices, name or "nccl"
+    return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"
+
+
+def min_nodes(nnodes: int | str) -> int:
+    """The smallest node count of `launcher.nnodes` (N, or "MIN:MAX" for torchrun)."""
+    try:
+        return int(str(nnodes).split(":")[0])
+    except ValueError:
+        return 1  # reported by the config checks
 
 
 def data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -193,7 +201,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
         world = external.env.world_size
     elif complete(cfg, "top", "launcher"):
         nproc, devices, backend = _ranks(cfg, problems)
-        world = nproc * cfg.launcher.nnodes
+        world = nproc * min_nodes(cfg.launcher.nnodes)
     if complete(cfg, "top", "data"):
         try:
             kwargs = data_kwargs(cfg)

@@ -115,6 +115,8 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     if echo:
         print(plan.describe(), flush=True)
     start = time.perf_counter()
+    if plan.config.launcher.name == "torchrun":
+        return _execute_torchrun(plan, run_dir, start)
     job = _launch(plan, run_dir, worker)
     mode = progress or plan.config.logger.progress
     status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
@@ -123,3 +125,26 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     plot_loss(run_dir)
     logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
     return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary}
+
+
+def _execute_torchrun(plan: Plan, run_dir: Path, start: float) -> dict[str, Any]:
+    """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
+    import json
+
+    from clorch.engine.as_rank import RANK0_RESULT
+    from clorch.launch.torchrun import TorchrunError, run_torchrun
+
+    try:
+        run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir)
+        status = {"state": "succeeded"}
+    except TorchrunError as exc:
+        status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}
+    result = run_dir / RANK0_RESULT
+    if result.is_file():
+        status["results"] = [json.loads(result.read_text())]
+        result.unlink()
+    summary = summarize(status, run_dir, plan, time.perf_counter() - start)
+    summary["launcher"] = "torchrun"
+    write_json(run_dir / "summary.json", summary)
+    plot_loss(run_dir)
+    return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary}

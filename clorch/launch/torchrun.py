@@ -1,0 +1,75 @@
+"""`launcher=torchrun`: run torch's elastic agent on this node, from Python.
+
+The agent (`torch.distributed.launcher.api`, what the `torchrun` command runs)
+meets the other nodes at `rdzv_endpoint` (c10d rendezvous), starts
+`nproc_per_node` ranks here, restarts them all up to `max_restarts` times when
+one fails (they resume from the latest checkpoint), and ends every node's ranks
+when one fails for good. Each rank runs `python -m clorch.engine.as_rank` on the
+checked config the launching process wrote into the run directory.
+
+Failure modes, each ending with a `TorchrunError` whose message says what happened:
+the other nodes never arrive within `rdzv_timeout` seconds (the endpoint, the
+node count expected and the timeout are named), or a rank fails (its global
+rank, exit code and error file, if torch recorded one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from clorch.env import with_multicast_off
+
+
+class TorchrunError(RuntimeError):
+    """The elastic agent ended the job: no rendezvous, or a rank failed."""
+
+
+def _node_range(nnodes: int | str) -> tuple[int, int]:
+    parts = str(nnodes).split(":")
+    return int(parts[0]), int(parts[-1])
+
+
+def _describe_failure(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None) or {}
+    shown = []
+    for rank, failure in sorted(failures.items()):
+        detail = getattr(failure, "message", "") or ""
+        shown.append(f"rank {rank} exited with code {getattr(failure, 'exitcode', '?')}"
+                     + (f" ({detail})" if detail and detail != "N/A" else ""))
+    return "; ".join(shown) or str(exc)
+
+
+def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir: Path) -> dict[int, Any]:
+    """Run this node's part of the job under torch's elastic agent; block until it ends.
+
+    Every node of the job must call it with the same rdzv_endpoint and rdzv_id.
+
+    Raises:
+        TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    low, high = _node_range(launcher.nnodes)
+    timeout = int(max(1, round(launcher.rdzv_timeout)))
+    config = LaunchConfig(min_nodes=low, max_nodes=high, nproc_per_node=nproc_per_node,
+                          run_id=launcher.rdzv_id, rdzv_endpoint=launcher.rdzv_endpoint,
+                          rdzv_backend="c10d", rdzv_configs={"join_timeout": timeout, "timeout": timeout},
+                          rdzv_timeout=timeout, max_restarts=launcher.max_restarts,
+                          start_method="spawn")
+    os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
+    args = ["-u", "-m", "clorch.engine.as_rank", "--config", str(config_path), "--run-dir", str(run_dir)]
+    try:
+        return elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as exc:
+        raise TorchrunError(f"a rank failed: {_describe_failure(exc)}; logs in {run_dir}") from None
+    except RendezvousError as exc:
+        raise TorchrunError(
+            f"the nodes did not meet at launcher.rdzv_endpoint={launcher.rdzv_endpoint} "
+            f"(rdzv_id {launcher.rdzv_id}): launcher.nnodes={launcher.nnodes} needs {low} node(s), "
+            f"and not enough joined within launcher.rdzv_timeout={launcher.rdzv_timeout:g} s "
+            f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
