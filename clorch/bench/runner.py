@@ -120,17 +120,17 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     inner = torch.compile(model) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
-    c = Components(model=ddp, raw_model=model, optimizer=optimizer,
+    parts = Components(model=ddp, raw_model=model, optimizer=optimizer,
                    scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
                    eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
                    autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1)
     cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
-    hooks = StepHooks(cfg, c, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)
+    hooks = StepHooks(cfg, parts, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)
     state = LoopState()
 
     def run(steps: int) -> None:
-        fit(c, state.step + steps, state, hooks)
+        fit(parts, state.step + steps, state, hooks)
 
     return run, writer
 

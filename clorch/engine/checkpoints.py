@@ -80,7 +80,7 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return path
 
 
-def save(cfg: TrainConfig, c: Components, path: Path, state: LoopState) -> None:
+def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState) -> None:
     """Write a checkpoint of everything needed to continue.
 
     Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint);
@@ -91,16 +91,16 @@ def save(cfg: TrainConfig, c: Components, path: Path, state: LoopState) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # The open logging window travels too, so the first metrics line after a
     # resume averages the same steps as an uninterrupted run's (one host read).
-    window = _gather_window(c, state)
-    save_checkpoint(path, model=c.raw_model, optimizer=c.optimizer, sampler=c.sampler,
-                    scaler=c.scaler, state={RECORD_KEY: run_record(cfg, c.world_size),
+    window = _gather_window(parts, state)
+    save_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
+                    scaler=parts.scaler, state={RECORD_KEY: run_record(cfg, parts.world_size),
                                             "step": state.step, "epoch": state.epoch,
-                                            "scheduler": _scheduler_state(c.scheduler),
+                                            "scheduler": _scheduler_state(parts.scheduler),
                                             "window_loss": window, "window_steps": state.window_steps,
                                             "window_samples": state.window_samples})
 
 
-def restore(c: Components, path: Path) -> LoopState:
+def restore(parts: Components, path: Path) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
     Every rank must call it (collective: see clorch.checkpoint.load_checkpoint).
@@ -110,21 +110,21 @@ def restore(c: Components, path: Path) -> LoopState:
     """
     from clorch.checkpoint import load_checkpoint
 
-    saved = load_checkpoint(path, model=c.raw_model, optimizer=c.optimizer, sampler=c.sampler,
-                            scaler=c.scaler)
+    saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
+                            scaler=parts.scaler)
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
-        c.scheduler.load_state_dict(scheduler_state)
+        parts.scheduler.load_state_dict(scheduler_state)
     window = saved.get("window_loss")
     if window is not None:  # each rank continues its own window
-        window = torch.tensor(window[c.rank], dtype=torch.float32, device=c.device)
+        window = torch.tensor(window[parts.rank], dtype=torch.float32, device=parts.device)
     return LoopState(step=int(saved["step"]), epoch=int(saved["epoch"]), resumed=True,
                      window_loss=window,
                      window_steps=int(saved.get("window_steps", 0)),
                      window_samples=int(saved.get("window_samples", 0)))
 
 
-def _gather_window(c: Components, state: LoopState) -> list[float] | None:
+def _gather_window(parts: Components, state: LoopState) -> list[float] | None:
     """Every rank's open window loss (checkpoints keep rank 0's state only).
 
     Collective when a window is open: every rank calls it from `save`.
@@ -134,9 +134,9 @@ def _gather_window(c: Components, state: LoopState) -> list[float] | None:
     from clorch.distributed import all_gather_into, is_initialized
 
     mine = state.window_loss.detach().float().reshape(1)
-    if not is_initialized() or c.world_size == 1:
+    if not is_initialized() or parts.world_size == 1:
         return mine.tolist()
-    out = torch.empty(c.world_size, dtype=torch.float32, device=mine.device)
+    out = torch.empty(parts.world_size, dtype=torch.float32, device=mine.device)
     all_gather_into(out, mine)
     return out.tolist()
 

@@ -91,20 +91,20 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     from clorch.optim import build_optimizer
 
-    o = cfg.optim
-    extra = {"betas": tuple(o.betas)} if isinstance(o, AdamWConfig) else {"momentum": o.momentum}
-    return build_optimizer(o.name, model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
-                           fused=o.fused, **extra)
+    optim = cfg.optim
+    extra = {"betas": tuple(optim.betas)} if isinstance(optim, AdamWConfig) else {"momentum": optim.momentum}
+    return build_optimizer(optim.name, model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+                           fused=optim.fused, **extra)
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     from clorch.optim import build_scheduler
 
-    s = cfg.schedule
-    if isinstance(s, CosineScheduleConfig):
-        return build_scheduler(optimizer, s.name, warmup_steps=s.warmup_steps,
-                               total_steps=total_steps, min_lr_ratio=s.min_lr_ratio)
-    return build_scheduler(optimizer, s.name, warmup_steps=s.warmup_steps)
+    schedule = cfg.schedule
+    if isinstance(schedule, CosineScheduleConfig):
+        return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps,
+                               total_steps=total_steps, min_lr_ratio=schedule.min_lr_ratio)
+    return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps)
 
 
 def _scaler(cfg: TrainConfig, device: torch.device) -> Any:
@@ -113,9 +113,9 @@ def _scaler(cfg: TrainConfig, device: torch.device) -> Any:
         return None
     from clorch.amp import GradScaler
 
-    s = precision.scaler
-    return GradScaler(device.type, init_scale=s.initial_scale, growth_factor=s.growth_factor,
-                      backoff_factor=s.backoff_factor, growth_interval=s.growth_interval)
+    scaling = precision.scaler
+    return GradScaler(device.type, init_scale=scaling.initial_scale, growth_factor=scaling.growth_factor,
+                      backoff_factor=scaling.backoff_factor, growth_interval=scaling.growth_interval)
 
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
@@ -138,15 +138,15 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     task, eval_task = build_tasks(cfg)
     raw = build_raw_model(cfg, task).to(device)
     inner = torch.compile(raw) if cfg.compile else raw
-    d = cfg.ddp
-    model = DistributedDataParallel(inner, bucket_cap_mb=d.bucket_cap_mb,
-                                    first_bucket_cap_mb=d.first_bucket_cap_mb,
-                                    broadcast_buffers=d.broadcast_buffers, reduce_dtype=d.reduce_dtype)
+    ddp = cfg.ddp
+    model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
+                                    first_bucket_cap_mb=ddp.first_bucket_cap_mb,
+                                    broadcast_buffers=ddp.broadcast_buffers, reduce_dtype=ddp.reduce_dtype)
     optimizer = _optimizer(cfg, raw)
-    s = cfg.sampler
+    sampling = cfg.sampler
     sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
-                                 seed=cfg.seed if s.seed is None else s.seed,
-                                 shuffle=s.shuffle, drop_last=s.drop_last)
+                                 seed=cfg.seed if sampling.seed is None else sampling.seed,
+                                 shuffle=sampling.shuffle, drop_last=sampling.drop_last)
     return Components(model=model, raw_model=raw, optimizer=optimizer,
                       scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg, device),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,

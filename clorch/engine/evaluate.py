@@ -13,21 +13,21 @@ from clorch.engine.components import Components
 from clorch.engine.loop import to_device
 
 
-def _local_sums(c: Components) -> dict[str, torch.Tensor]:
-    indices = torch.arange(c.rank, len(c.eval_task), c.world_size)
+def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
+    indices = torch.arange(parts.rank, len(parts.eval_task), parts.world_size)
     sums: dict[str, torch.Tensor] = {}
-    for start in range(0, indices.numel(), c.batch_size):
-        batch = to_device(c.eval_task.batch(indices[start:start + c.batch_size]), c.device,
-                          c.pin_memory)
-        with c.autocast():
-            part = c.eval_task.eval_sums(c.raw_model, batch)
+    for start in range(0, indices.numel(), parts.batch_size):
+        batch = to_device(parts.eval_task.batch(indices[start:start + parts.batch_size]), parts.device,
+                          parts.pin_memory)
+        with parts.autocast():
+            part = parts.eval_task.eval_sums(parts.raw_model, batch)
         for key, value in part.items():
             sums[key] = sums[key] + value if key in sums else value.to(torch.float64)
     return sums
 
 
 @torch.no_grad()
-def evaluate(c: Components) -> dict[str, float]:
+def evaluate(parts: Components) -> dict[str, float]:
     """The eval metrics (e.g. {"loss": ..., "exact": ...}) over the whole eval split.
 
     Every rank must call it: it ends in one all_reduce of the sums (blocks
@@ -41,17 +41,17 @@ def evaluate(c: Components) -> dict[str, float]:
     from clorch.data.tasks import finalize_metrics
     from clorch.distributed import all_reduce, is_initialized
 
-    if len(c.eval_task) < c.world_size:
-        raise ValueError(f"the eval split has {len(c.eval_task)} samples, fewer than the "
-                         f"{c.world_size} ranks: use more data")
-    was_training = c.raw_model.training
-    c.raw_model.eval()
+    if len(parts.eval_task) < parts.world_size:
+        raise ValueError(f"the eval split has {len(parts.eval_task)} samples, fewer than the "
+                         f"{parts.world_size} ranks: use more data")
+    was_training = parts.raw_model.training
+    parts.raw_model.eval()
     try:
-        sums = _local_sums(c)
+        sums = _local_sums(parts)
     finally:
-        c.raw_model.train(was_training)
+        parts.raw_model.train(was_training)
     keys = sorted(sums)
     packed = torch.stack([sums[k] for k in keys])
-    if is_initialized() and c.world_size > 1:
+    if is_initialized() and parts.world_size > 1:
         all_reduce(packed, op="sum")
     return finalize_metrics(dict(zip(keys, packed.cpu())))

@@ -36,7 +36,7 @@ def to_device(batch: Mapping[str, torch.Tensor], device: torch.device, pin: bool
     return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train_step(c: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
+def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
     """Forward and backward each micro-batch, then step optimizer, scaler and schedule.
 
     Every rank must call it with the same number of micro-batches: the last
@@ -52,19 +52,19 @@ def train_step(c: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]
     from clorch.amp import backward
 
     count = len(micro_batches)
-    total = torch.zeros((), device=c.device)
+    total = torch.zeros((), device=parts.device)
     samples = 0
     for i, batch in enumerate(micro_batches):
-        batch = to_device(batch, c.device, c.pin_memory)
+        batch = to_device(batch, parts.device, parts.pin_memory)
         samples += next(iter(batch.values())).size(0)
         last = i == count - 1
-        with (contextlib.nullcontext() if last else c.model.no_sync()):
-            with c.autocast():
-                loss = c.task.loss(c.model, batch) / count
-            backward(c.scaler, loss)
+        with (contextlib.nullcontext() if last else parts.model.no_sync()):
+            with parts.autocast():
+                loss = parts.task.loss(parts.model, batch) / count
+            backward(parts.scaler, loss)
         total += loss.detach().float()
-    stepped = c.model.optimizer_step(c.optimizer, c.scaler)
-    c.scheduler.step()
+    stepped = parts.model.optimizer_step(parts.optimizer, parts.scaler)
+    parts.scheduler.step()
     return StepResult(loss=total, stepped=stepped, samples=samples)
 
 
@@ -89,7 +89,7 @@ def _step_chunks(indices: Any, per_step: int, batch_size: int) -> list[list[Any]
     return steps
 
 
-def fit(c: Components, total_steps: int, state: LoopState,
+def fit(parts: Components, total_steps: int, state: LoopState,
         after_step: Callable[[LoopState, StepResult], None]) -> LoopState:
     """Train until `total_steps`, calling `after_step` (logging, eval, checkpoints) after each step.
 
@@ -97,14 +97,14 @@ def fit(c: Components, total_steps: int, state: LoopState,
     synchronization point (see `train_step`), and so is `after_step` when it
     logs, evaluates or checkpoints.
     """
-    per_step = c.batch_size * c.accumulation
+    per_step = parts.batch_size * parts.accumulation
     while state.step < total_steps:
         if not state.resumed:
-            c.sampler.set_epoch(state.epoch)
+            parts.sampler.set_epoch(state.epoch)
         state.resumed = False
-        for micro_indices in _step_chunks(c.sampler.sample_indices(), per_step, c.batch_size):
-            result = train_step(c, [c.task.batch(ix) for ix in micro_indices])
-            c.sampler.advance(sum(len(ix) for ix in micro_indices))
+        for micro_indices in _step_chunks(parts.sampler.sample_indices(), per_step, parts.batch_size):
+            result = train_step(parts, [parts.task.batch(ix) for ix in micro_indices])
+            parts.sampler.advance(sum(len(ix) for ix in micro_indices))
             state.step += 1
             loss = result.loss
             state.window_loss = loss if state.window_loss is None else state.window_loss + loss

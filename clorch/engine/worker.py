@@ -38,10 +38,10 @@ def weights_digest(model: torch.nn.Module) -> str:
 class StepHooks:
     """What happens after each optimizer step: log, evaluate, checkpoint."""
 
-    def __init__(self, cfg: TrainConfig, c: Components, run_dir: Path, total: int,
+    def __init__(self, cfg: TrainConfig, parts: Components, run_dir: Path, total: int,
                  writer: MetricsWriter | None):
-        self.cfg, self.c, self.run_dir, self.total, self.writer = cfg, c, run_dir, total, writer
-        self.tokens = getattr(c.task, "tokens_per_sample", None)
+        self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
+        self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
 
     def __call__(self, state: LoopState, result: StepResult) -> None:
@@ -56,8 +56,8 @@ class StepHooks:
             from clorch.checkpoint import step_checkpoint_path
 
             directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
-            checkpoints.save(cfg, self.c, step_checkpoint_path(directory, step), state)
-            if self.c.rank == 0:
+            checkpoints.save(cfg, self.parts, step_checkpoint_path(directory, step), state)
+            if self.parts.rank == 0:
                 checkpoints.prune(cfg, self.run_dir)
 
     def log(self, state: LoopState) -> None:
@@ -67,17 +67,17 @@ class StepHooks:
         """
         from clorch.distributed import all_reduce, is_initialized
 
-        c = self.c
+        parts = self.parts
         window = state.window_loss.detach().clone().float()
-        if is_initialized() and c.world_size > 1:
+        if is_initialized() and parts.world_size > 1:
             all_reduce(window, op="sum")
-        loss = window.item() / (c.world_size * state.window_steps)
+        loss = window.item() / (parts.world_size * state.window_steps)
         elapsed = max(time.perf_counter() - state.window_start, 1e-9)
-        samples_per_s = state.window_samples * c.world_size / elapsed
+        samples_per_s = state.window_samples * parts.world_size / elapsed
         record = {"kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss,
-                  "lr": c.scheduler.get_last_lr()[0],
-                  "loss_scale": c.scaler.get_scale() if c.scaler is not None else None,
-                  "skipped_steps": c.scaler.skipped_steps if c.scaler is not None else 0,
+                  "lr": parts.scheduler.get_last_lr()[0],
+                  "loss_scale": parts.scaler.get_scale() if parts.scaler is not None else None,
+                  "skipped_steps": parts.scaler.skipped_steps if parts.scaler is not None else 0,
                   "samples_per_s": samples_per_s}
         if self.tokens:
             record["tokens_per_s"] = samples_per_s * self.tokens
@@ -91,7 +91,7 @@ class StepHooks:
     def eval(self, state: LoopState) -> dict[str, float]:
         """Evaluate on the held-out split (collective: every rank calls it) and log it."""
         start = time.perf_counter()
-        metrics = evaluate(self.c)
+        metrics = evaluate(self.parts)
         self.last_eval = metrics
         record = {"kind": "eval", "step": state.step, "epoch": state.epoch,
                   **{f"eval_{k}": v for k, v in metrics.items()},
@@ -105,12 +105,12 @@ class StepHooks:
         return metrics
 
 
-def _start(cfg: TrainConfig, c: Components, run_dir: Path) -> tuple[LoopState, str | None]:
+def _start(cfg: TrainConfig, parts: Components, run_dir: Path) -> tuple[LoopState, str | None]:
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None
-    state = checkpoints.restore(c, path)
-    if c.rank == 0:
+    state = checkpoints.restore(parts, path)
+    if parts.rank == 0:
         print(f"resumed from {path} at step {state.step} (epoch {state.epoch})", flush=True)
     return state, str(path)
 
@@ -136,29 +136,29 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         hooks_class: what runs after each optimizer step (a subclass adds to it).
     """
     cfg, total = plan.config, plan.total_steps
-    c = build_components(cfg, ctx, total)
-    state, resumed_from = _start(cfg, c, run_dir)
+    parts = build_components(cfg, ctx, total)
+    state, resumed_from = _start(cfg, parts, run_dir)
     writer = None
-    if c.rank == 0:
+    if parts.rank == 0:
         tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
         writer = MetricsWriter(run_dir / "metrics.jsonl",
                                keep_until_step=state.step if resumed_from else None, tensorboard_dir=tb)
-    hooks = hooks_class(cfg, c, run_dir, total, writer)
+    hooks = hooks_class(cfg, parts, run_dir, total, writer)
     start, first_step = time.perf_counter(), state.step
     try:
-        fit(c, total, state, hooks)
+        fit(parts, total, state, hooks)
         train_time = time.perf_counter() - start
         final_eval = hooks.eval(state)
         if cfg.checkpoint.policy in ("final", "periodic"):
-            checkpoints.save(cfg, c, checkpoints.final_path(cfg, run_dir), state)
+            checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state)
     finally:
         if writer is not None:
             writer.close()
-    if c.rank != 0:
+    if parts.rank != 0:
         return None
     steps_run = state.step - first_step
-    samples = steps_run * c.batch_size * c.accumulation * c.world_size  # planned, tail aside
+    samples = steps_run * parts.batch_size * parts.accumulation * parts.world_size  # planned, tail aside
     return {"steps": state.step, "epoch": state.epoch, "resumed_from": resumed_from,
             "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
             "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
-            "final_eval": final_eval, "weights_sha256": weights_digest(c.raw_model)}
+            "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model)}

@@ -26,7 +26,7 @@ class FailingHooks(StepHooks):
         super().__call__(state, result)
         step = int(os.environ[FAIL_AT_STEP_VARIABLE])
         first_attempt = int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0) == 0
-        if state.step == step and first_attempt and self.c.rank == self.c.world_size - 1:
+        if state.step == step and first_attempt and self.parts.rank == self.parts.world_size - 1:
             print(f"exiting on purpose after step {step}", flush=True)
             sys.stderr.flush()
             os._exit(FAIL_EXIT_CODE)
