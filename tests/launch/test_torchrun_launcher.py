@@ -3,13 +3,8 @@ never arrive end the run within the rendezvous timeout."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
