@@ -25,11 +25,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from clorch.config.checks import ConfigError
+from clorch.config.checks import EXIT_STATUS as CONFIG_EXIT_STATUS, ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
 from clorch.launch.external import detect as detect_external
 
-EXIT_FAILED, EXIT_CONFIG = 1, 2
+EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
 # Hydra flags that only print something that is not the job's config: no preflight, no launch.
 _PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
 # Hydra flags that change what is composed: preflight (which uses conf/) cannot see those configs.
@@ -40,12 +40,6 @@ _MULTIRUN = ("-m", "--multirun")
 _failures: list[str] = []
 _config_failures: list[str] = []
 _single_run_dir: list[Path] = []  # the directory made for a single run (removed on a config error)
-
-
-def _print_errors(errors: list[str]) -> None:
-    print(f"clorch-train: {len(errors)} config error(s); nothing was launched:", file=sys.stderr)
-    for error in errors:
-        print(f"  - {error}", file=sys.stderr)
 
 
 def _report(result: dict[str, Any]) -> None:
@@ -79,7 +73,7 @@ def _train(cfg: DictConfig) -> None:
     try:
         result = execute(cfg, run_dir)
     except ConfigError as exc:
-        _print_errors(exc.errors)
+        print_config_errors(exc.errors)
         _config_failures.append(run_dir)
         if not _single_run_dir:  # a sweep's job keeps its directory, with the reason
             write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
@@ -178,7 +172,7 @@ def _run_hydra(args: list[str]) -> int:
 
 def train_main(argv: list[str] | None = None) -> int:
     """The `clorch-train` console script. Returns the exit status."""
-    from clorch.config.preflight import hydra_overrides, preflight, split_overrides
+    from clorch.config.preflight import hydra_overrides, preflight
     from clorch.engine.resolve import resolve_errors
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -191,7 +185,7 @@ def train_main(argv: list[str] | None = None) -> int:
         external = None if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG + _MULTIRUN) \
             else detect_external()
     except ValueError as exc:
-        _print_errors([str(exc)])
+        print_config_errors([str(exc)])
         return EXIT_CONFIG
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
         from clorch.engine.as_rank import run_as_rank
@@ -201,12 +195,12 @@ def train_main(argv: list[str] | None = None) -> int:
         return _run_hydra(args)
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(_MULTIRUN))
-    if multirun or flags & set(_PRINT_CONFIG) or split_errors(overrides, split_overrides):
+    if multirun or flags & set(_PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error). A single run is composed by Hydra and checked once.
         errors = preflight(overrides, resolve_errors)
         if errors:
-            _print_errors(errors)
+            print_config_errors(errors)
             return EXIT_CONFIG
     if flags & set(_PRINT_CONFIG):
         return _run_hydra(args)
@@ -220,10 +214,12 @@ def train_main(argv: list[str] | None = None) -> int:
         _single_run_dir.clear()
 
 
-def split_errors(overrides: list[str], split) -> list[str]:
+def split_errors(overrides: list[str]) -> list[str]:
     """The errors found without composing (bad group choices, recipe files, grammar)."""
+    from clorch.config.preflight import split_overrides
+
     try:
-        return split(overrides)[1]
+        return split_overrides(overrides)[1]
     except Exception as exc:  # Hydra's grammar error names the bad override itself
         return [str(exc).strip()]
 

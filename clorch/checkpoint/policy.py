@@ -31,8 +31,12 @@ def step_checkpoint_path(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{_int_arg('step', step, 0):08d}.ckpt"
 
 
-def _step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """Committed-looking step checkpoints in `directory`, newest first."""
+def step_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of the committed-looking step checkpoints in `directory`, newest first.
+
+    Names only: nothing is read or verified (see `latest_checkpoint`).
+    """
+    directory = Path(directory)
     if not directory.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir()
@@ -47,7 +51,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     missing) is skipped with a warning naming it and the reason. Local, not
     collective: each rank may call it (every call hashes the candidate it returns).
     """
-    for _, path in _step_checkpoints(Path(directory)):
+    for _, path in step_checkpoints(Path(directory)):
         try:
             verify_checkpoint(path)
             return path
@@ -84,7 +88,7 @@ def prune_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
     if cdist.rank() != 0:
         return []
     directory = Path(directory)
-    found = _step_checkpoints(directory)
+    found = step_checkpoints(directory)
     removed = []
     for _, path in found[keep_last:]:
         _delete_checkpoint(path)

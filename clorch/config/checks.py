@@ -13,7 +13,6 @@ import importlib.util
 import inspect
 import math
 import os
-import re
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -26,8 +25,19 @@ from clorch.config.targets import check_target, find_targets, resolve_target
 from clorch.env import restart_count
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt"}
-# Step checkpoints as clorch.checkpoint.step_checkpoint_path names them.
-_STEP_CHECKPOINT = re.compile(r"step_\d{8,}\.ckpt")
+
+
+EXIT_STATUS = 2
+"""The exit status of a command that stopped on config errors (nothing was launched)."""
+
+
+def print_config_errors(errors: list[str]) -> None:
+    """Print every config error to stderr, as `clorch-train` reports them."""
+    import sys
+
+    print(f"clorch-train: {len(errors)} config error(s); nothing was launched:", file=sys.stderr)
+    for error in errors:
+        print(f"  - {error}", file=sys.stderr)
 
 
 class ConfigError(ValueError):
@@ -353,9 +363,9 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     """
     if restart_count() > 0:
         return []
-    path = Path(directory).expanduser()
-    found = sorted(p.name for p in path.iterdir() if _STEP_CHECKPOINT.fullmatch(p.name)) \
-        if path.is_dir() else []
+    from clorch.checkpoint.policy import step_checkpoints
+
+    found = sorted(path.name for _, path in step_checkpoints(Path(directory).expanduser()))
     if not found:
         return []
     shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")

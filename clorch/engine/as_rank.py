@@ -20,7 +20,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-EXIT_FAILED, EXIT_CONFIG = 1, 2
 RANK0_RESULT = "rank0_result.json"  # rank 0's results under launcher=torchrun
 
 
@@ -33,12 +32,13 @@ def run_dir_for(rank: Any, overrides: list[str]) -> Path:
     return (Path("outputs") / rank.run_name).resolve()
 
 
-def _print_errors(errors: list[str], rank: Any) -> None:
-    if rank.env.local_rank != 0:
-        return  # one report per node
-    print(f"clorch-train: {len(errors)} config error(s); nothing was launched:", file=sys.stderr)
-    for error in errors:
-        print(f"  - {error}", file=sys.stderr)
+def _report_errors(errors: list[str], rank: Any) -> int:
+    """Print the config errors once per node (local rank 0); return the exit status."""
+    from clorch.config.checks import EXIT_STATUS, print_config_errors
+
+    if rank.env.local_rank == 0:
+        print_config_errors(errors)
+    return EXIT_STATUS
 
 
 def _plan(overrides: list[str], run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
@@ -49,21 +49,10 @@ def _plan(overrides: list[str], run_dir: Path, rank: Any) -> tuple[Any, list[str
     cfg, errors = compose_once(job)
     if cfg is None:
         return None, errors
-    # Restarted ranks (and ranks other than 0) reuse the directory rank 0 made.
-    plan, found = plan_or_errors(cfg, run_dir if rank.env.rank == 0 else None, external=rank)
+    # Every rank checks the same (read-only) things, so that an error stops all of them
+    # before any waits for the others in the process group.
+    plan, found = plan_or_errors(cfg, run_dir, external=rank)
     return plan, errors + [e for e in found if e not in errors]
-
-
-def _write_start(plan: Any, run_dir: Path, rank: Any) -> None:
-    import yaml
-
-    from clorch.engine.outputs import env_record, write_json
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
-    shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
-    write_json(run_dir / "env.json", {**env_record(), "launcher": rank.launcher,
-                                      "run_id": rank.run_id, "plan": shown})
 
 
 def _train(plan: Any, run_dir: Path, rank: Any) -> dict[str, Any] | None:
@@ -88,10 +77,11 @@ def run_as_rank(overrides: list[str], rank: Any) -> int:
     run_dir = run_dir_for(rank, overrides)
     plan, errors = _plan(overrides, run_dir, rank)
     if errors:
-        _print_errors(errors, rank)
-        return EXIT_CONFIG
+        return _report_errors(errors, rank)
     if rank.env.rank == 0:
-        _write_start(plan, run_dir, rank)
+        from clorch.engine.run import write_start
+
+        write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
         print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"),
               flush=True)
     start = time.perf_counter()
@@ -101,7 +91,7 @@ def run_as_rank(overrides: list[str], rank: Any) -> int:
         traceback.print_exc()
         print(f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed "
               f"(run directory {run_dir})", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:
         from clorch.engine.outputs import write_json
         from clorch.engine.run import summarize
@@ -143,13 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run it under torchrun (launcher=torchrun does): no RANK/TORCHELASTIC_RUN_ID")
     plan, errors = _plan_from_file(options.config, options.run_dir, rank)
     if errors:
-        _print_errors(errors, rank)
-        return EXIT_CONFIG
+        return _report_errors(errors, rank)
     try:
         result = _train(plan, options.run_dir, rank)
     except Exception:
         traceback.print_exc()
-        return EXIT_FAILED
+        return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:  # the launching process puts it into summary.json
         from clorch.engine.outputs import write_json
 

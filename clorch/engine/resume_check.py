@@ -36,12 +36,13 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
         return None
     if ckpt.resume != "latest":
         return Path(ckpt.resume).expanduser()
-    from clorch.checkpoint import latest_checkpoint
+    from clorch.checkpoint.policy import step_checkpoints
 
+    # The newest step checkpoint by name: its metadata is all this check reads. Rank 0
+    # verifies the archive when it resumes (and falls back to an older one of the same run).
     directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
-    if directory is None or not directory.is_dir():
-        return None
-    return latest_checkpoint(directory)
+    found = step_checkpoints(directory) if directory is not None else []
+    return found[0][1] if found else None
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str) -> list[str]:
@@ -68,6 +69,8 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
     try:
         body = read(path)
     except (CheckpointError, OSError) as exc:
+        if cfg.checkpoint.resume == "latest":
+            return []  # the ranks skip a damaged newest checkpoint for the one before it
         return [f"{key}: {path} cannot be resumed: {exc}"]
     errors = []
     if body["world_size"] != world_size:

@@ -85,6 +85,14 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
     return summary
 
 
+def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
+    """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
+    shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
+    write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})
+
+
 def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
             progress: str | None = None, echo: bool = True, worker: str = WORKER) -> dict[str, Any]:
     """Check and resolve the config (unless given a plan), launch the ranks, wait, and
@@ -107,11 +115,7 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     """
     run_dir = Path(run_dir).resolve()
     plan = cfg if isinstance(cfg, Plan) else resolve(cfg, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = plan.config.to_dict()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
-    write_json(run_dir / "env.json", {**env_record(), "plan": shown})
+    write_start(plan, run_dir)
     if echo:
         print(plan.describe(), flush=True)
     start = time.perf_counter()
