@@ -64,8 +64,13 @@ def write_json_atomic(path: str | os.PathLike, data: Any, **dumps_options: Any) 
     `dumps_options` go to `json.dumps`; its TypeError/ValueError (a value JSON
     cannot hold) is raised before anything is written.
     """
+    write_text_atomic(path, json.dumps(data, **dumps_options))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` through a temporary file beside `path`, then rename it over `path`
+    (see `write_json_atomic`)."""
     path = Path(path)
-    text = json.dumps(data, **dumps_options)
     fd, tmp = create_exclusive(path.parent, f".{path.name}.", ".tmp")
     try:
         try:

@@ -40,15 +40,25 @@ _MULTIRUN = ("-m", "--multirun")
 _failures: list[str] = []
 _config_failures: list[str] = []
 _single_run_dir: list[Path] = []  # the directory made for a single run (removed on a config error)
+_interrupted: list[int] = []  # the signal that interrupted a run, if one did
+_argv: list[str] = []  # the command line's arguments, for the resume hint
+_trained_as_rank: list[bool] = []  # this process was one rank of an external launcher's job
 
 
 def _report(result: dict[str, Any]) -> None:
     summary, status = result["summary"], result["status"]
+    if summary["status"] == "succeeded" and not summary["final"]:  # another node than rank 0's
+        print(f"clorch-train: succeeded; this node's ranks finished, rank 0's node writes the metrics; "
+              f"logs in {result['run_dir']}")
+        return
     if summary["status"] == "succeeded":
         final = summary["final"]
         shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items()
                           if k in ("loss", "eval_loss", "eval_exact") and v is not None)
         print(f"clorch-train: succeeded, {summary['steps']} steps, {shown}; outputs in {result['run_dir']}")
+        return
+    if summary["status"] == "interrupted":
+        _report_interrupted(result)
         return
     error = status.get("error") or {}
     rank = status.get("failed_rank")
@@ -61,6 +71,24 @@ def _report(result: dict[str, Any]) -> None:
     _failures.append(result["run_dir"])
 
 
+def _report_interrupted(result: dict[str, Any]) -> None:
+    import signal
+
+    import yaml
+
+    from clorch.config.schema import TrainConfig
+    from clorch.engine.interrupts import resume_hint
+
+    summary, run_dir = result["summary"], Path(result["run_dir"])
+    step = (summary.get("final") or {}).get("step", 0)
+    cfg = TrainConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    print(f"clorch-train: interrupted by {summary['interrupted_by']} after step {step} of "
+          f"{summary['planned_steps']}; the ranks were stopped; outputs in {run_dir}", file=sys.stderr)
+    print(f"clorch-train: {resume_hint(cfg, run_dir, _argv)}", file=sys.stderr)
+    _interrupted.append(signal.Signals[summary["interrupted_by"]].value)
+    _failures.append(str(run_dir))
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
 def _train(cfg: DictConfig) -> None:
     """The Hydra job: one multi-rank run in Hydra's output directory."""
@@ -70,6 +98,13 @@ def _train(cfg: DictConfig) -> None:
     from clorch.engine.run import execute
 
     run_dir = HydraConfig.get().runtime.output_dir
+    external = detect_external()
+    if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
+        from clorch.engine.as_rank import train_as_rank
+
+        if train_as_rank(cfg, Path(run_dir), external) != 0:
+            _failures.append(run_dir)
+        return
     try:
         result = execute(cfg, run_dir)
     except ConfigError as exc:
@@ -155,19 +190,41 @@ def _run_hydra(args: list[str]) -> int:
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()  # preflight may have composed in-process
+    from clorch.engine.sweep import last_statuses
+
     _failures.clear()
     _config_failures.clear()
+    _interrupted.clear()
+    last_statuses.clear()
     saved = sys.argv
     sys.argv = [saved[0] if saved else "clorch-train", *args]
+    from clorch.engine.interrupts import Interrupted, interrupts_raise
+
     try:
-        _train()
+        with interrupts_raise():
+            _train()
+    except Interrupted as exc:  # between a sweep's jobs, or while Hydra starts one
+        print(f"clorch-train: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except SystemExit as exc:  # Hydra exits after --help and on its own errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
     finally:
         sys.argv = saved
-    if _config_failures and not _failures:
+    return _exit_status()
+
+
+def _exit_status() -> int:
+    """0 when every job succeeded; 2 when config errors alone stopped some; 128 + the signal
+    when one interrupted the run (as a shell reports it); else 1."""
+    from clorch.engine.sweep import last_statuses
+
+    if _interrupted:
+        return 128 + _interrupted[0]
+    failed = bool(_failures) or any(s not in ("succeeded", "config_error") for s in last_statuses)
+    config = bool(_config_failures) or "config_error" in last_statuses
+    if config and not failed:
         return EXIT_CONFIG
-    return EXIT_FAILED if _failures or _config_failures else 0
+    return EXIT_FAILED if failed or config else 0
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -176,10 +233,17 @@ def train_main(argv: list[str] | None = None) -> int:
     from clorch.engine.resolve import resolve_errors
 
     args = list(sys.argv[1:] if argv is None else argv)
+    _argv[:] = args
     flags = _flags(args)
     if "--version" in flags:  # Hydra's own --version names only Hydra
         print(_versions())
         return 0
+    from clorch.config.hydra_keys import hydra_key_errors
+
+    refused = hydra_key_errors(args)
+    if refused:
+        print_config_errors(refused)
+        return EXIT_CONFIG
     try:
         args = rewrite_recipe_overrides(args)
         external = None if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG + _MULTIRUN) \
@@ -190,6 +254,7 @@ def train_main(argv: list[str] | None = None) -> int:
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
         from clorch.engine.as_rank import run_as_rank
 
+        _trained_as_rank.append(True)
         return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(_PRINT_ONLY + _OTHER_CONFIG):
         return _run_hydra(args)
@@ -225,7 +290,12 @@ def split_errors(overrides: list[str]) -> list[str]:
 
 
 def main() -> None:
-    sys.exit(train_main())
+    code = train_main()
+    if _trained_as_rank:
+        from clorch.launch.child import exit_without_finalizing
+
+        exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization
+    sys.exit(code)
 
 
 if __name__ == "__main__":

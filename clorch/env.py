@@ -13,6 +13,7 @@ from typing import Mapping
 
 REQUIRED_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 OPTIONAL_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+COLLECTIVE_TIMEOUT_VARIABLE = "CLORCH_COLLECTIVE_TIMEOUT"  # seconds; read by init_process_group
 
 # NVLink multicast (NVLS) can put a shared host's GPUs out of service; clorch
 # keeps it off in every environment it builds, unless the user set a value.

@@ -36,6 +36,7 @@ from clorch.checkpoint.atomic import commit, file_kind, remove_quietly, write_du
 from clorch.checkpoint.collective import agree, exchange
 from clorch.checkpoint.restore import detach_from_file, model_mismatches, optimizer_mismatches
 from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.locks import path_lock
 from clorch.checkpoint.rng import capture_rng, restore_rng
 import clorch.distributed as cdist
 from clorch.nn.parallel.ddp import unwrap_model
@@ -154,19 +155,22 @@ def _write_files(path: Path, tensors: dict, state: dict, per_rank: list[dict]) -
 def _write(path: Path, model, optimizer, scaler, state: dict, per_rank: list[dict]) -> None:
     """Rank 0's part of save_checkpoint: check the path, write and commit, clean up."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _check_replaceable(path)
     tensors = {"model": model.state_dict()}
     if optimizer is not None:
         tensors["optimizer"] = optimizer.state_dict()
     if scaler is not None:
         tensors["scaler"] = scaler.state_dict()
-    try:
-        archive_file = _write_files(path, tensors, state, per_rank)
-    except OSError as exc:
-        if exc.errno in _NO_SPACE:
-            raise _disk_full(path, _tensor_bytes(tensors), exc) from exc
-        raise
-    _remove_superseded(path, archive_file.name)
+    # Another process saving to the same path waits here: its cleanup must not delete the
+    # archive this save's metadata names (nor this one's, its).
+    with path_lock(path):
+        _check_replaceable(path)
+        try:
+            archive_file = _write_files(path, tensors, state, per_rank)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise _disk_full(path, _tensor_bytes(tensors), exc) from exc
+            raise
+        _remove_superseded(path, archive_file.name)
 
 
 def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,

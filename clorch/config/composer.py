@@ -57,8 +57,12 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
     kept, errors = [], []
     groups = config_groups()
     for entry in defaults:
+        if entry == "_self_":
+            kept.append(entry)
+            continue
         if not isinstance(entry, dict) or len(entry) != 1:
-            kept.append(entry)  # _self_ and other forms: Hydra judges them
+            errors.append(f"{where}: defaults entry {entry!r} is not allowed; use "
+                          "'- override /GROUP: OPTION' entries and '_self_'")
             continue
         ((key, option),) = entry.items()
         group = str(key).replace("override", "").strip().lstrip("/")
@@ -86,6 +90,11 @@ def _store_recipe(name: str, path: Path | Traversable) -> None:
             node, errors = {}, [f"{where} must be a mapping of config keys, got {node!r}"]
         else:
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
+            if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
+                del node["hydra"]
+                errors.append(f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "
+                              "logging and output directories can run code and write files): "
+                              "remove them; choose the run directory with hydra.run.dir on the command line")
     _recipe_errors[name] = errors
     ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
                                  provider="clorch")

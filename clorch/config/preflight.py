@@ -51,7 +51,7 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
     forms, errors = [], []
     for override in parsed:
         key = override.key_or_group
-        if key.split(".")[0] == "hydra":
+        if key.replace("/", ".").split(".")[0] == "hydra":  # hydra.run.dir, hydra/launcher=...
             continue
         prefix = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~"}.get(override.type.name, "")
         values = _choices(override) if not override.is_delete() or override.value() else [None]

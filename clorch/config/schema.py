@@ -23,6 +23,8 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from clorch.amp.scaler import GradScaler
 from clorch.data.sampler import DistributedSampler
+from clorch.launch.config import MAX_SECONDS as YEAR
+from clorch.launch.launcher import launch
 from clorch.models.gpt import GPTConfig as GPTArchitecture
 from clorch.models.mlp import MLP
 from clorch.nn.parallel import ddp as _ddp
@@ -234,12 +236,14 @@ class LocalLauncherConfig:
     name: Literal["local"] = "local"
     nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node; auto: one per GPU, or 2 on CPU
     devices: Optional[list[int]] = None  # CUDA device indices, one per local rank, e.g. [0,1]
-    timeout: Optional[float] = field(default=None, metadata=rule(gt=0, unit="seconds"))  # whole-job limit; null: none
+    timeout: Optional[float] = field(default=None, metadata=rule(gt=0, le=YEAR, unit="seconds"))  # whole-job limit; null: none
     nnodes: int = field(default=1, metadata=rule(ge=1))  # nodes in the job
     node_rank: int = field(default=0, metadata=rule(ge=0))  # this node's index
     master_addr: str = "127.0.0.1"  # rendezvous host
     master_port: Optional[int] = field(default=None, metadata=rule(ge=1, le=65535))  # null picks a free port
     max_restarts: int = field(default=0, metadata=rule(ge=0))  # restart a failed job, resuming from latest
+    rdzv_timeout: float = field(default=default_of(launch, "rdzv_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # nnodes > 1: wait this long for the other nodes
+    collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
 
 
 @dataclass
@@ -254,8 +258,9 @@ class TorchrunLauncherConfig:
     nnodes: Union[int, str] = 1  # nodes in the job, or "MIN:MAX" for an elastic range
     rdzv_endpoint: str = "127.0.0.1:29400"  # HOST:PORT of the c10d rendezvous (the first node)
     rdzv_id: str = "clorch"  # the job's id, the same on every node
-    rdzv_timeout: float = field(default=900.0, metadata=rule(gt=0, unit="seconds"))  # wait this long for the nodes
+    rdzv_timeout: float = field(default=900.0, metadata=rule(gt=0, le=YEAR, unit="seconds"))  # wait this long for the nodes
     max_restarts: int = field(default=0, metadata=rule(ge=0))  # restart the ranks, resuming from latest
+    collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
 
 
 @dataclass

@@ -18,10 +18,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from clorch.env import DistEnv, read_env
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, DistEnv, read_env
 
 BACKENDS = ("auto", "nccl", "gloo")
-DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_TIMEOUT_S = 600.0  # torch's own default for NCCL; a hung rank is found within 10 minutes
 DEBUG_VARIABLE = "CLORCH_DEBUG_COLLECTIVES"
 
 
@@ -56,7 +56,12 @@ def resolve_backend(backend: str) -> str:
 
 def _timeout(timeout: float | _dt.timedelta | None) -> _dt.timedelta:
     if timeout is None:
-        return _dt.timedelta(seconds=DEFAULT_TIMEOUT_S)
+        # clorch's launcher passes its collective_timeout to the ranks this way.
+        text = os.environ.get(COLLECTIVE_TIMEOUT_VARIABLE)
+        try:
+            return _dt.timedelta(seconds=float(text) if text else DEFAULT_TIMEOUT_S)
+        except ValueError:
+            raise ValueError(f"{COLLECTIVE_TIMEOUT_VARIABLE} must be seconds, got {text!r}") from None
     if isinstance(timeout, _dt.timedelta):
         seconds = timeout.total_seconds()
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
@@ -113,6 +118,24 @@ def _check_distinct_devices(env: DistEnv, index: int) -> None:
         )
 
 
+def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
+    """The store the ranks meet in at MASTER_ADDR:MASTER_PORT, its keys under this start's prefix.
+
+    Rank 0 hosts it, unless torch's elastic agent already does (TORCHELASTIC_USE_AGENT_STORE):
+    the agent's store outlives a restart, and a restarted rank reading the previous start's
+    keys (a peer's old address) fails to connect. The restart count in the prefix keeps
+    every start's keys apart.
+    """
+    from clorch.env import restart_count
+
+    agent_hosts = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                   and os.environ.get("MASTER_ADDR") == env.master_addr
+                   and os.environ.get("MASTER_PORT") == str(env.master_port))
+    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                          is_master=env.rank == 0 and not agent_hosts, timeout=timeout, multi_tenant=True)
+    return dist.PrefixStore(f"clorch/start_{restart_count()}", store)
+
+
 def init_process_group(
     backend: str = "auto",
     timeout: float | _dt.timedelta | None = None,
@@ -125,7 +148,8 @@ def init_process_group(
 
     Args:
         backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
-        timeout: seconds (or a timedelta) for rendezvous and each collective.
+        timeout: seconds (or a timedelta) for rendezvous and each collective;
+            None: CLORCH_COLLECTIVE_TIMEOUT (set by clorch's launcher), else 600.
         debug: check collective fingerprints across ranks before each call;
             None reads CLORCH_DEBUG_COLLECTIVES.
 
@@ -144,7 +168,7 @@ def init_process_group(
     env = read_env()
     delta = _timeout(timeout)
     debug_on = _debug_enabled(debug)
-    dist.init_process_group(name, init_method="env://", rank=env.rank,
+    dist.init_process_group(name, store=_rendezvous_store(env, delta), rank=env.rank,
                             world_size=env.world_size, timeout=delta)
     device = torch.device("cpu")
     try:

@@ -20,7 +20,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-RANK0_RESULT = "rank0_result.json"  # rank 0's results under launcher=torchrun
+from clorch.config.checks import ConfigError
+
+REPORT_GRACE_S = 10.0
+
+
+def rank0_result_path(run_dir: Path, launching_pid: int | None = None) -> Path:
+    """Where rank 0 under launcher=torchrun leaves its result for the process that launched it.
+
+    The name holds that process's host and pid: with several nodes sharing the run
+    directory, only rank 0's own node finds it and writes the summary.
+    """
+    import socket
+
+    pid = os.getpid() if launching_pid is None else launching_pid
+    return run_dir / f".rank0_result-{socket.gethostname()}-{pid}.json"
 
 
 def run_dir_for(rank: Any, overrides: list[str]) -> Path:
@@ -32,50 +46,69 @@ def run_dir_for(rank: Any, overrides: list[str]) -> Path:
     return (Path("outputs") / rank.run_name).resolve()
 
 
-def _report_errors(errors: list[str], rank: Any) -> int:
-    """Print the config errors once per node (local rank 0); return the exit status."""
+def _report_errors(errors: list[str], rank: Any, always: bool = False) -> int:
+    """Print the config errors once per node (local rank 0, or this rank when `always`);
+    return the exit status."""
     from clorch.config.checks import EXIT_STATUS, print_config_errors
 
-    if rank.env.local_rank == 0:
+    if rank.env.local_rank == 0 or always:
         print_config_errors(errors)
+    else:
+        # Leave the node's local rank 0 (which found the same errors) time to print them before
+        # this exit makes the launcher end every rank of the node.
+        time.sleep(REPORT_GRACE_S)
     return EXIT_STATUS
 
 
-def _plan(overrides: list[str], run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
+def _compose(overrides: list[str]) -> tuple[Any, list[str]]:
     from clorch.config.preflight import compose_once
-    from clorch.engine.resolve import plan_or_errors
 
-    job = [o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")]
-    cfg, errors = compose_once(job)
-    if cfg is None:
-        return None, errors
-    # Every rank checks the same (read-only) things, so that an error stops all of them
-    # before any waits for the others in the process group.
-    plan, found = plan_or_errors(cfg, run_dir, external=rank)
-    return plan, errors + [e for e in found if e not in errors]
+    return compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
 
 
-def _train(plan: Any, run_dir: Path, rank: Any) -> dict[str, Any] | None:
+def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> dict[str, Any] | None:
+    """Join the job's process group and train as this rank, with the engine's worker
+    (or `worker`, "module:function" taking the launcher's context, as `execute(worker=)`)."""
     from clorch.distributed import destroy_process_group, init_process_group
     from clorch.engine.worker import train
     from clorch.launch.external import rank_environ
 
     os.environ.update(rank_environ(rank))
-    init_process_group(plan.backend)
+    init_process_group(plan.backend, timeout=plan.config.launcher.collective_timeout)
     try:
         ctx = {"rank": rank.env.rank, "world_size": rank.env.world_size,
-               "local_rank": rank.env.local_rank, "backend": plan.backend}
-        return train(plan, run_dir, ctx)
+               "local_rank": rank.env.local_rank, "backend": plan.backend,
+               "args": {"plan": plan.to_dict(), "run_dir": str(run_dir)}}
+        if worker is None:
+            return train(plan, run_dir, ctx)
+        from clorch.launch.child import resolve_target
+
+        return resolve_target(worker)(ctx)
     finally:
         destroy_process_group()
 
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
     """Compose, check, and train as this rank; returns the exit status."""
+    cfg, errors = _compose(overrides)
+    if cfg is None:
+        return _report_errors(errors, rank)
+    return train_as_rank(cfg, run_dir_for(rank, overrides), rank, errors)
+
+
+def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = ()) -> int:
+    """Check the composed config and train as this rank; returns the exit status.
+
+    The Hydra job calls it directly when it runs as one task of a submitit job
+    (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir`.
+    """
+    from clorch.engine.resolve import plan_or_errors
     from clorch.env import restart_count
 
-    run_dir = run_dir_for(rank, overrides)
-    plan, errors = _plan(overrides, run_dir, rank)
+    # Every rank checks the same (read-only) things, so that an error stops all of them
+    # before any waits for the others in the process group.
+    plan, found = plan_or_errors(cfg, run_dir, external=rank)
+    errors = [*errors, *(e for e in found if e not in errors)]
     if errors:
         return _report_errors(errors, rank)
     if rank.env.rank == 0:
@@ -86,7 +119,15 @@ def run_as_rank(overrides: list[str], rank: Any) -> int:
               flush=True)
     start = time.perf_counter()
     try:
-        result = _train(plan, run_dir, rank)
+        if rank.env.rank == 0:  # rank 0 holds the checkpoint directory while the job lives
+            from clorch.engine.run import owning_checkpoint_dir
+
+            with owning_checkpoint_dir(plan, run_dir):
+                result = _train(plan, run_dir, rank)
+        else:
+            result = _train(plan, run_dir, rank)
+    except ConfigError as exc:
+        return _report_errors(exc.errors, rank, always=True)
     except Exception:
         traceback.print_exc()
         print(f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed "
@@ -115,7 +156,8 @@ def _plan_from_file(config_path: Path, run_dir: Path, rank: Any) -> tuple[Any, l
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m clorch.engine.as_rank --config FILE --run-dir DIR`: a rank under `launcher=torchrun`.
+    """`python -m clorch.engine.as_rank --config FILE --run-dir DIR [--worker M:F]`: a rank
+    under `launcher=torchrun`.
 
     The launching process checked the config and wrote it (config.yaml); each rank
     plans again with the world size the rendezvous produced.
@@ -127,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clorch.engine.as_rank")
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--worker", default=None, help="module:function (default: the engine's worker)")
     options = parser.parse_args(argv)
     rank = detect()
     if rank is None:
@@ -135,16 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         return _report_errors(errors, rank)
     try:
-        result = _train(plan, options.run_dir, rank)
+        result = _train(plan, options.run_dir, rank, options.worker)
     except Exception:
         traceback.print_exc()
         return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:  # the launching process puts it into summary.json
         from clorch.engine.outputs import write_json
 
-        write_json(options.run_dir / RANK0_RESULT, result)
+        from clorch.env import restart_count
+
+        # The elastic agent runs inside the launching process, which started this rank.
+        write_json(rank0_result_path(options.run_dir, os.getppid()), {"result": result, "restarts": restart_count()})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from clorch.launch.child import exit_without_finalizing
+
+    exit_without_finalizing(main())  # gloo's threads can abort in interpreter finalization

@@ -8,14 +8,17 @@ This is the launching process's side (the ranks run `clorch.engine.worker`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import yaml
 from omegaconf import DictConfig
 
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
+from clorch._files import write_text_atomic
+from clorch.engine.interrupts import Interrupted
 from clorch.engine.progress import Progress
 from clorch.engine.resolve import Plan, resolve
 
@@ -32,7 +35,8 @@ def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
                   args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
                   log_dir=run_dir / "logs", nnodes=launcher.nnodes, node_rank=launcher.node_rank,
                   master_addr=launcher.master_addr, master_port=launcher.master_port,
-                  max_restarts=launcher.max_restarts)
+                  max_restarts=launcher.max_restarts, rdzv_timeout=launcher.rdzv_timeout,
+                  collective_timeout=launcher.collective_timeout)
 
 
 def _follow(job: Any, progress: Progress) -> dict[str, Any]:
@@ -88,7 +92,8 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
 def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
+    # Atomic: under launcher=torchrun every node writes it, while other nodes' ranks may read it.
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
     shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
     write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})
 
@@ -115,40 +120,79 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     """
     run_dir = Path(run_dir).resolve()
     plan = cfg if isinstance(cfg, Plan) else resolve(cfg, run_dir)
+    with owning_checkpoint_dir(plan, run_dir):
+        return _execute(plan, run_dir, progress, echo, worker)
+
+
+@contextlib.contextmanager
+def owning_checkpoint_dir(plan: Plan, run_dir: Path) -> Iterator[None]:
+    """Hold the run's checkpoint directory (clorch.checkpoint.locks) while the run lives.
+
+    Raises:
+        ConfigError: another live run holds it (its pid, host and run directory named).
+    """
+    if plan.config.checkpoint.policy == "none":
+        yield
+        return
+    from clorch.checkpoint.locks import DirectoryInUse, DirectoryLock
+    from clorch.config.checks import ConfigError
+    from clorch.engine.checkpoints import checkpoint_dir
+
+    try:
+        lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}).acquire()
+    except DirectoryInUse as exc:
+        raise ConfigError([f"checkpoint.dir: {exc}"]) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker: str) -> dict[str, Any]:
     write_start(plan, run_dir)
     if echo:
         print(plan.describe(), flush=True)
     start = time.perf_counter()
     if plan.config.launcher.name == "torchrun":
-        return _execute_torchrun(plan, run_dir, start)
+        return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
     job = _launch(plan, run_dir, worker)
     mode = progress or plan.config.logger.progress
-    status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
+    interrupted = None
+    try:
+        status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
+    except Interrupted as exc:  # _follow stopped the ranks; record the run as interrupted
+        status, interrupted = job.status(), exc
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
+    if interrupted is not None:
+        summary.update(status="interrupted", interrupted_by=interrupted.signal_name)
     write_json(run_dir / "summary.json", summary)
     plot_loss(run_dir)
     logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
     return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary}
 
 
-def _execute_torchrun(plan: Plan, run_dir: Path, start: float) -> dict[str, Any]:
+def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> dict[str, Any]:
     """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
     import json
 
-    from clorch.engine.as_rank import RANK0_RESULT
+    from clorch.engine.as_rank import rank0_result_path
     from clorch.launch.torchrun import TorchrunError, run_torchrun
 
     try:
-        run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir)
+        run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir, worker)
         status = {"state": "succeeded"}
     except TorchrunError as exc:
         status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}
-    result = run_dir / RANK0_RESULT
+    # Rank 0 left its result for the process whose agent started it: that node writes the summary.
+    result = rank0_result_path(run_dir)
     if result.is_file():
-        status["results"] = [json.loads(result.read_text())]
+        rank0 = json.loads(result.read_text())
+        status["results"] = [rank0["result"]]
+        status["attempts"] = [None] * (rank0["restarts"] + 1)
         result.unlink()
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     summary["launcher"] = "torchrun"
-    write_json(run_dir / "summary.json", summary)
-    plot_loss(run_dir)
+    if status.get("results") or status["state"] != "succeeded":
+        write_json(run_dir / "summary.json", summary)
+        plot_loss(run_dir)
     return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary}

@@ -12,7 +12,7 @@ In order:
    rank_{r}.result.json; an exception (or sys.exit with a non-zero code) goes
    to rank_{r}.error.json with its type, message and traceback, and to
    stderr; the exit code is Python's own (1, or sys.exit's code).
-4. Leave through `_exit_now`: atexit handlers run, interpreter finalization
+4. Leave through `exit_without_finalizing`: atexit handlers run, interpreter finalization
    does not (see there why).
 
 Nothing here imports torch before step 3, and nothing at all without a backend.
@@ -67,7 +67,8 @@ def _extend_sys_path() -> None:
             sys.path.append(entry)
 
 
-def _resolve(target: str) -> Any:
+def resolve_target(target: str) -> Any:
+    """The function "module:function" names (the module imported here)."""
     module_name, name = target.split(":")
     module = importlib.import_module(module_name)
     try:
@@ -117,7 +118,7 @@ def run(target: str, log_dir: Path, backend: str) -> None:
     """Resolve and call `target` as this rank; write its result or its error file."""
     rank = int(os.environ["RANK"])
     try:
-        fn = _resolve(target)
+        fn = resolve_target(target)
         args = json.loads((log_dir / "args.json").read_text())
         _write_result(log_dir, rank, _call(fn, backend, args))
     except SystemExit as exc:
@@ -129,7 +130,7 @@ def run(target: str, log_dir: Path, backend: str) -> None:
         raise
 
 
-def _exit_now(code: int) -> None:
+def exit_without_finalizing(code: int) -> None:
     """Run atexit handlers and flush, then leave without interpreter finalization.
 
     The rank's work is done and reported (result or error file written, group
@@ -158,21 +159,43 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+_sigint_received: list[bool] = []
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's own SIGINT behaviour (KeyboardInterrupt), remembering that it came."""
+    _sigint_received.append(True)
+    raise KeyboardInterrupt
+
+
+def _end_interrupted() -> None:
+    """The launcher forwarded a Ctrl-C: one line instead of a traceback (the error file keeps
+    it), then end by SIGINT, which the status reports by name. A peer's "connection reset"
+    raised meanwhile is part of the same stop and is not printed either."""
+    print(f"clorch: rank {os.environ.get('RANK')} interrupted (SIGINT)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def main(argv: list[str]) -> None:
     options = dict(zip(argv[::2], argv[1::2]))
     _guard_parent()
     _start_sentinel()
     _extend_sys_path()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         run(options["--main"], Path(options["--log-dir"]), options["--backend"])
     except SystemExit as exc:
-        _exit_now(_exit_code(exc))
+        exit_without_finalizing(_exit_code(exc))
     except KeyboardInterrupt:
-        raise  # Python then ends the process by SIGINT, which the status reports by name
+        _end_interrupted()
     except BaseException:
+        if _sigint_received:
+            _end_interrupted()
         traceback.print_exc()  # what Python would print; the error file has it too
-        _exit_now(1)
-    _exit_now(0)
+        exit_without_finalizing(1)
+    exit_without_finalizing(0)
 
 
 if __name__ == "__main__":

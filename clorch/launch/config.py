@@ -24,6 +24,7 @@ from clorch.launch.slurm import read_slurm
 from clorch.launch.gpus import resolve_ranks
 
 BACKENDS = ("auto", "nccl", "gloo", None)
+MAX_SECONDS = 365 * 24 * 3600.0  # longer waits are mistakes (and overflow the OS's timers)
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -45,6 +46,8 @@ class LaunchConfig:
     master_port: int | None        # its port; None: a free port per attempt (one node only)
     max_restarts: int              # whole-group restarts after a failure
     grace_period: float            # seconds between SIGTERM and SIGKILL
+    rdzv_timeout: float            # seconds the nodes wait for each other (nnodes > 1)
+    collective_timeout: float      # seconds a rank waits in one collective before failing
 
     @property
     def world_size(self) -> int:
@@ -146,10 +149,13 @@ def _env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 def _check_numbers(kw: dict[str, Any], problems: list[str]) -> None:
     timeout, grace, restarts = kw["timeout"], kw["grace_period"], kw["max_restarts"]
-    if timeout is not None and not (_is_number(timeout) and timeout > 0):
-        problems.append(f"timeout must be None or seconds > 0, got {timeout!r}")
-    if not (_is_number(grace) and grace >= 0):
-        problems.append(f"grace_period must be seconds >= 0, got {grace!r}")
+    if timeout is not None and not (_is_number(timeout) and 0 < timeout <= MAX_SECONDS):
+        problems.append(f"timeout must be None or seconds in (0, {MAX_SECONDS:.0f}] (a year), got {timeout!r}")
+    for name in ("rdzv_timeout", "collective_timeout"):
+        if not (_is_number(kw[name]) and 0 < kw[name] <= MAX_SECONDS):
+            problems.append(f"{name} must be seconds in (0, {MAX_SECONDS:.0f}] (a year), got {kw[name]!r}")
+    if not (_is_number(grace) and 0 <= grace <= MAX_SECONDS):
+        problems.append(f"grace_period must be seconds in [0, {MAX_SECONDS:.0f}] (a year), got {grace!r}")
     if not (_is_int(restarts) and restarts >= 0):
         problems.append(f"max_restarts must be an integer >= 0, got {restarts!r}")
     if kw["backend"] not in BACKENDS:
@@ -217,5 +223,6 @@ def build_config(main: Any, **kw: Any) -> LaunchConfig:
         log_dir="" if kw["log_dir"] is None else os.fspath(Path(kw["log_dir"]).absolute()),
         env=env, nnodes=kw["nnodes"], node_rank=kw["node_rank"], master_addr=kw["master_addr"],
         master_port=kw["master_port"], max_restarts=kw["max_restarts"],
-        grace_period=float(kw["grace_period"]),
+        grace_period=float(kw["grace_period"]), rdzv_timeout=float(kw["rdzv_timeout"]),
+        collective_timeout=float(kw["collective_timeout"]),
     )

@@ -4,9 +4,10 @@ Under torchrun (its elastic agent sets RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID), under
 `srun --ntasks-per-node G` (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 SLURM_JOB_NODELIST, SLURM_STEP_ID; more tasks than nodes) and inside a
-submitit job on SLURM (SUBMITIT_EXECUTOR as well), `clorch-train` trains as
-that one rank and spawns nothing. With one SLURM task per node, clorch's own
-launcher runs on each node instead (see clorch.launch.slurm).
+submitit job with more tasks than nodes (SUBMITIT_EXECUTOR; SLURM's variables,
+or `submitit.JobEnvironment` for submitit's local executor), `clorch-train`
+trains as that one rank and spawns nothing. With one task per node, clorch's
+own launcher runs on each node instead (see clorch.launch.slurm).
 
 This module is torch-free: the command line reads it before anything else.
 """
@@ -80,6 +81,22 @@ def _slurm(environ: Mapping[str, str]) -> ExternalRank | None:
     return ExternalRank(launcher, run_id, read_env(variables))
 
 
+def _submitit_local(environ: Mapping[str, str]) -> ExternalRank | None:
+    """A task of a job of submitit's local executor (hydra/launcher=submitit_local)."""
+    if environ.get("SUBMITIT_EXECUTOR") != "local":
+        return None
+    import submitit  # installed wherever a submitit job runs
+
+    job = submitit.JobEnvironment()
+    if job.num_tasks <= job.num_nodes:  # one task per node: clorch's launcher runs the ranks
+        return None
+    port = environ.get("MASTER_PORT") or str(port_for_job(str(job.job_id)))
+    variables = {"RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks),
+                 "LOCAL_RANK": str(job.local_rank), "LOCAL_WORLD_SIZE": str(job.num_tasks // job.num_nodes),
+                 "MASTER_ADDR": environ.get("MASTER_ADDR") or "127.0.0.1", "MASTER_PORT": port}
+    return ExternalRank("submitit", f"local{job.job_id}", read_env(variables))
+
+
 def detect(environ: Mapping[str, str] | None = None) -> ExternalRank | None:
     """The external launcher this process runs under, or None (clorch launches the ranks).
 
@@ -87,7 +104,7 @@ def detect(environ: Mapping[str, str] | None = None) -> ExternalRank | None:
         ValueError: the launcher's variables are malformed (named in the message).
     """
     environ = os.environ if environ is None else environ
-    return _torchrun(environ) or _slurm(environ)
+    return _torchrun(environ) or _slurm(environ) or _submitit_local(environ)
 
 
 def rank_environ(rank: ExternalRank) -> dict[str, str]:

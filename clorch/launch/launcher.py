@@ -35,6 +35,8 @@ def launch(
     master_port: int | None = None,
     max_restarts: int = 0,
     grace_period: float = 10.0,
+    rdzv_timeout: float = 600.0,
+    collective_timeout: float = 600.0,
 ) -> Job:
     """Start `nproc_per_node` ranks of `main` on this node and return at once with a `Job`.
 
@@ -58,6 +60,12 @@ def launch(
             SLURM variables fill nnodes/node_rank (and the master) left at defaults.
         max_restarts: restart the whole group after a failure up to this many times.
         grace_period: seconds between SIGTERM and SIGKILL when ending ranks.
+        rdzv_timeout: with nnodes > 1, seconds each node's launcher waits for
+            the others before any rank starts; then the job fails with a
+            message naming the endpoint, the nodes that joined and the timeout.
+        collective_timeout: seconds a rank waits in one collective (a rank
+            that skipped it, a hung peer) before it fails and the job ends;
+            also the ranks' wait for each other when the group starts.
 
     Returns:
         The running job's handle; the launching process keeps a supervisor
@@ -71,7 +79,7 @@ def launch(
         main, nproc_per_node=nproc_per_node, devices=devices, args=args, backend=backend,
         timeout=timeout, log_dir=log_dir, env=env, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
-        grace_period=grace_period,
+        grace_period=grace_period, rdzv_timeout=rdzv_timeout, collective_timeout=collective_timeout,
     )
     config = _with_log_dir(config)
     job = Job(Path(config.log_dir), _initial_record(config), owner=True)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clorch.env import with_multicast_off
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, with_multicast_off
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
 
@@ -23,6 +23,7 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> 
         "WORLD_SIZE": str(config.world_size), "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
         "GROUP_RANK": str(config.node_rank), "MASTER_ADDR": config.master_addr,
         "MASTER_PORT": str(port), RESTART_VARIABLE: str(attempt),
+        COLLECTIVE_TIMEOUT_VARIABLE: repr(config.collective_timeout),
         LAUNCHER_PID_VARIABLE: str(os.getpid()), SYS_PATH_VARIABLE: json.dumps(sys.path),
         # Unbuffered: what a rank prints right before it crashes still reaches its log file.
         "PYTHONUNBUFFERED": "1",

@@ -20,6 +20,7 @@ from typing import Any
 from clorch.launch.config import LaunchConfig
 from clorch.launch.job import STOP_REQUEST, Job
 from clorch.launch.procs import describe_returncode, kill_group, release_port, reserve_free_port
+from clorch.launch.rendezvous import RendezvousStopped, RendezvousTimeout, meet_nodes
 from clorch.launch.spawn import spawn_rank
 
 _NO_PIDFD_POLL_S = 0.02
@@ -180,6 +181,31 @@ def _publish_end(job: Job, config: LaunchConfig, attempts: list[dict[str, Any]])
                 error=last["error"], results=_results(config), ended_at=last["ended_at"])
 
 
+def _meet_other_nodes(job: Job, config: LaunchConfig, number: int, attempts: list[dict[str, Any]]) -> bool:
+    """With nnodes > 1, wait for the other nodes' launchers before starting the ranks.
+
+    Returns False when they did not come (or the job was stopped meanwhile),
+    after recording the job's end with the reason.
+    """
+    if config.nnodes == 1:
+        return True
+    try:
+        meet_nodes(config.master_addr, config.master_port, config.nnodes, config.node_rank,
+                   config.rdzv_timeout, stopped=lambda: job._stop_signal is not None)
+        return True
+    except (RendezvousTimeout, RendezvousStopped) as exc:
+        stopped = isinstance(exc, RendezvousStopped)
+        now = time.time()
+        error = None if stopped else {**_error(None, None, None, str(exc)), "type": "RendezvousTimeout"}
+        attempts.append({"attempt": number, "state": "stopped" if stopped else "failed",
+                         "master_port": config.master_port, "pids": [],
+                         "exit_codes": [None] * config.nproc_per_node,
+                         "signals": [None] * config.nproc_per_node, "failed_rank": None,
+                         "error": error, "started_at": now, "ended_at": now})
+        _publish_end(job, config, attempts)
+        return False
+
+
 def run_job(job: Job, config: LaunchConfig) -> None:
     """The supervisor thread's body: attempts until success, a final failure, a stop or the timeout."""
     deadline = None if config.timeout is None else time.monotonic() + config.timeout
@@ -189,6 +215,8 @@ def run_job(job: Job, config: LaunchConfig) -> None:
         (Path(config.log_dir) / STOP_REQUEST).unlink(missing_ok=True)
         for number in range(config.max_restarts + 1):
             _clear_rank_files(config)
+            if not _meet_other_nodes(job, config, number, attempts):
+                return
             attempt = _Attempt(job, config, number, deadline)
             ports.append(attempt.port)
             try:

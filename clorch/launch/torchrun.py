@@ -42,7 +42,8 @@ def _describe_failure(exc: BaseException) -> str:
     return "; ".join(shown) or str(exc)
 
 
-def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir: Path) -> dict[int, Any]:
+def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir: Path,
+                 worker: str | None = None) -> dict[int, Any]:
     """Run this node's part of the job under torch's elastic agent; block until it ends.
 
     Every node of the job must call it with the same rdzv_endpoint and rdzv_id.
@@ -63,6 +64,8 @@ def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir:
                           start_method="spawn")
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
     args = ["-u", "-m", "clorch.engine.as_rank", "--config", str(config_path), "--run-dir", str(run_dir)]
+    if worker is not None:
+        args += ["--worker", worker]
     try:
         return elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from clorch.engine.worker import StepHooks, train
+from clorch.env import restart_count
 
 FAIL_EXIT_CODE = 17
 FAIL_AT_STEP_VARIABLE = "CLORCH_TESTS_FAIL_AT_STEP"
@@ -25,7 +26,7 @@ class FailingHooks(StepHooks):
     def __call__(self, state, result) -> None:
         super().__call__(state, result)
         step = int(os.environ[FAIL_AT_STEP_VARIABLE])
-        first_attempt = int(os.environ.get("CLORCH_RESTART_COUNT", "0") or 0) == 0
+        first_attempt = restart_count() == 0  # clorch's launcher or torchrun's agent
         if state.step == step and first_attempt and self.parts.rank == self.parts.world_size - 1:
             print(f"exiting on purpose after step {step}", flush=True)
             sys.stderr.flush()

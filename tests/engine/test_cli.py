@@ -43,11 +43,12 @@ def test_sweep_runs_each_job_records_a_failure_and_writes_the_summary(tmp_path):
     (sweep_dir,) = list((tmp_path / "multirun").glob("*/*"))
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["job"], r["overrides"], r["status"]) for r in rows] == [
-        ("0", "launcher.timeout=300", "succeeded"), ("1", "launcher.timeout=0.2", "timed_out")]
+    assert [(r["job"], r["recipe"], r["launcher.timeout"], r["status"]) for r in rows] == [
+        ("0", "cpu_smoke", "300", "succeeded"), ("1", "cpu_smoke", "0.2", "timed_out")]
     assert float(rows[0]["loss"]) > 0 and float(rows[0]["samples_per_s"]) > 0
     table = (sweep_dir / "sweep_summary.md").read_text()
-    assert "| job | overrides | status |" in table and "launcher.timeout=0.2 | timed_out |" in table
+    assert "| job | recipe | launcher.timeout | status |" in table
+    assert "| 1 | cpu_smoke | 0.2 | timed_out |" in table
     assert "timed out" in proc.stderr
 
 

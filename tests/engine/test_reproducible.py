@@ -10,6 +10,7 @@ import pytest
 
 import clorch
 from clorch.engine.outputs import read_metrics, without_timing
+from clorch.launch.procs import reserve_free_port
 from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 
 pytestmark = pytest.mark.timeout(200)
@@ -105,3 +106,16 @@ def test_resume_latest_after_the_end_trains_nothing_more(uninterrupted):
     assert again["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
     assert sorted(p.name for p in (tmp / "ckpt_a").glob("step_*.ckpt")) == \
         ["step_00000015.ckpt", "step_00000016.ckpt"]  # keep_last=2
+
+
+def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, monkeypatch):
+    """launcher=torchrun: torch's elastic agent restarts the ranks, which resume as clorch's own do."""
+    tmp, first = uninterrupted
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # the agent's ranks import tests.*
+    result = _run(tmp, "agent", fail_at_step=10, monkeypatch=monkeypatch,
+                  **{"launcher": "torchrun", "launcher.max_restarts": 1,
+                     "launcher.rdzv_endpoint": f"127.0.0.1:{reserve_free_port()}"})
+    assert result["summary"]["status"] == "succeeded", result["summary"]
+    assert result["summary"]["attempts"] == 2
+    assert _metrics(result) == _metrics(first)
+    assert result["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]

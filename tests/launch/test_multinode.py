@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,73 @@ def test_torchrun_runs_a_process_group_worker(tmp_path):
         assert (report["rank"], report["world_size"], report["local_rank"]) == (rank, 2, rank)
         assert report["torchelastic"] is True
         torch.testing.assert_close(torch.tensor(report["sum"]), expected)
+
+
+def _alone(tmp_path, node_rank: int, nnodes: int = 2, port: int | None = None, **kw):
+    port = port or reserve_free_port()
+    return launch("tests.launch.workers:gloo_all_reduce", nproc_per_node=1, nnodes=nnodes,
+                  node_rank=node_rank, backend="gloo", master_port=port, log_dir=tmp_path / f"n{node_rank}",
+                  **{"rdzv_timeout": 2, **kw}), port
+
+
+def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
+    start = time.monotonic()
+    job, port = _alone(tmp_path, node_rank=0)
+    status = job.wait(30)
+    assert time.monotonic() - start < 2 + 5
+    assert status["state"] == "failed" and status["pids"] == [], "no rank may start"
+    error = status["error"]
+    assert error["type"] == "RendezvousTimeout"
+    assert error["message"] == (f"the nodes did not meet at 127.0.0.1:{port} (master_addr:master_port) "
+                                "within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)")
+
+
+def test_node_1_alone_says_node_0_never_answered(tmp_path):
+    job, port = _alone(tmp_path, node_rank=1)
+    status = job.wait(30)
+    assert status["state"] == "failed" and status["pids"] == []
+    assert f"did not meet at 127.0.0.1:{port}" in status["error"]["message"]
+    assert "node 0 never answered there; node 1 waited" in status["error"]["message"]
+
+
+def test_nodes_that_disagree_on_nnodes_are_told_why(tmp_path):
+    node0, port = _alone(tmp_path, node_rank=0, rdzv_timeout=4)
+    node1, _ = _alone(tmp_path, node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
+    with node0, node1:
+        first, second = node0.wait(30), node1.wait(30)
+    assert first["state"] == second["state"] == "failed"
+    assert second["error"]["message"] == "node 1 was started with nnodes=3, node 0 with nnodes=2"
+    assert "node(s) 0 joined (1 of 2)" in first["error"]["message"]
+
+
+def test_stop_while_waiting_for_the_other_nodes(tmp_path):
+    job, _ = _alone(tmp_path, node_rank=0, rdzv_timeout=60)
+    time.sleep(0.5)
+    start = time.monotonic()
+    status = job.stop(timeout=30)
+    assert time.monotonic() - start < 5
+    assert status["state"] == "stopped" and status["pids"] == []
+
+
+def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
+    port = reserve_free_port()
+    command = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "launcher.nnodes=2",
+               f"launcher.master_port={port}", "launcher.rdzv_timeout=2", "launcher.nproc_per_node=1",
+               f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stderr
+    assert (f"job failed: RendezvousTimeout: the nodes did not meet at 127.0.0.1:{port} "
+            "(master_addr:master_port) within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)") in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"]["type"] == "RendezvousTimeout"
+
+
+def test_collective_timeout_ends_a_job_whose_rank_skipped_a_collective(tmp_path):
+    start = time.monotonic()
+    job = launch("tests.launch.workers:rank_1_skips_a_collective", nproc_per_node=2, backend="gloo",
+                 collective_timeout=3, log_dir=tmp_path / "logs")
+    status = job.wait(60)
+    assert time.monotonic() - start < 3 + 20
+    assert status["state"] == "failed" and status["failed_rank"] == 0
+    assert "Timed out waiting 3000ms" in status["error"]["message"]

@@ -3,14 +3,20 @@ never arrive end the run within the rendezvous timeout."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import clorch
 
 pytestmark = pytest.mark.timeout(240)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _endpoint() -> str:
@@ -39,3 +45,20 @@ def test_missing_nodes_end_the_run_within_the_timeout(tmp_path):
     message = result["summary"]["error"]["message"]
     assert "did not meet at launcher.rdzv_endpoint=127.0.0.1:" in message
     assert "launcher.nnodes=2:2 needs 2 node(s)" in message and "rdzv_timeout=3 s" in message
+
+
+def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
+    """Two `clorch-train launcher=torchrun` processes as two nodes, one rank each, sharing a run directory."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "data.sample_count=64", "launcher=torchrun",
+            "launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={_endpoint()}",
+            "launcher.rdzv_id=two", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=200)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["launcher"] == "torchrun"
+    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, progress="off")
+    assert local["summary"]["weights_sha256"] == summary["weights_sha256"]

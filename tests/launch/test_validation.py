@@ -32,12 +32,15 @@ def _children() -> set[int]:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"grace_period": -1}, "grace_period must be seconds >= 0, got -1"),
+    ({"grace_period": -1}, "grace_period must be seconds in [0, 31536000] (a year), got -1"),
     ({"nnodes": 0}, "nnodes must be an integer >= 1, got 0"),
     ({"nnodes": 2, "node_rank": 2, "master_port": 29500}, "node_rank must be an integer in [0, 2) (nnodes), got 2"),
     ({"node_rank": -1}, "node_rank must be an integer in [0, 1) (nnodes), got -1"),
     ({"nnodes": 2, "node_rank": 1}, "master_port is required when nnodes > 1 (got nnodes=2)"),
-    ({"timeout": 0}, "timeout must be None or seconds > 0, got 0"),
+    ({"timeout": 0}, "timeout must be None or seconds in (0, 31536000] (a year), got 0"),
+    ({"timeout": 1e300}, "timeout must be None or seconds in (0, 31536000] (a year), got 1e+300"),
+    ({"rdzv_timeout": 0}, "rdzv_timeout must be seconds in (0, 31536000] (a year), got 0"),
+    ({"collective_timeout": "10"}, "collective_timeout must be seconds in (0, 31536000] (a year), got '10'"),
     ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
     ({"master_port": 70000}, "master_port must be None or an integer in [1, 65535], got 70000"),
     ({"backend": "mpi"}, "backend must be one of 'auto', 'nccl', 'gloo' or None, got 'mpi'"),
@@ -106,7 +109,7 @@ def test_args_must_be_json():
 def _defaults(**overrides):
     kw = dict(nproc_per_node=None, devices=None, args=None, backend="auto", timeout=None, log_dir=None,
               env=None, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None,
-              max_restarts=0, grace_period=10.0)
+              max_restarts=0, grace_period=10.0, rdzv_timeout=600.0, collective_timeout=600.0)
     kw.update(overrides)
     return kw
 

@@ -127,3 +127,16 @@ def cuda_all_reduce(ctx):
     all_reduce(tensor)
     return {"sum": tensor.cpu().tolist(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "device_count": torch.cuda.device_count(), "device": str(device()), "backend": ctx["backend"]}
+
+
+
+def rank_1_skips_a_collective(ctx):
+    """Rank 0 all-reduces; rank 1 never joins it and sleeps."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if ctx["rank"] == 1:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(4))

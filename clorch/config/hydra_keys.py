@@ -1,0 +1,98 @@
+"""Which of Hydra's own keys `clorch-train` accepts on its command line, and where outputs may go.
+
+A config is data: it must not run code or write outside its run. Hydra's
+callbacks (`hydra.callbacks.*._target_`), its logging configs (handlers with
+arbitrary files, formatters with `()` factories) and its launcher's `_target_`
+would import and call whatever they name, before clorch sees the config. So
+only the keys below are accepted (recipes may set none: see
+clorch.config.composer), and the run and sweep directories must be new, empty,
+or an earlier clorch run's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+# Keys (and everything below them) a user may set.
+ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
+                "hydra.job.name", "hydra.verbose", "hydra.mode", "hydra.launcher")
+# Group choices a user may make: Hydra's built-in logging configs and the launchers clorch supports.
+ALLOWED_CHOICES = {
+    "hydra/launcher": ("basic", "submitit_local", "submitit_slurm"),
+    "hydra/job_logging": ("default", "disabled", "none", "stdout"),
+    "hydra/hydra_logging": ("default", "disabled", "none"),
+}
+# What clorch (and Hydra, for clorch) writes into a run or sweep directory.
+RUN_FILES = {".hydra", "config.yaml", "env.json", "logs", "metrics.jsonl", "summary.json", "checkpoints",
+             "loss.png", "clorch-train.log", "tensorboard", ".submitit", "multirun.yaml",
+             "sweep_summary.csv", "sweep_summary.md"}
+
+
+def _parts(arg: str) -> tuple[str, str, bool]:
+    """(key, value, is_group_choice) of a command-line override."""
+    key, _, value = arg.partition("=")
+    key = key.lstrip("+~")
+    return key, value, "/" in key
+
+
+def _is_hydra(key: str) -> bool:
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def _key_error(key: str, value: str, group: bool) -> str | None:
+    if group:
+        allowed = ALLOWED_CHOICES.get(key)
+        if allowed is None:
+            return (f"{key}={value} is not allowed: clorch-train accepts these Hydra groups: "
+                    f"{', '.join(ALLOWED_CHOICES)}")
+        if value not in allowed:
+            return f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}"
+        return None
+    if "_target_" in key.split(".") or key.endswith("._args_"):
+        return f"{key} is not allowed: a config may not name code for Hydra to import"
+    if not any(key == k or key.startswith(k + ".") for k in ALLOWED_KEYS):
+        return (f"{key} is not allowed: Hydra's callbacks, logging and output settings can run code "
+                f"or write outside the run; clorch-train accepts: {', '.join(ALLOWED_KEYS)} (and below)")
+    return None
+
+
+def _foreign(directory: Path) -> list[str]:
+    """Entries of an existing directory that clorch did not write (numbered trial dirs are ours)."""
+    return sorted(p.name for p in directory.iterdir()
+                  if p.name not in RUN_FILES and not p.name.isdigit() and not p.name.startswith(".rank0_result"))
+
+
+def directory_error(key: str, value: str) -> str | None:
+    """Why `value` cannot be the run (or sweep) directory, or None."""
+    if "${" in value or not value:
+        return None  # an interpolation (a date): new by construction
+    path = Path(value).expanduser().resolve()
+    if path == Path(path.anchor):
+        return f"{key}={value} is the filesystem root; choose a directory for this run"
+    if path.exists() and not path.is_dir():
+        return f"{key}={value} is a file, not a directory"
+    if path.is_dir():
+        foreign = _foreign(path)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            return (f"{key}={value} holds files clorch did not write ({shown}); choose a new or "
+                    "empty directory")
+    return None
+
+
+def hydra_key_errors(args: Iterable[str]) -> list[str]:
+    """Every refused Hydra key, group choice or output directory among the command-line `args`."""
+    errors = []
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value, group = _parts(arg)
+        if not _is_hydra(key):
+            continue  # clorch's own keys: checked against the schema (and its _target_ allow-list)
+        error = _key_error(key, value, group)
+        if error is None and key in ("hydra.run.dir", "hydra.sweep.dir"):
+            error = directory_error(key, value)
+        if error is not None:
+            errors.append(error)
+    return errors

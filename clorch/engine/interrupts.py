@@ -1,0 +1,76 @@
+"""Ctrl-C, SIGTERM and SIGHUP end a run cleanly: ranks stopped, summary.json written, a resume hint.
+
+`clorch-train` runs inside `interrupts_raise()`: the first of these signals
+raises `Interrupted` in the main thread (after clorch's launcher has forwarded
+it to the ranks, see clorch.launch.signals); the engine stops the job, waits
+for the ranks, and records the run as "interrupted". Later signals while it
+does so are noted and do not interrupt the cleanup (the launcher still
+forwards them, and SIGKILL follows its grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Overrides a resumed run must not repeat: it chooses its own directory and resumes from latest.
+_REPLACED = ("hydra.run.dir", "checkpoint.resume", "checkpoint.dir")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run was interrupted by a signal (a KeyboardInterrupt, so `except Exception` lets it pass)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """Within: the first SIGINT, SIGTERM or SIGHUP raises `Interrupted`; later ones are noted only
+    (and ignored after the block, once one has fired).
+
+    Only the main thread can install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if fired:
+            return  # already ending the run: let it finish writing its outputs
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in HANDLED}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            # After an interrupt the process is on its way out: a late second signal must not
+            # turn the clean end into a traceback.
+            signal.signal(signum, signal.SIG_IGN if fired else old)
+
+
+def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str]) -> str:
+    """One sentence: the command that resumes the interrupted run, or why there is none."""
+    from clorch.checkpoint.policy import step_checkpoints
+    from clorch.engine.checkpoints import checkpoint_dir
+
+    if cfg.checkpoint.policy != "periodic":
+        return (f"checkpoint.policy is {cfg.checkpoint.policy}, so no checkpoint was written: "
+                "a new run starts from the beginning")
+    directory = checkpoint_dir(cfg, run_dir).resolve()
+    found = step_checkpoints(directory)
+    if not found:
+        return f"no checkpoint was written yet in {directory}: a new run starts from the beginning"
+    kept = [a for a in argv if a.partition("=")[0].lstrip("+~") not in _REPLACED]
+    command = shlex.join(["clorch-train", *kept, f"checkpoint.dir={directory}", "checkpoint.resume=latest"])
+    return f"the latest checkpoint is step {found[0][0]}; resume with: {command}"

@@ -1,0 +1,93 @@
+"""A config is data: Hydra's callbacks, logging and launcher targets are refused before anything
+runs (exit 2), from a recipe or the command line; outputs stay inside a new or clorch-made directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clorch.config.hydra_keys import directory_error, hydra_key_errors
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clorch.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=100, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _copy_callback(src: Path, dst: Path) -> str:
+    return (f"hydra:\n  callbacks:\n    x:\n      _target_: shutil.copyfile\n"
+            f"      src: {src}\n      dst: {dst}\n")
+
+
+def test_a_recipe_with_a_hydra_callback_is_refused_and_nothing_runs(tmp_path):
+    # The chain an attacker wants: a callback writing sitecustomize.py that every rank would import.
+    payload = tmp_path / "payload.py"
+    payload.write_text(f"open({str(tmp_path / 'RAN')!r}, 'w').close()\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    recipe = tmp_path / "shared_recipe.yaml"
+    recipe.write_text("# @package _global_\nepochs: 1\n" + _copy_callback(payload, site / "sitecustomize.py"))
+    done = _cli([f"+recipe={recipe}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "sets hydra keys, which a recipe may not" in done.stderr and str(recipe) in done.stderr
+    assert not (site / "sitecustomize.py").exists() and not (tmp_path / "RAN").exists()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recipe_with_a_logging_file_handler_is_refused_and_the_file_kept(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    recipe = tmp_path / "logs.yaml"
+    recipe.write_text("# @package _global_\nhydra:\n  job_logging:\n    handlers:\n      file:\n"
+                      f"        class: logging.FileHandler\n        filename: {victim}\n        mode: w\n")
+    done = _cli([f"+recipe={recipe}"], tmp_path)
+    assert done.returncode == 2 and "sets hydra keys" in done.stderr
+    assert victim.read_text() == "keep me"
+
+
+def test_command_line_callbacks_and_targets_are_refused(tmp_path):
+    marker = tmp_path / "COPIED"
+    done = _cli(["+hydra.callbacks.x._target_=shutil.copyfile", f"+hydra.callbacks.x.src={__file__}",
+                 f"+hydra.callbacks.x.dst={marker}", "hydra.launcher._target_=os.system"], tmp_path)
+    assert done.returncode == 2
+    assert "hydra.callbacks.x._target_ is not allowed: a config may not name code" in done.stderr
+    assert "hydra.launcher._target_ is not allowed" in done.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("+hydra.job_logging.handlers.f.filename=/tmp/x", "hydra.job_logging.handlers.f.filename is not allowed"),
+    ("hydra.output_subdir=/tmp/elsewhere", "hydra.output_subdir is not allowed"),
+    ("hydra/callbacks=x", "hydra/callbacks=x is not allowed: clorch-train accepts these Hydra groups"),
+    ("hydra/launcher=rq", "hydra/launcher=rq is not allowed; choose one of: basic, submitit_local"),
+    ("hydra.run.dir=/", "hydra.run.dir=/ is the filesystem root"),
+])
+def test_refused_hydra_overrides_are_named(arg, message):
+    (error,) = hydra_key_errors([arg])
+    assert message in error
+
+
+def test_allowed_hydra_overrides_pass(tmp_path):
+    assert hydra_key_errors([f"hydra.run.dir={tmp_path / 'new'}", "hydra.job.chdir=true", "-m",
+                             "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                             "hydra/job_logging=disabled", "optim.lr=1e-3"]) == []
+
+
+def test_run_directories_must_be_new_empty_or_clorch_made(tmp_path):
+    assert directory_error("hydra.run.dir", str(tmp_path / "new")) is None
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "summary.json").write_text("{}")
+    (tmp_path / "ours" / ".hydra").mkdir()
+    assert directory_error("hydra.run.dir", str(tmp_path / "ours")) is None
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "thesis.tex").write_text("")
+    assert "holds files clorch did not write (thesis.tex)" in directory_error("hydra.run.dir",
+                                                                            str(tmp_path / "theirs"))
+    assert "is a file" in directory_error("hydra.run.dir", __file__)

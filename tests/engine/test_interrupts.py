@@ -1,0 +1,75 @@
+"""Ctrl-C, SIGTERM and SIGHUP to `clorch-train`: the ranks stop, summary.json says
+"interrupted", no traceback anywhere, and the printed command resumes the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["+recipe=cpu_smoke", "epochs=100", "checkpoint=periodic", "checkpoint.every_n_steps=5"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _start(run_dir: Path, cwd: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "clorch.cli", *ARGS, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(command, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for_a_checkpoint(run_dir: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step_*.ckpt")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP],
+                                     [signal.SIGINT, signal.SIGINT]], ids=["int", "term", "hup", "int-twice"])
+def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, tmp_path)
+    _wait_for_a_checkpoint(run_dir, proc)
+    for signum in signals:
+        proc.send_signal(signum)
+        time.sleep(0.2)
+    _, stderr = proc.communicate(timeout=120)
+    name = signal.Signals(signals[0]).name
+    assert proc.returncode == 128 + signals[0], stderr
+    assert f"clorch-train: interrupted by {name} after step" in stderr
+    assert "resume with: clorch-train" in stderr
+    assert "Traceback" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name
+    for log in (run_dir / "logs").glob("rank_*.stderr"):
+        assert "Traceback" not in log.read_text(), log
+
+
+def test_the_printed_command_resumes_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, tmp_path)
+    _wait_for_a_checkpoint(run_dir, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
+    assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
+    resumed_dir = tmp_path / "resumed"
+    done = subprocess.run([sys.executable, "-m", "clorch.cli", *command[1:], f"hydra.run.dir={resumed_dir}"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((resumed_dir / "summary.json").read_text())
+    assert summary["resumed_from"].startswith(str(run_dir / "checkpoints" / "step_"))
+    assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 400
