@@ -10,6 +10,7 @@
 #   recipe    clorch-train +recipe=ddp_bf16 on devices [0,1], accumulation 2, final checkpoint
 #   run_local clorch.run_local(devices=[0, 1]) with the same checks, from Python
 #   torchrun  clorch-train +recipe=ddp_bf16 launcher=torchrun (torch's elastic agent, 2 GPUs)
+#   nodes     clorch's launcher as two "nodes" of one GPU each (launcher.nnodes=2)
 #   allreduce clorch-bench allreduce, 2 ranks, nccl, 4 KiB to 4 GiB
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2
 #   goals     the goals read back from the two benchmark tables
@@ -86,6 +87,18 @@ torchrun)
     | tee "$OUTDIR/torchrun.txt"
   $PY -c "import json; d=json.load(open('$OUTDIR/torchrun/summary.json')); print('torchrun summary', d['status'], d['backend'], d['world_size'], d['steps'])" \
     2>&1 | tee -a "$OUTDIR/torchrun.txt" ;;
+nodes)
+  # clorch's own launcher as two "nodes" on one host (one GPU each): the nodes meet at
+  # master_port before any rank starts, then NCCL across them; same weights as run_local's pair.
+  for node in 1 0; do
+    clorch-train +recipe=ddp_bf16 launcher.nnodes=2 launcher.node_rank=$node launcher.master_port=29611 \
+      "launcher.devices=[$node]" launcher.rdzv_timeout=120 hydra.run.dir="$OUTDIR/nodes/n$node" \
+      > "$OUTDIR/nodes_n$node.txt" 2>&1 &
+  done
+  run nodes wait
+  tail -3 "$OUTDIR"/nodes_n*.txt | tee "$OUTDIR/nodes.txt"
+  $PY -c "import json; d=json.load(open('$OUTDIR/nodes/n0/summary.json')); print('nodes summary', d['status'], d['backend'], d['world_size'], d['steps'], d['weights_sha256'])" \
+    2>&1 | tee -a "$OUTDIR/nodes.txt" ;;
 allreduce)
   run allreduce clorch-bench allreduce --sizes $SIZES --backend $BACKEND --nproc 2 2>&1 | tee "$OUTDIR/bench_allreduce.txt" ;;
 ddp)

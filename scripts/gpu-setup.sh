@@ -12,7 +12,7 @@ fi
 export PYTHONPATH=$PWD:$SITE
 PY=${PYTHON:-python3}
 CLORCH_BIN=$(mktemp -d /tmp/clorch-bin.XXXXXX)
-printf '#!/bin/sh\nexec %s -c "import sys; from clorch.cli import train_main; sys.exit(train_main())" "$@"\n' "$PY" > $CLORCH_BIN/clorch-train
+printf '#!/bin/sh\nexec %s -c "from clorch.cli import main; main()" "$@"\n' "$PY" > $CLORCH_BIN/clorch-train
 printf '#!/bin/sh\nexec %s -m clorch.bench.cli "$@"\n' "$PY" > $CLORCH_BIN/clorch-bench
 chmod +x $CLORCH_BIN/*
 export PATH=$CLORCH_BIN:$PATH

@@ -248,9 +248,17 @@ def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     for key in top:
         if key not in known:
             allowed = ", ".join([*known, *(f"{g} (group)" for g in groups)])
-            errors.append(f"{key} is not a known key; {_did_you_mean(key, [*known, *groups])}"
-                          f"allowed: {allowed}")
+            nested = _group_keys_named(key)
+            hint = (f"did you mean {' or '.join(nested)}? " if nested
+                    else _did_you_mean(key, [*known, *groups]))
+            errors.append(f"{key} is not a known key; {hint}allowed: {allowed}")
     return errors, check_section("", {k: v for k, v in top.items() if k in known}, schema.TopConfig)
+
+
+def _group_keys_named(key: str) -> list[str]:
+    """`group.key` for every group with an option that has `key` (sample_count -> data.sample_count)."""
+    return [f"{group}.{key}" for group, options in sorted(schema.OPTIONS.items())
+            if any(key in {f.name for f in dataclasses.fields(type(o))} for o in options.values())]
 
 
 def _user_model_errors(values: Mapping[str, Any]) -> list[str]:

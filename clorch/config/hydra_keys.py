@@ -24,7 +24,7 @@ ALLOWED_CHOICES = {
     "hydra/hydra_logging": ("default", "disabled", "none"),
 }
 # What clorch (and Hydra, for clorch) writes into a run or sweep directory.
-RUN_FILES = {".hydra", "config.yaml", "env.json", "logs", "metrics.jsonl", "summary.json", "checkpoints",
+RUN_FILES = {".hydra", "config.yaml", "env.json", "logs", "metrics.jsonl", "events.jsonl", "summary.json", "checkpoints",
              "loss.png", "clorch-train.log", "tensorboard", ".submitit", "multirun.yaml",
              "sweep_summary.csv", "sweep_summary.md"}
 

@@ -72,6 +72,19 @@ def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`."""
+    return _model_from(cfg, task.model_kwargs())
+
+
+def build_model_for(cfg: TrainConfig) -> nn.Module:
+    """`build_raw_model` sized from the data's config alone, without building the data
+    (the launch plan sizes the model this way, on the meta device)."""
+    from clorch.data.tasks import model_sizes
+    from clorch.engine.resolve import data_kwargs
+
+    return _model_from(cfg, model_sizes(cfg.data.name, **data_kwargs(cfg)))
+
+
+def _model_from(cfg: TrainConfig, data_sizes: dict[str, Any]) -> nn.Module:
     from clorch.models import build_model
 
     model = cfg.model
@@ -79,7 +92,7 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     # padded vocab_size of 50304 over byte tokens, for a GPT-2 shape).
     given = model.kwargs if isinstance(model, TargetModelConfig) \
         else {k: v for k, v in asdict(model).items() if k != "name"}
-    spec = {**task.model_kwargs(), **{k: v for k, v in given.items() if v is not None}}
+    spec = {**data_sizes, **{k: v for k, v in given.items() if v is not None}}
     torch.manual_seed(cfg.seed)  # identical weights on every rank and in every run
     if isinstance(model, TargetModelConfig):
         from clorch.config.targets import resolve_target

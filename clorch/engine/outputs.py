@@ -16,8 +16,10 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
+
 from clorch._files import write_json_atomic
 
 TIMING_KEYS = ("time_s", "samples_per_s", "tokens_per_s")
@@ -56,16 +58,14 @@ def write_json(path: Path, data: Any) -> None:
     write_json_atomic(path, data, indent=2, sort_keys=True, default=str)
 
 
-def _git_commit() -> str | None:
-    checkout = Path(__file__).resolve().parents[2]
-    if not (checkout / ".git").exists():
-        return None
+def _git_commit(directory: Path) -> str | None:
+    """The commit checked out where `directory` lies (any folder of a git checkout), else None."""
     try:
-        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
@@ -83,10 +83,26 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0], "torch": torch.__version__,
         "cuda": torch.version.cuda, "cuda_available": cuda, "nccl": nccl,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-        "git_commit": _git_commit(), "host": socket.gethostname(), "platform": platform.platform(),
+        # The user's code: the checkout the run was started from; and clorch's own, when it runs
+        # from a checkout (an editable install).
+        "git_commit": _git_commit(Path.cwd()), "clorch_git_commit": _git_commit(Path(__file__).parent),
+        "host": socket.gethostname(), "platform": platform.platform(),
         "command": list(sys.argv if argv is None else argv), "cwd": os.getcwd(),
         "time": _dt.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+EVENTS = "events.jsonl"
+
+
+def announce(run_dir: Path, message: str) -> None:
+    """Append one event for the console to the run's events.jsonl (rank 0, or the launching process).
+
+    `clorch-train` shows each event as a `clorch: ...` line while the run goes on:
+    a resume, a restart, a run that was already complete.
+    """
+    with open(Path(run_dir) / EVENTS, "a") as f:
+        f.write(json.dumps({"time": time.time(), "message": message}) + "\n")
 
 
 class MetricsWriter:

@@ -3,7 +3,8 @@
 The ranks' stdout goes to log files, so the launching process follows rank
 0's metrics.jsonl instead: a tqdm bar with loss and throughput on a terminal,
 a plain line per metrics record otherwise (progress=lines), nothing with
-progress=off.
+progress=off. Events (events.jsonl: a resume, a restart) appear as
+`clorch: ...` lines.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from clorch.engine.outputs import EVENTS
 
 
 class Progress:
@@ -24,6 +27,8 @@ class Progress:
             mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "lines"
         self.mode = mode
         self._offset = 0  # bytes of metrics.jsonl already read
+        events = metrics_path.parent / EVENTS  # what an earlier run in this directory announced is old
+        self._events_offset = events.stat().st_size if events.exists() else 0
         self._shown: dict[str, int] = {}  # kind -> the highest step shown
         self._skip_until: dict[str, int] = {}  # after a rewrite: kind -> steps shown before it
         self._bar = None
@@ -71,6 +76,8 @@ class Progress:
         """Show the records written since the last call."""
         if self.mode == "off":
             return
+        for message in self._new_events():
+            self.note(message)
         for record in self._new_records():
             self._show(record)
 
@@ -82,10 +89,38 @@ class Progress:
             self._bar.set_postfix(shown, refresh=True)
             return
         parts = [f"step {record['step']}/{self.total}"]
-        for key in ("loss", "lr", "eval_loss", "eval_exact", "samples_per_s", "tokens_per_s"):
+        for key in ("loss", "lr", "loss_scale", "eval_loss", "eval_exact", "samples_per_s", "tokens_per_s"):
             if record.get(key) is not None:
                 parts.append(f"{key} {record[key]:.4g}")
+        if record.get("skipped_steps"):  # fp16: steps the scaler skipped so far (overflow)
+            parts.append(f"skipped_steps {record['skipped_steps']}")
         print("  ".join(parts), file=self.stream, flush=True)
+
+    def note(self, message: str) -> None:
+        """Show one `clorch: ...` line (above the bar, if there is one)."""
+        if self.mode == "off":
+            return
+        if self._bar is not None:
+            self._bar.write(f"clorch: {message}", file=self.stream)
+        else:
+            print(f"clorch: {message}", file=self.stream, flush=True)
+
+    def _new_events(self) -> list[str]:
+        path = self.path.parent / EVENTS
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            f.seek(self._events_offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._events_offset += end
+        messages = []
+        for line in data[:end].decode("utf-8", errors="replace").splitlines():
+            try:
+                messages.append(str(json.loads(line)["message"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return messages
 
     def close(self) -> None:
         self.poll()

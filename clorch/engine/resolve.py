@@ -143,6 +143,57 @@ def _model_errors(cfg: TrainConfig) -> list[str]:
     return errors
 
 
+RANKS_PER_CPU = 4  # more CPU ranks than this per core is a typo, not a plan
+# Bytes a parameter costs during training: fp32 weight, gradient, two AdamW moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def _rank_count_errors(nproc: int, backend: str) -> list[str]:
+    """CPU ranks far beyond this machine's cores (GPU ranks are checked against the GPUs)."""
+    cores = os.cpu_count() or 1
+    if backend == "gloo" and nproc > RANKS_PER_CPU * cores:
+        return [f"launcher.nproc_per_node={nproc} is far more ranks than this machine's {cores} CPU "
+                f"core(s) can run (at most {RANKS_PER_CPU * cores}, {RANKS_PER_CPU} per core)"]
+    return []
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux: MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
+    """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory,
+    or one rank's in one GPU. Sized on the meta device (no memory allocated)."""
+    import torch
+
+    from clorch.engine.components import build_model_for
+
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_model_for(cfg).parameters())
+    except Exception:  # a user model that cannot be built on the meta device: not checked here
+        return []
+    need = params * TRAINING_BYTES_PER_PARAMETER
+    if backend == "nccl":
+        have = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+        where, need_all = "one GPU's memory", need
+    else:
+        have, where, need_all = _available_memory(), f"the memory available for {ranks_here} rank(s)", \
+            need * ranks_here
+    if have is None or need_all <= have:
+        return []
+    return [f"model={cfg.model.name}: {params:,} parameters need about {need_all / 2**30:.1f} GiB to train "
+            f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state"
+            f"{'' if backend == 'nccl' else ', per rank'}), more than {where} ({have / 2**30:.1f} GiB)"]
+
+
 def _schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
     schedule = cfg.schedule
     if schedule.name == "cosine" and total <= schedule.warmup_steps:
@@ -202,6 +253,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     elif complete(cfg, "top", "launcher"):
         nproc, devices, backend = _ranks(cfg, problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
+        problems += _rank_count_errors(nproc, backend)
     if complete(cfg, "top", "data"):
         try:
             kwargs = data_kwargs(cfg)
@@ -209,6 +261,8 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
                      split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
             if complete(cfg, "model"):
                 problems += _model_errors(cfg)
+                if world is not None and not problems:
+                    problems += _memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
             problems.append(f"data={cfg.data.name}: {exc}")
     if complete(cfg, "checkpoint"):

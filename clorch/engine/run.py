@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 import yaml
 from omegaconf import DictConfig
 
-from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
+from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics, write_json
 from clorch._files import write_text_atomic
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.progress import Progress
@@ -45,12 +45,14 @@ def _follow(job: Any, progress: Progress) -> dict[str, Any]:
     Anything that ends the wait early (Ctrl-C, an error while showing progress)
     stops the ranks before re-raising, so none keeps running unwatched.
     """
+    restarts_shown, limit = 0, job.config["max_restarts"]
     try:
         while True:
             try:
                 status = job.wait(timeout=POLL_S)
                 break
             except TimeoutError:
+                restarts_shown = _announce_restarts(job.status(), restarts_shown, limit, progress)
                 progress.poll()
     except BaseException:
         job.stop()
@@ -58,6 +60,27 @@ def _follow(job: Any, progress: Progress) -> dict[str, Any]:
     finally:
         progress.close()
     return status
+
+
+def _announce_restarts(status: Mapping[str, Any], shown: int, limit: int, progress: Progress) -> int:
+    """Say "restart k of n" (and the failure that caused it) once per new restart; return the count."""
+    count = status.get("restart_count") or 0
+    attempts = status.get("attempts") or []
+    for number in range(shown + 1, count + 1):
+        cause = attempts[number - 1].get("error") if number - 1 < len(attempts) else None
+        what = describe_error(cause) if cause else "a failure"
+        # Recorded in events.jsonl; the progress shows it from there, like the ranks' events.
+        announce(progress.path.parent, f"restart {number} of {limit} after {what}; "
+                 "resuming from the latest checkpoint")
+    return max(count, shown)
+
+
+def describe_error(error: Mapping[str, Any]) -> str:
+    """`rank R failed: Type: message` (or what is known of it), for one line of the console."""
+    rank = error.get("rank")
+    who = f"rank {rank} failed: " if rank is not None else ""
+    what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
+    return who + what
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from clorch.engine import checkpoints
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
-from clorch.engine.outputs import MetricsWriter
+from clorch.engine.outputs import MetricsWriter, announce
 from clorch.engine.resolve import Plan
 
 
@@ -105,13 +105,18 @@ class StepHooks:
         return metrics
 
 
-def _start(cfg: TrainConfig, parts: Components, run_dir: Path) -> tuple[LoopState, str | None]:
+def _start(cfg: TrainConfig, parts: Components, run_dir: Path, total: int) -> tuple[LoopState, str | None]:
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None
     state = checkpoints.restore(parts, path)
     if parts.rank == 0:
         print(f"resumed from {path} at step {state.step} (epoch {state.epoch})", flush=True)
+        message = f"resuming from {path} at step {state.step} (epoch {state.epoch})"
+        if state.step >= total:
+            message = (f"{path} is already at step {state.step}, the run's last ({total}): "
+                       "nothing is left to train; evaluating and saving only")
+        announce(run_dir, message)
     return state, str(path)
 
 
@@ -137,7 +142,7 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
     """
     cfg, total = plan.config, plan.total_steps
     parts = build_components(cfg, ctx, total)
-    state, resumed_from = _start(cfg, parts, run_dir)
+    state, resumed_from = _start(cfg, parts, run_dir, total)
     writer = None
     if parts.rank == 0:
         tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None

@@ -50,9 +50,18 @@ error file), ``rank_{r}.result.json`` (main's return value), ``args.json`` and
 * ``max_restarts`` > 0: a failed job restarts as a whole group (fresh port,
   CLORCH_RESTART_COUNT = 1, 2, ...); ``status["attempts"]`` records each start.
 * No orphans: a rank's children live in its process group and are killed with
-  it, after any ending. Each rank asks for SIGKILL when its launcher dies
-  (PR_SET_PDEATHSIG), so even a launcher killed by SIGKILL leaves nothing
-  running. A process that starts its own session escapes this.
+  it, after any ending. A descendant that leaves the rank's group or session
+  (``start_new_session``, ``process_group=0``, a double-forked daemon) is
+  caught too: the launching process makes itself a child subreaper
+  (PR_SET_CHILD_SUBREAPER, Linux), so such orphans are reparented to it, and
+  when a job ends it SIGKILLs and reaps every one carrying that job's marker
+  (CLORCH_LAUNCHER_PID and CLORCH_JOB_ID, inherited from the rank). Its own
+  other children and other jobs' processes are left alone. Each rank asks for
+  SIGKILL when its launcher dies (PR_SET_PDEATHSIG), so even a launcher killed
+  by SIGKILL leaves no rank running (escaped descendants do survive that).
+* ``Job.open(log_dir).stop()`` from another process on the launcher's host
+  signals the ranks' groups itself: SIGTERM, SIGKILL after ``grace_period``;
+  when the launcher is gone it records the end itself instead of waiting.
 * The launcher on SIGINT or SIGTERM forwards the signal to every rank's group,
   escalates to SIGKILL after the grace period (state "stopped"), and then acts
   on the signal as it would have (KeyboardInterrupt; termination).

@@ -2,7 +2,8 @@
 
 The launching process owns the job (a supervisor thread watches the ranks);
 any other process can `Job.open(log_dir)` the record `job.json` and read the
-same status and logs, or stop the job.
+same status and logs, or stop the job: on the launcher's host it signals the
+ranks itself and escalates to SIGKILL as the supervisor would.
 """
 
 from __future__ import annotations
@@ -65,14 +66,20 @@ class Job:
                 return copy.deepcopy(self._record)
         record = json.loads((self.log_dir / RECORD).read_text())
         status = record["status"]
-        same_host = record.get("host") == socket.gethostname()  # a pid means nothing elsewhere
-        if status["state"] == "running" and same_host and not pid_alive(record["launcher_pid"]):
+        if status["state"] == "running" and self._launcher_gone(record):
             # The launcher died without writing the end; its ranks died with it (PDEATHSIG).
-            status.update(state="failed", error={
+            # "stopped" when someone had asked for that, since the ranks are gone as asked.
+            stopped = (self.log_dir / STOP_REQUEST).exists()
+            status.update(state="stopped" if stopped else "failed", error={
                 "rank": None, "type": None, "traceback": None, "exit_code": None, "signal": None,
                 "message": f"the launcher (pid {record['launcher_pid']}) ended without recording "
                            "the job's end; its ranks were killed with it"})
         return record
+
+    @staticmethod
+    def _launcher_gone(record: dict[str, Any]) -> bool:
+        """The launcher is known to have died (only on its own host: a pid means nothing elsewhere)."""
+        return record.get("host") == socket.gethostname() and not pid_alive(record["launcher_pid"])
 
     def status(self) -> dict[str, Any]:
         """The job's status now; see `clorch.launch.job_status`."""
@@ -119,17 +126,70 @@ class Job:
 
     # -- stopping ------------------------------------------------------------
     def stop(self, timeout: float | None = None) -> dict[str, Any]:
-        """Cancel the job (SIGTERM, then SIGKILL after the grace period); return the final status."""
+        """Cancel the job (SIGTERM, then SIGKILL after the grace period); return the final status.
+
+        In the launching process this asks the supervisor thread to do it. In
+        any other process on the launcher's host, this process does it: it
+        leaves a stop request (so the end is recorded as "stopped"), sends
+        SIGTERM to every rank's process group, SIGKILL after the job's
+        grace_period (again each second while a rank still runs), then waits
+        for the launcher to record the end. If the launcher is gone, the ranks
+        died with it: the end is recorded here and returned, so a stop never
+        waits on a launcher that cannot answer. From another host no rank can
+        be signalled: the stop request is left and the job's end awaited.
+
+        Blocks until the job has ended, or for at most `timeout` seconds.
+
+        Raises:
+            TimeoutError: the job still runs after `timeout` seconds. From
+                another process, a timeout shorter than the grace period
+                returns before the SIGKILL, and then nobody sends it.
+        """
         if self._owner:
             self._request_stop(signal.SIGTERM)
             return self.wait(timeout)
+        return self._stop_from_outside(timeout)
+
+    def _stop_from_outside(self, timeout: float | None) -> dict[str, Any]:
+        """`stop` in a process that does not own the job (see there)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         record = self._read_record()
         if record["status"]["state"] == "running":
             (self.log_dir / STOP_REQUEST).write_text(str(os.getpid()))
-            for pid in record["status"]["pids"]:
-                if _is_rank_process(pid):
-                    kill_group(pid, signal.SIGTERM)
-        return self.wait(timeout)
+            self._signal_ranks(record, signal.SIGTERM)
+        kill_at = time.monotonic() + record["config"]["grace_period"]
+        while True:
+            record = self._read_record()
+            if record["status"]["state"] in FINAL_STATES:
+                return self._settle(record)["status"]
+            now = time.monotonic()
+            if now >= kill_at:
+                self._signal_ranks(record, signal.SIGKILL)
+                kill_at = now + 1.0  # again in a second, as the supervisor does, should one be slow to go
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(f"job in {str(self.log_dir)!r} still running after timeout={timeout}s")
+            time.sleep(_OBSERVER_POLL_S)
+
+    @staticmethod
+    def _signal_ranks(record: dict[str, Any], signum: int) -> None:
+        """`signum` to the process group of each rank of `record` that still runs (its launcher's child)."""
+        if record.get("host") != socket.gethostname():
+            return  # its pids name other processes here
+        for pid in record["status"]["pids"]:
+            if _is_rank_of(pid, record["launcher_pid"]):
+                kill_group(pid, signum)
+
+    def _settle(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Write down an end that only this reader saw (the launcher died first); return `record`.
+
+        Once written, the end no longer depends on the launcher's pid, which
+        the system may give to another process later.
+        """
+        on_disk = json.loads((self.log_dir / RECORD).read_text())
+        if on_disk["status"]["state"] == "running" and self._launcher_gone(on_disk):
+            record["status"]["ended_at"] = record["status"]["ended_at"] or time.time()
+            write_json_atomic(self.log_dir / RECORD, record, indent=1)
+        return record
 
     def _request_stop(self, signum: int) -> None:
         """Ask the supervisor to end the job with `signum` (forwarded), escalating to SIGKILL."""
@@ -168,10 +228,16 @@ class Job:
         write_json_atomic(self.log_dir / RECORD, snapshot, indent=1)
 
 
-def _is_rank_process(pid: int) -> bool:
-    """Guard against pid reuse: only signal a process that runs clorch's rank entry point."""
+def _is_rank_of(pid: int, launcher_pid: int) -> bool:
+    """Guard against pid reuse: only a live child of the launcher leading its own session is a rank.
+
+    Checked on the process itself, not its command line, which a rank may
+    rewrite (setproctitle).
+    """
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"clorch.launch.child" in handle.read()
-    except OSError:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return False
+    state, ppid, sid = fields[0], int(fields[1]), int(fields[3])
+    return state not in ("Z", "X") and ppid == launcher_pid and sid == pid

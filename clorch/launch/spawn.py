@@ -10,13 +10,17 @@ from pathlib import Path
 
 from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, with_multicast_off
 from clorch.launch.config import LaunchConfig
-from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
+from clorch.launch.procs import JOB_ID_VARIABLE, LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
 
 RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
 
 
-def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> dict[str, str]:
-    """The full environment of one rank: the launcher's, the user's `env`, then clorch's variables."""
+def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str) -> dict[str, str]:
+    """The full environment of one rank: the launcher's, the user's `env`, then clorch's variables.
+
+    The launcher pid and `job_id` mark the rank's descendants too (they
+    inherit them), so that `end_leftovers` finds those that leave its session.
+    """
     env = {**os.environ, **config.env}
     env.update({
         "RANK": str(config.global_rank(local_rank)), "LOCAL_RANK": str(local_rank),
@@ -24,7 +28,8 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> 
         "GROUP_RANK": str(config.node_rank), "MASTER_ADDR": config.master_addr,
         "MASTER_PORT": str(port), RESTART_VARIABLE: str(attempt),
         COLLECTIVE_TIMEOUT_VARIABLE: repr(config.collective_timeout),
-        LAUNCHER_PID_VARIABLE: str(os.getpid()), SYS_PATH_VARIABLE: json.dumps(sys.path),
+        LAUNCHER_PID_VARIABLE: str(os.getpid()), JOB_ID_VARIABLE: job_id,
+        SYS_PATH_VARIABLE: json.dumps(sys.path),
         # Unbuffered: what a rank prints right before it crashes still reaches its log file.
         "PYTHONUNBUFFERED": "1",
     })
@@ -42,11 +47,13 @@ def rank_command(config: LaunchConfig) -> list[str]:
             "--log-dir", config.log_dir, "--backend", config.backend or "none"]
 
 
-def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int) -> subprocess.Popen:
+def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int,
+               job_id: str) -> subprocess.Popen:
     """Start one rank in a new session (so its group id is its pid), output straight to its files.
 
     Call it from the thread that supervises the job: the rank's parent-death
-    signal fires when that *thread* exits.
+    signal fires when that *thread* exits. `job_id` names the job among this
+    process's jobs (see `rank_env`).
     """
     rank = config.global_rank(local_rank)
     log_dir = Path(config.log_dir)
@@ -59,4 +66,5 @@ def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int) -
             out.flush()
             err.flush()
         return subprocess.Popen(rank_command(config), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                env=rank_env(config, local_rank, port, attempt), start_new_session=True)
+                                env=rank_env(config, local_rank, port, attempt, job_id),
+                                start_new_session=True)

@@ -4,6 +4,10 @@ It waits on one pidfd per rank plus a wake-up pipe, so a rank's exit or a stop
 request is seen at once, with no polling interval. It spawns the ranks itself
 and lives until the job ends, because Linux delivers a child's parent-death
 signal when the *thread* that forked it exits.
+
+The launching process is made a child subreaper before the first rank
+starts, so what a rank leaves behind outside its session is reparented here;
+each attempt ends by killing and reaping it (`end_leftovers`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clorch._files import unique_token
 from clorch.launch.config import LaunchConfig
 from clorch.launch.job import STOP_REQUEST, Job
-from clorch.launch.procs import describe_returncode, kill_group, release_port, reserve_free_port
+from clorch.launch.procs import (become_child_subreaper, describe_returncode, end_leftovers, forget_rank,
+                                 kill_group, release_port, reserve_free_port, track_rank)
 from clorch.launch.rendezvous import RendezvousStopped, RendezvousTimeout, meet_nodes
 from clorch.launch.spawn import spawn_rank
 
@@ -29,8 +35,10 @@ _NO_PIDFD_POLL_S = 0.02
 class _Attempt:
     """One start of the whole group of this node's ranks."""
 
-    def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None) -> None:
+    def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None,
+                 job_id: str) -> None:
         self.job, self.config, self.number, self.deadline = job, config, number, deadline
+        self.job_id = job_id
         self.port = config.master_port or reserve_free_port()
         self.procs: list[subprocess.Popen] = []
         self.pidfds: dict[int, int] = {}
@@ -40,9 +48,11 @@ class _Attempt:
         self.started_at = time.time()
 
     def start(self) -> None:
+        become_child_subreaper()  # before any rank exists, so that every orphan of theirs comes here
         try:
             for local_rank in range(self.config.nproc_per_node):
-                proc = spawn_rank(self.config, local_rank, self.port, self.number)
+                proc = spawn_rank(self.config, local_rank, self.port, self.number, self.job_id)
+                track_rank(proc.pid)
                 self.procs.append(proc)
                 try:
                     self.pidfds[proc.pid] = os.pidfd_open(proc.pid)
@@ -52,7 +62,15 @@ class _Attempt:
             for proc in self.procs:
                 kill_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+            self._end_leftovers()
             raise
+
+    def _end_leftovers(self) -> None:
+        """Once every rank is reaped: kill their groups, then what escaped them (see `end_leftovers`)."""
+        for proc in self.procs:
+            forget_rank(proc.pid)
+            kill_group(proc.pid, signal.SIGKILL)
+        end_leftovers(self.job_id, [proc.pid for proc in self.procs])
 
     def _signal_running(self, signum: int) -> None:
         for proc in self.procs:
@@ -112,8 +130,7 @@ class _Attempt:
             if not running:
                 break
             self._wait(running)
-        for proc in self.procs:
-            kill_group(proc.pid, signal.SIGKILL)  # whatever the ranks left behind in their groups
+        self._end_leftovers()
         for fd in self.pidfds.values():
             os.close(fd)
         return self.ending or "succeeded"
@@ -211,13 +228,14 @@ def run_job(job: Job, config: LaunchConfig) -> None:
     deadline = None if config.timeout is None else time.monotonic() + config.timeout
     attempts: list[dict[str, Any]] = []
     ports: list[int] = []
+    job_id = unique_token()  # marks this job's processes apart from other jobs of this process
     try:
         (Path(config.log_dir) / STOP_REQUEST).unlink(missing_ok=True)
         for number in range(config.max_restarts + 1):
             _clear_rank_files(config)
             if not _meet_other_nodes(job, config, number, attempts):
                 return
-            attempt = _Attempt(job, config, number, deadline)
+            attempt = _Attempt(job, config, number, deadline, job_id)
             ports.append(attempt.port)
             try:
                 attempt.start()

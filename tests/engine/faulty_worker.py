@@ -41,7 +41,7 @@ def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) -> dict[str, Any]:
-    """`clorch.run_local(run_dir=run_dir, progress="off", **kwargs)` whose last rank fails once."""
+    """`clorch.run_local(run_dir=run_dir, **kwargs)` (progress off unless given) whose last rank fails once."""
     from clorch.config.checks import ConfigError
     from clorch.config.preflight import compose_once
     from clorch.engine.api import overrides_for
@@ -50,9 +50,9 @@ def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) ->
 
     monkeypatch.setenv(FAIL_AT_STEP_VARIABLE, str(fail_at_step))
     recipe = kwargs.pop("recipe", "ddp_bf16")
-    kwargs.pop("progress", None)
+    progress = kwargs.pop("progress", "off")
     cfg, errors = compose_once(overrides_for(None, None, recipe, kwargs))
     if errors:
         raise ConfigError(errors)
     plan = resolve(cfg, run_dir)
-    return execute(plan, run_dir, progress="off", echo=False, worker=f"{__name__}:main")
+    return execute(plan, run_dir, progress=progress, echo=False, worker=f"{__name__}:main")

@@ -76,11 +76,16 @@ def test_progress_rereads_a_file_rewritten_to_the_same_length_or_longer(tmp_path
 
 
 class _Job:
+    config = {"max_restarts": 0}
+
     def __init__(self):
         self.stopped = False
 
     def wait(self, timeout):
         raise TimeoutError
+
+    def status(self):
+        return {"restart_count": 0, "attempts": []}
 
     def stop(self):
         self.stopped = True

@@ -140,3 +140,60 @@ def rank_1_skips_a_collective(ctx):
     if ctx["rank"] == 1:
         time.sleep(120)
     dist.all_reduce(torch.ones(4))
+
+
+def _write_escaped_pid(ctx, pid: int) -> None:
+    """Record the pid of a process that left the rank's group or session, for the test to check."""
+    pid_dir = Path(ctx["args"]["pid_dir"])
+    tmp = pid_dir / f"escaped_{ctx['rank']}.tmp"
+    tmp.write_text(str(pid))
+    os.replace(tmp, pid_dir / f"escaped_{ctx['rank']}.pid")
+
+
+def _then(ctx):
+    """Act per args["then"]: "return", "raise" or "sleep" (until the job is stopped)."""
+    then = ctx["args"].get("then", "return")
+    if then == "raise":
+        # Not before every rank has its escapee: a failure ends the other ranks at once.
+        pid_dir = Path(ctx["args"]["pid_dir"])
+        while not all((pid_dir / f"escaped_{r}.pid").exists() for r in range(ctx["world_size"])):
+            time.sleep(0.02)
+        raise RuntimeError(f"rank {ctx['rank']} fails after its child escaped")
+    if then == "sleep":
+        time.sleep(120)
+    return ctx["rank"]
+
+
+def escape_new_session(ctx):
+    """Start `sleep 300` in a session of its own (out of the rank's group and session)."""
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    _write_escaped_pid(ctx, child.pid)
+    return _then(ctx)
+
+
+def escape_process_group(ctx):
+    """Start `sleep 300` in a process group of its own (still in the rank's session)."""
+    child = subprocess.Popen(["sleep", "300"], process_group=0)
+    _write_escaped_pid(ctx, child.pid)
+    return _then(ctx)
+
+
+def escape_double_fork(ctx):
+    """Daemonize `sleep 300` the classic way: fork, setsid, fork again; the middle one exits."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:  # the forked copies must never return into the rank's code
+            os.setsid()
+            daemon = os.fork()
+            if daemon == 0:
+                os.execvp("sleep", ["sleep", "300"])
+            os.write(write_end, str(daemon).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    daemon_pid = int(os.read(read_end, 64))
+    os.close(read_end)
+    os.waitpid(middle, 0)  # the daemon is an orphan now, reparented away from this rank
+    _write_escaped_pid(ctx, daemon_pid)
+    return _then(ctx)
