@@ -83,10 +83,7 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
     if not tensor.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())} "
                          f"for shape {tuple(tensor.shape)}: pass tensor.contiguous()")
-    device = tensor.device
-    if device.type == "cpu" and pg.backend() == "gloo":
-        return tensor  # the common gloo case, decided without building the expected device
-    expected = pg.device()
+    device, expected = tensor.device, pg.device()  # the group's device: known since init
     if device != expected:
         raise ValueError(f"{name} must be on {expected} for backend {pg.backend()}, "
                          f"got a tensor on {device}")
