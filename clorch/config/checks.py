@@ -144,9 +144,16 @@ def _value_errors(full: str, value: Any, annotation: Any, meta: Mapping[str, Any
         what = "hold only finite numbers" if isinstance(value, (list, tuple)) else "be a finite number"
         return [f"{full} must {what}, got {value!r}"]
     choices = _literals(annotation)
+    members = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else ()
+    others = [f"an {_type_name(a)}".replace("an int", "an integer") for a in members
+              if typing.get_origin(a) is not typing.Literal and a is not type(None)]
+    if choices and others and (not _matches(value, annotation) or _rule_errors(full, value, meta)):
+        # One wording whatever is wrong: `auto` or an integer >= 1, for 0 and for "many" alike.
+        bound = next((f" {words}{meta[name]}" for name, words in
+                      (("gt", "> "), ("ge", ">= "), ("lt", "< "), ("le", "<= ")) if name in meta), "")
+        shown = " or ".join(_shown(c) for c in choices)
+        return [f"{full} must be {shown} or {' or '.join(others)}{bound}, got {value!r}"]
     if choices and not _matches(value, annotation):
-        others = [f"an {_type_name(a)}" for a in typing.get_args(annotation)
-                  if typing.get_origin(a) is not typing.Literal and a is not type(None)]
         allowed = ", ".join(_shown(c) for c in choices) + "".join(f", or {o}" for o in others)
         return [f"{full}={value!r} is not allowed; choose one of: {allowed}"]
     if not _matches(value, annotation):
@@ -323,7 +330,8 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
                       "keep the scaler on for fp16 (use bf16 for no scaler)")
     if cfg.logger is not None and cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
         errors.append("logger=tensorboard needs the tensorboard package: "
-                      "pip install 'clorch[tensorboard]' (or use logger=jsonl)")
+                      "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "
+                      "or use logger=jsonl")
     return errors
 
 

@@ -73,9 +73,10 @@ def _ranks(cfg: TrainConfig, problems: list[str]) -> tuple[int, list[int] | None
     devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
     before = len(problems)
     count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
-    for i in range(before, len(problems)):  # the launcher names its arguments bare
-        problems[i] = f"launcher.{problems[i]}" if problems[i].startswith(("devices", "nproc")) \
-            else f"backend={backend}: {problems[i]}"
+    for i in range(before, len(problems)):  # the launcher names its arguments bare, in Python
+        text = problems[i].replace("devices=None", "launcher.devices=null")
+        problems[i] = f"launcher.{text}" if text.startswith(("devices", "nproc")) \
+            else f"backend={backend}: {text}"
     if cuda is None:
         return count, None, name or "gloo"
     return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,8 @@ def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir:
     args = ["-u", "-m", "clorch.engine.as_rank", "--config", str(config_path), "--run-dir", str(run_dir)]
     if worker is not None:
         args += ["--worker", worker]
+    watcher = _JoinWatcher(launcher.rdzv_endpoint, launcher.rdzv_id)
+    watcher.start()
     try:
         return elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as exc:
@@ -73,6 +76,62 @@ def run_torchrun(launcher: Any, nproc_per_node: int, config_path: Path, run_dir:
     except RendezvousError as exc:
         raise TorchrunError(
             f"the nodes did not meet at launcher.rdzv_endpoint={launcher.rdzv_endpoint} "
-            f"(rdzv_id {launcher.rdzv_id}): launcher.nnodes={launcher.nnodes} needs {low} node(s), "
-            f"and not enough joined within launcher.rdzv_timeout={launcher.rdzv_timeout:g} s "
+            f"(rdzv_id {launcher.rdzv_id}): launcher.nnodes={launcher.nnodes} needs {low} node(s); "
+            f"{watcher.describe()} within launcher.rdzv_timeout={launcher.rdzv_timeout:g} s "
             f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
+    finally:
+        watcher.stop()
+
+
+class _JoinWatcher(threading.Thread):
+    """Reads, while the agent waits, which nodes have joined the c10d rendezvous.
+
+    torch's agent does not say who joined when it gives up, so this thread polls
+    the rendezvous state the agents keep in the endpoint's store (key
+    `torch.rendezvous.<rdzv_id>`, torch's own format, read with the same
+    decoding the agents use). When the format cannot be read it reports nothing
+    rather than guessing.
+    """
+
+    def __init__(self, endpoint: str, run_id: str) -> None:
+        super().__init__(name="clorch-rdzv-watch", daemon=True)
+        self.endpoint, self.key = endpoint, f"torch.rendezvous.{run_id}"
+        self.joined: list[str] | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        host, _, port = self.endpoint.rpartition(":")
+        store = None
+        while not self._done.wait(0.5):
+            try:
+                if store is None:
+                    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=2))
+                if store.check([self.key]):
+                    self.joined = _participants(store.get(self.key))
+            except Exception:  # no store yet, or gone: keep what was read
+                store = None
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def describe(self) -> str:
+        if not self.joined:
+            return "no node was seen joining" if self.joined is not None else "not enough nodes joined"
+        return f"{len(self.joined)} node(s) joined ({', '.join(self.joined)})"
+
+
+def _participants(raw: bytes) -> list[str] | None:
+    """`host (pid N)` of each node in torch's pickled rendezvous state, or None if unreadable."""
+    import pickle
+    from base64 import b64decode
+
+    try:
+        state = pickle.loads(b64decode(raw))  # what torch's agents themselves store and load
+        nodes = list(state.participants) + list(state.wait_list)
+        return sorted(f"{node.addr} (pid {node.pid})" for node in nodes)
+    except Exception:
+        return None

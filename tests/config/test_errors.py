@@ -36,7 +36,9 @@ def test_the_issue_examples_are_reported_together(tmp_path):
 @pytest.mark.parametrize("overrides, parts", [
     (["backend=nccl"], ["backend=nccl", "needs CUDA", "gloo"]),
     (["launcher.devices=[0,1]"], ["launcher.devices", "no CUDA GPU is visible"]),
-    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node", "'many'", "choose one of: auto, or an int"]),
+    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 'many'"]),
+    (["launcher.nproc_per_node=0"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 0"]),
+    (["launcher.devices=[0]"], ["no CUDA GPU is visible on this machine: leave launcher.devices=null"]),
     (["model.foo=1"], ["model.foo is not a known key", "allowed: name, hidden_features, depth"]),
     (["epochs=two"], ["epochs must be int, got 'two'"]),
     (["epochs=0"], ["epochs must be >= 1, got 0"]),

@@ -60,6 +60,12 @@ def _stopper_result(stopper: subprocess.Popen) -> dict:
     return json.loads(out)
 
 
+def _start_launcher(log_dir, tmp_path) -> subprocess.Popen:
+    """A separate process that launches the SIGTERM-ignoring job and stays its owner."""
+    return subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_stop_from_another_process_escalates_to_sigkill(tmp_path):
     with launch("tests.launch.workers:hang_ignoring_sigterm", nproc_per_node=2, backend=None,
                 log_dir=tmp_path / "logs", args={"pid_dir": str(tmp_path)}, grace_period=1) as job:
@@ -78,8 +84,7 @@ def test_stop_from_another_process_escalates_to_sigkill(tmp_path):
 def test_stop_returns_when_the_launcher_dies_meanwhile(tmp_path):
     """timeout=None: the launcher is SIGKILLed during the grace period; stop() records the end itself."""
     log_dir = tmp_path / "logs"
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = _start_launcher(log_dir, tmp_path)
     try:
         _wait_for_ready(tmp_path, [0, 1])
         pids = Job.open(log_dir).pids
@@ -103,8 +108,7 @@ def test_stop_returns_when_the_launcher_dies_meanwhile(tmp_path):
 
 def test_stop_of_a_job_whose_launcher_is_gone_returns_at_once(tmp_path):
     log_dir = tmp_path / "logs"
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = _start_launcher(log_dir, tmp_path)
     try:
         _wait_for_ready(tmp_path, [0, 1])
     finally:

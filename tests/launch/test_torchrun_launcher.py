@@ -44,7 +44,24 @@ def test_missing_nodes_end_the_run_within_the_timeout(tmp_path):
     assert result["status"]["state"] == "failed"
     message = result["summary"]["error"]["message"]
     assert "did not meet at launcher.rdzv_endpoint=127.0.0.1:" in message
-    assert "launcher.nnodes=2:2 needs 2 node(s)" in message and "rdzv_timeout=3 s" in message
+    assert "launcher.nnodes=2:2 needs 2 node(s); 1 node(s) joined (" in message, message
+    assert "rdzv_timeout=3 s" in message
+    assert _children() == [], "nothing is left running"
+
+
+def _children() -> list[int]:
+    """This process's live children, from /proc (zombies do not count)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                found.append(int(entry))
+    return found
 
 
 def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
