@@ -97,7 +97,12 @@ def _train(cfg: DictConfig) -> None:
     from clorch.engine.outputs import write_json
     from clorch.engine.run import execute
 
+    from hydra.utils import get_original_cwd
+
+    from clorch.engine.paths import with_absolute_paths
+
     run_dir = HydraConfig.get().runtime.output_dir
+    cfg = with_absolute_paths(cfg, get_original_cwd())  # hydra.job.chdir may have moved us
     external = detect_external()
     if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
         from clorch.engine.as_rank import train_as_rank

@@ -265,7 +265,9 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
                 if world is not None and not problems:
                     problems += _memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
-            problems.append(f"data={cfg.data.name}: {exc}")
+            message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
+            if not any(p.startswith("data.path=") for p in problems) or "data.path" not in message:
+                problems.append(message)  # (a missing data.path is reported once, by the checks)
     if complete(cfg, "checkpoint"):
         problems += _path_errors(cfg, run_dir)
     if world is None or sizes is None or _drop_last(cfg) is None:

@@ -53,12 +53,19 @@ class Job:
         """Attach to the job whose record is in `log_dir` (from any process).
 
         Raises:
-            ValueError: `log_dir` holds no job record.
+            ValueError: `log_dir` holds no job record, or one that cannot be read.
         """
         path = Path(log_dir) / RECORD
         if not path.is_file():
             raise ValueError(f"log_dir {str(log_dir)!r} holds no job record ({RECORD})")
-        return cls(Path(log_dir), json.loads(path.read_text()), owner=False)
+        try:
+            record = json.loads(path.read_text())
+            record["status"]["state"]
+        except (ValueError, KeyError, TypeError) as exc:
+            # The launcher writes it atomically: a damaged one was cut or edited by something else.
+            raise ValueError(f"the job record {path} cannot be read ({type(exc).__name__}: {exc}); it is "
+                             "damaged (clorch writes it whole), so this job cannot be followed") from None
+        return cls(Path(log_dir), record, owner=False)
 
     def _read_record(self) -> dict[str, Any]:
         if self._owner:

@@ -156,3 +156,11 @@ def test_slurm_variables_fill_the_defaults(monkeypatch):
     monkeypatch.setenv("SLURM_NODEID", "x")
     with pytest.raises(ValueError, match="environment variable SLURM_NODEID must be an integer, got 'x'"):
         build_config(OK, **_defaults())
+
+
+def test_opening_a_damaged_job_record_says_so(tmp_path):
+    from clorch.launch.job import Job
+
+    (tmp_path / "job.json").write_text('{"version": 1, "status": {"sta')
+    with pytest.raises(ValueError, match=r"the job record .*job.json cannot be read \(JSONDecodeError"):
+        Job.open(tmp_path)
