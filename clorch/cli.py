@@ -253,8 +253,10 @@ def train_main(argv: list[str] | None = None) -> int:
         args = rewrite_recipe_overrides(args)
         external = None if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG + _MULTIRUN) \
             else detect_external()
-    except ValueError as exc:
-        print_config_errors([str(exc)])
+    except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
+        from clorch.config.preflight import grammar_errors
+
+        print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
         return EXIT_CONFIG
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
         from clorch.engine.as_rank import run_as_rank
@@ -286,12 +288,13 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def split_errors(overrides: list[str]) -> list[str]:
     """The errors found without composing (bad group choices, recipe files, grammar)."""
-    from clorch.config.preflight import split_overrides
+    from clorch.config.preflight import grammar_errors, split_overrides
 
     try:
         return split_overrides(overrides)[1]
-    except Exception as exc:  # Hydra's grammar error names the bad override itself
-        return [str(exc).strip()]
+    except Exception as exc:  # Hydra's grammar error: name each override it refuses
+        return grammar_errors(overrides) or [str(exc).strip()]
+
 
 
 def main() -> None:

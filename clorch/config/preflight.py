@@ -92,6 +92,21 @@ def hydra_overrides(args: Iterable[str]) -> list[str]:
     return out
 
 
+def grammar_errors(overrides: Iterable[str]) -> list[str]:
+    """One error for each override Hydra's override grammar refuses, naming the override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    errors = []
+    for override in overrides:
+        try:
+            OverridesParser.create().parse_overrides([override])
+        except Exception as exc:
+            reason = str(exc).strip().splitlines()[0]
+            errors.append(f"{override!r} is not a valid override ({reason}); a value with brackets, "
+                          "commas or spaces needs quotes in the shell, e.g. 'optim.betas=[0.9,0.95]'")
+    return errors
+
+
 def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None,
               max_combinations: int = MAX_COMBINATIONS) -> list[str]:
     """Every error in the config these overrides compose to (all sweep combinations).
@@ -104,10 +119,11 @@ def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]]
     """
     from clorch.config.checks import check_config
 
+    overrides = list(overrides)
     try:
         forms, errors = split_overrides(overrides)
-    except Exception as exc:  # Hydra's grammar error names the bad override itself
-        return [str(exc).strip()]
+    except Exception as exc:  # Hydra's grammar error: name each override it refuses
+        return grammar_errors(overrides) or [str(exc).strip()]
     for combo in itertools.islice(itertools.product(*forms), max_combinations):
         try:
             cfg = compose(list(combo))

@@ -158,6 +158,18 @@ def _rank_count_errors(nproc: int, backend: str) -> list[str]:
     return []
 
 
+def _node_errors(launcher: Any) -> list[str]:
+    """The local launcher's node layout, checked as `launch()` will check it (names prefixed)."""
+    if launcher.name != "local":
+        return []
+    from clorch.launch.config import check_nodes
+
+    problems: list[str] = []
+    check_nodes({"nnodes": launcher.nnodes, "node_rank": launcher.node_rank,
+                 "master_addr": launcher.master_addr, "master_port": launcher.master_port}, problems)
+    return [f"launcher.{p}".replace("got None", "got null") for p in problems]
+
+
 def _available_memory() -> int | None:
     """Bytes of memory available now (Linux: MemAvailable), or None where unknown."""
     try:
@@ -254,7 +266,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     elif complete(cfg, "top", "launcher"):
         nproc, devices, backend = _ranks(cfg, problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
-        problems += _rank_count_errors(nproc, backend)
+        problems += _rank_count_errors(nproc, backend) + _node_errors(cfg.launcher)
     if complete(cfg, "top", "data"):
         try:
             kwargs = data_kwargs(cfg)

@@ -162,7 +162,8 @@ def _check_numbers(kw: dict[str, Any], problems: list[str]) -> None:
         problems.append(f"backend must be one of 'auto', 'nccl', 'gloo' or None, got {kw['backend']!r}")
 
 
-def _check_nodes(kw: dict[str, Any], problems: list[str]) -> None:
+def check_nodes(kw: dict[str, Any], problems: list[str]) -> None:
+    """The node layout (nnodes, node_rank, master_addr, master_port): each mistake named in `problems`."""
     nnodes, node_rank, port, addr = kw["nnodes"], kw["node_rank"], kw["master_port"], kw["master_addr"]
     if not (_is_int(nnodes) and nnodes >= 1):
         problems.append(f"nnodes must be an integer >= 1, got {nnodes!r}")
@@ -211,7 +212,7 @@ def build_config(main: Any, **kw: Any) -> LaunchConfig:
     _apply_slurm(kw)
     problems: list[str] = []
     _check_numbers(kw, problems)
-    _check_nodes(kw, problems)
+    check_nodes(kw, problems)
     _check_log_dir(kw["log_dir"], problems)
     nproc, devices, backend = resolve_ranks(kw["nproc_per_node"], kw["devices"], kw["backend"],
                                             {**os.environ, **env}, problems)
