@@ -182,29 +182,26 @@ def _available_memory() -> int | None:
 
 
 def _memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
-    """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory,
-    or one rank's in one GPU. Sized on the meta device (no memory allocated)."""
+    """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory.
+    Sized on the meta device (no memory allocated). GPU memory is not checked here: asking
+    for it would start CUDA in the launching process; a rank reports CUDA's own out-of-memory."""
     import torch
 
     from clorch.engine.components import build_model_for
 
+    if backend == "nccl":
+        return []
     try:
         with torch.device("meta"):
             params = sum(p.numel() for p in build_model_for(cfg).parameters())
     except Exception:  # a user model that cannot be built on the meta device: not checked here
         return []
-    need = params * TRAINING_BYTES_PER_PARAMETER
-    if backend == "nccl":
-        have = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-        where, need_all = "one GPU's memory", need
-    else:
-        have, where, need_all = _available_memory(), f"the memory available for {ranks_here} rank(s)", \
-            need * ranks_here
-    if have is None or need_all <= have:
+    need, have = params * TRAINING_BYTES_PER_PARAMETER * ranks_here, _available_memory()
+    if have is None or need <= have:
         return []
-    return [f"model={cfg.model.name}: {params:,} parameters need about {need_all / 2**30:.1f} GiB to train "
-            f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state"
-            f"{'' if backend == 'nccl' else ', per rank'}), more than {where} ({have / 2**30:.1f} GiB)"]
+    return [f"model={cfg.model.name}: {params:,} parameters need about {need / 2**30:.1f} GiB to train "
+            f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state, per rank), "
+            f"more than the memory available for {ranks_here} rank(s) ({have / 2**30:.1f} GiB)"]
 
 
 def _schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
