@@ -46,20 +46,22 @@ def test_missing_nodes_end_the_run_within_the_timeout(tmp_path):
     assert "did not meet at launcher.rdzv_endpoint=127.0.0.1:" in message
     assert "launcher.nnodes=2:2 needs 2 node(s); 1 node(s) joined (" in message, message
     assert "rdzv_timeout=3 s" in message
-    assert _children() == [], "nothing is left running"
+    assert _running_with(str(tmp_path)) == [], "nothing of this run is left running"
 
 
-def _children() -> list[int]:
-    """This process's live children, from /proc (zombies do not count)."""
-    me, found = os.getpid(), []
+def _running_with(text: str) -> list[int]:
+    """Live processes whose command line mentions `text` (this test's run directory)."""
+    found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read().decode(errors="replace")
                 with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if int(fields[1]) == me and fields[0] != "Z":
+            if text in cmdline and state != "Z":
                 found.append(int(entry))
     return found
 
