@@ -121,6 +121,16 @@ def _train(cfg: DictConfig) -> None:
     _report(result)
 
 
+def _flags_first(args: list[str]) -> list[str]:
+    """`args` with the flags that take no value moved to the front.
+
+    Hydra's command line (argparse) refuses a flag after an override
+    (`clorch-train +recipe=x -m optim.lr=1,2`); the order means nothing here.
+    """
+    alone = [a for a in args if a in _MULTIRUN + ("--resolve",)]
+    return alone + [a for a in args if a not in alone]
+
+
 def _flags(args: list[str]) -> set[str]:
     """The `-x`/`--xyz` flags among `args` (`--cfg=job` counts as `--cfg`)."""
     return {a.split("=")[0] for a in args if a.startswith("-")}
@@ -237,7 +247,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from clorch.config.preflight import hydra_overrides, preflight
     from clorch.engine.resolve import resolve_errors
 
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _flags_first(list(sys.argv[1:] if argv is None else argv))
     _argv[:] = args
     flags = _flags(args)
     if "--version" in flags:  # Hydra's own --version names only Hydra

@@ -128,3 +128,10 @@ def test_cfg_job_checks_the_config_like_a_run(tmp_path, monkeypatch, capsys):
     assert train_main(["+recipe=cpu_smoke", "batch_size=4", "--cfg", "job"]) == 0
     assert "batch_size: 4" in capsys.readouterr().out
     assert not (tmp_path / "outputs").exists()  # printing a config makes no run directory
+
+
+def test_a_flag_after_the_overrides_still_works():
+    from clorch.cli import _flags_first
+
+    assert _flags_first(["+recipe=cpu_smoke", "-m", "optim.lr=1e-3,3e-3", "--cfg", "job"]) == \
+        ["-m", "+recipe=cpu_smoke", "optim.lr=1e-3,3e-3", "--cfg", "job"]
