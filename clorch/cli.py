@@ -119,6 +119,11 @@ def _train(cfg: DictConfig) -> None:
             write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
         return
     _report(result)
+    if result["summary"]["status"] == "interrupted" and not _single_run_dir:
+        # A sweep ends with its interrupted job: Hydra would otherwise start the next one.
+        from clorch.engine.interrupts import Interrupted
+
+        raise Interrupted(_interrupted[-1])
 
 
 def _flags_first(args: list[str]) -> list[str]:

@@ -119,21 +119,23 @@ def _check_distinct_devices(env: DistEnv, index: int) -> None:
 
 
 def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
-    """The store the ranks meet in at MASTER_ADDR:MASTER_PORT, its keys under this start's prefix.
+    """The store the ranks meet in at MASTER_ADDR:MASTER_PORT.
 
-    Rank 0 hosts it, unless torch's elastic agent already does (TORCHELASTIC_USE_AGENT_STORE):
-    the agent's store outlives a restart, and a restarted rank reading the previous start's
-    keys (a peer's old address) fails to connect. The restart count in the prefix keeps
-    every start's keys apart.
+    Rank 0 hosts it (a new one each start), unless torch's elastic agent already
+    does (TORCHELASTIC_USE_AGENT_STORE=True). The agent's store outlives a restart,
+    and a restarted rank that read the previous start's keys (a peer's old address)
+    would fail to connect; so there the keys go under a prefix holding the restart
+    count (TORCHELASTIC_RESTART_COUNT). A failure restarts every node's ranks, and
+    every agent counts it; a restart that only admits a new node into an elastic
+    range (nnodes=MIN:MAX) does not raise the healthy nodes' count, and such a
+    start may then wait for its collective timeout before restarting again.
     """
     from clorch.env import restart_count
 
-    agent_hosts = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-                   and os.environ.get("MASTER_ADDR") == env.master_addr
-                   and os.environ.get("MASTER_PORT") == str(env.master_port))
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                           is_master=env.rank == 0 and not agent_hosts, timeout=timeout, multi_tenant=True)
-    return dist.PrefixStore(f"clorch/start_{restart_count()}", store)
+    return dist.PrefixStore(f"clorch/start_{restart_count()}", store) if agent_hosts else store
 
 
 def init_process_group(

@@ -271,7 +271,9 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
                      split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
             if complete(cfg, "model"):
                 problems += _model_errors(cfg)
-                if world is not None and not problems:
+                if world is not None and not problems and external is None:
+                    # (not for another launcher's ranks: free memory differs from rank to rank,
+                    # and a check that stops some ranks only leaves the others waiting)
                     problems += _memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
             message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")

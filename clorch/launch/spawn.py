@@ -21,7 +21,10 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job
     The launcher pid and `job_id` mark the rank's descendants too (they
     inherit them), so that `end_leftovers` finds those that leave its session.
     """
-    env = {**os.environ, **config.env}
+    # A launcher that itself runs under torchrun must not pass on the agent's variables:
+    # its ranks would then expect the agent to host their store.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(config.env)
     env.update({
         "RANK": str(config.global_rank(local_rank)), "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(config.world_size), "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
