@@ -73,3 +73,16 @@ def test_the_printed_command_resumes_the_run(tmp_path):
     summary = json.loads((resumed_dir / "summary.json").read_text())
     assert summary["resumed_from"].startswith(str(run_dir / "checkpoints" / "step_"))
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 400
+
+
+def test_an_interrupt_ends_the_whole_sweep(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    command = [sys.executable, "-m", "clorch.cli", "-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for_a_checkpoint(sweep_dir / "0", proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert json.loads((sweep_dir / "0" / "summary.json").read_text())["status"] == "interrupted"
+    assert not (sweep_dir / "1").exists(), "the sweep's next job did not start"
