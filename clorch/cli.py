@@ -32,8 +32,10 @@ from clorch.launch.external import detect as detect_external
 EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
 # Hydra flags that only print something that is not the job's config: no preflight, no launch.
 _PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
-# Hydra flags that change what is composed: preflight (which uses conf/) cannot see those configs.
-_OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+# Hydra flags that would compose or load something other than clorch's config, unchecked (another
+# primary config may declare Hydra callbacks; a rerun file is a pickle): refused.
+_OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
+                 "--experimental-rerun")
 # Hydra flags that print the composed config instead of running it: checked like a run, no launch.
 _PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
 _MULTIRUN = ("-m", "--multirun")
@@ -260,7 +262,10 @@ def train_main(argv: list[str] | None = None) -> int:
         return 0
     from clorch.config.hydra_keys import hydra_key_errors
 
-    refused = hydra_key_errors(args)
+    refused = hydra_key_errors(args) + [
+        f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
+        "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
+        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(_OTHER_CONFIG))]
     if refused:
         print_config_errors(refused)
         return EXIT_CONFIG
@@ -278,7 +283,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
         _trained_as_rank.append(True)
         return run_as_rank([a for a in args if not a.startswith("-")], external)
-    if flags & set(_PRINT_ONLY + _OTHER_CONFIG):
+    if flags & set(_PRINT_ONLY):
         return _run_hydra(args)
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(_MULTIRUN))

@@ -16,7 +16,13 @@ from typing import Iterable
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
-                "hydra.job.name", "hydra.verbose", "hydra.mode", "hydra.launcher")
+                "hydra.job.name", "hydra.verbose", "hydra.mode")
+# The submitit launchers' resource keys; not `setup`, `srun_args`, `additional_parameters` or
+# `submitit_folder`, which put shell lines into the job script or write anywhere.
+LAUNCHER_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes",
+                 "name", "stderr_to_stdout", "partition", "qos", "comment", "constraint", "exclude", "gres",
+                 "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "account", "signal_delay_s",
+                 "max_num_timeout", "array_parallelism")
 # Group choices a user may make: Hydra's built-in logging configs and the launchers clorch supports.
 ALLOWED_CHOICES = {
     "hydra/launcher": ("basic", "submitit_local", "submitit_slurm"),
@@ -51,9 +57,18 @@ def _key_error(key: str, value: str, group: bool) -> str | None:
         return None
     if "_target_" in key.split(".") or key.endswith("._args_"):
         return f"{key} is not allowed: a config may not name code for Hydra to import"
+    if key.startswith("hydra.launcher."):
+        if key.split(".", 2)[2] in LAUNCHER_KEYS:
+            return None
+        return f"{key} is not allowed; hydra.launcher takes: {', '.join(LAUNCHER_KEYS)}"
+    if key == "hydra.job.name" and ("/" in value or value in (".", "..")):
+        return f"hydra.job.name={value} is not allowed: a name, without '/'"
+    if key == "hydra.sweep.subdir" and (value.startswith("/") or ".." in Path(value).parts):
+        return f"hydra.sweep.subdir={value} is not allowed: a path inside the sweep directory"
     if not any(key == k or key.startswith(k + ".") for k in ALLOWED_KEYS):
         return (f"{key} is not allowed: Hydra's callbacks, logging and output settings can run code "
-                f"or write outside the run; clorch-train accepts: {', '.join(ALLOWED_KEYS)} (and below)")
+                f"or write outside the run; clorch-train accepts: {', '.join(ALLOWED_KEYS)} (and below), "
+                "and hydra.launcher's resource keys")
     return None
 
 
@@ -65,8 +80,12 @@ def _foreign(directory: Path) -> list[str]:
 
 def directory_error(key: str, value: str) -> str | None:
     """Why `value` cannot be the run (or sweep) directory, or None."""
-    if "${" in value or not value:
-        return None  # an interpolation (a date): new by construction
+    if not value:
+        return None
+    if "${" in value:
+        if all(part.startswith("now:") for part in value.split("${")[1:]):
+            return None  # dates, as Hydra's defaults use: new by construction
+        return f"{key}={value} is not allowed: the only interpolation a run directory may use is ${{now:...}}"
     path = Path(value).expanduser().resolve()
     if path == Path(path.anchor):
         return f"{key}={value} is the filesystem root; choose a directory for this run"

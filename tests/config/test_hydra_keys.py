@@ -68,6 +68,10 @@ def test_command_line_callbacks_and_targets_are_refused(tmp_path):
     ("hydra/callbacks=x", "hydra/callbacks=x is not allowed: clorch-train accepts these Hydra groups"),
     ("hydra/launcher=rq", "hydra/launcher=rq is not allowed; choose one of: basic, submitit_local"),
     ("hydra.run.dir=/", "hydra.run.dir=/ is the filesystem root"),
+    ("hydra.run.dir=${oc.env:HOME}", "the only interpolation a run directory may use is ${now:...}"),
+    ("hydra.launcher.setup=[x]", "hydra.launcher.setup is not allowed; hydra.launcher takes: timeout_min"),
+    ("hydra.job.name=../x", "hydra.job.name=../x is not allowed: a name, without '/'"),
+    ("hydra.sweep.subdir=../y", "hydra.sweep.subdir=../y is not allowed: a path inside the sweep directory"),
 ])
 def test_refused_hydra_overrides_are_named(arg, message):
     (error,) = hydra_key_errors([arg])
@@ -91,3 +95,11 @@ def test_run_directories_must_be_new_empty_or_clorch_made(tmp_path):
     assert "holds files clorch did not write (thesis.tex)" in directory_error("hydra.run.dir",
                                                                             str(tmp_path / "theirs"))
     assert "is a file" in directory_error("hydra.run.dir", __file__)
+
+
+def test_flags_that_would_load_an_unchecked_config_are_refused(tmp_path):
+    done = _cli(["--config-dir", str(tmp_path), "--config-name", "mine", "--experimental-rerun", "x.pickle"],
+                tmp_path)
+    assert done.returncode == 2
+    for flag in ("--config-dir", "--config-name", "--experimental-rerun"):
+        assert f"{flag} is not supported by clorch-train" in done.stderr
