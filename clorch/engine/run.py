@@ -198,14 +198,22 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
     import json
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from clorch.engine.as_rank import rank0_result_path
     from clorch.launch.torchrun import TorchrunError, run_torchrun
 
+    interrupted = None
     try:
         run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir, worker)
         status = {"state": "succeeded"}
     except TorchrunError as exc:
         status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}
+    except (SignalException, Interrupted) as exc:
+        # torch's agent has its own SIGINT/SIGTERM/SIGHUP handlers: it ends the ranks, then
+        # raises this; the run is recorded as interrupted, as under clorch's launcher.
+        signum = getattr(exc, "sigval", None) or getattr(exc, "signum")
+        status, interrupted = {"state": "stopped"}, Interrupted(int(signum))
     # Rank 0 left its result for the process whose agent started it: that node writes the summary.
     result = rank0_result_path(run_dir)
     if result.is_file():
@@ -215,7 +223,9 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         result.unlink()
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     summary["launcher"] = "torchrun"
-    if status.get("results") or status["state"] != "succeeded":
+    if interrupted is not None:
+        summary.update(status="interrupted", interrupted_by=interrupted.signal_name)
+    if status.get("results") or status["state"] != "succeeded" or interrupted is not None:
         write_json(run_dir / "summary.json", summary)
         plot_loss(run_dir)
     return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary}

@@ -86,3 +86,20 @@ def test_an_interrupt_ends_the_whole_sweep(tmp_path):
     assert proc.returncode == 130, stderr
     assert json.loads((sweep_dir / "0" / "summary.json").read_text())["status"] == "interrupted"
     assert not (sweep_dir / "1").exists(), "the sweep's next job did not start"
+
+
+def test_an_interrupt_under_launcher_torchrun_is_recorded_too(tmp_path):
+    from clorch.launch.procs import reserve_free_port
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "clorch.cli", *ARGS, "launcher=torchrun",
+               f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for_a_checkpoint(run_dir, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "clorch-train: interrupted by SIGINT after step" in stderr and "resume with:" in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["launcher"] == "torchrun"
