@@ -139,23 +139,30 @@ def _answer_all(waiting: dict[int, socket.socket], line: str) -> None:
 def _join(addr: str, port: int, nnodes: int, node_rank: int, timeout: float, deadline: float,
           stopped: Callable[[], bool]) -> None:
     where = _endpoint(addr, port)
-    conn = _connect(addr, port, deadline, stopped)
-    if conn is None:
-        raise RendezvousTimeout(
-            f"the nodes did not meet at {where} (master_addr:master_port) within {timeout:g} s "
-            f"(rdzv_timeout): node 0 never answered there; node {node_rank} waited")
-    try:
-        _send(conn, f"{_GREETING} {nnodes} {node_rank}")
-        # Node 0 answers by its deadline; a second more covers the clocks' difference.
-        answer = _await_answer(conn, deadline + 1.0, stopped)
-    except OSError as exc:
-        raise RendezvousTimeout(f"the nodes did not meet at {where}: node 0 did not answer node "
-                                f"{node_rank} within {timeout:g} s (rdzv_timeout): {exc}") from None
-    finally:
-        conn.close()
-    if answer != "go":
-        reason = answer[len("fail "):] if answer.startswith("fail ") else f"unexpected answer {answer!r}"
-        raise RendezvousTimeout(reason)
+    while True:
+        conn = _connect(addr, port, deadline, stopped)
+        if conn is None:
+            raise RendezvousTimeout(
+                f"the nodes did not meet at {where} (master_addr:master_port) within {timeout:g} s "
+                f"(rdzv_timeout): node 0 never answered there; node {node_rank} waited")
+        try:
+            _send(conn, f"{_GREETING} {nnodes} {node_rank}")
+            # Node 0 answers by its deadline; a second more covers the clocks' difference.
+            answer = _await_answer(conn, deadline + 1.0, stopped)
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise RendezvousTimeout(f"the nodes did not meet at {where}: node 0 did not answer node "
+                                        f"{node_rank} within {timeout:g} s (rdzv_timeout): {exc}") from None
+            answer = ""  # reset by whatever holds the port for now: ask again below
+        finally:
+            conn.close()
+        if answer == "go":
+            return
+        if answer.startswith("fail "):
+            raise RendezvousTimeout(answer[len("fail "):])
+        # Closed without a clorch answer: something else holds the port for now, such as node 0's
+        # ranks' store while that node has not yet noticed this one's restart. Ask again.
+        time.sleep(_RETRY_S)
 
 
 def _await_answer(conn: socket.socket, deadline: float, stopped: Callable[[], bool]) -> str:

@@ -155,3 +155,36 @@ def test_collective_timeout_ends_a_job_whose_rank_skipped_a_collective(tmp_path)
     assert time.monotonic() - start < 3 + 20
     assert status["state"] == "failed" and status["failed_rank"] == 0
     assert "Timed out waiting 3000ms" in status["error"]["message"]
+
+
+def test_a_joining_node_asks_again_while_another_program_holds_the_port(tmp_path):
+    """Node 1 restarting alone finds node 0's ranks' store on the port: it retries until node 0 meets."""
+    import socket
+    import threading
+
+    from clorch.launch.rendezvous import meet_nodes
+
+    port = reserve_free_port()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("", port))
+    squatter.listen(8)
+
+    def hang_up_on_everyone(until: float) -> None:  # what a store does with a greeting it cannot read
+        squatter.settimeout(0.2)
+        while time.monotonic() < until:
+            try:
+                conn, _ = squatter.accept()
+                conn.close()
+            except OSError:
+                pass
+        squatter.close()
+
+    threading.Thread(target=hang_up_on_everyone, args=(time.monotonic() + 1.5,), daemon=True).start()
+    joined = []
+    node1 = threading.Thread(target=lambda: joined.append(meet_nodes("127.0.0.1", port, 2, 1, 20)))
+    node1.start()
+    time.sleep(2.0)  # the squatter is gone; node 0 now meets node 1
+    meet_nodes("127.0.0.1", port, 2, 0, 20)
+    node1.join(20)
+    assert joined == [None]
