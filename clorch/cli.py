@@ -62,11 +62,11 @@ def _report(result: dict[str, Any]) -> None:
     if summary["status"] == "interrupted":
         _report_interrupted(result)
         return
+    from clorch.engine.run import describe_error
+
     error = status.get("error") or {}
-    rank = status.get("failed_rank")
-    who = f"rank {rank} failed first: " if rank is not None else ""
-    what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
-    print(f"clorch-train: job {summary['status']}: {who}{what}; run directory {result['run_dir']}",
+    what = describe_error({**error, "rank": status.get("failed_rank")}, failed="failed first")
+    print(f"clorch-train: job {summary['status']}: {what}; run directory {result['run_dir']}",
           file=sys.stderr)
     if error.get("traceback"):
         print(error["traceback"], file=sys.stderr)
@@ -76,14 +76,10 @@ def _report(result: dict[str, Any]) -> None:
 def _report_interrupted(result: dict[str, Any]) -> None:
     import signal
 
-    import yaml
-
-    from clorch.config.schema import TrainConfig
     from clorch.engine.interrupts import resume_hint
 
-    summary, run_dir = result["summary"], Path(result["run_dir"])
+    summary, run_dir, cfg = result["summary"], Path(result["run_dir"]), result["plan"].config
     step = (summary.get("final") or {}).get("step", 0)
-    cfg = TrainConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
     print(f"clorch-train: interrupted by {summary['interrupted_by']} after step {step} of "
           f"{summary['planned_steps']}; the ranks were stopped; outputs in {run_dir}", file=sys.stderr)
     print(f"clorch-train: {resume_hint(cfg, run_dir, _argv)}", file=sys.stderr)

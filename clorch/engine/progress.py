@@ -48,14 +48,10 @@ class Progress:
                 self._offset, self._skip_until = 0, dict(self._shown)
             f.seek(self._offset)
             data = f.read()
-        end = data.rfind(b"\n") + 1  # only whole lines; the rest is still being written
-        self._offset += end
+        values, used = _json_lines(data)
+        self._offset += used
         records = []
-        for line in data[:end].decode("utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a damaged line is not worth stopping the run's view for
+        for record in values:
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 continue
             kind = record.get("kind", "train")
@@ -111,18 +107,27 @@ class Progress:
             return []
         with open(path, "rb") as f:
             f.seek(self._events_offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self._events_offset += end
-        messages = []
-        for line in data[:end].decode("utf-8", errors="replace").splitlines():
-            try:
-                messages.append(str(json.loads(line)["message"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-        return messages
+            values, used = _json_lines(f.read())
+        self._events_offset += used
+        return [str(v["message"]) for v in values if isinstance(v, dict) and "message" in v]
 
     def close(self) -> None:
         self.poll()
         if self._bar is not None:
             self._bar.close()
+
+
+def _json_lines(data: bytes) -> tuple[list[Any], int]:
+    """The JSON values of the whole lines in `data`, and how many bytes those lines span.
+
+    A last line without its newline is still being written: it is left for the next
+    read. A damaged line is skipped; it is not worth stopping the run's view for.
+    """
+    end = data.rfind(b"\n") + 1
+    values = []
+    for line in data[:end].decode("utf-8", errors="replace").splitlines():
+        try:
+            values.append(json.loads(line))
+        except ValueError:
+            continue
+    return values, end

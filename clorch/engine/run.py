@@ -75,10 +75,10 @@ def _announce_restarts(status: Mapping[str, Any], shown: int, limit: int, progre
     return max(count, shown)
 
 
-def describe_error(error: Mapping[str, Any]) -> str:
+def describe_error(error: Mapping[str, Any], failed: str = "failed") -> str:
     """`rank R failed: Type: message` (or what is known of it), for one line of the console."""
     rank = error.get("rank")
-    who = f"rank {rank} failed: " if rank is not None else ""
+    who = f"rank {rank} {failed}: " if rank is not None else ""
     what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
     return who + what
 
@@ -109,6 +109,8 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
         "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
         "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
     }
+    if status.get("interrupted_by"):
+        summary["interrupted_by"] = status["interrupted_by"]
     return summary
 
 
@@ -136,7 +138,7 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
 
     Returns:
         {"status": the launcher's final status, "logs": {rank: {"stdout", "stderr"}},
-         "run_dir": str, "summary": summary.json's content}.
+         "run_dir": str, "summary": summary.json's content, "plan": the launch plan}.
 
     Raises:
         ConfigError: every config error, before anything starts.
@@ -180,18 +182,15 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
         return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
     job = _launch(plan, run_dir, worker)
     mode = progress or plan.config.logger.progress
-    interrupted = None
     try:
         status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
     except Interrupted as exc:  # _follow stopped the ranks; record the run as interrupted
-        status, interrupted = job.status(), exc
+        status = {**job.status(), "state": "interrupted", "interrupted_by": exc.signal_name}
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
-    if interrupted is not None:
-        summary.update(status="interrupted", interrupted_by=interrupted.signal_name)
     write_json(run_dir / "summary.json", summary)
     plot_loss(run_dir)
     logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
-    return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary}
+    return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary, "plan": plan}
 
 
 def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> dict[str, Any]:
@@ -203,7 +202,6 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     from clorch.engine.as_rank import rank0_result_path
     from clorch.launch.torchrun import TorchrunError, run_torchrun
 
-    interrupted = None
     try:
         run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir, worker)
         status = {"state": "succeeded"}
@@ -213,7 +211,7 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         # torch's agent has its own SIGINT/SIGTERM/SIGHUP handlers: it ends the ranks, then
         # raises this; the run is recorded as interrupted, as under clorch's launcher.
         signum = getattr(exc, "sigval", None) or getattr(exc, "signum")
-        status, interrupted = {"state": "stopped"}, Interrupted(int(signum))
+        status = {"state": "interrupted", "interrupted_by": Interrupted(int(signum)).signal_name}
     # Rank 0 left its result for the process whose agent started it: that node writes the summary.
     result = rank0_result_path(run_dir)
     if result.is_file():
@@ -223,9 +221,7 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         result.unlink()
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     summary["launcher"] = "torchrun"
-    if interrupted is not None:
-        summary.update(status="interrupted", interrupted_by=interrupted.signal_name)
-    if status.get("results") or status["state"] != "succeeded" or interrupted is not None:
+    if status.get("results") or status["state"] != "succeeded":
         write_json(run_dir / "summary.json", summary)
         plot_loss(run_dir)
-    return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary}
+    return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary, "plan": plan}

@@ -106,9 +106,8 @@ def _host(addr: str, port: int, nnodes: int, timeout: float, deadline: float,
 
 def _admit(conn: socket.socket, nnodes: int, waiting: dict[int, socket.socket]) -> None:
     """Read a joining node's greeting; keep its connection, or refuse it with the reason."""
-    conn.settimeout(5.0)
     try:
-        words = _read_line(conn).split()
+        words = _await_answer(conn, time.monotonic() + 5.0, lambda: False).split()
     except OSError:
         conn.close()
         return
@@ -166,7 +165,8 @@ def _join(addr: str, port: int, nnodes: int, node_rank: int, timeout: float, dea
 
 
 def _await_answer(conn: socket.socket, deadline: float, stopped: Callable[[], bool]) -> str:
-    """Node 0's one-line answer; raises socket.timeout at the deadline."""
+    """The peer's one line (node 0's answer, a joining node's greeting); raises socket.timeout
+    at the deadline. Stops reading after 64 KiB: no line of this exchange is that long."""
     data = b""
     while not data.endswith(b"\n"):
         if stopped():
@@ -180,8 +180,10 @@ def _await_answer(conn: socket.socket, deadline: float, stopped: Callable[[], bo
         except (socket.timeout, TimeoutError):
             continue
         if not chunk:
-            break  # node 0 closed without an answer
+            break  # the peer closed without a line
         data += chunk
+        if len(data) > 65536:
+            break
     return data.decode(errors="replace").strip()
 
 
@@ -200,14 +202,3 @@ def _connect(addr: str, port: int, deadline: float, stopped: Callable[[], bool])
 def _send(conn: socket.socket, line: str) -> None:
     conn.sendall((line + "\n").encode())
 
-
-def _read_line(conn: socket.socket) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > 65536:
-            break
-    return data.decode(errors="replace").strip()
