@@ -13,6 +13,7 @@ A failing rank exits non-zero; the external launcher then ends the others.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -119,12 +120,11 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
               flush=True)
     start = time.perf_counter()
     try:
-        if rank.env.rank == 0:  # rank 0 holds the checkpoint directory while the job lives
-            from clorch.engine.run import owning_checkpoint_dir
+        from clorch.engine.run import owning_checkpoint_dir
 
-            with owning_checkpoint_dir(plan, run_dir):
-                result = _train(plan, run_dir, rank)
-        else:
+        # Rank 0 holds the checkpoint directory while the job lives.
+        holding = owning_checkpoint_dir(plan, run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
+        with holding:
             result = _train(plan, run_dir, rank)
     except ConfigError as exc:
         return _report_errors(exc.errors, rank, always=True)
