@@ -2,7 +2,8 @@
 
 Per rank, the same model and the same batch train under four candidates,
 interleaved round by round (the order rotates): clorch's
-DistributedDataParallel, clorch's with reduce_dtype="bf16", torch's
+DistributedDataParallel, clorch's with reduce_dtype="bf16", clorch's with
+the optimizer stepped bucket by bucket in backward (`step_in_backward`), torch's
 DistributedDataParallel with the same bucket cap (as constructed by default,
 and with gradient_as_bucket_view=True and static_graph=True), and the bare model (no
 communication: what one process would cost). A candidate's sample is the mean
@@ -96,6 +97,9 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     ids = [device.index] if device.type == "cuda" else None
     ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     ours_bf16 = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, reduce_dtype="bf16")
+    ours_overlap = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    overlap_opt = work.optimizer(ours_overlap.module)
+    ours_overlap.step_in_backward(overlap_opt)
     theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
                                                        bucket_cap_mb=cap)
     # torch's DDP in its fastest documented settings: gradients live in the buckets, graph reused.
@@ -108,6 +112,8 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
         "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
                                       work.loss, steps, sync),
+        "clorch DDP step_in_backward": _candidate(ours_overlap, overlap_opt, ours_overlap.optimizer_step,
+                                                  work.loss, steps, sync),
         "torch DDP": _candidate(theirs, opt(theirs.module), _plain_step, work.loss, steps, sync),
         "torch DDP best": _candidate(theirs_best, opt(theirs_best.module), _plain_step, work.loss, steps, sync),
         "one process": _candidate(single, opt(single), _plain_step, work.loss, steps, sync),
@@ -119,7 +125,9 @@ def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str
     """clorch / torch DDP step time, then the scaling efficiency of each DDP candidate."""
     lines = [f"clorch DDP / torch DDP step time: {ratio(medians['clorch DDP'], medians['torch DDP']):.4f}",
              f"clorch DDP / torch DDP best (gradient_as_bucket_view, static_graph) step time: "
-             f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}"]
+             f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}",
+             f"clorch DDP step_in_backward / torch DDP best step time: "
+             f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}"]
     ddp = [name for name in medians if name != "one process"]
     eff = ", ".join(f"{name} {ratio(medians['one process'], medians[name]):.4f}" for name in ddp)
     lines.append(f"scaling efficiency (one-process step time / {world_size}-rank step time, "
@@ -155,6 +163,7 @@ def worker(ctx: dict) -> dict:
     return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),
             "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
             "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),
+            "ratio_overlap_torch_best": ratio(medians["clorch DDP step_in_backward"], medians["torch DDP best"]),
             "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians}}
 
 

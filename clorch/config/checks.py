@@ -328,6 +328,10 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     if isinstance(cfg.precision, schema.FP16Config) and not cfg.precision.scaler.enabled:
         errors.append("precision.scaler.enabled=false with precision=fp16 risks underflow: "
                       "keep the scaler on for fp16 (use bf16 for no scaler)")
+    if isinstance(cfg.precision, schema.FP16Config) and cfg.ddp is not None and cfg.ddp.step_in_backward:
+        errors.append("ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
+                      "to skip a step only after every gradient is in, and backward would already have "
+                      "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)")
     if cfg.logger is not None and cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
         errors.append("logger=tensorboard needs the tensorboard package: "
                       "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "

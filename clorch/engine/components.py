@@ -156,6 +156,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                                     first_bucket_cap_mb=ddp.first_bucket_cap_mb,
                                     broadcast_buffers=ddp.broadcast_buffers, reduce_dtype=ddp.reduce_dtype)
     optimizer = _optimizer(cfg, raw)
+    if ddp.step_in_backward:
+        model.step_in_backward(optimizer)
     sampling = cfg.sampler
     sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
                                  seed=cfg.seed if sampling.seed is None else sampling.seed,

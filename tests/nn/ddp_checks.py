@@ -322,6 +322,67 @@ def check_grad_averaged_when_backward_returns(rank, world_size):
     return True
 
 
+def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=None):
+    """AdamW with two param groups, a schedule and micro-batches; returns weights and optimizer state."""
+    data = m.batches(4 * 2, 4 * world_size)
+    ddp = DistributedDataParallel(build(seed=0), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6,
+                                  reduce_dtype=reduce_dtype)
+    params = [p for p in ddp.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": params[::2]}, {"params": params[1::2], "lr": 0.003,
+                                                         "weight_decay": 0.0}], lr=0.01, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    if overlap:
+        ddp.step_in_backward(opt)
+    for step, start in enumerate(range(0, len(data), 2)):
+        if step == reload_at:  # a checkpoint round trip replaces the optimizer's state dict
+            opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+        x, y = m.shard(data[start], rank, world_size)
+        with ddp.no_sync():
+            m.loss_fn(ddp(x), y).backward()
+        x, y = m.shard(data[start + 1], rank, world_size)
+        m.loss_fn(ddp(x), y).backward()
+        assert ddp.optimizer_step(opt) is True
+        schedule.step()
+    buckets = len(ddp.buckets)
+    ddp.close()
+    state = {f"optimizer {index} {key}": value for index, entry in opt.state_dict()["state"].items()
+             for key, value in entry.items()}
+    return {**m.weights(ddp.module), **state}, buckets
+
+
+def check_step_in_backward_same_numerics(rank, world_size):
+    """The overlapped step gives bit-identical weights to optimizer.step() after backward."""
+    results = {}
+    for name, build, dtype in (("mlp", m.mlp, None), ("two dtypes, bf16 buckets", m.TwoDtypes, "bf16"),
+                               ("tied", m.Tied, None)):
+        want, _ = _overlap_run(rank, world_size, False, build, dtype)
+        got, buckets = _overlap_run(rank, world_size, True, build, dtype, reload_at=2)
+        assert buckets > 1, buckets
+        for key in want:
+            assert torch.equal(got[key], want[key]), (name, key, got[key] - want[key])
+        results[name] = buckets
+    return results
+
+
+def check_step_in_backward_refuses_a_second_step(rank, world_size):
+    """optimizer.step() and a scaler raise ValueError; the gradients are still the average."""
+    ddp = DistributedDataParallel(m.mlp(seed=0))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ddp.step_in_backward(opt)
+    before = m.weights(ddp.module)
+    x, y = m.shard(m.batches(1, 4 * world_size)[0], rank, world_size)
+    m.loss_fn(ddp(x), y).backward()
+    moved = any(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
+    messages = []
+    for call in (opt.step, lambda: ddp.optimizer_step(opt, GradScaler("cpu"))):
+        try:
+            call()
+        except ValueError as error:
+            messages.append(str(error))
+    ddp.close()
+    return moved, messages
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 

@@ -117,3 +117,34 @@ def test_clorch_nn_imports_no_config_code():
             "bad = sorted(m for m in sys.modules if m.startswith(('clorch.config', 'clorch.engine', 'hydra'))); "
             "sys.exit(f'clorch.nn imported {bad}' if bad else 0)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_step_in_backward_at_world_size_one_matches_a_plain_loop():
+    data = m.batches(4, 8)
+    plain = m.mlp()
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=0.01)
+    ddp = DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=0.01)
+    ddp.step_in_backward(opt)
+    assert len(ddp.buckets) == 6  # the bucket path runs, with nothing to communicate
+    for x, y in data:
+        m.loss_fn(plain(x), y).backward()
+        plain_opt.step()
+        plain_opt.zero_grad()
+        m.loss_fn(ddp(x), y).backward()
+        assert ddp.optimizer_step(opt) is True
+    for key, want in m.weights(plain).items():
+        assert torch.equal(m.weights(ddp.module)[key], want), key
+
+
+def test_step_in_backward_refuses_what_it_cannot_step():
+    ddp = DistributedDataParallel(m.mlp())
+    with pytest.raises(TypeError, match="takes a torch.optim.Optimizer, got str"):
+        ddp.step_in_backward("adamw")
+    with pytest.raises(ValueError, match="steps each parameter on its own .* got LBFGS"):
+        ddp.step_in_backward(torch.optim.LBFGS(ddp.parameters()))
+    with pytest.raises(ValueError, match="the model has 6, the optimizer 1, 1 of them not the model's"):
+        ddp.step_in_backward(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1))
+    ddp.step_in_backward(torch.optim.SGD(ddp.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="already called on this model \\(with a SGD\\)"):
+        ddp.step_in_backward(torch.optim.SGD(ddp.parameters(), lr=0.1))

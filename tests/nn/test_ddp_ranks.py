@@ -104,3 +104,17 @@ def test_missing_gradient_raises_from_backward_on_every_rank(results):
 
 def test_grad_is_the_average_when_backward_returns(results):
     _ok(results, "grad_averaged_when_backward_returns")
+
+
+def test_step_in_backward_is_bit_identical_to_a_step_after_backward(results):
+    _, values = _ok(results, "step_in_backward_same_numerics")
+    assert all(count > 1 for value in values for count in value.values())
+
+
+def test_step_in_backward_refuses_optimizer_step_and_a_scaler(results):
+    _, values = _ok(results, "step_in_backward_refuses_a_second_step")
+    for moved, messages in values:
+        assert moved
+        assert len(messages) == 2
+        assert "already steps inside backward" in messages[0]
+        assert "a scaler cannot skip a step" in messages[1]

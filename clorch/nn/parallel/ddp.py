@@ -79,7 +79,8 @@ class DistributedDataParallel(nn.Module):
     signature across ranks (ValueError on every rank if it differs) and
     broadcasts parameters and buffers from rank 0.
 
-    At world size 1 there is nothing to average, so no hooks are registered:
+    At world size 1 there is nothing to average, so (unless `step_in_backward`
+    is used) no hooks are registered:
     backward leaves autograd's own `.grad` and `buckets` is empty. (torch's
     DDP copies every gradient into a bucket there too; skipping that keeps a
     one-GPU job as fast as the plain model.)
@@ -145,10 +146,48 @@ class DistributedDataParallel(nn.Module):
         self._buffers_to_sync = list(module.buffers()) if sync_buffers and size > 1 else []
         self._reducer: Reducer | None = None
         self._covers: dict[tuple[int, int], bool] = {}
+        self._reducer_args = (cap, first_cap, dtype, size)
         if size > 1:
-            trainable = [(name, p) for name, p in named if p.requires_grad]
-            self._reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], cap,
-                                    first_cap, dtype, size)
+            self._reducer = self._build_reducer()
+
+    def _build_reducer(self) -> Reducer:
+        trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
+        return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args)
+
+    def step_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
+        """Let each synchronized backward also step `optimizer`, bucket by bucket.
+
+        From now on, when a synchronized `backward()` returns, `.grad` holds
+        the average (as always) and the parameters have been stepped:
+        each bucket's parameters as soon as its all-reduce was done, so the
+        step overlaps the communication of later buckets (on CUDA, on a side
+        stream; see `clorch.nn.parallel.overlap`). The numerics are those of
+        `optimizer.step()` after backward. Do not call `optimizer.step()`
+        any more (it raises ValueError); zero the gradients as before, or
+        call `optimizer_step(optimizer)`, which then only zeroes them.
+        Forwards under `no_sync()` still accumulate without stepping.
+
+        Not for steps that must see every gradient first: gradient clipping by
+        the global norm, or fp16 loss scaling (its skip decision needs every
+        bucket), and not for LBFGS. Works at world size 1 too (buckets are
+        filled, nothing is communicated). Local: call it on every rank, before
+        the next backward.
+
+        Raises:
+            TypeError: optimizer is not a torch.optim.Optimizer.
+            ValueError: it does not hold exactly the model's trainable
+                parameters, needs every parameter at once (LBFGS), or an
+                optimizer was already handed over.
+        """
+        from clorch.nn.parallel.overlap import BucketStepper
+
+        if self._reducer is None:
+            self._reducer = self._build_reducer()
+        reducer = self._reducer
+        if reducer.stepper is not None:
+            raise ValueError("step_in_backward() was already called on this model "
+                             f"(with a {type(reducer.stepper.optimizer).__name__}); call it once")
+        reducer.stepper = BucketStepper(optimizer, reducer.buckets, reducer.params)
 
     @property
     def buckets(self) -> list:
@@ -189,14 +228,16 @@ class DistributedDataParallel(nn.Module):
         Call it on every rank after each synchronized backward; the averages
         are already in `.grad`. With a scaler it is a synchronization point
         (the scaler's found-inf all-reduce and one host read); without one it
-        is local.
+        is local. For the optimizer handed to `step_in_backward`, backward
+        already stepped: this only zeroes the gradients.
 
         Returns:
             True when the optimizer stepped, False when the scaler skipped it.
 
         Raises:
             TypeError: optimizer has no step(), or scaler has no step().
-            ValueError: no synchronized backward ran since the last step.
+            ValueError: no synchronized backward ran since the last step, or
+                a scaler with an optimizer that steps in backward.
         """
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -205,7 +246,12 @@ class DistributedDataParallel(nn.Module):
         reducer = self._reducer
         if reducer is not None and not reducer.committed:
             raise reducer.no_synchronized_backward()
-        if scaler is None:
+        if reducer is not None and reducer.stepper is not None and reducer.stepper.optimizer is optimizer:
+            if scaler is not None:
+                raise ValueError("optimizer_step(): a scaler cannot skip a step that backward already "
+                                 "took (step_in_backward); use bf16 or fp32 without a scaler")
+            stepped = True
+        elif scaler is None:
             optimizer.step()
             stepped = True
         else:

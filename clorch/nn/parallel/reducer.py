@@ -21,6 +21,9 @@ Averaging divides *before* the sum (pre-division): with fp16 gradients near
 the format's maximum, summing world_size of them first would overflow to inf
 before a post-division could bring them back.
 
+With an optimizer handed over (`step_in_backward`), each bucket's parameters
+are also stepped once its all-reduce is done (`clorch.nn.parallel.overlap`).
+
 Nothing here reads a device value on the host.
 """
 
@@ -35,13 +38,16 @@ from torch.autograd import Variable
 from clorch.distributed import collectives
 from clorch.distributed.groups import debug_enabled
 from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
+from clorch.nn.parallel.overlap import BucketStepper
 
 
 class Reducer:
     """Owns the buckets and the hooks of one DistributedDataParallel model.
 
-    Needs an initialized default process group: each full bucket is
-    all-reduced over it. (DistributedDataParallel builds none at world size 1.)
+    With world_size > 1 it needs an initialized default process group: each
+    full bucket is all-reduced over it. At world size 1 buckets are filled but
+    not communicated (DistributedDataParallel builds a reducer there only for
+    `step_in_backward`).
 
     Args:
         params: trainable parameters, registration order.
@@ -66,7 +72,10 @@ class Reducer:
         self.committed = False     # a synchronized backward finished since the last optimizer step
         self._in_backward = False
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
+        self._communicates = world_size > 1
+        self.stepper: BucketStepper | None = None  # set by step_in_backward
         self.param_ids = frozenset(id(p) for p in self._params)
+        self.params = tuple(self._params)
         self._handles = []
         for bucket in self.buckets:
             for position, index in enumerate(bucket.param_indices):
@@ -88,7 +97,8 @@ class Reducer:
             self._fired[index] = True
             grad = param.grad
             # Pre-divided copy into the slot (in place when .grad already is the slot).
-            torch.div(grad, divisor, out=comm_view)
+            if divisor != 1 or grad.data_ptr() != comm_view.data_ptr():
+                torch.div(grad, divisor, out=comm_view)
             if grad.data_ptr() != slot_ptr:
                 param.grad = grad_view
             bucket.filled += 1
@@ -109,11 +119,17 @@ class Reducer:
             self._next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
-        if self._use_wrapper:
+        if not self._communicates:
+            bucket.work = None
+        elif self._use_wrapper:
             bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
         else:
             # The buckets were checked when they were built: skip the wrapper's per-call checks.
             bucket.work = dist.all_reduce(bucket.comm, op=dist.ReduceOp.SUM, async_op=True)
+        if self.stepper is not None and self.stepper.stream is not None:
+            # CUDA: queue the bucket's step now, behind its all-reduce, on the side stream.
+            work, bucket.work = bucket.work, None
+            self.stepper.step(bucket, work)
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and commit the averages to `.grad`.
@@ -123,6 +139,10 @@ class Reducer:
         need it; calling it again is a no-op. It blocks until all buckets are
         reduced (on CUDA: until the reductions are ordered on the current
         stream; no host sync).
+
+        With an optimizer handed over by `step_in_backward`, the parameters
+        are stepped too by the time it returns (on CUDA: ordered on the
+        current stream).
 
         Raises:
             ValueError: a trainable parameter got no gradient in the
@@ -138,13 +158,18 @@ class Reducer:
             while self._next_launch < len(self.buckets):
                 self._launch(self.buckets[self._next_launch])
                 self._next_launch += 1
+        stepper = self.stepper
         for bucket in self.buckets:
-            if bucket.work is not None:
-                work, bucket.work = bucket.work, None
+            work, bucket.work = bucket.work, None
+            if stepper is not None and stepper.stream is None and not missing:
+                stepper.step(bucket, work)  # CPU: wait for this bucket, step it, go on
+            elif work is not None:
                 work.wait()
-            if bucket.converts:
+            if bucket.converts and (stepper is None or missing):
                 bucket.flat.copy_(bucket.comm)
             bucket.filled = 0
+        if stepper is not None:
+            stepper.join()
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
@@ -172,6 +197,9 @@ class Reducer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self.stepper is not None:
+            self.stepper.remove()
+            self.stepper = None
         for bucket in self.buckets:
             if bucket.work is not None:
                 work, bucket.work = bucket.work, None

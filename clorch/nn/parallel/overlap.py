@@ -1,0 +1,135 @@
+"""The optimizer step overlapped with gradient communication, one bucket at a time.
+
+`DistributedDataParallel.step_in_backward(optimizer)` hands the optimizer to
+the reducer. From then on each synchronized backward also steps the
+parameters: a bucket's parameters are stepped as soon as that bucket's
+all-reduce is done, while later buckets are still travelling, so the step can
+end with the last bucket instead of after it.
+
+How each bucket is stepped: one shallow copy of the optimizer per bucket, its
+param_groups holding only the bucket's parameters and sharing the optimizer's
+`state` dict. Before each step the copy takes the optimizer's current
+hyperparameters (so LR schedules and `load_state_dict` apply), and then runs
+the optimizer class's own `step`, with the same kernels (fused or foreach)
+the optimizer would have used. For per-parameter optimizers (SGD, Adam,
+AdamW, ...) the result is the same as one `optimizer.step()` after backward.
+
+Where the step runs: on CUDA, on a side stream that waits for the bucket's
+all-reduce on the device (the host never waits), overlapping the backward
+still computing on the main stream; the main stream waits for the side stream
+when backward ends. On CPU the host waits for each bucket's all-reduce in
+turn and steps it while the later buckets are still being reduced by gloo's
+threads.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+
+from clorch.nn.parallel.buckets import Bucket
+
+_NEEDS_WHOLE_MODEL = ("LBFGS",)  # optimizers whose step looks at every parameter at once
+
+
+def _refuse_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    raise ValueError(
+        f"{type(optimizer).__name__}.step() was called, but this optimizer already steps inside "
+        "backward (DistributedDataParallel.step_in_backward): each synchronized backward updates "
+        "the parameters; call only optimizer.zero_grad() (or model.optimizer_step(optimizer)) after it")
+
+
+class BucketStepper:
+    """Steps the parameters of each bucket of a reducer with one optimizer.
+
+    Args:
+        optimizer: a per-parameter torch optimizer holding exactly the
+            reducer's parameters.
+        buckets: the reducer's buckets.
+        params: the reducer's parameters (indices in buckets refer to them).
+
+    Raises:
+        TypeError: optimizer is not a torch.optim.Optimizer.
+        ValueError: an optimizer that needs every parameter at once (LBFGS),
+            or parameters that differ from the model's trainable ones.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, buckets: Sequence[Bucket],
+                 params: Sequence[torch.Tensor]):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"step_in_backward() takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        name = type(optimizer).__name__
+        if name in _NEEDS_WHOLE_MODEL:
+            raise ValueError(f"step_in_backward() needs an optimizer that steps each parameter on its "
+                             f"own (SGD, Adam, AdamW, ...), got {name}")
+        _check_covers(optimizer, params)
+        self.optimizer = optimizer
+        self._group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        self._parts = [self._part(bucket, params) for bucket in buckets]
+        device = params[0].device if params else torch.device("cpu")
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._guard = optimizer.register_step_pre_hook(_refuse_step)
+
+    def _part(self, bucket: Bucket, params: Sequence[torch.Tensor]) -> tuple[torch.optim.Optimizer, list[int]]:
+        """A copy of the optimizer over the bucket's parameters, and the groups they come from."""
+        members: dict[int, list[torch.Tensor]] = {}
+        for index in bucket.param_indices:
+            param = params[index]
+            members.setdefault(self._group_of[id(param)], []).append(param)
+        part = copy.copy(self.optimizer)  # shares `state`; no hooks, no patched step
+        groups = sorted(members)
+        part.param_groups = [dict(self.optimizer.param_groups[g], params=members[g]) for g in groups]
+        return part, groups
+
+    def step(self, bucket: Bucket, work: object) -> None:
+        """Step `bucket`'s parameters once its all-reduce `work` (None: nothing in flight) is done.
+
+        Local (no collective). On CUDA it returns at once: the side stream waits
+        for the reduction and the gradients' producers. On CPU it blocks until
+        `work` is done.
+        """
+        if self.stream is None:
+            self._step_now(bucket, work)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            self._step_now(bucket, work)
+
+    def _step_now(self, bucket: Bucket, work: object) -> None:
+        if work is not None:
+            work.wait()
+        if bucket.converts:
+            bucket.flat.copy_(bucket.comm)
+        part, groups = self._parts[bucket.index]
+        main = self.optimizer
+        part.state = main.state  # load_state_dict() replaces the optimizer's state dict
+        for group, g in zip(part.param_groups, groups):
+            source = main.param_groups[g]
+            for key, value in source.items():
+                if key != "params":
+                    group[key] = value
+        with torch.no_grad():
+            type(main).step(part)
+        main._opt_called = True  # what an LR scheduler checks to know the optimizer stepped
+
+    def join(self) -> None:
+        """Make the current stream wait for every step queued on the side stream (no host wait)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+    def remove(self) -> None:
+        """Let the optimizer step by itself again."""
+        self.join()
+        self._guard.remove()
+
+
+def _check_covers(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    theirs, ours = {id(p) for p in held}, {id(p) for p in params}
+    if theirs != ours:
+        raise ValueError(
+            "step_in_backward(): the optimizer must hold exactly the model's trainable parameters "
+            f"(the model has {len(ours)}, the optimizer {len(theirs)}, {len(theirs - ours)} of them "
+            "not the model's); build it from model.parameters()")
