@@ -45,7 +45,9 @@ from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
 
 DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
-            "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu"}
+            "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
+            "trace": None}
+TRACED = ("clorch DDP", "clorch DDP step_in_backward", "torch DDP best", "one process")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                    help="bucket cap (MiB) for clorch's and torch's DDP")
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads per rank")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="after timing, profile one step of each DDP candidate on every rank: Chrome "
+                        "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step")
     return p
 
 
@@ -81,6 +86,11 @@ def _candidate(forward, optimizer, step, loss, steps, sync):
         sync()  # CUDA work is asynchronous: the clock stops when the GPU is done
         return (time.perf_counter() - start) / steps
 
+    def one_step() -> None:
+        loss(forward).backward()
+        step(optimizer)
+
+    run.one_step = one_step  # what --trace profiles
     return run
 
 
@@ -138,6 +148,26 @@ def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str
     return "\n".join(lines)
 
 
+def _traces(candidates: dict, directory: str, rank: int) -> str:
+    """Profile one step of each traced candidate (every rank, same order); rank 0's figures as a table."""
+    from pathlib import Path
+
+    from clorch.bench.trace import profile_step
+
+    rows = []
+    for name in TRACED:
+        path = Path(directory) / f"rank{rank}-{name.replace(' ', '_')}.json.gz"
+        cd.barrier()
+        figures = profile_step(candidates[name].one_step, path)
+        rows.append([name, figures["busy_us"] / 1e3, figures["compute_us"] / 1e3, figures["comm_us"] / 1e3,
+                     figures["exposed_comm_us"] / 1e3])
+    if not any(row[1] for row in rows):
+        return f"one profiled step per candidate in {directory} (no device kernels on CPU: open them in Perfetto)"
+    return (f"one profiled step per candidate (torch.profiler, rank {rank}; traces in {directory})\n"
+            + format_table(["candidate", "device busy ms", "compute kernels ms", "communication ms",
+                            "exposed communication ms"], rows))
+
+
 def worker(ctx: dict) -> dict:
     """One rank's benchmark (every rank runs it); returns rank 0's table and medians.
 
@@ -160,6 +190,8 @@ def worker(ctx: dict) -> dict:
     table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
     if args["model"] != "mlp":  # the MLP's output stays as it was
         table += "\n" + _summary(medians, n, work.tokens_per_step)
+    if args["trace"]:
+        table += "\n" + _traces(candidates, args["trace"], ctx["rank"])
     return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),
             "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
             "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),

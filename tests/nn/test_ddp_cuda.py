@@ -133,3 +133,36 @@ def test_reducer_on_one_nccl_rank_averages_into_bucket_views_without_host_sync()
         assert got["buckets"] > 1 and got["comm_dtypes"] == [comm]
         assert got["views"] is True and got["committed"] is True
         assert got["syncs"] == 0
+
+
+def _step_in_backward_checks(rank, world_size):
+    """Fused AdamW stepped bucket by bucket on a side stream == a fused step after backward."""
+    from clorch.nn.parallel import DistributedDataParallel
+
+    plain, ddp = _model(), DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, fused=True)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
+    ddp.step_in_backward(opt)
+    syncs = []
+    for x, y in _data(4):  # every rank trains on the same batches: the average is the plain gradient
+        torch.nn.functional.mse_loss(plain(x), y).backward()
+        plain_opt.step()
+        plain_opt.zero_grad(set_to_none=True)
+
+        def step():
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            ddp.optimizer_step(opt)
+
+        syncs.append(_host_syncs(step))
+    same = all(torch.equal(p, q) for p, q in zip(ddp.module.parameters(), plain.parameters()))
+    return {"buckets": len(ddp.buckets), "same": same, "syncs": syncs}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_step_in_backward_on_nccl_is_bit_identical_and_sync_free(world_size):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} CUDA GPUs")
+    for out in run_ranks(_step_in_backward_checks, world_size, backend="nccl", timeout=100):
+        assert out["buckets"] > 1
+        assert out["same"] is True
+        assert out["syncs"] == [0, 0, 0, 0]
