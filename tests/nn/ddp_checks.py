@@ -322,6 +322,40 @@ def check_grad_averaged_when_backward_returns(rank, world_size):
     return True
 
 
+def check_backward_accumulates_into_the_buckets(rank, world_size):
+    """After zero_grad(set_to_none=True) the next forward points .grad back at zeroed bucket slots.
+
+    Backward then accumulates in place (the same tensors before and after), and a
+    .grad the user replaced or removed by hand is still averaged correctly.
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    plain = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.001)
+    flats = {b.flat.data_ptr() for b in ddp.buckets}
+    gen = torch.Generator().manual_seed(100 + rank)
+    params = list(ddp.module.parameters())
+    for step in range(4):
+        x, y = torch.randn(8, 32, generator=gen), torch.randn(8, 4, generator=gen)
+        expected = _average(_local_grads(plain, x, y))
+        ddp.zero_grad(set_to_none=True)
+        if step == 2:
+            params[0].grad = torch.zeros_like(params[0])  # a tensor of the user's own
+        out = ddp(x)
+        if step == 3:
+            params[-1].grad = None  # removed between forward and backward
+        slots = [p.grad for p in params]
+        assert all(g is None or not g.any() for g in slots), "restored slots must be zero"
+        m.loss_fn(out, y).backward()
+        for got, want in zip([p.grad for p in params], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert all(p.grad._base is not None and p.grad._base.data_ptr() in flats for p in params)
+        if step == 1:
+            assert all(p.grad is slot for p, slot in zip(params, slots)), "backward must write in place"
+    ddp.close()
+    return True
+
+
 def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=None):
     """AdamW with two param groups, a schedule and micro-batches; returns weights and optimizer state."""
     data = m.batches(4 * 2, 4 * world_size)

@@ -118,3 +118,7 @@ def test_step_in_backward_refuses_optimizer_step_and_a_scaler(results):
         assert len(messages) == 2
         assert "already steps inside backward" in messages[0]
         assert "a scaler cannot skip a step" in messages[1]
+
+
+def test_backward_accumulates_into_the_buckets_after_set_to_none(results):
+    _ok(results, "backward_accumulates_into_the_buckets")

@@ -202,6 +202,7 @@ class DistributedDataParallel(nn.Module):
         """
         if self._reducer is not None and torch.is_grad_enabled():
             self._reducer.sync = self.require_backward_grad_sync
+            self._reducer.restore_views()
         if self._buffers_to_sync:
             broadcast_coalesced(self._buffers_to_sync)
         if self.device is not None:

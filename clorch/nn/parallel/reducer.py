@@ -2,13 +2,16 @@
 
 Life of one synchronized backward, on every rank:
 
-1. Each parameter's post-accumulate-grad hook writes its gradient, divided by
-   world_size, into its slot of a flat bucket and points `.grad` at the
-   bucket's view of that slot (so nothing is copied back later). The first
-   hook of the backward queues `finish()` on the autograd engine, to run when
-   this backward ends.
-2. When a bucket's last slot is filled its all-reduce (sum) starts at once,
-   overlapping the rest of backward. Buckets launch strictly in index order,
+0. Before the forward, `restore_views()` points every `.grad` that
+   `zero_grad(set_to_none=True)` removed back at its (zeroed) slot of a flat
+   bucket, so autograd accumulates each gradient straight into the bucket.
+1. Each parameter's post-accumulate-grad hook counts its gradient in; one that
+   autograd put elsewhere (a fresh tensor) is copied into its slot and `.grad`
+   pointed at the slot. The first hook of the backward queues `finish()` on
+   the autograd engine, to run when this backward ends.
+2. When a bucket's last slot is filled it is divided by world_size (one
+   kernel) and its all-reduce (sum) starts at once, overlapping the rest of
+   backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
 3. At the end of backward `finish()` waits for every bucket (on CUDA the
@@ -84,9 +87,7 @@ class Reducer:
 
     def _make_hook(self, index: int, bucket: Bucket, position: int):
         grad_view = bucket.grad_views[position]
-        comm_view = bucket.comm_views[position]
         slot_ptr = grad_view.data_ptr()
-        divisor = self._divisor
         size = len(bucket.param_indices)
 
         def hook(param: torch.Tensor) -> None:
@@ -96,16 +97,38 @@ class Reducer:
                 self._start_backward()
             self._fired[index] = True
             grad = param.grad
-            # Pre-divided copy into the slot (in place when .grad already is the slot).
-            if divisor != 1 or grad.data_ptr() != comm_view.data_ptr():
-                torch.div(grad, divisor, out=comm_view)
             if grad.data_ptr() != slot_ptr:
+                # Autograd made a new tensor (.grad was None): move it into the slot. When
+                # restore_views() ran, autograd accumulated into the slot and nothing is copied.
+                grad_view.copy_(grad)
                 param.grad = grad_view
             bucket.filled += 1
             if bucket.filled == size:
                 self._mark_ready(bucket.index)
 
         return hook
+
+    def restore_views(self) -> None:
+        """Point each `.grad` that is None (zero_grad(set_to_none=True)) back at its zeroed slot.
+
+        Called before each forward that records a graph, so the coming backward
+        accumulates straight into the buckets: no gradient is allocated and
+        none is copied. Local; a bucket whose gradients are all None is zeroed
+        with one kernel.
+        """
+        params = self._params
+        for bucket in self.buckets:
+            indices = bucket.param_indices
+            if params[indices[0]].grad is not None and params[indices[-1]].grad is not None:
+                continue  # still views (or user-set tensors, which the hooks copy)
+            unset = [position for position, i in enumerate(indices) if params[i].grad is None]
+            if len(unset) == len(indices):
+                bucket.flat.zero_()
+            for position in unset:
+                view = bucket.grad_views[position]
+                if len(unset) != len(indices):
+                    view.zero_()
+                params[indices[position]].grad = view
 
     def _start_backward(self) -> None:
         """First synchronized hook of a backward: have the engine call finish() when it ends."""
@@ -119,6 +142,9 @@ class Reducer:
             self._next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
+        if self._divisor != 1 or bucket.converts:
+            # Pre-division, one kernel for the bucket (also the cast when it travels in reduce_dtype).
+            torch.div(bucket.flat, self._divisor, out=bucket.comm)
         if not self._communicates:
             bucket.work = None
         elif self._use_wrapper:
