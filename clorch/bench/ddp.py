@@ -3,6 +3,7 @@
 Per rank, the same model and the same batch train under four candidates,
 interleaved round by round (the order rotates): clorch's
 DistributedDataParallel, clorch's with reduce_dtype="bf16", clorch's with
+gradient_as_bucket_view=True (backward accumulates into the buckets), clorch's with
 the optimizer stepped bucket by bucket in backward (`step_in_backward`), torch's
 DistributedDataParallel with the same bucket cap (as constructed by default,
 and with gradient_as_bucket_view=True and static_graph=True), and the bare model (no
@@ -107,6 +108,7 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     ids = [device.index] if device.type == "cuda" else None
     ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     ours_bf16 = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, reduce_dtype="bf16")
+    ours_views = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, gradient_as_bucket_view=True)
     ours_overlap = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     overlap_opt = work.optimizer(ours_overlap.module)
     ours_overlap.step_in_backward(overlap_opt)
@@ -122,6 +124,8 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
         "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
                                       work.loss, steps, sync),
+        "clorch DDP grad views": _candidate(ours_views, opt(ours_views.module), ours_views.optimizer_step,
+                                            work.loss, steps, sync),
         "clorch DDP step_in_backward": _candidate(ours_overlap, overlap_opt, ours_overlap.optimizer_step,
                                                   work.loss, steps, sync),
         "torch DDP": _candidate(theirs, opt(theirs.module), _plain_step, work.loss, steps, sync),

@@ -101,6 +101,8 @@ class DDPConfig:
     broadcast_buffers: bool = default_of(_ddp.DistributedDataParallel, "broadcast_buffers")  # broadcast rank 0's buffers before each forward
     # dtype gradient buckets travel in; null: the gradients' own
     reduce_dtype: ReduceDtype = None
+    # keep .grad in the buckets across zero_grad(set_to_none=True): backward accumulates in place
+    gradient_as_bucket_view: bool = default_of(_ddp.DistributedDataParallel, "gradient_as_bucket_view")
     # step each bucket's parameters as soon as its all-reduce is done, overlapping the optimizer
     # step with communication (same numerics; not with precision=fp16)
     step_in_backward: bool = False

@@ -8,8 +8,8 @@ import torch
 from clorch.bench import ddp
 from tests.harness import run_ranks
 
-CANDIDATES = ["clorch DDP", "clorch DDP bf16", "clorch DDP step_in_backward", "torch DDP", "torch DDP best",
-              "one process"]
+CANDIDATES = ["clorch DDP", "clorch DDP bf16", "clorch DDP grad views", "clorch DDP step_in_backward",
+              "torch DDP", "torch DDP best", "one process"]
 QUICK = {"rounds": 1, "warmup": 1, "steps": 1, "batch": 2}
 
 

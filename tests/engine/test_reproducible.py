@@ -121,13 +121,15 @@ def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, mo
     assert result["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
 
 
-def test_step_in_backward_trains_the_same_weights(tmp_path):
-    """ddp.step_in_backward=true (optimizer stepped bucket by bucket) ends with the same weights."""
+def test_step_in_backward_and_bucket_views_train_the_same_weights(tmp_path):
+    """ddp.step_in_backward=true (optimizer stepped bucket by bucket) and
+    ddp.gradient_as_bucket_view=true (backward accumulates into the buckets) end with the same weights."""
     common = dict(BASE, precision="bf16", epochs=1, checkpoint="none", **{"ddp.bucket_cap_mb": 0.01,
                                                                           "ddp.first_bucket_cap_mb": 0.01})
-    runs = [clorch.run_local(run_dir=tmp_path / str(flag), **common, **{"ddp.step_in_backward": flag})
-            for flag in (False, True)]
+    variants = ({}, {"ddp.step_in_backward": True}, {"ddp.gradient_as_bucket_view": True})
+    runs = [clorch.run_local(run_dir=tmp_path / str(i), **common, **extra) for i, extra in enumerate(variants)]
     for result in runs:
         assert result["status"]["state"] == "succeeded", result["logs"]
-    assert runs[0]["summary"]["weights_sha256"] == runs[1]["summary"]["weights_sha256"]
-    assert _metrics(runs[0]) == _metrics(runs[1])
+    for other in runs[1:]:
+        assert other["summary"]["weights_sha256"] == runs[0]["summary"]["weights_sha256"]
+        assert _metrics(other) == _metrics(runs[0])

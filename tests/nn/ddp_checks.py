@@ -323,7 +323,8 @@ def check_grad_averaged_when_backward_returns(rank, world_size):
 
 
 def check_backward_accumulates_into_the_buckets(rank, world_size):
-    """After zero_grad(set_to_none=True) the next forward points .grad back at zeroed bucket slots.
+    """gradient_as_bucket_view: after zero_grad(set_to_none=True) the next forward points .grad back
+    at zeroed bucket slots.
 
     Backward then accumulates in place (the same tensors before and after), and a
     .grad the user replaced or removed by hand is still averaged correctly.
@@ -331,7 +332,8 @@ def check_backward_accumulates_into_the_buckets(rank, world_size):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     plain = copy.deepcopy(model)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.001)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.001,
+                                  gradient_as_bucket_view=True)
     flats = {b.flat.data_ptr() for b in ddp.buckets}
     gen = torch.Generator().manual_seed(100 + rank)
     params = list(ddp.module.parameters())

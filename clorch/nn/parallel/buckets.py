@@ -79,7 +79,9 @@ class Bucket:
     flat: torch.Tensor
     comm: torch.Tensor
     grad_views: list[torch.Tensor]
+    comm_views: list[torch.Tensor]
     filled: int = 0
+    copied: list[int] = field(default_factory=list)  # slots the hooks filled (and divided) this backward
     work: object = None
     names: list[str] = field(default_factory=list)
 
@@ -110,6 +112,8 @@ def build_buckets(params: Sequence[torch.Tensor], names: Sequence[str], plan: li
         comm = flat
         if reduce_dtype is not None and first.dtype.is_floating_point and first.dtype != reduce_dtype:
             comm = torch.zeros(numel, dtype=reduce_dtype, device=first.device)
-        buckets.append(Bucket(index, list(members), flat, comm, _views(flat, shapes),
+        grad_views = _views(flat, shapes)
+        comm_views = grad_views if comm is flat else _views(comm, shapes)
+        buckets.append(Bucket(index, list(members), flat, comm, grad_views, comm_views,
                               names=[names[i] for i in members]))
     return buckets

@@ -97,8 +97,13 @@ class DistributedDataParallel(nn.Module):
         bucket_cap_mb: most MiB of gradients per bucket (None: `DEFAULT_BUCKET_CAP_MB`, 25).
         find_unused_parameters: unsupported; True raises ValueError.
         check_reduction: ignored (deprecated in torch).
-        gradient_as_bucket_view: accepted; clorch always keeps `.grad` as a view
-            of its bucket after a synchronized backward.
+        gradient_as_bucket_view: `.grad` is a view of its bucket after every
+            synchronized backward either way. With True it stays one: before
+            each forward, a `.grad` that `zero_grad(set_to_none=True)` removed
+            is pointed back at its zeroed bucket slot (so between that forward
+            and backward it is zeros, not None), and backward accumulates into
+            the buckets in place instead of allocating and copying each
+            gradient.
         static_graph: accepted as a hint (the reducer needs no graph analysis).
         first_bucket_cap_mb: most MiB in the first bucket (starts communication early).
         reduce_dtype: the dtype buckets travel in: None (the gradients' own), a
@@ -202,7 +207,8 @@ class DistributedDataParallel(nn.Module):
         """
         if self._reducer is not None and torch.is_grad_enabled():
             self._reducer.sync = self.require_backward_grad_sync
-            self._reducer.restore_views()
+            if self.gradient_as_bucket_view:
+                self._reducer.restore_views()
         if self._buffers_to_sync:
             broadcast_coalesced(self._buffers_to_sync)
         if self.device is not None:

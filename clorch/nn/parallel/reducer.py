@@ -2,15 +2,18 @@
 
 Life of one synchronized backward, on every rank:
 
-0. Before the forward, `restore_views()` points every `.grad` that
-   `zero_grad(set_to_none=True)` removed back at its (zeroed) slot of a flat
-   bucket, so autograd accumulates each gradient straight into the bucket.
-1. Each parameter's post-accumulate-grad hook counts its gradient in; one that
-   autograd put elsewhere (a fresh tensor) is copied into its slot and `.grad`
-   pointed at the slot. The first hook of the backward queues `finish()` on
-   the autograd engine, to run when this backward ends.
-2. When a bucket's last slot is filled it is divided by world_size (one
-   kernel) and its all-reduce (sum) starts at once, overlapping the rest of
+0. With `gradient_as_bucket_view=True`, before each forward
+   `restore_views()` points every `.grad` that `zero_grad(set_to_none=True)`
+   removed back at its zeroed slot of a flat bucket, so autograd accumulates
+   each gradient straight into the bucket (no new tensor, no copy).
+1. Each parameter's post-accumulate-grad hook counts its gradient in. A
+   gradient autograd put in a new tensor (`.grad` was None) is copied into its
+   slot, divided by world_size on the way, and `.grad` pointed at the slot.
+   The first hook of the backward queues `finish()` on the autograd engine,
+   to run when this backward ends.
+2. When a bucket's last slot is filled, the slots autograd accumulated into
+   directly are divided by world_size (one kernel for a whole bucket), and
+   the bucket's all-reduce (sum) starts at once, overlapping the rest of
    backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
@@ -87,7 +90,9 @@ class Reducer:
 
     def _make_hook(self, index: int, bucket: Bucket, position: int):
         grad_view = bucket.grad_views[position]
+        comm_view = bucket.comm_views[position]
         slot_ptr = grad_view.data_ptr()
+        divisor = self._divisor
         size = len(bucket.param_indices)
 
         def hook(param: torch.Tensor) -> None:
@@ -98,20 +103,33 @@ class Reducer:
             self._fired[index] = True
             grad = param.grad
             if grad.data_ptr() != slot_ptr:
-                # Autograd made a new tensor (.grad was None): move it into the slot. When
-                # restore_views() ran, autograd accumulated into the slot and nothing is copied.
-                grad_view.copy_(grad)
+                # Autograd made a new tensor (.grad was None): a pre-divided copy into the slot.
+                torch.div(grad, divisor, out=comm_view)
                 param.grad = grad_view
+                bucket.copied.append(position)
             bucket.filled += 1
             if bucket.filled == size:
                 self._mark_ready(bucket.index)
 
         return hook
 
+    def _divide_in_place_slots(self, bucket: Bucket) -> None:
+        """Pre-divide the slots autograd accumulated into directly (restore_views), before sending."""
+        if self._divisor == 1 and not bucket.converts:
+            return
+        if not bucket.copied:
+            torch.div(bucket.flat, self._divisor, out=bucket.comm)  # one kernel for the bucket
+            return
+        done = set(bucket.copied)
+        for position, (grad_view, comm_view) in enumerate(zip(bucket.grad_views, bucket.comm_views)):
+            if position not in done:
+                torch.div(grad_view, self._divisor, out=comm_view)
+
     def restore_views(self) -> None:
         """Point each `.grad` that is None (zero_grad(set_to_none=True)) back at its zeroed slot.
 
-        Called before each forward that records a graph, so the coming backward
+        Called (with gradient_as_bucket_view=True) before each forward that
+        records a graph, so the coming backward
         accumulates straight into the buckets: no gradient is allocated and
         none is copied. Local; a bucket whose gradients are all None is zeroed
         with one kernel.
@@ -142,9 +160,9 @@ class Reducer:
             self._next_launch += 1
 
     def _launch(self, bucket: Bucket) -> None:
-        if self._divisor != 1 or bucket.converts:
-            # Pre-division, one kernel for the bucket (also the cast when it travels in reduce_dtype).
-            torch.div(bucket.flat, self._divisor, out=bucket.comm)
+        if len(bucket.copied) != len(bucket.param_indices):
+            self._divide_in_place_slots(bucket)
+        bucket.copied = []
         if not self._communicates:
             bucket.work = None
         elif self._use_wrapper:
