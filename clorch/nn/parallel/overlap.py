@@ -68,6 +68,7 @@ class BucketStepper:
         self.optimizer = optimizer
         self._group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self._parts = [self._part(bucket, params) for bucket in buckets]
+        self._adam_lists: dict[int, tuple] = {}  # bucket index -> (state dict, per-group tensor lists)
         device = params[0].device if params else torch.device("cpu")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._guard = optimizer.register_step_pre_hook(_refuse_step)
@@ -102,17 +103,70 @@ class BucketStepper:
             work.wait()
         if bucket.converts:
             bucket.flat.copy_(bucket.comm)
-        part, groups = self._parts[bucket.index]
+        main = self.optimizer
+        with torch.no_grad():
+            if not self._adam_step(bucket.index):
+                self._class_step(bucket.index)
+        main._opt_called = True  # what an LR scheduler checks to know the optimizer stepped
+
+    def _class_step(self, index: int) -> None:
+        """The optimizer class's own step on the bucket's copy, with the optimizer's current settings."""
+        part, groups = self._parts[index]
         main = self.optimizer
         part.state = main.state  # load_state_dict() replaces the optimizer's state dict
         for group, g in zip(part.param_groups, groups):
-            source = main.param_groups[g]
-            for key, value in source.items():
+            for key, value in main.param_groups[g].items():
                 if key != "params":
                     group[key] = value
-        with torch.no_grad():
-            type(main).step(part)
-        main._opt_called = True  # what an LR scheduler checks to know the optimizer stepped
+        type(main).step(part)
+
+    def _adam_step(self, index: int) -> bool:
+        """Adam/AdamW once their state exists: torch's functional `adam` on cached tensor lists.
+
+        The same call `Adam.step` makes after gathering its lists, without the
+        per-parameter gathering (which, per bucket, costs the host more than
+        the step). Returns False where this does not apply (other optimizers,
+        the first step, complex or differentiable settings, an older torch).
+        """
+        main = self.optimizer
+        if type(main) not in (torch.optim.Adam, torch.optim.AdamW):
+            return False
+        cached = self._adam_lists.get(index)
+        if cached is None or cached[0] is not main.state:
+            lists = self._gather_adam_lists(index)
+            if lists is None:
+                return False
+            cached = self._adam_lists[index] = (main.state, lists)
+        from torch.optim.adam import adam
+
+        for g, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in cached[1]:
+            group = main.param_groups[g]
+            beta1, beta2 = group["betas"]
+            adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                 amsgrad=group["amsgrad"], has_complex=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                 foreach=group["foreach"], capturable=group["capturable"], differentiable=False,
+                 fused=group["fused"], grad_scale=None, found_inf=None,
+                 decoupled_weight_decay=group["decoupled_weight_decay"])
+        return True
+
+    def _gather_adam_lists(self, index: int) -> list[tuple] | None:
+        part, groups = self._parts[index]
+        main = self.optimizer
+        lists = []
+        for group, g in zip(part.param_groups, groups):
+            settings = main.param_groups[g]
+            if "decoupled_weight_decay" not in settings or settings.get("differentiable"):
+                return None
+            params = group["params"]
+            states = [main.state.get(p) for p in params]
+            if not all(state and "step" in state for state in states) or any(p.is_complex() for p in params):
+                return None
+            amsgrad = settings["amsgrad"]
+            lists.append((g, params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                          [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
+                          [s["step"] for s in states]))
+        return lists
 
     def join(self) -> None:
         """Make the current stream wait for every step queued on the side stream (no host wait)."""
