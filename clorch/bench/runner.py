@@ -19,6 +19,7 @@ MFU against the bf16 dense peak (`--peak-tflops`, 989 for an H100/H200 SXM).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
@@ -117,6 +118,10 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     from clorch.nn.parallel import DistributedDataParallel
     from clorch.optim import build_optimizer, build_scheduler
 
+    from clorch.data.placement import place_task
+
+    task = copy.copy(task)  # the plain loop keeps the host copy; the engine places its own
+    place_task(task, device)
     inner = torch.compile(model) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)

@@ -1,10 +1,11 @@
 """The task protocol: what every dataset offers the engine, and the helpers tasks share.
 
-A task holds its whole split as pre-built CPU tensors. The engine's loop never looks
-inside a batch; it only calls:
+A task holds its whole split as pre-built tensors, on the CPU until the engine
+places a small enough split on its GPU (`clorch.data.placement`). The engine's
+loop never looks inside a batch; it only calls:
 
-    batch = task.batch(indices)                 # dict of CPU tensors, a vectorized gather
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = task.batch(indices)                 # dict of tensors, a vectorized gather
+    batch = {k: v.to(device) for k, v in batch.items()}   # a no-op once placed
     loss = task.loss(model, batch)              # scalar, mean over the batch's samples
     sums = task.eval_sums(model, batch)         # 0-d float64 tensors on the batch's device
 

@@ -149,6 +149,10 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
     task, eval_task = build_tasks(cfg)
+    from clorch.data.placement import place_task
+
+    for split in (task, eval_task):
+        place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
     raw = build_raw_model(cfg, task).to(device)
     inner = torch.compile(raw) if cfg.compile else raw
     ddp = cfg.ddp

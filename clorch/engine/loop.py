@@ -30,10 +30,15 @@ class StepResult:
 
 
 def to_device(batch: Mapping[str, torch.Tensor], device: torch.device, pin: bool) -> dict[str, torch.Tensor]:
-    """Move a CPU batch to `device` without blocking the host (pinned first on CUDA)."""
+    """Move a batch to `device` without blocking the host (host tensors pinned first when `pin`).
+
+    A batch gathered from a task already on the device (`clorch.data.placement`)
+    is passed through as it is.
+    """
     if device.type == "cpu":
         return dict(batch)
-    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v if v.device.type != "cpu" else (v.pin_memory() if pin else v).to(device, non_blocking=True)
+            for k, v in batch.items()}
 
 
 def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
