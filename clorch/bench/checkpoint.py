@@ -4,7 +4,7 @@ The payload is a model and its AdamW state (about 1 GB at the default size:
 params P fp32 = 4P bytes, plus exp_avg and exp_avg_sq = 8P bytes). Each round
 runs, in rotating order:
 
-* clorch save: `save_checkpoint` (sha256 per block, fsync, atomic rename, dir fsync)
+* clorch save: `save_checkpoint` (XXH3-128 per block, fsync, atomic rename, dir fsync)
 * torch save:  `torch.save(the same dict, file)` + flush + fsync
 * clorch load: `load_checkpoint` (verify every byte, weights_only, restore model + optimizer)
 * torch load:  `torch.load(weights_only=True)` + the same two `load_state_dict` calls

@@ -235,7 +235,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     """Check a checkpoint completely without changing anything; return its metadata.
 
     Reads the metadata (JSON, checksummed), checks the archive's size and every
-    block's sha256, and opens it with torch.load(weights_only=True). Local: not
+    block's digest (XXH3-128), and opens it with torch.load(weights_only=True). Local: not
     collective, any rank may call it.
 
     Raises:

@@ -2,11 +2,13 @@
 
 Layout (one JSON object, keys sorted):
 
-    format, format_version     "clorch-checkpoint", 1
+    format, format_version     "clorch-checkpoint", 2
     clorch_version, torch_version, created (UTC, ISO 8601), world_size
     state                      the training state passed to save_checkpoint
     archive                    file (name beside this one), bytes, block_bytes,
-                               block_sha256 (list), sha256 (of the block digests)
+                               hash ("xxh3_128"), block_digests (list),
+                               digest (of the block digests)
+                               (format_version 1: block_sha256 and sha256, no hash)
     contents                   which of model/optimizer/scaler the archive holds
     samplers                   every rank's sampler state (null where none)
     rng                        every rank's RNG states (see clorch.checkpoint.rng)
@@ -30,15 +32,16 @@ from clorch.checkpoint.errors import CheckpointError
 from clorch.checkpoint.rng import rng_state_problem
 
 FORMAT = "clorch-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # A metadata file is small (tens of KiB); refuse to slurp a large file passed by mistake.
 _MAX_METADATA_BYTES = 64 << 20
-_ARCHIVE_KEYS = ("file", "bytes", "block_bytes", "block_sha256", "sha256")
+_ARCHIVE_KEYS = {1: ("file", "bytes", "block_bytes", "block_sha256", "sha256"),
+                 2: ("file", "bytes", "block_bytes", "hash", "block_digests", "digest")}
+_HEX_DIGEST = {"sha256": re.compile(r"[0-9a-f]{64}"), "xxh3_128": re.compile(r"[0-9a-f]{32}")}
 _REQUIRED = ("format", "format_version", "world_size", "state", "archive", "contents",
              "samplers", "rng", "checksum")
 _OPTIONAL_TEXT = ("created", "clorch_version", "torch_version")
 _COMPONENTS = ("model", "optimizer", "scaler")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def check_json_state(value: Any, where: str = "state") -> None:
@@ -173,23 +176,31 @@ def _check_list(path: Path, field: str, value: Any, length: int) -> None:
         raise _malformed(path, field, value, f"a list of {length} entries (one per rank of world_size {length})")
 
 
-def _check_archive(path: Path, archive: Any) -> None:
-    if not isinstance(archive, dict) or any(key not in archive for key in _ARCHIVE_KEYS):
-        raise _malformed(path, "archive", archive, f"a dict with {list(_ARCHIVE_KEYS)}")
+def _check_archive(path: Path, archive: Any, version: int) -> None:
+    keys = _ARCHIVE_KEYS[version]
+    if not isinstance(archive, dict) or any(key not in archive for key in keys):
+        raise _malformed(path, "archive", archive, f"a dict with {list(keys)}")
     name = archive["file"]
     # The archive must sit beside the metadata: a name with a separator could point anywhere.
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
         raise _malformed(path, "archive.file", name, "a file name without directory parts")
     _check_int(path, "archive.bytes", archive["bytes"], 0)
     _check_int(path, "archive.block_bytes", archive["block_bytes"], 1)
+    if version == 1:
+        algorithm, blocks_key, digest_key = "sha256", "block_sha256", "sha256"
+    else:
+        algorithm, blocks_key, digest_key = archive["hash"], "block_digests", "digest"
+        if algorithm not in _HEX_DIGEST:
+            raise _malformed(path, "archive.hash", algorithm, f"one of {sorted(_HEX_DIGEST)}")
+    pattern = _HEX_DIGEST[algorithm]
     blocks = -(-archive["bytes"] // archive["block_bytes"])
-    digests = archive["block_sha256"]
+    digests = archive[blocks_key]
     if not isinstance(digests, list) or len(digests) != blocks or not all(
-            isinstance(d, str) and _SHA256.fullmatch(d) for d in digests):
-        raise _malformed(path, "archive.block_sha256", digests,
-                         f"a list of {blocks} sha256 hex digests (bytes / block_bytes, rounded up)")
-    if not isinstance(archive["sha256"], str) or not _SHA256.fullmatch(archive["sha256"]):
-        raise _malformed(path, "archive.sha256", archive["sha256"], "a sha256 hex digest")
+            isinstance(d, str) and pattern.fullmatch(d) for d in digests):
+        raise _malformed(path, f"archive.{blocks_key}", digests,
+                         f"a list of {blocks} {algorithm} hex digests (bytes / block_bytes, rounded up)")
+    if not isinstance(archive[digest_key], str) or not pattern.fullmatch(archive[digest_key]):
+        raise _malformed(path, f"archive.{digest_key}", archive[digest_key], f"a {algorithm} hex digest")
 
 
 def validate(path: Path, body: dict[str, Any]) -> None:
@@ -213,7 +224,7 @@ def validate(path: Path, body: dict[str, Any]) -> None:
     _check_int(path, "world_size", body["world_size"], 1)
     if not isinstance(body["state"], dict):
         raise _malformed(path, "state", body["state"], "a dict (the training state)")
-    _check_archive(path, body["archive"])
+    _check_archive(path, body["archive"], version)
     contents = body["contents"]
     if not isinstance(contents, dict) or any(not isinstance(contents.get(k), bool) for k in _COMPONENTS):
         raise _malformed(path, "contents", contents, f"a dict of {list(_COMPONENTS)} to true/false")

@@ -59,7 +59,7 @@ def _rewrite_metadata(path, archive_file):
         blocks = archive.hash_blocks(fd, size, body["archive"]["block_bytes"])
     finally:
         os.close(fd)
-    body["archive"].update(bytes=size, block_sha256=blocks, sha256=archive.root_digest(blocks))
+    body["archive"].update(bytes=size, block_digests=blocks, digest=archive.root_digest(blocks))
     path.write_bytes(metadata.encode(body))
 
 
@@ -102,9 +102,38 @@ def test_one_flipped_byte_in_the_archive_is_detected(tmp_path):
     victim = _model(1)
     victim_opt = torch.optim.AdamW(victim.parameters(), lr=0.1)
     before = _params(victim)
-    with pytest.raises(CheckpointError, match=f"{archive_file} is corrupt: sha256 of bytes \\[0, "):
+    with pytest.raises(CheckpointError, match=f"{archive_file} is corrupt: xxh3_128 of bytes \\[0, "):
         load_checkpoint(path, model=victim, optimizer=victim_opt)
     assert _unchanged(victim, before) and not victim_opt.state
+
+
+def _as_format_version_1(path, archive_file):
+    """Rewrite the metadata as clorch wrote it before XXH3: sha256 blocks under format_version 1."""
+    body = metadata.read(path)
+    fd = os.open(archive_file, os.O_RDONLY)
+    try:
+        blocks = archive.hash_blocks(fd, os.fstat(fd).st_size, body["archive"]["block_bytes"], "sha256")
+    finally:
+        os.close(fd)
+    info = body["archive"]
+    for key in ("hash", "block_digests", "digest"):
+        del info[key]
+    info.update(block_sha256=blocks, sha256=archive.root_digest(blocks, "sha256"))
+    body["format_version"] = 1
+    path.write_bytes(metadata.encode(body))
+
+
+def test_format_version_1_checkpoints_verify_with_sha256(tmp_path):
+    path, archive_file, model, _ = _saved(tmp_path)
+    _as_format_version_1(path, archive_file)
+    victim = _model(1)
+    load_checkpoint(path, model=victim, optimizer=torch.optim.AdamW(victim.parameters(), lr=0.1))
+    assert _unchanged(victim, _params(model))
+    data = bytearray(archive_file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    archive_file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{archive_file} is corrupt: sha256 of bytes \\[0, "):
+        verify_checkpoint(path)
 
 
 def test_a_flipped_byte_in_the_metadata_is_detected(tmp_path):

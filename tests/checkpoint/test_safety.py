@@ -264,10 +264,12 @@ MALFORMED = [
     ("archive.block_bytes", _set("archive", "block_bytes", None)),
     ("archive.bytes", _set("archive", "bytes", -1)),
     ("archive.bytes", _set("archive", "bytes", 1.5)),
-    ("archive.block_sha256", _set("archive", "block_sha256", "abc")),
-    ("archive.block_sha256", _set("archive", "block_sha256", ["zz"])),
-    ("archive.block_sha256", _set("archive", "block_sha256", [])),
-    ("archive.sha256", _set("archive", "sha256", 5)),
+    ("archive.block_digests", _set("archive", "block_digests", "abc")),
+    ("archive.block_digests", _set("archive", "block_digests", ["zz"])),
+    ("archive.block_digests", _set("archive", "block_digests", [])),
+    ("archive.block_digests", _set("archive", "block_digests", ["0" * 64])),  # a sha256's length
+    ("archive.digest", _set("archive", "digest", 5)),
+    ("archive.hash", _set("archive", "hash", "md5")),
     ("archive.file", _set("archive", "file", "../elsewhere.tensors")),
     ("archive", _set("archive", None)),
     ("world_size", _set("world_size", "1")),
@@ -322,7 +324,7 @@ def test_a_newer_format_version_asks_for_an_upgrade(tmp_path):
     del body["checksum"]
     body["format_version"] = metadata.FORMAT_VERSION + 1
     path.write_bytes(metadata.encode(body))
-    with pytest.raises(CheckpointError, match="has format_version 2; this clorch reads up to 1: upgrade clorch"):
+    with pytest.raises(CheckpointError, match="has format_version 3; this clorch reads up to 2: upgrade clorch"):
         verify_checkpoint(path)
 
 
