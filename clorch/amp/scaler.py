@@ -14,9 +14,20 @@ DDP's flat buckets when `DistributedDataParallel.optimizer_step` drives it;
 `skipped_steps` and `last_step_skipped` count overflows. `clorch.amp.step`
 (and `optimizer_step`) is the short path: step then update.
 
-The scale lives in a tensor on the gradients' device. Every update is decided
-on the host from the one found-inf read of `step`, so the host keeps an exact
-float32 mirror and `get_scale()` never synchronizes.
+The scale lives in a tensor on the gradients' device. Two ways to step:
+
+* With an optimizer whose step takes the overflow flag itself (torch's
+  fused Adam, AdamW and SGD: `fused=True`, the engine's default on CUDA),
+  nothing is read on the host: the flag is all-reduced on the device, handed to the fused kernel
+  (which leaves parameters and state untouched when it is set), and the
+  scale and growth tracker are updated on the device (`torch._amp_update_scale_`),
+  so an fp16 step synchronizes no more than a bf16 step. `step()` then
+  returns a 0-d bool tensor (reading it synchronizes). The host's view of
+  the scale, the skipped steps and the growth tracker catches up, in one read,
+  when one of them is asked for (`get_scale()`, `skipped_steps`,
+  `state_dict()`, ...) or every `CATCH_UP_STEPS` steps.
+* Otherwise `step()` reads the flag on the host once (one synchronization),
+  skips or steps, and `update()` decides on the host.
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ from clorch.distributed import collectives
 from clorch.distributed.groups import device as group_device, is_initialized, world_size
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+CATCH_UP_STEPS = 1024
+"""Device-decided steps after which the host's view of the scaler is brought up to date."""
 
 
 class ScalerStateError(RuntimeError, ValueError):
@@ -101,11 +114,13 @@ class GradScaler:
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = growth_interval
         self._scale_value = _f32(float(scale))
-        self._growth_tracker = 0
-        self.skipped_steps = 0
-        self.last_step_skipped = False
+        self._tracker = 0
+        self._skipped = 0
+        self._last_skipped = False
         self._scale: torch.Tensor | None = None
         self._inv_scale: torch.Tensor | None = None
+        self._tracker_device: torch.Tensor | None = None  # the growth tracker, for device updates
+        self._unread: list[torch.Tensor] = []  # overflow flags of device-decided steps, not yet on the host
         self._stages: dict[int, str] = {}                         # id(optimizer) -> stage
         self._found: dict[int, dict[torch.device, torch.Tensor]] = {}  # id(optimizer) -> flags
         self._skipped_since_update: list[bool] = []
@@ -194,13 +209,17 @@ class GradScaler:
         """Unscale (if not yet), agree on overflow across ranks, then step or skip `optimizer`.
 
         Every rank of the initialized group must call it once per optimizer
-        per step: it all-reduces (max) one found-inf flag and blocks on one
-        host read of it, so every rank skips together. Outside a group it is
-        local. Call `update()` after stepping every optimizer.
+        per step: it all-reduces (max) one found-inf flag, so every rank skips
+        together. With a fused optimizer on CUDA the decision stays on the
+        device (no host wait); otherwise it blocks on one host read of the
+        flag. Outside a group it is local. Call `update()` after stepping
+        every optimizer.
 
         Returns:
-            True when the optimizer stepped, False when every rank skipped it
-            (torch's scaler returns the optimizer's return value instead).
+            True when the optimizer stepped, False when every rank skipped it;
+            decided on the device, a 0-d bool tensor saying the same (reading
+            it synchronizes). (torch's scaler returns the optimizer's return
+            value instead.)
 
         Raises:
             TypeError: optimizer has no step().
@@ -220,14 +239,31 @@ class GradScaler:
         found = self._found_inf(optimizer)
         if is_initialized() and world_size() > 1:
             collectives.all_reduce(found, op="max")
-        skipped = bool(found.item())  # the one host read of the step
-        if not skipped:
-            optimizer.step(*args, **kwargs)
+        if self._decides_on_device(optimizer, found):
+            flag = found.reshape(()).clone()  # 0-d, as the fused kernels take it
+            optimizer.grad_scale, optimizer.found_inf = None, flag  # the fused kernel skips on the flag
+            try:
+                optimizer.step(*args, **kwargs)
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+            outcome: bool | torch.Tensor = flag
+            stepped: bool | torch.Tensor = flag == 0
+        else:
+            self._catch_up()
+            skipped = bool(found.item())  # the one host read of the step
+            if not skipped:
+                optimizer.step(*args, **kwargs)
+            outcome, stepped = skipped, not skipped
         self._stages[id(optimizer)] = _STEPPED
-        self._skipped_since_update.append(skipped)
-        for flag in self._found.get(id(optimizer), {}).values():
-            flag.zero_()
-        return not skipped
+        self._skipped_since_update.append(outcome)
+        for flag_tensor in self._found.get(id(optimizer), {}).values():
+            flag_tensor.zero_()
+        return stepped
+
+    def _decides_on_device(self, optimizer: torch.optim.Optimizer, found: torch.Tensor) -> bool:
+        """Whether the skip can stay on the device: an optimizer whose step takes found_inf (fused)."""
+        return (getattr(optimizer, "_step_supports_amp_scaling", False)
+                and self._scale is not None and self._scale.device == found.device)
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Adjust the scale after this step's optimizers stepped (or set `new_scale`). Local.
@@ -247,38 +283,92 @@ class GradScaler:
                     raise ValueError(f"new_scale must be a number or a one-element tensor, got shape "
                                      f"{tuple(new_scale.shape)}")
                 new_scale = float(new_scale.item())
+            self._catch_up()
             self._set_scale(_f32(_positive("new_scale", new_scale)))
         else:
-            if not self._skipped_since_update:
+            outcomes = self._skipped_since_update
+            if not outcomes:
                 raise ScalerStateError("update() was called without a step(optimizer) since the last "
                                        "update(); call scaler.step(optimizer) first")
-            self._grow_or_back_off(any(self._skipped_since_update))
+            if all(isinstance(outcome, bool) for outcome in outcomes):
+                self._catch_up()
+                self._grow_or_back_off(any(outcomes))
+                if self._tracker_device is not None:
+                    self._tracker_device.fill_(self._tracker)
+            else:
+                self._update_on_device(outcomes)
         self._stages.clear()
         self._skipped_since_update = []
 
-    def _grow_or_back_off(self, skipped: bool) -> None:
-        self.last_step_skipped = skipped
-        if skipped:
-            self.skipped_steps += 1
-            self._growth_tracker = 0
-            self._set_scale(_f32(self._scale_value * self.backoff_factor))
-            return
-        self._growth_tracker += 1
-        if self._growth_tracker == self.growth_interval:
-            self._growth_tracker = 0
-            self._set_scale(_f32(self._scale_value * self.growth_factor))
+    def _update_on_device(self, outcomes: list) -> None:
+        """Back off or grow the device scale from this step's flags, without a host read."""
+        scale = self._scale
+        flags = [o if isinstance(o, torch.Tensor) else torch.full((), float(o), device=scale.device)
+                 for o in outcomes]
+        found = flags[0] if len(flags) == 1 else torch.stack(flags).amax(dim=0)
+        if self._tracker_device is None:
+            self._tracker_device = torch.full((), self._tracker, dtype=torch.int32, device=scale.device)
+        torch._amp_update_scale_(scale, self._tracker_device, found, self.growth_factor,
+                                 self.backoff_factor, self.growth_interval)
+        torch.reciprocal(scale, out=self._inv_scale)
+        self._unread.append(found)
+        if len(self._unread) >= CATCH_UP_STEPS:
+            self._catch_up()
 
-    def _set_scale(self, value: float) -> None:
+    def _catch_up(self) -> None:
+        """Replay the device-decided steps on the host's view (one host read for all of them)."""
+        if not self._unread:
+            return
+        flags = torch.cat([flag.reshape(1) for flag in self._unread]).tolist()
+        self._unread = []
+        for found in flags:
+            self._grow_or_back_off(found != 0, device_done=True)
+
+    def _grow_or_back_off(self, skipped: bool, device_done: bool = False) -> None:
+        """torch's update rule on the host's view (`device_done`: the device scale is already updated)."""
+        self._last_skipped = skipped
+        if skipped:
+            self._skipped += 1
+            self._tracker = 0
+            self._set_scale(_f32(self._scale_value * self.backoff_factor), device_done)
+            return
+        self._tracker += 1
+        if self._tracker == self.growth_interval:
+            self._tracker = 0
+            grown = _f32(self._scale_value * self.growth_factor)
+            if math.isfinite(grown):  # as torch: a scale that would overflow float32 stays
+                self._set_scale(grown, device_done)
+
+    def _set_scale(self, value: float, device_done: bool = False) -> None:
         if value != self._scale_value:
             self._scale_value = value
-            if self._scale is not None:
+            if self._scale is not None and not device_done:
                 self._scale.fill_(value)
                 self._inv_scale.fill_(1.0 / value)
+
+    # -- the host's view (caught up from device-decided steps when read) --------------------
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for overflow since the scaler was made (restored by load_state_dict)."""
+        self._catch_up()
+        return self._skipped
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last update() followed a skipped step."""
+        self._catch_up()
+        return self._last_skipped
+
+    @property
+    def _growth_tracker(self) -> int:
+        self._catch_up()
+        return self._tracker
 
     # -- torch's getters and setters -------------------------------------------------------
 
     def get_scale(self) -> float:
-        """The current scale (1.0 when disabled). No device sync."""
+        """The current scale (1.0 when disabled). Synchronizes only to catch up with device-decided steps."""
+        self._catch_up()
         return self._scale_value if self.enabled else 1.0
 
     def is_enabled(self) -> bool:
@@ -315,6 +405,7 @@ class GradScaler:
         """torch.amp.GradScaler's state dict plus `skipped_steps` ({} when disabled, as torch)."""
         if not self.enabled:
             return {}
+        self._catch_up()
         return {"scale": self._scale_value, "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
                 "_growth_tracker": self._growth_tracker, "skipped_steps": self.skipped_steps}
@@ -351,9 +442,12 @@ class GradScaler:
         self.growth_factor = float(state["growth_factor"])
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = state["growth_interval"]
-        self._growth_tracker = state["_growth_tracker"]
-        self.skipped_steps = state["skipped_steps"]
+        self._unread = []
+        self._tracker = state["_growth_tracker"]
+        self._skipped = state["skipped_steps"]
         self._set_scale(_f32(float(state["scale"])))
+        if self._tracker_device is not None:
+            self._tracker_device.fill_(self._tracker)
 
 
 def backward(scaler: GradScaler | None, loss: torch.Tensor) -> None:
@@ -361,11 +455,12 @@ def backward(scaler: GradScaler | None, loss: torch.Tensor) -> None:
     (loss if scaler is None else scaler.scale(loss)).backward()
 
 
-def step(scaler: GradScaler | None, optimizer: torch.optim.Optimizer) -> bool:
+def step(scaler: GradScaler | None, optimizer: torch.optim.Optimizer) -> bool | torch.Tensor:
     """`scaler.step(optimizer)` then `scaler.update()`; plain `optimizer.step()` when scaler is None.
 
     Returns:
-        True when the optimizer stepped, False when the scaler skipped it.
+        True when the optimizer stepped, False when the scaler skipped it (a
+        0-d bool tensor when the scaler decided on the device, see `GradScaler.step`).
     """
     if scaler is None:
         optimizer.step()

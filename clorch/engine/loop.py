@@ -25,7 +25,8 @@ class StepResult:
     """What one optimizer step produced."""
 
     loss: torch.Tensor   # this rank's mean micro-batch loss, detached, on the device
-    stepped: bool        # False when the scaler skipped the update (fp16 overflow)
+    stepped: Any         # False when the scaler skipped the update (fp16 overflow); a 0-d bool
+                         # tensor when the scaler decided on the device (read it only when needed)
     samples: int         # samples this rank trained on in the step
 
 

@@ -130,3 +130,39 @@ def test_disabled_is_a_pass_through():
     _backward(model, scaler)
     next(model.parameters()).grad[0, 0] = float("inf")
     assert scaler.step(opt) is True
+
+
+def _fp16_like_run(scaler, overflow_at):
+    """Fused AdamW on the CPU with a scaler; the loss is inf at `overflow_at` (a step to skip)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    stepped = []
+    for index in range(6):
+        x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 2, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if index == overflow_at:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        stepped.append(scaler.step(opt))
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return model, opt, stepped
+
+
+def test_a_fused_optimizer_skips_on_the_device_as_torch_gradscaler_does():
+    ours = GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    model, opt, stepped = _fp16_like_run(ours, overflow_at=2)
+    theirs = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    ref, ref_opt, _ = _fp16_like_run(theirs, overflow_at=2)
+    # The decision stayed a tensor (nothing read on the host) and says what happened.
+    assert all(isinstance(s, torch.Tensor) for s in stepped)
+    assert [bool(s) for s in stepped] == [True, True, False, True, True, True]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert torch.equal(opt.state_dict()["state"][0]["step"], ref_opt.state_dict()["state"][0]["step"])
+    # The host's view catches up when read: scale, skipped steps, growth tracker.
+    # 1024: grows after steps 0-1, halves at the skip (2), grows after 3-4: 2048.
+    assert ours.get_scale() == theirs.get_scale() == 2048.0
+    assert ours.skipped_steps == 1 and ours.last_step_skipped is False
+    assert ours.state_dict()["_growth_tracker"] == theirs._get_growth_tracker()

@@ -166,3 +166,71 @@ def test_step_in_backward_on_nccl_is_bit_identical_and_sync_free(world_size):
         assert out["buckets"] > 1
         assert out["same"] is True
         assert out["syncs"] == [0, 0, 0, 0]
+
+
+def _fp16_steps(make_scaler, fused_opt_model, data, overflow_at, step_fn):
+    """Train fp16 with a scaler; the loss is made inf at step `overflow_at` (an overflow to skip)."""
+    from clorch.amp import autocast
+
+    model, opt = fused_opt_model
+    scaler = make_scaler()
+    syncs = []
+    for index, (x, y) in enumerate(data):
+        def one_step():
+            with autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            if index == overflow_at:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            step_fn(model, opt, scaler)
+            opt.zero_grad(set_to_none=True)
+
+        syncs.append(_host_syncs(one_step))
+    return model, scaler, syncs
+
+
+def _fused(seed=0):
+    model = _model(seed)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+
+def _scaler_step(model, opt, scaler):
+    scaler.step(opt)
+    scaler.update()
+
+
+def test_fp16_step_with_a_fused_optimizer_never_syncs_and_matches_torch_gradscaler():
+    from clorch.amp import GradScaler
+
+    data = _data(5)
+    ours, scaler, syncs = _fp16_steps(lambda: GradScaler("cuda", init_scale=1024.0, growth_interval=2),
+                                      _fused(), data, 2, _scaler_step)
+    theirs, torch_scaler, _ = _fp16_steps(
+        lambda: torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=2), _fused(), data, 2,
+        _scaler_step)
+    assert syncs == [0, 0, 0, 0, 0]  # the skip at step 2 was decided on the device
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
+    assert scaler.get_scale() == torch_scaler.get_scale()
+    assert scaler.skipped_steps == 1 and scaler.state_dict()["_growth_tracker"] == torch_scaler._get_growth_tracker()
+
+
+def _fp16_ddp_checks(rank, world_size):
+    """DDP + fused AdamW + the scaler: rank 1 alone overflows at step 2, every rank skips it, no sync."""
+    from clorch.amp import GradScaler
+    from clorch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
+    _, scaler, syncs = _fp16_steps(lambda: GradScaler("cuda", init_scale=1024.0), (ddp, opt), _data(4),
+                                   2 if rank == 1 else -1, lambda m, o, s: m.optimizer_step(o, s))
+    weights = torch.cat([p.detach().flatten() for p in ddp.parameters()]).cpu()
+    return {"syncs": syncs, "skipped": scaler.skipped_steps, "scale": scaler.get_scale(), "weights": weights}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_fp16_ddp_with_a_fused_optimizer_skips_together_without_host_syncs():
+    outs = run_ranks(_fp16_ddp_checks, 2, backend="nccl", timeout=100)
+    for out in outs:
+        assert out["syncs"] == [0, 0, 0, 0]
+        assert out["skipped"] == 1 and out["scale"] == 512.0
+    assert torch.equal(outs[0]["weights"], outs[1]["weights"])

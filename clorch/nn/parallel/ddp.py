@@ -229,17 +229,18 @@ class DistributedDataParallel(nn.Module):
         finally:
             self.require_backward_grad_sync = previous
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool | torch.Tensor:
         """Step the optimizer (through `scaler`: step and update) and zero the gradients.
 
         Call it on every rank after each synchronized backward; the averages
-        are already in `.grad`. With a scaler it is a synchronization point
-        (the scaler's found-inf all-reduce and one host read); without one it
-        is local. For the optimizer handed to `step_in_backward`, backward
+        are already in `.grad`. With a scaler it is a collective (the scaler's
+        found-inf all-reduce) and, unless the optimizer is fused on CUDA (the
+        skip then stays on the device), one host read; without one it is local. For the optimizer handed to `step_in_backward`, backward
         already stepped: this only zeroes the gradients.
 
         Returns:
-            True when the optimizer stepped, False when the scaler skipped it.
+            True when the optimizer stepped, False when the scaler skipped it
+            (a 0-d bool tensor when the scaler decided on the device).
 
         Raises:
             TypeError: optimizer has no step(), or scaler has no step().
@@ -265,7 +266,7 @@ class DistributedDataParallel(nn.Module):
             if reducer is not None and isinstance(scaler, GradScaler) and self._optimizer_covers(optimizer):
                 # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
                 scaler._unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
-            stepped = bool(scaler.step(optimizer))
+            stepped = scaler.step(optimizer)  # a device tensor when the scaler decided on the device
             scaler.update()
         if reducer is not None:
             reducer.committed = False
