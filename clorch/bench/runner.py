@@ -12,7 +12,8 @@ tensor), bf16 autocast, fused AdamW, batch 16 x 1024 tokens a step.
 Blocks of `--steps` steps alternate between the two (A B, B A, ...) after a
 warm-up; reported: median tokens/s, the ratio clorch/plain (goal >= 0.98) and
 MFU against the bf16 dense peak (`--peak-tflops`, 989 for an H100/H200 SXM).
-`--compile` applies torch.compile to both models. Needs a CUDA GPU unless
+`--compile` applies torch.compile to both models; clorch's side also compiles
+its loss, as the engine does with `compile: true`. Needs a CUDA GPU unless
 `--device cpu` (with a tiny `--preset`, for a smoke run).
 """
 
@@ -55,9 +56,14 @@ class RandomTokens:
         rows = self.data[torch.as_tensor(indices)]
         return {"input": rows[:, :-1], "target": rows[:, 1:]}
 
+    compile_loss = False  # clorch's side sets it with --compile, as the engine does with compile: true
+
     def loss(self, model, batch) -> torch.Tensor:
-        logits = model(batch["input"])
-        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten())
+        from clorch.data.text import lm_per_sample_loss
+
+        if not self.compile_loss:  # the plain loop's loss, as a user writes it
+            return F.cross_entropy(model(batch["input"]).flatten(0, 1), batch["target"].flatten())
+        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=True).mean()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -122,6 +128,7 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
 
     task = copy.copy(task)  # the plain loop keeps the host copy; the engine places its own
     place_task(task, device)
+    task.compile_loss = opts["compile"]  # as the engine does with compile: true
     inner = torch.compile(model) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)

@@ -176,6 +176,8 @@ class ArithmeticTask:
         ValueError: a bad argument value, or a `seq_len` too short for `digits`.
     """
 
+    compile_loss = False  # the engine sets it with `compile: true` (see lm_per_sample_loss)
+
     ARGUMENTS = ("sample_count", "digits", "seq_len", "eval_fraction")
     default_model = "gpt"
 
@@ -214,7 +216,7 @@ class ArithmeticTask:
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy on the answer tokens: per-sample mean, then mean over the batch."""
         logits = model(batch["input"])
-        return lm_per_sample_loss(logits, batch["target"], batch["mask"]).mean()
+        return lm_per_sample_loss(logits, batch["target"], batch["mask"], compiled=self.compile_loss).mean()
 
     @torch.no_grad()
     def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,12 +20,31 @@ VOCAB_SIZE = 256  # one token per byte value
 
 
 def lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
-                       mask: torch.Tensor | None = None) -> torch.Tensor:
+                       mask: torch.Tensor | None = None, compiled: bool = False) -> torch.Tensor:
     """Next-token cross-entropy averaged over each sample's counted positions, shape (B,).
 
     Under autocast, cross_entropy's log-softmax runs in float32 without an explicit copy
-    of the (possibly large) logits.
+    of the (possibly large) logits. `compiled=True` (the engine's `compile: true`) runs it
+    through torch.compile, which fuses the float32 log-softmax into the reductions, so
+    the float32 logits (and their gradient) are never written out in full.
     """
+    if compiled:
+        return _compiled_loss()(logits, target, mask)
+    return _lm_per_sample_loss(logits, target, mask)
+
+
+_COMPILED_LOSS = None
+
+
+def _compiled_loss():
+    global _COMPILED_LOSS
+    if _COMPILED_LOSS is None:
+        _COMPILED_LOSS = torch.compile(_lm_per_sample_loss)
+    return _COMPILED_LOSS
+
+
+def _lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
+                        mask: torch.Tensor | None) -> torch.Tensor:
     per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
     per_token = per_token.view_as(target).float()
     if mask is None:
@@ -97,6 +116,8 @@ class ByteTextTask:
             argument value.
     """
 
+    compile_loss = False  # the engine sets it with `compile: true` (see lm_per_sample_loss)
+
     ARGUMENTS = ("path", "seq_len", "sample_count", "eval_fraction")
     default_model = "gpt"
 
@@ -144,7 +165,7 @@ class ByteTextTask:
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats) over the batch."""
-        return lm_per_sample_loss(model(batch["input"]), batch["target"]).mean()
+        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=self.compile_loss).mean()
 
     @torch.no_grad()
     def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -153,6 +153,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
 
     for split in (task, eval_task):
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
+    if cfg.compile and hasattr(task, "compile_loss"):
+        task.compile_loss = True  # the loss is compiled too: fused float32 log-softmax
     raw = build_raw_model(cfg, task).to(device)
     inner = torch.compile(raw) if cfg.compile else raw
     ddp = cfg.ddp

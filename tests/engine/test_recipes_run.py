@@ -63,3 +63,18 @@ def test_ddp_bf16_loss_really_falls_with_the_seed_arguments(tmp_path):
     assert records[-1]["loss"] < 0.5 * records[0]["loss"], records
     assert ckpt.is_file()
     assert set(result["logs"]) == {0, 1} and "step" in result["logs"][0]["stdout"]
+
+
+@pytest.mark.timeout(300)
+def test_compile_true_compiles_model_and_loss_and_trains_like_eager(tmp_path):
+    """compile: true (model and loss through torch.compile) on 2 CPU ranks: the losses follow eager's."""
+    tiny = dict(TINY["gpt_bf16"], precision="fp32", epochs=1)
+    eager = clorch.run_local(recipe="gpt_bf16", run_dir=tmp_path / "eager", **tiny)
+    compiled = clorch.run_local(recipe="gpt_bf16", run_dir=tmp_path / "compiled", compile=True, **tiny)
+    losses = [[r["loss"] for r in _check_outputs(result) if r["kind"] == "train"]
+              for result in (eager, compiled)]
+    assert len(losses[0]) == len(losses[1]) > 0
+    for want, got in zip(*losses):
+        assert math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-4)
+    assert math.isclose(compiled["summary"]["final"]["eval_loss"], eager["summary"]["final"]["eval_loss"],
+                        rel_tol=1e-3)
