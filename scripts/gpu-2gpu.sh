@@ -12,7 +12,10 @@
 #   torchrun  clorch-train +recipe=ddp_bf16 launcher=torchrun (torch's elastic agent, 2 GPUs)
 #   nodes     clorch's launcher as two "nodes" of one GPU each (launcher.nnodes=2)
 #   allreduce clorch-bench allreduce, 2 ranks, nccl, 4 KiB to 4 GiB
-#   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2
+#   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2 (with --trace)
+#   runner    clorch-bench runner, eager and --compile (one GPU)
+#   ddp1      clorch-bench ddp at world size 1 (bucket path vs plain model)
+#   checkpoint clorch-bench checkpoint on the host's CPUs and disk
 #   goals     the goals read back from the two benchmark tables
 # Everything goes under OUTDIR (default $OUT, else /tmp/clorch-2gpu); stages.txt lists each
 # stage's exit status. Estimated 6-8 minutes in all (the 1-GPU cuda tier took 2); STAGES="allreduce ddp goals"
@@ -23,6 +26,7 @@ mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 source "$(dirname "$0")/gpu-setup.sh"
 if [ "${CPU_DRY_RUN:-0}" = 1 ]; then
   DEV=cpu BACKEND=gloo MODEL=gpt-tiny DEVICES=null SIZES="1M 4M"
+  RUNNER_ARGS="--device cpu --preset tiny --rounds 2 --steps 2 --warmup 1" CKPT_ARGS="--params-m 4 --rounds 2"
 else
   DEV=cuda BACKEND=nccl MODEL=gpt2-small DEVICES="[0,1]" SIZES="4K 64K 256K 1M 4M 16M 64M 256M 1G 4G"
 fi
@@ -50,7 +54,7 @@ PY
     nvidia-smi topo -m 2>&1 | tee -a "$OUTDIR/env.txt"
   fi ;;
 tests)
-  run tests $PY -m pytest -q -m cuda -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUTDIR/tests.txt" ;;
+  run tests timeout ${TESTS_TIMEOUT:-1800} $PY -m pytest -q -m cuda -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUTDIR/tests.txt" ;;
 recipe)
   # NCCL gradient reduction, bf16 autocast, accumulation 2 (no_sync), rank-zero final checkpoint.
   run recipe clorch-train +recipe=ddp_bf16 "launcher.devices=$DEVICES" accumulation=2 checkpoint=final \
@@ -101,6 +105,17 @@ nodes)
     2>&1 | tee -a "$OUTDIR/nodes.txt" ;;
 allreduce)
   run allreduce clorch-bench allreduce --sizes $SIZES --backend $BACKEND --nproc 2 2>&1 | tee "$OUTDIR/bench_allreduce.txt" ;;
+runner)
+  # One GPU: clorch's loop vs a plain PyTorch loop, eager and compiled (GPT-2 small, bf16).
+  run runner clorch-bench runner ${RUNNER_ARGS:-} 2>&1 | tail -8 | tee "$OUTDIR/bench_runner.txt"
+  run runner_compile clorch-bench runner --compile ${RUNNER_ARGS:-} 2>&1 | tail -8 \
+    | tee "$OUTDIR/bench_runner_compile.txt" ;;
+ddp1)
+  # World size 1: clorch's DDP (no reducer), with step_in_backward (bucket path, nothing to send),
+  # torch's DDP (its bucket path) and the bare model.
+  run ddp1 clorch-bench ddp --model $MODEL --device $DEV --nproc 1 2>&1 | tee "$OUTDIR/bench_ddp1.txt" ;;
+checkpoint)
+  run checkpoint clorch-bench checkpoint ${CKPT_ARGS:---rounds 6} 2>&1 | tee "$OUTDIR/bench_checkpoint.txt" ;;
 ddp)
   # --trace: one torch.profiler step per DDP candidate and rank, with its exposed communication.
   run ddp clorch-bench ddp --model $MODEL --device $DEV --nproc 2 --trace "$OUTDIR/trace" ${DDP_ARGS:-} 2>&1 \
