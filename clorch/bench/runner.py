@@ -53,7 +53,9 @@ class RandomTokens:
         return self.data.size(0)
 
     def batch(self, indices) -> dict[str, torch.Tensor]:
-        rows = self.data[torch.as_tensor(indices)]
+        from clorch.data.base import as_index
+
+        rows = self.data[as_index(indices, self.data.device)]
         return {"input": rows[:, :-1], "target": rows[:, 1:]}
 
     compile_loss = False  # clorch's side sets it with --compile, as the engine does with compile: true

@@ -114,11 +114,20 @@ def check_split(owner: str, split: object) -> None:
         raise ValueError(f"{owner}.split must be one of {', '.join(SPLITS)}, got {split!r}")
 
 
-def as_index(indices: torch.Tensor | list[int]) -> torch.Tensor:
-    """Indices as a CPU int64 tensor (out-of-range ones fail in the gather, as in torch)."""
+def as_index(indices: torch.Tensor | list[int], device: torch.device | None = None) -> torch.Tensor:
+    """Indices as an int64 tensor on `device` (the CPU by default), for gathering a split there.
+
+    Out-of-range indices fail in the gather, as in torch. The copy to a GPU does
+    not block the host (a CPU index tensor used directly would be copied with a
+    synchronization).
+    """
     if isinstance(indices, torch.Tensor):
-        return indices.to(device="cpu", dtype=torch.long)
-    return torch.as_tensor(indices, dtype=torch.long)
+        index = indices.to(dtype=torch.long)
+    else:
+        index = torch.as_tensor(indices, dtype=torch.long)
+    if device is None or device.type == "cpu":
+        return index.cpu()
+    return index.to(device, non_blocking=True)
 
 
 def count_like(tensor: torch.Tensor) -> torch.Tensor:

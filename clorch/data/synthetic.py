@@ -78,7 +78,7 @@ class SyntheticRegression:
 
     def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]:
         """`{"input": (B, in_features), "target": (B, out_features)}`, float32 on the CPU."""
-        idx = as_index(indices)
+        idx = as_index(indices, self.inputs.device)
         return {"input": self.inputs[idx], "target": self.targets[idx]}
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

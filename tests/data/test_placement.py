@@ -51,6 +51,6 @@ def test_placed_tasks_give_the_same_batches_on_the_gpu_without_host_syncs(text_f
                 got = to_device(task.batch([3, 0, 5]), device, pin=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        assert not [w for w in caught if "synchroniz" in str(w.message).lower()]
+        assert not [w for w in caught if "synchronizing" in str(w.message).lower()]
         for key, value in want.items():
             assert got[key].device == device and torch.equal(got[key].cpu(), value), key
