@@ -16,9 +16,9 @@ DDP's flat buckets when `DistributedDataParallel.optimizer_step` drives it;
 
 The scale lives in a tensor on the gradients' device. Two ways to step:
 
-* With an optimizer whose step takes the overflow flag itself (torch's
-  fused Adam, AdamW and SGD: `fused=True`, the engine's default on CUDA),
-  nothing is read on the host: the flag is all-reduced on the device, handed to the fused kernel
+* With torch's fused Adam or AdamW (`fused=True`, the engine's default on
+  CUDA), whose step takes the overflow flag itself, nothing is read on the
+  host: the flag is all-reduced on the device, handed to the fused kernel
   (which leaves parameters and state untouched when it is set), and the
   scale and growth tracker are updated on the device (`torch._amp_update_scale_`),
   so an fp16 step synchronizes no more than a bf16 step. `step()` then
@@ -43,6 +43,7 @@ from clorch.distributed import collectives
 from clorch.distributed.groups import device as group_device, is_initialized, world_size
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+_DEVICE_SKIP_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 CATCH_UP_STEPS = 1024
 """Device-decided steps after which the host's view of the scaler is brought up to date."""
 
@@ -261,8 +262,14 @@ class GradScaler:
         return stepped
 
     def _decides_on_device(self, optimizer: torch.optim.Optimizer, found: torch.Tensor) -> bool:
-        """Whether the skip can stay on the device: an optimizer whose step takes found_inf (fused)."""
-        return (getattr(optimizer, "_step_supports_amp_scaling", False)
+        """Whether the skip can stay on the device: fused Adam or AdamW, whose kernels take found_inf.
+
+        Only those two: they leave parameters and state as they were on a
+        skipped step. (torch's fused SGD with momentum, for one, creates its
+        momentum buffers uninitialized on a first step it then skips.)
+        """
+        return (type(optimizer) in _DEVICE_SKIP_OPTIMIZERS
+                and getattr(optimizer, "_step_supports_amp_scaling", False)
                 and self._scale is not None and self._scale.device == found.device)
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -442,10 +449,13 @@ class GradScaler:
         self.growth_factor = float(state["growth_factor"])
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = state["growth_interval"]
-        self._unread = []
+        self._unread = []  # what the device decided since is replaced by the state loaded
         self._tracker = state["_growth_tracker"]
         self._skipped = state["skipped_steps"]
-        self._set_scale(_f32(float(state["scale"])))
+        self._scale_value = _f32(float(state["scale"]))
+        if self._scale is not None:  # always: the device scale may differ from the host's last view
+            self._scale.fill_(self._scale_value)
+            self._inv_scale.fill_(1.0 / self._scale_value)
         if self._tracker_device is not None:
             self._tracker_device.fill_(self._tracker)
 

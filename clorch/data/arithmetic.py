@@ -209,7 +209,7 @@ class ArithmeticTask:
 
     def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]:
         """`{"input", "target"}` int64 `(B, seq_len)` and `"mask"` bool `(B, seq_len)` (answer targets)."""
-        idx = as_index(indices, self.tokens.device)
+        idx = as_index(indices, self.tokens.device, len(self))
         rows = self.tokens[idx].long()
         return {"input": rows[:, :-1], "target": rows[:, 1:], "mask": self.answer_mask[idx]}
 

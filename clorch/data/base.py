@@ -114,12 +114,18 @@ def check_split(owner: str, split: object) -> None:
         raise ValueError(f"{owner}.split must be one of {', '.join(SPLITS)}, got {split!r}")
 
 
-def as_index(indices: torch.Tensor | list[int], device: torch.device | None = None) -> torch.Tensor:
+def as_index(indices: torch.Tensor | list[int], device: torch.device | None = None,
+             size: int | None = None) -> torch.Tensor:
     """Indices as an int64 tensor on `device` (the CPU by default), for gathering a split there.
 
-    Out-of-range indices fail in the gather, as in torch. The copy to a GPU does
-    not block the host (a CPU index tensor used directly would be copied with a
+    On the CPU an out-of-range index fails in the gather, as in torch. For a
+    split on a GPU, where it would be a device-side assert, indices coming from
+    the host are checked against `size` first. The copy to a GPU does not block
+    the host (a CPU index tensor used directly would be copied with a
     synchronization).
+
+    Raises:
+        IndexError: an index outside [-size, size) bound for a GPU split.
     """
     if isinstance(indices, torch.Tensor):
         index = indices.to(dtype=torch.long)
@@ -127,6 +133,11 @@ def as_index(indices: torch.Tensor | list[int], device: torch.device | None = No
         index = torch.as_tensor(indices, dtype=torch.long)
     if device is None or device.type == "cpu":
         return index.cpu()
+    if size is not None and index.device.type == "cpu" and index.numel():
+        low, high = int(index.min()), int(index.max())
+        if low < -size or high >= size:
+            bad = high if high >= size else low
+            raise IndexError(f"index {bad} is out of range for a split of {size} samples")
     return index.to(device, non_blocking=True)
 
 

@@ -77,8 +77,8 @@ class SyntheticRegression:
         return self.inputs.size(0)
 
     def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]:
-        """`{"input": (B, in_features), "target": (B, out_features)}`, float32 on the CPU."""
-        idx = as_index(indices, self.inputs.device)
+        """`{"input": (B, in_features), "target": (B, out_features)}`, float32 where the split is."""
+        idx = as_index(indices, self.inputs.device, len(self))
         return {"input": self.inputs[idx], "target": self.targets[idx]}
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -159,7 +159,7 @@ class ByteTextTask:
 
     def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]:
         """`{"input": (B, seq_len), "target": (B, seq_len)}` int64 byte tokens, target shifted by one."""
-        idx = as_index(indices, self.starts.device)
+        idx = as_index(indices, self.starts.device, len(self))
         windows = self.data[self.starts[idx].unsqueeze(1) + self._offsets].long()
         return {"input": windows[:, :-1], "target": windows[:, 1:]}
 

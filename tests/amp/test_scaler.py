@@ -166,3 +166,23 @@ def test_a_fused_optimizer_skips_on_the_device_as_torch_gradscaler_does():
     assert ours.get_scale() == theirs.get_scale() == 2048.0
     assert ours.skipped_steps == 1 and ours.last_step_skipped is False
     assert ours.state_dict()["_growth_tracker"] == theirs._get_growth_tracker()
+
+
+def test_fused_sgd_keeps_the_host_decision_so_a_skipped_first_step_leaves_no_state():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    scaler = GradScaler("cpu", init_scale=8.0)
+    (model(torch.randn(3, 4)).sum() * float("inf")).backward()
+    assert scaler.step(opt) is False  # a bool: decided on the host
+    scaler.update()
+    assert not opt.state  # no momentum buffer was made for the skipped step
+
+
+def test_loading_a_state_after_device_decided_steps_resets_the_device_scale():
+    scaler = GradScaler("cpu", init_scale=1024.0)
+    saved = scaler.state_dict()
+    _fp16_like_run(scaler, overflow_at=0)  # backs off on the device without a host read
+    scaler.load_state_dict(saved)
+    assert scaler.get_scale() == 1024.0
+    assert scaler._scale.item() == 1024.0 and scaler._inv_scale.item() == 1 / 1024.0

@@ -54,3 +54,15 @@ def test_placed_tasks_give_the_same_batches_on_the_gpu_without_host_syncs(text_f
         assert not [w for w in caught if "synchronizing" in str(w.message).lower()]
         for key, value in want.items():
             assert got[key].device == device and torch.equal(got[key].cpu(), value), key
+        with pytest.raises(IndexError, match=f"index {len(task)} is out of range for a split of {len(task)}"):
+            task.batch([0, len(task)])
+
+
+def test_indices_for_a_device_split_are_checked_on_the_host_first():
+    from clorch.data.base import as_index
+
+    meta = torch.device("meta")  # any non-CPU device: the check runs before the copy
+    assert as_index([0, 3, -4], meta, size=4).device == meta
+    for bad, shown in (([0, 4], 4), ([-5, 1], -5)):
+        with pytest.raises(IndexError, match=f"index {shown} is out of range for a split of 4 samples"):
+            as_index(bad, meta, size=4)

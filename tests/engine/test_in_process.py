@@ -75,3 +75,14 @@ def test_progress_follows_metrics(tmp_path, mode):
     text = stream.getvalue()
     assert "10/20" in text and "0.5" in text
     assert text.count("10/20") >= 1 and "st\"" not in text
+
+
+def test_config_keys_reach_the_ddp_model_and_the_task():
+    """ddp.step_in_backward, ddp.gradient_as_bucket_view and compile reach the parts they configure."""
+    c = _components("ddp.step_in_backward=true", "ddp.gradient_as_bucket_view=true")
+    assert c.model._reducer is not None and c.model._reducer.stepper.optimizer is c.optimizer
+    assert c.model.gradient_as_bucket_view is True
+    gpt = resolve(compose(["+recipe=gpt_bf16", "compile=true", "model.n_layer=1", "model.d_model=32",
+                           "data.digits=2", "data.sample_count=256", "schedule.warmup_steps=2"]))
+    parts = build_components(gpt.config, {"rank": 0, "world_size": 1}, gpt.total_steps)
+    assert parts.task.compile_loss is True and parts.eval_task.compile_loss is False

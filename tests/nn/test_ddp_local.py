@@ -148,3 +148,74 @@ def test_step_in_backward_refuses_what_it_cannot_step():
     ddp.step_in_backward(torch.optim.SGD(ddp.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="already called on this model \\(with a SGD\\)"):
         ddp.step_in_backward(torch.optim.SGD(ddp.parameters(), lr=0.1))
+
+
+class _Failing(torch.optim.SGD):
+    """An SGD whose step fails once, on its second call."""
+
+    calls = 0
+
+    def step(self, closure=None):
+        type(self).calls += 1
+        if type(self).calls == 2:
+            raise RuntimeError("optimizer failed")
+        return super().step(closure)
+
+
+def test_a_failing_bucket_step_leaves_the_reducer_ready_for_the_next_backward():
+    ddp = DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    opt = _Failing(ddp.parameters(), lr=0.1)
+    ddp.step_in_backward(opt)
+    x, y = m.batches(1, 8)[0]
+    with pytest.raises(RuntimeError, match="optimizer failed"):
+        m.loss_fn(ddp(x), y).backward()
+    reducer = ddp._reducer
+    assert not reducer._in_backward and all(b.filled == 0 and not b.copied for b in ddp.buckets)
+    ddp.zero_grad(set_to_none=True)
+    before = m.weights(ddp.module)
+    m.loss_fn(ddp(x), y).backward()  # a clean backward again: every bucket stepped, committed
+    assert reducer.committed
+    assert all(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
+
+
+def test_step_in_backward_follows_a_cleared_or_reloaded_adam_state():
+    data = m.batches(4, 8)
+    plain, ddp = m.mlp(), DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    plain_opt, opt = torch.optim.Adam(plain.parameters(), lr=0.01), torch.optim.Adam(ddp.parameters(), lr=0.01)
+    ddp.step_in_backward(opt)
+    for index, (x, y) in enumerate(data):
+        if index == 2:  # both forget their moments (as a fresh optimizer state would)
+            plain_opt.state.clear()
+            opt.state.clear()
+        m.loss_fn(plain(x), y).backward()
+        plain_opt.step()
+        plain_opt.zero_grad()
+        m.loss_fn(ddp(x), y).backward()
+        ddp.optimizer_step(opt)
+    assert len(opt.state) == len(plain_opt.state) == 6
+    for key, want in m.weights(plain).items():
+        assert torch.equal(m.weights(ddp.module)[key], want), key
+
+
+def test_step_in_backward_keeps_a_custom_optimizers_attributes_and_allows_frozen_parameters():
+    class Scaled(torch.optim.SGD):
+        def __init__(self, params, alpha):
+            super().__init__(params, lr=0.1)
+            self.alpha = alpha
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-self.alpha)
+
+    model = m.mlp()
+    model[0].weight.requires_grad_(False)
+    ddp = DistributedDataParallel(model)
+    ddp.step_in_backward(Scaled(model.parameters(), alpha=0.5))  # holds the frozen weight too
+    x, y = m.batches(1, 8)[0]
+    before = m.weights(model)
+    m.loss_fn(ddp(x), y).backward()
+    after = m.weights(model)
+    assert torch.equal(after["0.weight"], before["0.weight"])
+    assert not torch.equal(after["2.weight"], before["2.weight"])

@@ -172,6 +172,10 @@ class DistributedDataParallel(nn.Module):
         call `optimizer_step(optimizer)`, which then only zeroes them.
         Forwards under `no_sync()` still accumulate without stepping.
 
+        Step hooks registered on the optimizer (`register_step_pre_hook`,
+        `register_step_post_hook`) do not run; torch's global optimizer hooks
+        run once per bucket for optimizers other than Adam and AdamW.
+
         Not for steps that must see every gradient first: gradient clipping by
         the global norm, or fp16 loss scaling (its skip decision needs every
         bucket), and not for LBFGS. Works at world size 1 too (buckets are

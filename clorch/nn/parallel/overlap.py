@@ -79,7 +79,10 @@ class BucketStepper:
         for index in bucket.param_indices:
             param = params[index]
             members.setdefault(self._group_of[id(param)], []).append(param)
-        part = copy.copy(self.optimizer)  # shares `state`; no hooks, no patched step
+        part = copy.copy(self.optimizer)  # shares `state`, with hook registries of its own (empty)
+        for name, value in vars(self.optimizer).items():  # the optimizer's own attributes
+            if name not in vars(part) and name != "step":  # not an LR scheduler's wrapped step
+                setattr(part, name, value)
         groups = sorted(members)
         part.param_groups = [dict(self.optimizer.param_groups[g], params=members[g]) for g in groups]
         return part, groups
@@ -132,14 +135,14 @@ class BucketStepper:
         if type(main) not in (torch.optim.Adam, torch.optim.AdamW):
             return False
         cached = self._adam_lists.get(index)
-        if cached is None or cached[0] is not main.state:
+        if cached is None or not self._still_current(cached):
             lists = self._gather_adam_lists(index)
             if lists is None:
                 return False
             cached = self._adam_lists[index] = (main.state, lists)
         from torch.optim.adam import adam
 
-        for g, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in cached[1]:
+        for g, params, states, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in cached[1]:
             group = main.param_groups[g]
             beta1, beta2 = group["betas"]
             adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
@@ -163,10 +166,22 @@ class BucketStepper:
             if not all(state and "step" in state for state in states) or any(p.is_complex() for p in params):
                 return None
             amsgrad = settings["amsgrad"]
-            lists.append((g, params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            lists.append((g, params, states, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                           [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
                           [s["step"] for s in states]))
         return lists
+
+    def _still_current(self, cached: tuple) -> bool:
+        """Whether the cached lists are still the optimizer's state (not replaced, cleared or re-made)."""
+        state = self.optimizer.state
+        if cached[0] is not state:
+            return False
+        for _, params, states, exp_avgs, exp_avg_sqs, _, steps in cached[1]:
+            for param, entry, avg, avg_sq, step in zip(params, states, exp_avgs, exp_avg_sqs, steps):
+                if state.get(param) is not entry or entry.get("exp_avg") is not avg \
+                        or entry.get("exp_avg_sq") is not avg_sq or entry.get("step") is not step:
+                    return False
+        return True
 
     def join(self) -> None:
         """Make the current stream wait for every step queued on the side stream (no host wait)."""
@@ -180,10 +195,12 @@ class BucketStepper:
 
 
 def _check_covers(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
-    held = [p for group in optimizer.param_groups for p in group["params"]]
+    # Frozen parameters may be in the optimizer (it skips them, having no gradient); they are not stepped here.
+    held = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     theirs, ours = {id(p) for p in held}, {id(p) for p in params}
     if theirs != ours:
         raise ValueError(
             "step_in_backward(): the optimizer must hold exactly the model's trainable parameters "
             f"(the model has {len(ours)}, the optimizer {len(theirs)}, {len(theirs - ours)} of them "
-            "not the model's); build it from model.parameters()")
+            f"not the model's, {len(ours - theirs)} of the model's missing); build it from "
+            "model.parameters()")

@@ -79,6 +79,7 @@ class Reducer:
         self._in_backward = False
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self._communicates = world_size > 1
+        self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
         self.param_ids = frozenset(id(p) for p in self._params)
         self.params = tuple(self._params)
@@ -155,9 +156,13 @@ class Reducer:
 
     def _mark_ready(self, index: int) -> None:
         self._ready[index] = True
-        while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
-            self._launch(self.buckets[self._next_launch])
-            self._next_launch += 1
+        try:
+            while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
+                self._launch(self.buckets[self._next_launch])
+                self._next_launch += 1
+        except BaseException:
+            self._abandon()  # e.g. the optimizer raised in a bucket's step: this backward is over
+            raise
 
     def _launch(self, bucket: Bucket) -> None:
         if len(bucket.copied) != len(bucket.param_indices):
@@ -170,9 +175,11 @@ class Reducer:
         else:
             # The buckets were checked when they were built: skip the wrapper's per-call checks.
             bucket.work = dist.all_reduce(bucket.comm, op=dist.ReduceOp.SUM, async_op=True)
-        if self.stepper is not None and self.stepper.stream is not None:
-            # CUDA: queue the bucket's step now, behind its all-reduce, on the side stream.
+        if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
+            # CUDA: queue the bucket's step now, behind its all-reduce, on the side stream
+            # (which then also converts the bucket back from reduce_dtype).
             work, bucket.work = bucket.work, None
+            bucket.handed = True
             self.stepper.step(bucket, work)
 
     def finish(self) -> None:
@@ -193,34 +200,73 @@ class Reducer:
                 synchronized backward. The missing buckets are still reduced
                 first, so ranks that did get every gradient are not left
                 waiting; the error then leaves `backward()` on this rank.
+                With `step_in_backward` on CUDA, buckets whose all-reduce
+                started before the end of backward were already stepped; the
+                others are not.
+            Exception: whatever the optimizer raised stepping a bucket; the
+                reducer forgets this backward first, so the next one starts clean.
         """
         if not self._in_backward:
             return
         missing: list[str] = []
-        if self._next_launch < len(self.buckets):
-            missing = [name for name, fired in zip(self._names, self._fired) if not fired]
-            while self._next_launch < len(self.buckets):
-                self._launch(self.buckets[self._next_launch])
-                self._next_launch += 1
+        try:
+            if self._next_launch < len(self.buckets):
+                missing = [name for name, fired in zip(self._names, self._fired) if not fired]
+                self._steps_allowed = False  # reduce the rest so no rank waits, but step nothing more
+                while self._next_launch < len(self.buckets):
+                    self._launch(self.buckets[self._next_launch])
+                    self._next_launch += 1
+            self._commit_buckets(step=not missing)
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            self._steps_allowed = True
+        self._reset(committed=not missing)
+        if missing:
+            self._raise_missing(missing)
+
+    def _commit_buckets(self, step: bool) -> None:
+        """Wait for each bucket and bring its average into `.grad` (stepping it on CPU when asked)."""
         stepper = self.stepper
         for bucket in self.buckets:
             work, bucket.work = bucket.work, None
-            if stepper is not None and stepper.stream is None and not missing:
-                stepper.step(bucket, work)  # CPU: wait for this bucket, step it, go on
-            elif work is not None:
-                work.wait()
-            if bucket.converts and (stepper is None or missing):
-                bucket.flat.copy_(bucket.comm)
+            if bucket.handed:
+                bucket.handed = False  # CUDA: the side stream waits, converts and steps
+            elif stepper is not None and stepper.stream is None and step:
+                stepper.step(bucket, work)  # CPU: wait for this bucket, convert, step it, go on
+            else:
+                if work is not None:
+                    work.wait()
+                if bucket.converts:
+                    bucket.flat.copy_(bucket.comm)
             bucket.filled = 0
         if stepper is not None:
             stepper.join()
+
+    def _reset(self, committed: bool) -> None:
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
         self._in_backward = False
-        self.committed = not missing
-        if missing:
-            self._raise_missing(missing)
+        self.committed = committed
+
+    def _abandon(self) -> None:
+        """Forget a backward that failed: wait for what was sent (no error from it), reset the buckets.
+
+        Local. The failure itself is what the caller re-raises.
+        """
+        for bucket in self.buckets:
+            work, bucket.work = bucket.work, None
+            if work is not None:
+                try:
+                    work.wait()
+                except Exception:  # noqa: BLE001 - the original error is the one to report
+                    pass
+            bucket.filled, bucket.copied, bucket.handed = 0, [], False
+        if self.stepper is not None:
+            self.stepper.join()
+        self._reset(committed=False)
 
     def no_synchronized_backward(self) -> ValueError:
         """The error for a step with no synchronized backward since the last one."""
