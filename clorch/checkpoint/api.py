@@ -82,6 +82,32 @@ def _remove_superseded(path: Path, keep_archive: str) -> None:
         remove_quietly(tmp)
 
 
+def _drop_cached(path: Path) -> None:
+    """Ask the kernel to drop the cached pages of the archives this save will supersede.
+
+    They stay on disk, intact, until the new checkpoint is committed. Their
+    cached pages are only in the way: a new archive written while the old one
+    still fills the page cache was written at a third of the speed on a small
+    machine (the kernel reclaiming and throttling writers), which made saving
+    2x slower than `torch.save` there, which truncates its file first. Linux
+    only; elsewhere, and on any error, nothing happens.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    pattern = glob.escape(path.name)
+    for old in path.parent.glob(f"{pattern}.*.tensors"):
+        try:
+            fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _check_replaceable(path: Path) -> None:
     """Refuse to save over anything at `path` but a clorch checkpoint (or a dangling symlink).
 
@@ -164,6 +190,7 @@ def _write(path: Path, model, optimizer, scaler, state: dict, per_rank: list[dic
     # archive this save's metadata names (nor this one's, its).
     with path_lock(path):
         _check_replaceable(path)
+        _drop_cached(path)
         try:
             archive_file = _write_files(path, tensors, state, per_rank)
         except OSError as exc:
