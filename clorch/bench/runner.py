@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, median
+from clorch.engine.components import compile_mode_arg
 
 PRESETS = {
     "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
@@ -65,7 +66,7 @@ class RandomTokens:
 
         if not self.compile_loss:  # the plain loop's loss, as a user writes it
             return F.cross_entropy(model(batch["input"]).flatten(0, 1), batch["target"].flatten())
-        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=True).mean()
+        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=self.compile_loss).mean()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per loop first")
     p.add_argument("--log-every", type=int, default=10, help="clorch metrics line every N steps")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
+                   help="torch.compile mode for both loops (the engine's compile_mode)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
     return p
@@ -96,7 +99,7 @@ def _models(opts: dict, device: torch.device):
 def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
     from clorch.optim import build_optimizer
 
-    compiled = torch.compile(model) if opts["compile"] else model
+    compiled = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
     gen = torch.Generator().manual_seed(1)
     state = {"step": 0}
@@ -130,8 +133,8 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
 
     task = copy.copy(task)  # the plain loop keeps the host copy; the engine places its own
     place_task(task, device)
-    task.compile_loss = opts["compile"]  # as the engine does with compile: true
-    inner = torch.compile(model) if opts["compile"] else model
+    task.compile_loss = opts["compile"] and opts["compile_mode"]  # as the engine does with compile: true
+    inner = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
     parts = Components(model=ddp, raw_model=model, optimizer=optimizer,
@@ -192,7 +195,8 @@ def report(result: dict, opts: dict) -> str:
     rows = [[name, result["tokens_per_s"][name], f"{100 * result['mfu'][name]:.1f}%"]
             for name in ("plain", "clorch")]
     head = (f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
-            f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']}, "
+            f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
+            f"({opts['compile_mode']}), "
             f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     return f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"

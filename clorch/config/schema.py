@@ -290,7 +290,10 @@ class TopConfig:
     accumulation: int = field(default=1, metadata=rule(ge=1))  # micro-batches per optimizer step
     log_every: int = field(default=10, metadata=rule(ge=1, unit="steps"))  # steps between metrics lines
     eval_every: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # steps between evals; 0: at the end
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (and a language-model task's loss)
+    # torch.compile mode with compile: true; max-autotune-no-cudagraphs tunes the matmuls
+    # (minutes of compiling first); modes with CUDA graphs are not offered (DDP's hooks)
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
 
 
 OPTIONS: dict[str, dict[str, Any]] = {

@@ -176,7 +176,7 @@ class ArithmeticTask:
         ValueError: a bad argument value, or a `seq_len` too short for `digits`.
     """
 
-    compile_loss = False  # the engine sets it with `compile: true` (see lm_per_sample_loss)
+    compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
     ARGUMENTS = ("sample_count", "digits", "seq_len", "eval_fraction")
     default_model = "gpt"

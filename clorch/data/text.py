@@ -20,27 +20,27 @@ VOCAB_SIZE = 256  # one token per byte value
 
 
 def lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
-                       mask: torch.Tensor | None = None, compiled: bool = False) -> torch.Tensor:
+                       mask: torch.Tensor | None = None, compiled: bool | str = False) -> torch.Tensor:
     """Next-token cross-entropy averaged over each sample's counted positions, shape (B,).
 
     Under autocast, cross_entropy's log-softmax runs in float32 without an explicit copy
-    of the (possibly large) logits. `compiled=True` (the engine's `compile: true`) runs it
-    through torch.compile, which fuses the float32 log-softmax into the reductions, so
-    the float32 logits (and their gradient) are never written out in full.
+    of the (possibly large) logits. `compiled` True or a torch.compile mode name (the
+    engine's `compile: true` and `compile_mode`) runs it through torch.compile, which
+    fuses the float32 log-softmax into the reductions, so the float32 logits (and their
+    gradient) are never written out in full.
     """
     if compiled:
-        return _compiled_loss()(logits, target, mask)
+        return _compiled_loss("default" if compiled is True else compiled)(logits, target, mask)
     return _lm_per_sample_loss(logits, target, mask)
 
 
-_COMPILED_LOSS = None
+_COMPILED_LOSS: dict = {}
 
 
-def _compiled_loss():
-    global _COMPILED_LOSS
-    if _COMPILED_LOSS is None:
-        _COMPILED_LOSS = torch.compile(_lm_per_sample_loss)
-    return _COMPILED_LOSS
+def _compiled_loss(mode: str):
+    if mode not in _COMPILED_LOSS:
+        _COMPILED_LOSS[mode] = torch.compile(_lm_per_sample_loss, mode=None if mode == "default" else mode)
+    return _COMPILED_LOSS[mode]
 
 
 def _lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
@@ -116,7 +116,7 @@ class ByteTextTask:
             argument value.
     """
 
-    compile_loss = False  # the engine sets it with `compile: true` (see lm_per_sample_loss)
+    compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
     ARGUMENTS = ("path", "seq_len", "sample_count", "eval_fraction")
     default_model = "gpt"

@@ -131,6 +131,11 @@ def _scaler(cfg: TrainConfig, device: torch.device) -> Any:
                       backoff_factor=scaling.backoff_factor, growth_interval=scaling.growth_interval)
 
 
+def compile_mode_arg(mode: str) -> str | None:
+    """torch.compile's `mode` for the config's `compile_mode` ("default" is torch's None)."""
+    return None if mode == "default" else mode
+
+
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
     """Build task, model (on the rank's device, compiled if asked, DDP-wrapped), optimizer,
     schedule, scaler and sampler from a checked config. `total_steps` is the plan's
@@ -154,9 +159,9 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     for split in (task, eval_task):
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
     if cfg.compile and hasattr(task, "compile_loss"):
-        task.compile_loss = True  # the loss is compiled too: fused float32 log-softmax
+        task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
     raw = build_raw_model(cfg, task).to(device)
-    inner = torch.compile(raw) if cfg.compile else raw
+    inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
     ddp = cfg.ddp
     model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
                                     first_bucket_cap_mb=ddp.first_bucket_cap_mb,

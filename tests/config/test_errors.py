@@ -67,6 +67,7 @@ def test_the_issue_examples_are_reported_together(tmp_path):
     (["ddp.first_bucket_cap_mb=-1"], ["ddp.first_bucket_cap_mb must be > 0 (MiB), got -1"]),
     (["precision.scaler.growth_factor=0.5", "precision=fp16"], ["precision.scaler.growth_factor must be > 1"]),
     (["precision=fp16", "precision.scaler.enabled=false"], ["precision.scaler.enabled=false", "fp16"]),
+    (["compile_mode=fast"], ["compile_mode='fast'", "default, max-autotune-no-cudagraphs"]),
     (["precision=fp16", "ddp.step_in_backward=true"], ["ddp.step_in_backward=true cannot run with precision=fp16",
                                                        "ddp.step_in_backward=false"]),
     (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),

@@ -85,4 +85,4 @@ def test_config_keys_reach_the_ddp_model_and_the_task():
     gpt = resolve(compose(["+recipe=gpt_bf16", "compile=true", "model.n_layer=1", "model.d_model=32",
                            "data.digits=2", "data.sample_count=256", "schedule.warmup_steps=2"]))
     parts = build_components(gpt.config, {"rank": 0, "world_size": 1}, gpt.total_steps)
-    assert parts.task.compile_loss is True and parts.eval_task.compile_loss is False
+    assert parts.task.compile_loss == "default" and parts.eval_task.compile_loss is False
