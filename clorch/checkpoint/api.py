@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import re
 import shutil
 import stat
 import warnings
@@ -72,13 +73,23 @@ def _local_save_state(model, optimizer, sampler, scaler, state) -> tuple[dict, d
     return state, {"sampler": sampler_state, "rng": capture_rng()}
 
 
+def own_files(path: Path, prefix: str, suffix: str) -> list[Path]:
+    """Files saves to `path` created as `<prefix><pid>-<12 hex><suffix>` beside it (exactly that form).
+
+    A looser pattern would also match another checkpoint's files: `ckpt.*.tensors`
+    matches the archives of `ckpt.best`.
+    """
+    own = re.compile(re.escape(prefix) + r"\d+-[0-9a-f]{12}" + re.escape(suffix))
+    candidates = path.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}")
+    return [p for p in candidates if own.fullmatch(p.name)]
+
+
 def _remove_superseded(path: Path, keep_archive: str) -> None:
     """Delete archives and temporaries of earlier (or crashed) saves to this same path."""
-    pattern = glob.escape(path.name)
-    for old in path.parent.glob(f"{pattern}.*.tensors"):
+    for old in own_files(path, f"{path.name}.", ".tensors"):
         if old.name != keep_archive:
             remove_quietly(old)
-    for tmp in path.parent.glob(f".{pattern}.*.tmp"):
+    for tmp in own_files(path, f".{path.name}.", ".tmp"):
         remove_quietly(tmp)
 
 
@@ -94,14 +105,14 @@ def _drop_cached(path: Path) -> None:
     """
     if not hasattr(os, "posix_fadvise"):
         return
-    pattern = glob.escape(path.name)
-    for old in path.parent.glob(f"{pattern}.*.tensors"):
-        try:
-            fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW)
+    for old in own_files(path, f"{path.name}.", ".tensors"):
+        try:  # never follow a symlink, never wait on a FIFO
+            fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
         finally:

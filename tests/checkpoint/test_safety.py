@@ -334,3 +334,16 @@ def test_the_checkpoint_package_reads_no_environment_variables():
     for source in PACKAGE.glob("*.py"):
         text = source.read_text()
         assert "os.environ" not in text and "getenv" not in text and "TEST_PAUSE" not in text, source
+
+
+def test_saving_a_path_leaves_the_files_of_a_checkpoint_whose_name_extends_it(tmp_path):
+    """`ckpt` and `ckpt.best` live side by side: saving (or replacing) one never touches the other's archive."""
+    best, plain = tmp_path / "ckpt.best", tmp_path / "ckpt"
+    save_checkpoint(best, model=_model(1))
+    save_checkpoint(plain, model=_model(2))
+    save_checkpoint(plain, model=_model(3))  # supersedes ckpt's own first archive only
+    victim = _model(4)
+    load_checkpoint(best, model=victim)
+    assert _same(victim, 1)
+    assert len(list(tmp_path.glob("ckpt.best.*.tensors"))) == 1
+    assert len([p for p in tmp_path.glob("ckpt.*.tensors") if not p.name.startswith("ckpt.best.")]) == 1

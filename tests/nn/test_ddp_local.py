@@ -219,3 +219,24 @@ def test_step_in_backward_keeps_a_custom_optimizers_attributes_and_allows_frozen
     after = m.weights(model)
     assert torch.equal(after["0.weight"], before["0.weight"])
     assert not torch.equal(after["2.weight"], before["2.weight"])
+
+
+def test_a_backward_that_fails_outside_the_reducer_does_not_wedge_the_next_one():
+    ddp = DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ddp.step_in_backward(opt)
+    x, y = m.batches(1, 8)[0]
+
+    def fail(grad):
+        raise RuntimeError("a user hook failed")
+
+    handle = ddp.module[0].weight.register_hook(fail)  # fires after the later layers' buckets
+    with pytest.raises(RuntimeError, match="a user hook failed"):
+        m.loss_fn(ddp(x), y).backward()
+    handle.remove()
+    assert ddp._reducer.in_backward  # autograd dropped the end-of-backward callback
+    ddp.zero_grad(set_to_none=True)
+    before = m.weights(ddp.module)
+    m.loss_fn(ddp(x), y).backward()  # the forward started clean: every bucket stepped
+    assert ddp._reducer.committed and not ddp._reducer.in_backward
+    assert all(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())

@@ -56,6 +56,12 @@ def _check_cap(name: str, value: object) -> float:
     return float(value)
 
 
+def _inside_backward() -> bool:
+    """Whether this thread is running a backward pass (e.g. a checkpointed forward recomputed)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
 def _to_device(value: Any, device: torch.device) -> Any:
     """Inputs moved to the module's device, as torch's DDP does when device_ids is given."""
     if isinstance(value, torch.Tensor):
@@ -174,7 +180,9 @@ class DistributedDataParallel(nn.Module):
 
         Step hooks registered on the optimizer (`register_step_pre_hook`,
         `register_step_post_hook`) do not run; torch's global optimizer hooks
-        run once per bucket for optimizers other than Adam and AdamW.
+        may run once per bucket. Each bucket steps a copy of the optimizer
+        made here: hyperparameters in `param_groups` and the `state` are read
+        from the optimizer at every step, other attributes as they are now.
 
         Not for steps that must see every gradient first: gradient clipping by
         the global norm, or fp16 loss scaling (its skip decision needs every
@@ -210,6 +218,10 @@ class DistributedDataParallel(nn.Module):
         collective: all ranks call forward the same number of times).
         """
         if self._reducer is not None and torch.is_grad_enabled():
+            if self._reducer.in_backward and not _inside_backward():
+                # The last backward raised outside the reducer (a user hook, out of memory,
+                # Ctrl-C) and autograd dropped its end-of-backward callback: start clean.
+                self._reducer.abandon()
             self._reducer.sync = self.require_backward_grad_sync
             if self.gradient_as_bucket_view:
                 self._reducer.restore_views()

@@ -149,6 +149,11 @@ class Reducer:
                     view.zero_()
                 params[indices[position]].grad = view
 
+    @property
+    def in_backward(self) -> bool:
+        """Whether a synchronized backward started and its end (finish) has not run yet."""
+        return self._in_backward
+
     def _start_backward(self) -> None:
         """First synchronized hook of a backward: have the engine call finish() when it ends."""
         self._in_backward = True
@@ -161,7 +166,7 @@ class Reducer:
                 self._launch(self.buckets[self._next_launch])
                 self._next_launch += 1
         except BaseException:
-            self._abandon()  # e.g. the optimizer raised in a bucket's step: this backward is over
+            self.abandon()  # e.g. the optimizer raised in a bucket's step: this backward is over
             raise
 
     def _launch(self, bucket: Bucket) -> None:
@@ -204,7 +209,8 @@ class Reducer:
                 started before the end of backward were already stepped; the
                 others are not.
             Exception: whatever the optimizer raised stepping a bucket; the
-                reducer forgets this backward first, so the next one starts clean.
+                reducer forgets this backward first, so this rank's next one
+                starts clean (with other ranks it ends the job, see `abandon`).
         """
         if not self._in_backward:
             return
@@ -218,7 +224,7 @@ class Reducer:
                     self._next_launch += 1
             self._commit_buckets(step=not missing)
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
         finally:
             self._steps_allowed = True
@@ -251,10 +257,13 @@ class Reducer:
         self._in_backward = False
         self.committed = committed
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Forget a backward that failed: wait for what was sent (no error from it), reset the buckets.
 
-        Local. The failure itself is what the caller re-raises.
+        Local. The failure itself is what the caller re-raises. With world
+        size > 1 a rank whose backward failed has sent fewer buckets than its
+        peers, whose all-reduces then wait for it: such a failure ends the job
+        (the launcher stops the other ranks, or collective_timeout does).
         """
         for bucket in self.buckets:
             work, bucket.work = bucket.work, None
