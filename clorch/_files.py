@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,20 @@ _CREATE_ATTEMPTS = 16
 def unique_token() -> str:
     """A name fragment no other writer (this process, another process, a retry) will pick."""
     return f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+_TOKEN_PATTERN = r"\d+-[0-9a-f]{12}"  # what unique_token() returns
+
+
+def created_files(directory: str | os.PathLike, prefix: str, suffix: str) -> list[Path]:
+    """The files in `directory` that `create_exclusive(directory, prefix, suffix)` could have made.
+
+    Exactly `<prefix><unique token><suffix>`: a looser pattern (`prefix*suffix`)
+    would also match names that merely extend the prefix, e.g. `ckpt.best.<token>.tensors`
+    for the prefix `ckpt.`.
+    """
+    own = re.compile(re.escape(prefix) + _TOKEN_PATTERN + re.escape(suffix))
+    return [path for path in Path(directory).iterdir() if own.fullmatch(path.name)]
 
 
 def create_exclusive(directory: str | os.PathLike, prefix: str, suffix: str,

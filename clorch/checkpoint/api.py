@@ -20,9 +20,7 @@ never loaded.
 from __future__ import annotations
 
 import errno
-import glob
 import os
-import re
 import shutil
 import stat
 import warnings
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 
 import clorch
+from clorch._files import created_files
 from clorch.checkpoint import archive, metadata
 from clorch.checkpoint.atomic import commit, file_kind, remove_quietly, write_durable
 from clorch.checkpoint.collective import agree, exchange
@@ -73,23 +72,12 @@ def _local_save_state(model, optimizer, sampler, scaler, state) -> tuple[dict, d
     return state, {"sampler": sampler_state, "rng": capture_rng()}
 
 
-def own_files(path: Path, prefix: str, suffix: str) -> list[Path]:
-    """Files saves to `path` created as `<prefix><pid>-<12 hex><suffix>` beside it (exactly that form).
-
-    A looser pattern would also match another checkpoint's files: `ckpt.*.tensors`
-    matches the archives of `ckpt.best`.
-    """
-    own = re.compile(re.escape(prefix) + r"\d+-[0-9a-f]{12}" + re.escape(suffix))
-    candidates = path.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}")
-    return [p for p in candidates if own.fullmatch(p.name)]
-
-
 def _remove_superseded(path: Path, keep_archive: str) -> None:
     """Delete archives and temporaries of earlier (or crashed) saves to this same path."""
-    for old in own_files(path, f"{path.name}.", ".tensors"):
+    for old in created_files(path.parent, f"{path.name}.", ".tensors"):
         if old.name != keep_archive:
             remove_quietly(old)
-    for tmp in own_files(path, f".{path.name}.", ".tmp"):
+    for tmp in created_files(path.parent, f".{path.name}.", ".tmp"):
         remove_quietly(tmp)
 
 
@@ -105,7 +93,7 @@ def _drop_cached(path: Path) -> None:
     """
     if not hasattr(os, "posix_fadvise"):
         return
-    for old in own_files(path, f"{path.name}.", ".tensors"):
+    for old in created_files(path.parent, f"{path.name}.", ".tensors"):
         try:  # never follow a symlink, never wait on a FIFO
             fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clorch.checkpoint import metadata
-from clorch.checkpoint.api import CheckpointError, own_files, verify_checkpoint
+from clorch._files import created_files
+from clorch.checkpoint.api import CheckpointError, verify_checkpoint
 from clorch.checkpoint.atomic import remove_quietly
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
@@ -67,7 +68,8 @@ def _delete_checkpoint(path: Path) -> None:
 
 
 def _delete_leftovers(path: Path) -> None:
-    for leftover in own_files(path, f"{path.name}.", ".tensors") + own_files(path, f".{path.name}.", ".tmp"):
+    for leftover in (created_files(path.parent, f"{path.name}.", ".tensors")
+                     + created_files(path.parent, f".{path.name}.", ".tmp")):
         remove_quietly(leftover)
 
 

@@ -68,7 +68,6 @@ class BucketStepper:
         self.optimizer = optimizer
         self._group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self._parts = [self._part(bucket, params) for bucket in buckets]
-        self._adam_lists: dict[int, tuple] = {}  # bucket index -> (state dict, per-group tensor lists)
         device = params[0].device if params else torch.device("cpu")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._guard = optimizer.register_step_pre_hook(_refuse_step)
@@ -124,25 +123,25 @@ class BucketStepper:
         type(main).step(part)
 
     def _adam_step(self, index: int) -> bool:
-        """Adam/AdamW once their state exists: torch's functional `adam` on cached tensor lists.
+        """Adam/AdamW once their state exists: torch's functional `adam` on the bucket's tensor lists.
 
         The same call `Adam.step` makes after gathering its lists, without the
-        per-parameter gathering (which, per bucket, costs the host more than
-        the step). Returns False where this does not apply (other optimizers,
-        the first step, complex or differentiable settings, an older torch).
+        checks and bookkeeping of its per-parameter gathering (which, per
+        bucket, costs the host more than the step). The lists are read from
+        the optimizer's state at every step, so a cleared, reloaded or replaced
+        state is followed. Returns False where this does not apply (other
+        optimizers, the first step, complex or differentiable settings, an
+        older torch).
         """
         main = self.optimizer
         if type(main) not in (torch.optim.Adam, torch.optim.AdamW):
             return False
-        cached = self._adam_lists.get(index)
-        if cached is None or not self._still_current(cached):
-            lists = self._gather_adam_lists(index)
-            if lists is None:
-                return False
-            cached = self._adam_lists[index] = (main.state, lists)
+        lists = self._adam_lists(index)
+        if lists is None:
+            return False
         from torch.optim.adam import adam
 
-        for g, params, states, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in cached[1]:
+        for g, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in lists:
             group = main.param_groups[g]
             beta1, beta2 = group["betas"]
             adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
@@ -153,7 +152,8 @@ class BucketStepper:
                  decoupled_weight_decay=group["decoupled_weight_decay"])
         return True
 
-    def _gather_adam_lists(self, index: int) -> list[tuple] | None:
+    def _adam_lists(self, index: int) -> list[tuple] | None:
+        """Per param group of the bucket: (group index, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)."""
         part, groups = self._parts[index]
         main = self.optimizer
         lists = []
@@ -165,23 +165,10 @@ class BucketStepper:
             states = [main.state.get(p) for p in params]
             if not all(state and "step" in state for state in states) or any(p.is_complex() for p in params):
                 return None
-            amsgrad = settings["amsgrad"]
-            lists.append((g, params, states, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                          [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
+            lists.append((g, params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                          [s["max_exp_avg_sq"] for s in states] if settings["amsgrad"] else [],
                           [s["step"] for s in states]))
         return lists
-
-    def _still_current(self, cached: tuple) -> bool:
-        """Whether the cached lists are still the optimizer's state (not replaced, cleared or re-made)."""
-        state = self.optimizer.state
-        if cached[0] is not state:
-            return False
-        for _, params, states, exp_avgs, exp_avg_sqs, _, steps in cached[1]:
-            for param, entry, avg, avg_sq, step in zip(params, states, exp_avgs, exp_avg_sqs, steps):
-                if state.get(param) is not entry or entry.get("exp_avg") is not avg \
-                        or entry.get("exp_avg_sq") is not avg_sq or entry.get("step") is not step:
-                    return False
-        return True
 
     def join(self) -> None:
         """Make the current stream wait for every step queued on the side stream (no host wait)."""

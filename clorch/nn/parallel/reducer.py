@@ -130,10 +130,9 @@ class Reducer:
         """Point each `.grad` that is None (zero_grad(set_to_none=True)) back at its zeroed slot.
 
         Called (with gradient_as_bucket_view=True) before each forward that
-        records a graph, so the coming backward
-        accumulates straight into the buckets: no gradient is allocated and
-        none is copied. Local; a bucket whose gradients are all None is zeroed
-        with one kernel.
+        records a graph, so the coming backward accumulates straight into the
+        buckets: no gradient is allocated and none is copied. Local; a bucket
+        whose gradients are all None is zeroed with one kernel.
         """
         params = self._params
         for bucket in self.buckets:
@@ -143,11 +142,11 @@ class Reducer:
             unset = [position for position, i in enumerate(indices) if params[i].grad is None]
             if len(unset) == len(indices):
                 bucket.flat.zero_()
+            else:
+                for position in unset:
+                    bucket.grad_views[position].zero_()
             for position in unset:
-                view = bucket.grad_views[position]
-                if len(unset) != len(indices):
-                    view.zero_()
-                params[indices[position]].grad = view
+                params[indices[position]].grad = bucket.grad_views[position]
 
     @property
     def in_backward(self) -> bool:
