@@ -44,6 +44,7 @@ class RandomTokens:
     """Fixed random token sequences: the same data for both loops (a clorch Task)."""
 
     tokens_per_sample: int
+    compile_loss: bool | str = False  # clorch's side sets it with --compile, as the engine does with compile: true
 
     def __init__(self, samples: int, seq_len: int, vocab_size: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
@@ -58,8 +59,6 @@ class RandomTokens:
 
         rows = self.data[as_index(indices, self.data.device)]
         return {"input": rows[:, :-1], "target": rows[:, 1:]}
-
-    compile_loss = False  # clorch's side sets it with --compile, as the engine does with compile: true
 
     def loss(self, model, batch) -> torch.Tensor:
         from clorch.data.text import lm_per_sample_loss
