@@ -14,6 +14,7 @@
 #   allreduce clorch-bench allreduce, 2 ranks, nccl, 4 KiB to 4 GiB
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2 (with --trace)
 #   runner    clorch-bench runner, eager and --compile (one GPU)
+#   runner_tuned clorch-bench runner --compile --compile-mode max-autotune-no-cudagraphs (one GPU)
 #   ddp1      clorch-bench ddp at world size 1 (bucket path vs plain model)
 #   checkpoint clorch-bench checkpoint on the host's CPUs and disk
 #   goals     the goals read back from the two benchmark tables
@@ -110,6 +111,10 @@ runner)
   run runner clorch-bench runner ${RUNNER_ARGS:-} 2>&1 | tail -8 | tee "$OUTDIR/bench_runner.txt"
   run runner_compile clorch-bench runner --compile ${RUNNER_ARGS:-} 2>&1 | tail -8 \
     | tee "$OUTDIR/bench_runner_compile.txt" ;;
+runner_tuned)
+  # compile_mode=max-autotune-no-cudagraphs for both loops (minutes of autotuning first).
+  run runner_tuned clorch-bench runner --compile --compile-mode max-autotune-no-cudagraphs ${RUNNER_ARGS:-} \
+    2>&1 | tail -8 | tee "$OUTDIR/bench_runner_tuned.txt" ;;
 ddp1)
   # World size 1: clorch's DDP (no reducer), with step_in_backward (bucket path, nothing to send),
   # torch's DDP (its bucket path) and the bare model.
