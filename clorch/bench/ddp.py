@@ -7,7 +7,10 @@ gradient_as_bucket_view=True (backward accumulates into the buckets), clorch's w
 the optimizer stepped bucket by bucket in backward (`step_in_backward`), torch's
 DistributedDataParallel with the same bucket cap (as constructed by default,
 and with gradient_as_bucket_view=True and static_graph=True), and the bare model (no
-communication: what one process would cost). A candidate's sample is the mean
+communication: what one process would cost). At world size 1, where clorch's
+DDP runs no reducer, one more candidate runs the whole bucket path anyway
+(`clorch DDP bucket path`: copies into buckets, each bucket all-reduced to the
+rank itself). A candidate's sample is the mean
 step time (forward, backward, reduction, optimizer step, zero_grad) of a few
 steps; the table gives rank 0's medians and the ratios, followed by clorch /
 torch DDP step time and the scaling efficiency (one-process step time / N-rank
@@ -122,6 +125,13 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     opt = work.optimizer
     candidates = {
         "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
+    }
+    if cd.world_size() == 1:  # clorch's DDP skips the reducer there: measure the bucket path too
+        path = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+        path._run_bucket_path()
+        candidates["clorch DDP bucket path"] = _candidate(path, opt(path.module), path.optimizer_step,
+                                                          work.loss, steps, sync)
+    candidates |= {
         "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
                                       work.loss, steps, sync),
         "clorch DDP grad views": _candidate(ours_views, opt(ours_views.module), ours_views.optimizer_step,

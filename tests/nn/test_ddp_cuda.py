@@ -234,3 +234,62 @@ def test_fp16_ddp_with_a_fused_optimizer_skips_together_without_host_syncs():
         assert out["syncs"] == [0, 0, 0, 0]
         assert out["skipped"] == 1 and out["scale"] == 512.0
     assert torch.equal(outs[0]["weights"], outs[1]["weights"])
+
+
+def _bucket_path_checks(rank, world_size):
+    """The whole CUDA bucket path on one NCCL rank: copies on the side stream, all-reduce to itself."""
+    from clorch.nn.parallel import DistributedDataParallel
+    from clorch.nn.parallel.reducer import Reducer
+
+    mse = torch.nn.functional.mse_loss
+    out = {}
+    data = _data(3)
+    for name, kwargs in (("default", {}), ("views", {"gradient_as_bucket_view": True}),
+                         ("bf16", {"reduce_dtype": "bf16"})):
+        plain = _model()
+        ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01, **kwargs)
+        ddp._run_bucket_path()
+        plain_opt, opt = torch.optim.SGD(plain.parameters(), lr=0.05), torch.optim.SGD(ddp.parameters(), lr=0.05)
+        tol = {"rtol": 2e-2, "atol": 1e-3} if name == "bf16" else {"rtol": 0, "atol": 0}
+        syncs = []
+        for step, (x, y) in enumerate(data):
+            micro = [(x, y), (x * 0.5, y)] if step == 1 else [(x, y)]  # step 1 accumulates two
+            for mx, my in micro:
+                mse(plain(mx), my).backward()
+
+            def ddp_step():
+                for index, (mx, my) in enumerate(micro):
+                    if index < len(micro) - 1:
+                        with ddp.no_sync():
+                            mse(ddp(mx), my).backward()
+                    else:
+                        mse(ddp(mx), my).backward()
+
+            syncs.append(_host_syncs(ddp_step))
+            for p, q in zip(ddp.module.parameters(), plain.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, **tol)
+            ddp.optimizer_step(opt)
+            plain_opt.step()
+            plain_opt.zero_grad(set_to_none=True)
+        out[name] = {"buckets": len(ddp.buckets), "syncs": syncs}
+        ddp.close()
+
+    # The average over world_size ranks is taken inside NCCL's all-reduce: a reducer told of
+    # 2 ranks over this 1-rank group halves every gradient, with no division kernel of its own.
+    model, plain = _model(), _model()
+    named = list(model.named_parameters())
+    reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, None, 2, communicate=True)
+    x, y = data[0]
+    mse(plain(x), y).backward()
+    mse(model(x), y).backward()
+    out["halved"] = all(torch.equal(p.grad, q.grad / 2) for p, q in zip(model.parameters(), plain.parameters()))
+    reducer.remove()
+    return out
+
+
+def test_bucket_path_on_one_nccl_rank_matches_plain_gradients_without_host_syncs():
+    (out,) = run_ranks(_bucket_path_checks, 1, backend="nccl", timeout=100)
+    for name in ("default", "views", "bf16"):
+        assert out[name]["buckets"] > 1
+        assert out[name]["syncs"] == [0, 0, 0], name
+    assert out["halved"] is True

@@ -161,9 +161,19 @@ class DistributedDataParallel(nn.Module):
         if size > 1:
             self._reducer = self._build_reducer()
 
-    def _build_reducer(self) -> Reducer:
+    def _build_reducer(self, communicate: bool | None = None) -> Reducer:
         trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
-        return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args)
+        return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args,
+                       communicate=communicate)
+
+    def _run_bucket_path(self) -> None:
+        """Run the whole bucket path even at world size 1 (each bucket all-reduced to this rank alone).
+
+        For benchmarks that measure the reducer where a one-rank job skips it.
+        Local; call it before the first forward, on a model without a reducer.
+        """
+        if self._reducer is None:
+            self._reducer = self._build_reducer(communicate=True)
 
     def step_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
         """Let each synchronized backward also step `optimizer`, bucket by bucket.

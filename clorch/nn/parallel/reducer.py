@@ -7,25 +7,32 @@ Life of one synchronized backward, on every rank:
    removed back at its zeroed slot of a flat bucket, so autograd accumulates
    each gradient straight into the bucket (no new tensor, no copy).
 1. Each parameter's post-accumulate-grad hook counts its gradient in. A
-   gradient autograd put in a new tensor (`.grad` was None) is copied into its
-   slot, divided by world_size on the way, and `.grad` pointed at the slot.
-   The first hook of the backward queues `finish()` on the autograd engine,
-   to run when this backward ends.
-2. When a bucket's last slot is filled, the slots autograd accumulated into
-   directly are divided by world_size (one kernel for a whole bucket), and
-   the bucket's all-reduce (sum) starts at once, overlapping the rest of
-   backward. Buckets launch strictly in index order,
+   gradient autograd put in a new tensor (`.grad` was None) is brought into
+   its slot and `.grad` pointed at the slot. On CPU the hook copies it at
+   once, divided by world_size on the way. On CUDA the hook only notes it:
+   when the bucket is full, one multi-tensor copy moves all of the bucket's
+   new gradients, on a side stream, so the copies overlap the backward still
+   computing on the main stream. The first hook of the backward queues
+   `finish()` on the autograd engine, to run when this backward ends.
+2. When a bucket's last slot is filled, it is made ready to send (the copies
+   above; on CPU, the slots autograd accumulated into directly are divided by
+   world_size, one kernel for a whole bucket), and the bucket's all-reduce
+   starts at once, overlapping the rest of backward. Over NCCL the average
+   is taken inside the all-reduce (NCCL's pre-multiplied sum: each rank's
+   values are multiplied by 1/world_size before they are added), so no
+   division kernel runs at all. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
 3. At the end of backward `finish()` waits for every bucket (on CUDA the
-   current stream waits on the reduction; the host does not) and, for buckets
+   current stream waits on the copies and the reduction; the host does not) and, for buckets
    that travel in `reduce_dtype`, copies the reduced values back into the
    gradient-dtype buffer that `.grad` views. So when `backward()` returns,
    `.grad` holds the average, as with torch's DistributedDataParallel.
 
-Averaging divides *before* the sum (pre-division): with fp16 gradients near
-the format's maximum, summing world_size of them first would overflow to inf
-before a post-division could bring them back.
+Averaging divides *before* the sum (pre-division, also inside NCCL's
+pre-multiplied sum): with fp16 gradients near the format's maximum, summing
+world_size of them first would overflow to inf before a post-division could
+bring them back.
 
 With an optimizer handed over (`step_in_backward`), each bucket's parameters
 are also stepped once its all-reduce is done (`clorch.nn.parallel.overlap`).
@@ -61,16 +68,18 @@ class Reducer:
         bucket_cap_mb / first_bucket_cap_mb: see `plan_buckets`.
         reduce_dtype: dtype floating buckets travel in, or None for their own.
         world_size: the divisor of the average.
+        communicate: all-reduce the buckets (default: world_size > 1). True
+            at world size 1 sends each bucket to this rank alone, the whole
+            path as it runs with several ranks (benchmarks measure it so).
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
                  bucket_cap_mb: float, first_bucket_cap_mb: float,
-                 reduce_dtype: torch.dtype | None, world_size: int):
+                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool | None = None):
         self._params = list(params)
         self._names = list(names)
         plan = plan_buckets(self._params, bucket_cap_mb, first_bucket_cap_mb)
         self.buckets: list[Bucket] = build_buckets(self._params, self._names, plan, reduce_dtype)
-        self._divisor = world_size
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
@@ -78,7 +87,11 @@ class Reducer:
         self.committed = False     # a synchronized backward finished since the last optimizer step
         self._in_backward = False
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
-        self._communicates = world_size > 1
+        self._communicates = world_size > 1 if communicate is None else bool(communicate)
+        device = self._params[0].device if self._params else torch.device("cpu")
+        # CUDA: new gradients are copied per bucket on this stream, overlapping backward.
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._reduce_op, self._divisor = self._average_op(device, world_size)
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
         self.param_ids = frozenset(id(p) for p in self._params)
@@ -89,33 +102,70 @@ class Reducer:
                 hook = self._make_hook(index, bucket, position)
                 self._handles.append(self._params[index].register_post_accumulate_grad_hook(hook))
 
+    def _average_op(self, device: torch.device, world_size: int) -> tuple[object, int]:
+        """The all-reduce's op and the divisor left to apply before it.
+
+        Over NCCL on CUDA the average is a pre-multiplied sum inside the
+        all-reduce (divisor 1: nothing to divide); otherwise a sum of values
+        divided by world_size first.
+        """
+        premul = getattr(dist, "_make_nccl_premul_sum", None)
+        if (self._communicates and not self._use_wrapper and device.type == "cuda" and premul is not None
+                and "nccl" in str(dist.get_backend()).lower()):
+            return premul(1.0 / world_size), 1
+        return dist.ReduceOp.SUM, world_size
+
     def _make_hook(self, index: int, bucket: Bucket, position: int):
         grad_view = bucket.grad_views[position]
         comm_view = bucket.comm_views[position]
         slot_ptr = grad_view.data_ptr()
         divisor = self._divisor
         size = len(bucket.param_indices)
+        deferred = self._copy_stream is not None
 
         def hook(param: torch.Tensor) -> None:
             if not self.sync:
                 return  # no_sync: autograd keeps accumulating into .grad locally
             if not self._in_backward:
                 self._start_backward()
+            if self._fired[index]:
+                return  # fired again in this backward (a re-entrant backward): already counted
             self._fired[index] = True
             grad = param.grad
             if grad.data_ptr() != slot_ptr:
-                # Autograd made a new tensor (.grad was None): a pre-divided copy into the slot.
-                torch.div(grad, divisor, out=comm_view)
-                param.grad = grad_view
-                bucket.copied.append(position)
+                # Autograd made a new tensor (.grad was None).
+                if deferred:
+                    bucket.pending.append((position, grad))  # CUDA: copied with the whole bucket
+                else:
+                    torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
+                    param.grad = grad_view
+                    bucket.copied.append(position)
             bucket.filled += 1
             if bucket.filled == size:
                 self._mark_ready(bucket.index)
 
         return hook
 
+    def _copy_pending(self, bucket: Bucket) -> None:
+        """CUDA, on the copy stream: the bucket's new gradients into their slots, one multi-tensor copy.
+
+        Each gradient tensor is marked as used by the copy stream, so its
+        memory, freed when `.grad` moves to the slot, is not reused before
+        the copy has read it.
+        """
+        pending, bucket.pending = bucket.pending, []
+        if not pending:
+            return
+        torch._foreach_copy_([bucket.comm_views[position] for position, _ in pending],
+                             [grad for _, grad in pending])
+        params, indices = self._params, bucket.param_indices
+        for position, grad in pending:
+            grad.record_stream(self._copy_stream)
+            params[indices[position]].grad = bucket.grad_views[position]
+            bucket.copied.append(position)
+
     def _divide_in_place_slots(self, bucket: Bucket) -> None:
-        """Pre-divide the slots autograd accumulated into directly (restore_views), before sending."""
+        """Pre-divide (and convert to `comm`) the slots autograd accumulated into directly, before sending."""
         if self._divisor == 1 and not bucket.converts:
             return
         if not bucket.copied:
@@ -125,6 +175,14 @@ class Reducer:
         for position, (grad_view, comm_view) in enumerate(zip(bucket.grad_views, bucket.comm_views)):
             if position not in done:
                 torch.div(grad_view, self._divisor, out=comm_view)
+
+    def _prepare(self, bucket: Bucket) -> None:
+        """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided."""
+        if self._copy_stream is not None:
+            self._copy_pending(bucket)
+        if len(bucket.copied) != len(bucket.param_indices):
+            self._divide_in_place_slots(bucket)
+        bucket.copied = []
 
     def restore_views(self) -> None:
         """Point each `.grad` that is None (zero_grad(set_to_none=True)) back at its zeroed slot.
@@ -169,22 +227,33 @@ class Reducer:
             raise
 
     def _launch(self, bucket: Bucket) -> None:
-        if len(bucket.copied) != len(bucket.param_indices):
-            self._divide_in_place_slots(bucket)
-        bucket.copied = []
+        stream = self._copy_stream
+        if stream is None:
+            self._prepare(bucket)
+            self._send(bucket)
+            return
+        # CUDA: the copy stream waits for the gradients backward produced so far, copies,
+        # and the all-reduce (and the bucket's step) are queued behind it.
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
+            self._prepare(bucket)
+            self._send(bucket)
+            if self.stepper is not None and self._steps_allowed:
+                # Queue the bucket's step now, behind its all-reduce, on the stepper's stream
+                # (which then also converts the bucket back from reduce_dtype).
+                work, bucket.work = bucket.work, None
+                bucket.handed = True
+                self.stepper.step(bucket, work)
+
+    def _send(self, bucket: Bucket) -> None:
+        """Start the bucket's all-reduce (none when not communicating)."""
         if not self._communicates:
             bucket.work = None
         elif self._use_wrapper:
             bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
         else:
             # The buckets were checked when they were built: skip the wrapper's per-call checks.
-            bucket.work = dist.all_reduce(bucket.comm, op=dist.ReduceOp.SUM, async_op=True)
-        if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
-            # CUDA: queue the bucket's step now, behind its all-reduce, on the side stream
-            # (which then also converts the bucket back from reduce_dtype).
-            work, bucket.work = bucket.work, None
-            bucket.handed = True
-            self.stepper.step(bucket, work)
+            bucket.work = dist.all_reduce(bucket.comm, op=self._reduce_op, async_op=True)
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and commit the averages to `.grad`.
@@ -234,6 +303,7 @@ class Reducer:
     def _commit_buckets(self, step: bool) -> None:
         """Wait for each bucket and bring its average into `.grad` (stepping it on CPU when asked)."""
         stepper = self.stepper
+        self._wait_for_copies()
         for bucket in self.buckets:
             work, bucket.work = bucket.work, None
             if bucket.handed:
@@ -248,6 +318,11 @@ class Reducer:
             bucket.filled = 0
         if stepper is not None:
             stepper.join()
+
+    def _wait_for_copies(self) -> None:
+        """CUDA: the current stream waits for the copy stream (no host wait)."""
+        if self._copy_stream is not None:
+            torch.cuda.current_stream(self._copy_stream.device).wait_stream(self._copy_stream)
 
     def _reset(self, committed: bool) -> None:
         self._fired = [False] * len(self._params)
@@ -271,7 +346,8 @@ class Reducer:
                     work.wait()
                 except Exception:  # noqa: BLE001 - the original error is the one to report
                     pass
-            bucket.filled, bucket.copied, bucket.handed = 0, [], False
+            bucket.filled, bucket.copied, bucket.pending, bucket.handed = 0, [], [], False
+        self._wait_for_copies()
         if self.stepper is not None:
             self.stepper.join()
         self._reset(committed=False)
