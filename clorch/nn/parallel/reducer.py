@@ -15,12 +15,10 @@ Life of one synchronized backward, on every rank:
    computing on the main stream. The first hook of the backward queues
    `finish()` on the autograd engine, to run when this backward ends.
 2. When a bucket's last slot is filled, it is made ready to send (the copies
-   above; on CPU, the slots autograd accumulated into directly are divided by
-   world_size, one kernel for a whole bucket), and the bucket's all-reduce
-   starts at once, overlapping the rest of backward. Over NCCL the average
-   is taken inside the all-reduce (NCCL's pre-multiplied sum: each rank's
-   values are multiplied by 1/world_size before they are added), so no
-   division kernel runs at all. Buckets launch strictly in index order,
+   above; the slots autograd accumulated into directly are divided by
+   world_size, on CUDA with the whole bucket in one kernel on the side
+   stream), and the bucket's all-reduce (a sum) starts at once, overlapping
+   the rest of backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
 3. At the end of backward `finish()` waits for every bucket (on CUDA the
@@ -29,8 +27,7 @@ Life of one synchronized backward, on every rank:
    gradient-dtype buffer that `.grad` views. So when `backward()` returns,
    `.grad` holds the average, as with torch's DistributedDataParallel.
 
-Averaging divides *before* the sum (pre-division, also inside NCCL's
-pre-multiplied sum): with fp16 gradients near the format's maximum, summing
+Averaging divides *before* the sum (pre-division): with fp16 gradients near the format's maximum, summing
 world_size of them first would overflow to inf before a post-division could
 bring them back.
 
@@ -91,7 +88,7 @@ class Reducer:
         device = self._params[0].device if self._params else torch.device("cpu")
         # CUDA: new gradients are copied per bucket on this stream, overlapping backward.
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._reduce_op, self._divisor = self._average_op(device, world_size)
+        self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
         self.param_ids = frozenset(id(p) for p in self._params)
@@ -101,19 +98,6 @@ class Reducer:
             for position, index in enumerate(bucket.param_indices):
                 hook = self._make_hook(index, bucket, position)
                 self._handles.append(self._params[index].register_post_accumulate_grad_hook(hook))
-
-    def _average_op(self, device: torch.device, world_size: int) -> tuple[object, int]:
-        """The all-reduce's op and the divisor left to apply before it.
-
-        Over NCCL on CUDA the average is a pre-multiplied sum inside the
-        all-reduce (divisor 1: nothing to divide); otherwise a sum of values
-        divided by world_size first.
-        """
-        premul = getattr(dist, "_make_nccl_premul_sum", None)
-        if (self._communicates and not self._use_wrapper and device.type == "cuda" and premul is not None
-                and "nccl" in str(dist.get_backend()).lower()):
-            return premul(1.0 / world_size), 1
-        return dist.ReduceOp.SUM, world_size
 
     def _make_hook(self, index: int, bucket: Bucket, position: int):
         grad_view = bucket.grad_views[position]
@@ -147,7 +131,11 @@ class Reducer:
         return hook
 
     def _copy_pending(self, bucket: Bucket) -> None:
-        """CUDA, on the copy stream: the bucket's new gradients into their slots, one multi-tensor copy.
+        """CUDA, on the copy stream: the bucket's new gradients into their slots.
+
+        One multi-tensor copy where the bucket travels in the gradients'
+        dtype (the division follows, for the whole bucket); a pre-divided
+        copy per gradient where it converts to reduce_dtype.
 
         Each gradient tensor is marked as used by the copy stream, so its
         memory, freed when `.grad` moves to the slot, is not reused before
@@ -156,8 +144,12 @@ class Reducer:
         pending, bucket.pending = bucket.pending, []
         if not pending:
             return
-        torch._foreach_copy_([bucket.comm_views[position] for position, _ in pending],
-                             [grad for _, grad in pending])
+        targets, grads = [bucket.comm_views[position] for position, _ in pending], [grad for _, grad in pending]
+        if bucket.converts:
+            for target, grad in zip(targets, grads):
+                torch.div(grad, self._divisor, out=target)
+        else:
+            torch._foreach_copy_(targets, grads)
         params, indices = self._params, bucket.param_indices
         for position, grad in pending:
             grad.record_stream(self._copy_stream)
@@ -180,6 +172,11 @@ class Reducer:
         """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided."""
         if self._copy_stream is not None:
             self._copy_pending(bucket)
+            if not bucket.converts:
+                if self._divisor != 1:
+                    bucket.flat.div_(self._divisor)  # copied and accumulated slots alike, one kernel
+                bucket.copied = []
+                return
         if len(bucket.copied) != len(bucket.param_indices):
             self._divide_in_place_slots(bucket)
         bucket.copied = []
@@ -253,7 +250,7 @@ class Reducer:
             bucket.work = collectives.all_reduce(bucket.comm, op="sum", async_op=True)
         else:
             # The buckets were checked when they were built: skip the wrapper's per-call checks.
-            bucket.work = dist.all_reduce(bucket.comm, op=self._reduce_op, async_op=True)
+            bucket.work = dist.all_reduce(bucket.comm, op=dist.ReduceOp.SUM, async_op=True)
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and commit the averages to `.grad`.
