@@ -15,7 +15,7 @@
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2 (with --trace)
 #   runner    clorch-bench runner, eager and --compile (one GPU)
 #   runner_tuned clorch-bench runner --compile --compile-mode max-autotune-no-cudagraphs (one GPU)
-#   ddp1      clorch-bench ddp at world size 1 (bucket path vs plain model)
+#   ddp1      clorch-bench ddp at world size 1 (the bucket path, with and without overlapped copies, vs the plain model)
 #   checkpoint clorch-bench checkpoint on the host's CPUs and disk
 #   goals     the goals read back from the two benchmark tables
 # Everything goes under OUTDIR (default $OUT, else /tmp/clorch-2gpu); stages.txt lists each
@@ -149,7 +149,11 @@ for label, pattern, goal in (
          r"clorch DDP step_in_backward / torch DDP best step time: ([\d.]+)", "<= 0.97"),
         ("scaling efficiency, clorch DDP", r"scaling efficiency .*?: clorch DDP ([\d.]+)", ">= 0.97"),
         ("scaling efficiency, clorch DDP step_in_backward",
-         r"scaling efficiency .*?clorch DDP step_in_backward ([\d.]+)", ">= 0.97")):
+         r"scaling efficiency .*?clorch DDP step_in_backward ([\d.]+)", ">= 0.97"),
+        ("scaling efficiency, clorch DDP overlapped copies",
+         r"scaling efficiency .*?clorch DDP overlapped copies ([\d.]+)", ">= 0.97"),
+        ("scaling efficiency, clorch DDP step_in_backward overlapped copies",
+         r"scaling efficiency .*?clorch DDP step_in_backward overlapped copies ([\d.]+)", ">= 0.97")):
     m = re.search(pattern, text)
     print(f"ddp {label}: {m.group(1) if m else 'missing'} (goal {goal})")
 PY

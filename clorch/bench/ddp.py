@@ -10,7 +10,9 @@ and with gradient_as_bucket_view=True and static_graph=True), and the bare model
 communication: what one process would cost). At world size 1, where clorch's
 DDP runs no reducer, one more candidate runs the whole bucket path anyway
 (`clorch DDP bucket path`: copies into buckets, each bucket all-reduced to the
-rank itself). A candidate's sample is the mean
+rank itself). On CUDA, `... overlapped copies` candidates run with
+`overlap_grad_copies=True` (new gradients copied per bucket on a side stream).
+A candidate's sample is the mean
 step time (forward, backward, reduction, optimizer step, zero_grad) of a few
 steps; the table gives rank 0's medians and the ratios, followed by clorch /
 torch DDP step time and the scaling efficiency (one-process step time / N-rank
@@ -126,11 +128,24 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     candidates = {
         "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
     }
-    if cd.world_size() == 1:  # clorch's DDP skips the reducer there: measure the bucket path too
-        path = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-        path._run_bucket_path()
-        candidates["clorch DDP bucket path"] = _candidate(path, opt(path.module), path.optimizer_step,
-                                                          work.loss, steps, sync)
+    sides = (False, True) if device.type == "cuda" else (False,)
+    for side in sides:
+        suffix = " overlapped copies" if side else ""
+        if cd.world_size() == 1:  # clorch's DDP skips the reducer there: measure the bucket path too
+            path = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=side)
+            path._run_bucket_path()
+            candidates["clorch DDP bucket path" + suffix] = _candidate(
+                path, opt(path.module), path.optimizer_step, work.loss, steps, sync)
+        elif side:
+            other = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=True)
+            candidates["clorch DDP" + suffix] = _candidate(other, opt(other.module), other.optimizer_step,
+                                                           work.loss, steps, sync)
+        if side:
+            stepping = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=True)
+            stepping_opt = work.optimizer(stepping.module)
+            stepping.step_in_backward(stepping_opt)
+            candidates["clorch DDP step_in_backward" + suffix] = _candidate(
+                stepping, stepping_opt, stepping.optimizer_step, work.loss, steps, sync)
     candidates |= {
         "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
                                       work.loss, steps, sync),

@@ -106,6 +106,8 @@ class DDPConfig:
     # step each bucket's parameters as soon as its all-reduce is done, overlapping the optimizer
     # step with communication (same numerics; not with precision=fp16)
     step_in_backward: bool = False
+    # CUDA: copy new gradients into their bucket on a side stream, one copy per full bucket
+    overlap_grad_copies: bool = default_of(_ddp.DistributedDataParallel, "overlap_grad_copies")
 
 
 @dataclass

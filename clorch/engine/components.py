@@ -166,7 +166,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
                                     first_bucket_cap_mb=ddp.first_bucket_cap_mb,
                                     broadcast_buffers=ddp.broadcast_buffers, reduce_dtype=ddp.reduce_dtype,
-                                    gradient_as_bucket_view=ddp.gradient_as_bucket_view)
+                                    gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+                                    overlap_grad_copies=ddp.overlap_grad_copies)
     optimizer = _optimizer(cfg, raw)
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)

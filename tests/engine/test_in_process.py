@@ -78,10 +78,12 @@ def test_progress_follows_metrics(tmp_path, mode):
 
 
 def test_config_keys_reach_the_ddp_model_and_the_task():
-    """ddp.step_in_backward, ddp.gradient_as_bucket_view and compile reach the parts they configure."""
-    c = _components("ddp.step_in_backward=true", "ddp.gradient_as_bucket_view=true")
+    """ddp.step_in_backward, ddp.gradient_as_bucket_view, ddp.overlap_grad_copies and compile reach
+    the parts they configure."""
+    c = _components("ddp.step_in_backward=true", "ddp.gradient_as_bucket_view=true",
+                    "ddp.overlap_grad_copies=true")
     assert c.model._reducer is not None and c.model._reducer.stepper.optimizer is c.optimizer
-    assert c.model.gradient_as_bucket_view is True
+    assert c.model.gradient_as_bucket_view is True and c.model.overlap_grad_copies is True
     gpt = resolve(compose(["+recipe=gpt_bf16", "compile=true", "model.n_layer=1", "model.d_model=32",
                            "data.digits=2", "data.sample_count=256", "schedule.warmup_steps=2"]))
     parts = build_components(gpt.config, {"rank": 0, "world_size": 1}, gpt.total_steps)

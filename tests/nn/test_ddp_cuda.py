@@ -237,20 +237,21 @@ def test_fp16_ddp_with_a_fused_optimizer_skips_together_without_host_syncs():
 
 
 def _bucket_path_checks(rank, world_size):
-    """The whole CUDA bucket path on one NCCL rank: copies on the side stream, all-reduce to itself."""
+    """The whole CUDA bucket path on one NCCL rank, all-reduce to itself, with and without overlap_grad_copies."""
     from clorch.nn.parallel import DistributedDataParallel
     from clorch.nn.parallel.reducer import Reducer
 
     mse = torch.nn.functional.mse_loss
     out = {}
     data = _data(3)
-    for name, kwargs in (("default", {}), ("views", {"gradient_as_bucket_view": True}),
-                         ("bf16", {"reduce_dtype": "bf16"})):
+    variants = (("default", {}), ("views", {"gradient_as_bucket_view": True}), ("bf16", {"reduce_dtype": "bf16"}))
+    for name, kwargs in [(f"{name} {side}", {**kwargs, "overlap_grad_copies": side})
+                         for name, kwargs in variants for side in (False, True)]:
         plain = _model()
         ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01, **kwargs)
         ddp._run_bucket_path()
         plain_opt, opt = torch.optim.SGD(plain.parameters(), lr=0.05), torch.optim.SGD(ddp.parameters(), lr=0.05)
-        tol = {"rtol": 2e-2, "atol": 1e-3} if name == "bf16" else {"rtol": 0, "atol": 0}
+        tol = {"rtol": 2e-2, "atol": 1e-3} if name.startswith("bf16") else {"rtol": 0, "atol": 0}
         syncs = []
         for step, (x, y) in enumerate(data):
             micro = [(x, y), (x * 0.5, y)] if step == 1 else [(x, y)]  # step 1 accumulates two
@@ -276,11 +277,11 @@ def _bucket_path_checks(rank, world_size):
 
     # A reducer told of 2 ranks over this 1-rank group halves every gradient (the pre-division):
     # new gradients (copied), accumulated ones (in place) and bf16 buckets (converted) alike.
-    for reduce_dtype in (None, torch.bfloat16):
+    for reduce_dtype, side in [(d, s) for d in (None, torch.bfloat16) for s in (False, True)]:
         model, plain = _model(), _model()
         named = list(model.named_parameters())
         reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, reduce_dtype, 2,
-                          communicate=True)
+                          communicate=True, overlap_grad_copies=side)
         x, y = data[0]
         for views in (False, True):  # the second backward accumulates into the bucket views
             plain.zero_grad(set_to_none=True)
@@ -289,7 +290,7 @@ def _bucket_path_checks(rank, world_size):
                 for p in model.parameters():
                     p.grad.zero_()
             mse(model(x), y).backward()
-            out[f"halved {reduce_dtype} {views}"] = all(
+            out[f"halved {reduce_dtype} {side} {views}"] = all(
                 torch.equal(p.grad, (q.grad / 2).to(p.grad.dtype if reduce_dtype is None else reduce_dtype).float())
                 for p, q in zip(model.parameters(), plain.parameters()))
         reducer.remove()
@@ -298,7 +299,9 @@ def _bucket_path_checks(rank, world_size):
 
 def test_bucket_path_on_one_nccl_rank_matches_plain_gradients_without_host_syncs():
     (out,) = run_ranks(_bucket_path_checks, 1, backend="nccl", timeout=100)
-    for name in ("default", "views", "bf16"):
+    runs = [key for key in out if not key.startswith("halved")]
+    assert len(runs) == 6
+    for name in runs:
         assert out[name]["buckets"] > 1
         assert out[name]["syncs"] == [0, 0, 0], name
     assert [key for key, value in out.items() if key.startswith("halved") and value is not True] == []

@@ -65,6 +65,8 @@ def test_bad_options_raise_value_error(kwargs, text):
 def test_model_must_be_a_module():
     with pytest.raises(TypeError, match="module must be a torch.nn.Module, got int"):
         DistributedDataParallel(3)
+    with pytest.raises(TypeError, match="overlap_grad_copies must be a bool, got 'yes'"):
+        DistributedDataParallel(m.mlp(), overlap_grad_copies="yes")
     with pytest.raises(TypeError, match="no_sync\\(\\) takes a clorch DistributedDataParallel, got Sequential"):
         with no_sync(m.mlp()):
             pass

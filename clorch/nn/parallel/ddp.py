@@ -115,9 +115,13 @@ class DistributedDataParallel(nn.Module):
         reduce_dtype: the dtype buckets travel in: None (the gradients' own), a
             name of `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16", ...)
             or a floating torch dtype (see `resolve_reduce_dtype`).
+        overlap_grad_copies: on CUDA, copy new gradients into their bucket on
+            a side stream, one multi-tensor copy per full bucket, overlapping
+            the rest of backward, instead of one copy per gradient in its hook
+            (ignored on CPU). Same values either way.
 
     Raises:
-        TypeError: module is not an nn.Module.
+        TypeError: module is not an nn.Module, or overlap_grad_copies is not a bool.
         ValueError: a bad or unsupported option, or parameter signatures differ across ranks.
     """
 
@@ -129,7 +133,7 @@ class DistributedDataParallel(nn.Module):
                  delay_all_reduce_named_params: Any = None, param_to_hook_all_reduce: Any = None,
                  mixed_precision: Any = None, device_mesh: Any = None,
                  skip_all_reduce_unused_params: bool = False, *, first_bucket_cap_mb: float = 1.0,
-                 reduce_dtype: Any = None, **torch_only: Any):
+                 reduce_dtype: Any = None, overlap_grad_copies: bool = False, **torch_only: Any):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -139,6 +143,8 @@ class DistributedDataParallel(nn.Module):
                           mixed_precision=mixed_precision, device_mesh=device_mesh,
                           skip_all_reduce_unused_params=skip_all_reduce_unused_params, **torch_only)
         check_process_group(process_group)
+        if not isinstance(overlap_grad_copies, bool):
+            raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
         self.device = check_device_ids(module, device_ids, output_device)
         cap = _check_cap("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         first_cap = _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
@@ -158,13 +164,14 @@ class DistributedDataParallel(nn.Module):
         self._reducer: Reducer | None = None
         self._covers: dict[tuple[int, int], bool] = {}
         self._reducer_args = (cap, first_cap, dtype, size)
+        self.overlap_grad_copies = overlap_grad_copies
         if size > 1:
             self._reducer = self._build_reducer()
 
     def _build_reducer(self, communicate: bool | None = None) -> Reducer:
         trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
         return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args,
-                       communicate=communicate)
+                       communicate=communicate, overlap_grad_copies=self.overlap_grad_copies)
 
     def _run_bucket_path(self) -> None:
         """Run the whole bucket path even at world size 1 (each bucket all-reduced to this rank alone).

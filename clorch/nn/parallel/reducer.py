@@ -8,21 +8,21 @@ Life of one synchronized backward, on every rank:
    each gradient straight into the bucket (no new tensor, no copy).
 1. Each parameter's post-accumulate-grad hook counts its gradient in. A
    gradient autograd put in a new tensor (`.grad` was None) is brought into
-   its slot and `.grad` pointed at the slot. On CPU the hook copies it at
-   once, divided by world_size on the way. On CUDA the hook only notes it:
-   when the bucket is full, one multi-tensor copy moves all of the bucket's
-   new gradients, on a side stream, so the copies overlap the backward still
-   computing on the main stream. The first hook of the backward queues
+   its slot and `.grad` pointed at the slot. By default the hook copies it at
+   once, divided by world_size on the way. With `overlap_grad_copies=True`
+   on CUDA the hook only notes it: when the bucket is full, one multi-tensor
+   copy moves all of the bucket's new gradients, on a side stream, so the
+   copies overlap the backward still computing on the main stream. The first hook of the backward queues
    `finish()` on the autograd engine, to run when this backward ends.
 2. When a bucket's last slot is filled, it is made ready to send (the copies
    above; the slots autograd accumulated into directly are divided by
-   world_size, on CUDA with the whole bucket in one kernel on the side
-   stream), and the bucket's all-reduce (a sum) starts at once, overlapping
+   world_size; with the side stream, the whole bucket in one kernel there),
+   and the bucket's all-reduce (a sum) starts at once, overlapping
    the rest of backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
 3. At the end of backward `finish()` waits for every bucket (on CUDA the
-   current stream waits on the copies and the reduction; the host does not) and, for buckets
+   current stream waits on the reduction (and the copies); the host does not) and, for buckets
    that travel in `reduce_dtype`, copies the reduced values back into the
    gradient-dtype buffer that `.grad` views. So when `backward()` returns,
    `.grad` holds the average, as with torch's DistributedDataParallel.
@@ -68,11 +68,14 @@ class Reducer:
         communicate: all-reduce the buckets (default: world_size > 1). True
             at world size 1 sends each bucket to this rank alone, the whole
             path as it runs with several ranks (benchmarks measure it so).
+        overlap_grad_copies: on CUDA, copy each bucket's new gradients on a
+            side stream, one multi-tensor copy per bucket (ignored on CPU).
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
                  bucket_cap_mb: float, first_bucket_cap_mb: float,
-                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool | None = None):
+                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool | None = None,
+                 overlap_grad_copies: bool = False):
         self._params = list(params)
         self._names = list(names)
         plan = plan_buckets(self._params, bucket_cap_mb, first_bucket_cap_mb)
@@ -86,8 +89,9 @@ class Reducer:
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self._communicates = world_size > 1 if communicate is None else bool(communicate)
         device = self._params[0].device if self._params else torch.device("cpu")
-        # CUDA: new gradients are copied per bucket on this stream, overlapping backward.
-        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # overlap_grad_copies on CUDA: new gradients are copied per bucket on this stream.
+        side = overlap_grad_copies and device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(device) if side else None
         self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
@@ -119,7 +123,7 @@ class Reducer:
             if grad.data_ptr() != slot_ptr:
                 # Autograd made a new tensor (.grad was None).
                 if deferred:
-                    bucket.pending.append((position, grad))  # CUDA: copied with the whole bucket
+                    bucket.pending.append((position, grad))  # copied with the whole bucket, on the side stream
                 else:
                     torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
                     param.grad = grad_view
@@ -131,7 +135,7 @@ class Reducer:
         return hook
 
     def _copy_pending(self, bucket: Bucket) -> None:
-        """CUDA, on the copy stream: the bucket's new gradients into their slots.
+        """overlap_grad_copies, on the copy stream: the bucket's new gradients into their slots.
 
         One multi-tensor copy where the bucket travels in the gradients'
         dtype (the division follows, for the whole bucket); a pre-divided
@@ -228,19 +232,26 @@ class Reducer:
         if stream is None:
             self._prepare(bucket)
             self._send(bucket)
+            if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
+                self._hand_over(bucket)
             return
-        # CUDA: the copy stream waits for the gradients backward produced so far, copies,
+        # overlap_grad_copies: the copy stream waits for the gradients backward produced so far, copies,
         # and the all-reduce (and the bucket's step) are queued behind it.
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
             self._prepare(bucket)
             self._send(bucket)
             if self.stepper is not None and self._steps_allowed:
-                # Queue the bucket's step now, behind its all-reduce, on the stepper's stream
-                # (which then also converts the bucket back from reduce_dtype).
-                work, bucket.work = bucket.work, None
-                bucket.handed = True
-                self.stepper.step(bucket, work)
+                self._hand_over(bucket)
+
+    def _hand_over(self, bucket: Bucket) -> None:
+        """CUDA: queue the bucket's step now, behind its all-reduce, on the stepper's stream.
+
+        That stream then also converts the bucket back from reduce_dtype.
+        """
+        work, bucket.work = bucket.work, None
+        bucket.handed = True
+        self.stepper.step(bucket, work)
 
     def _send(self, bucket: Bucket) -> None:
         """Start the bucket's all-reduce (none when not communicating)."""
@@ -317,7 +328,7 @@ class Reducer:
             stepper.join()
 
     def _wait_for_copies(self) -> None:
-        """CUDA: the current stream waits for the copy stream (no host wait)."""
+        """overlap_grad_copies: the current stream waits for the copy stream (no host wait)."""
         if self._copy_stream is not None:
             torch.cuda.current_stream(self._copy_stream.device).wait_stream(self._copy_stream)
 
