@@ -135,11 +135,12 @@ def test_reducer_on_one_nccl_rank_averages_into_bucket_views_without_host_sync()
         assert got["syncs"] == 0
 
 
-def _step_in_backward_checks(rank, world_size):
+def _step_in_backward_checks(rank, world_size, overlap_grad_copies):
     """Fused AdamW stepped bucket by bucket on a side stream == a fused step after backward."""
     from clorch.nn.parallel import DistributedDataParallel
 
-    plain, ddp = _model(), DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
+    plain, ddp = _model(), DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01,
+                                                   overlap_grad_copies=overlap_grad_copies)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, fused=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
     ddp.step_in_backward(opt)
@@ -158,11 +159,13 @@ def _step_in_backward_checks(rank, world_size):
     return {"buckets": len(ddp.buckets), "same": same, "syncs": syncs}
 
 
+@pytest.mark.parametrize("overlap_grad_copies", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_step_in_backward_on_nccl_is_bit_identical_and_sync_free(world_size):
+def test_step_in_backward_on_nccl_is_bit_identical_and_sync_free(world_size, overlap_grad_copies):
     if torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA GPUs")
-    for out in run_ranks(_step_in_backward_checks, world_size, backend="nccl", timeout=100):
+    for out in run_ranks(_step_in_backward_checks, world_size, overlap_grad_copies, backend="nccl",
+                         timeout=100):
         assert out["buckets"] > 1
         assert out["same"] is True
         assert out["syncs"] == [0, 0, 0, 0]
@@ -236,6 +239,17 @@ def test_fp16_ddp_with_a_fused_optimizer_skips_together_without_host_syncs():
     assert torch.equal(outs[0]["weights"], outs[1]["weights"])
 
 
+def _delay_copies(reducer):
+    """Make the side stream's copies land late (about 50 ms), so a missing stream wait shows."""
+    copy_pending = reducer._copy_pending
+
+    def late(bucket):
+        torch.cuda._sleep(50_000_000)  # queued on the copy stream, before the copies
+        copy_pending(bucket)
+
+    reducer._copy_pending = late
+
+
 def _bucket_path_checks(rank, world_size):
     """The whole CUDA bucket path on one NCCL rank, all-reduce to itself, with and without overlap_grad_copies."""
     from clorch.nn.parallel import DistributedDataParallel
@@ -250,6 +264,8 @@ def _bucket_path_checks(rank, world_size):
         plain = _model()
         ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01, **kwargs)
         ddp._run_bucket_path()
+        if kwargs["overlap_grad_copies"]:
+            _delay_copies(ddp._reducer)  # whatever reads a bucket before its copies land fails below
         plain_opt, opt = torch.optim.SGD(plain.parameters(), lr=0.05), torch.optim.SGD(ddp.parameters(), lr=0.05)
         tol = {"rtol": 2e-2, "atol": 1e-3} if name.startswith("bf16") else {"rtol": 0, "atol": 0}
         syncs = []
@@ -275,13 +291,16 @@ def _bucket_path_checks(rank, world_size):
         out[name] = {"buckets": len(ddp.buckets), "syncs": syncs}
         ddp.close()
 
-    # A reducer told of 2 ranks over this 1-rank group halves every gradient (the pre-division):
-    # new gradients (copied), accumulated ones (in place) and bf16 buckets (converted) alike.
+    # A reducer told of 3 ranks over this 1-rank group divides every gradient by 3 before the sum:
+    # new gradients (copied), accumulated ones (in place) and bf16 buckets (converted, rounded
+    # once: divided in float32, then converted) alike.
     for reduce_dtype, side in [(d, s) for d in (None, torch.bfloat16) for s in (False, True)]:
         model, plain = _model(), _model()
         named = list(model.named_parameters())
-        reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, reduce_dtype, 2,
+        reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, reduce_dtype, 3,
                           communicate=True, overlap_grad_copies=side)
+        if side:
+            _delay_copies(reducer)
         x, y = data[0]
         for views in (False, True):  # the second backward accumulates into the bucket views
             plain.zero_grad(set_to_none=True)
@@ -290,8 +309,8 @@ def _bucket_path_checks(rank, world_size):
                 for p in model.parameters():
                     p.grad.zero_()
             mse(model(x), y).backward()
-            out[f"halved {reduce_dtype} {side} {views}"] = all(
-                torch.equal(p.grad, (q.grad / 2).to(p.grad.dtype if reduce_dtype is None else reduce_dtype).float())
+            out[f"divided {reduce_dtype} {side} {views}"] = all(
+                torch.equal(p.grad, (q.grad / 3).to(p.grad.dtype if reduce_dtype is None else reduce_dtype).float())
                 for p, q in zip(model.parameters(), plain.parameters()))
         reducer.remove()
     return out
@@ -299,9 +318,10 @@ def _bucket_path_checks(rank, world_size):
 
 def test_bucket_path_on_one_nccl_rank_matches_plain_gradients_without_host_syncs():
     (out,) = run_ranks(_bucket_path_checks, 1, backend="nccl", timeout=100)
-    runs = [key for key in out if not key.startswith("halved")]
+    runs = [key for key in out if not key.startswith("divided")]
     assert len(runs) == 6
     for name in runs:
         assert out[name]["buckets"] > 1
         assert out[name]["syncs"] == [0, 0, 0], name
-    assert [key for key, value in out.items() if key.startswith("halved") and value is not True] == []
+    assert len(out) == 6 + 8
+    assert [key for key, value in out.items() if key.startswith("divided") and value is not True] == []

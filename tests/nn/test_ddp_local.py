@@ -242,3 +242,24 @@ def test_a_backward_that_fails_outside_the_reducer_does_not_wedge_the_next_one()
     m.loss_fn(ddp(x), y).backward()  # the forward started clean: every bucket stepped
     assert ddp._reducer.committed and not ddp._reducer.in_backward
     assert all(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
+
+
+def test_a_gradient_arriving_twice_in_one_backward_is_refused():
+    """A re-entrant checkpoint around a parameter used twice accumulates its gradient twice:
+    the first part would already be divided and sent, so it is an error, not a wrong average."""
+    from torch.utils.checkpoint import checkpoint
+
+    from clorch.nn.parallel.reducer import Reducer
+
+    torch.manual_seed(0)
+    shared, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    params = [*shared.parameters(), *head.parameters()]
+    reducer = Reducer(params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0,
+                      None, 2, communicate=False)
+    x = torch.randn(3, 4, requires_grad=True)
+    h = checkpoint(lambda t: shared(t).tanh(), x, use_reentrant=True)
+    h = checkpoint(lambda t: shared(t).tanh(), h, use_reentrant=True)
+    with pytest.raises(ValueError, match="'shared.(weight|bias)' received its gradient twice .*use_reentrant=False"):
+        head(h).sum().backward()
+    assert not reducer.in_backward and not reducer.committed
+    reducer.remove()

@@ -81,7 +81,7 @@ class Bucket:
     grad_views: list[torch.Tensor]
     comm_views: list[torch.Tensor]
     filled: int = 0
-    copied: list[int] = field(default_factory=list)  # slots the hooks filled (and divided) this backward
+    copied: list[int] = field(default_factory=list)  # slots filled with a new gradient this backward
     pending: list = field(default_factory=list)  # overlap_grad_copies: (slot, new gradient), copied when full
     handed: bool = False  # its all-reduce and step were queued on the step_in_backward side stream
     work: object = None

@@ -116,9 +116,11 @@ class DistributedDataParallel(nn.Module):
             name of `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16", ...)
             or a floating torch dtype (see `resolve_reduce_dtype`).
         overlap_grad_copies: on CUDA, copy new gradients into their bucket on
-            a side stream, one multi-tensor copy per full bucket, overlapping
-            the rest of backward, instead of one copy per gradient in its hook
-            (ignored on CPU). Same values either way.
+            a side stream once the bucket is full (one multi-tensor copy where
+            it travels in the gradients' dtype), overlapping the rest of
+            backward, instead of one copy per gradient in its hook (ignored on
+            CPU). Same values either way; new gradients stay allocated until
+            their bucket is full.
 
     Raises:
         TypeError: module is not an nn.Module, or overlap_grad_copies is not a bool.
@@ -178,9 +180,14 @@ class DistributedDataParallel(nn.Module):
 
         For benchmarks that measure the reducer where a one-rank job skips it.
         Local; call it before the first forward, on a model without a reducer.
+
+        Raises:
+            ValueError: the model already has a reducer (world size > 1, or
+                step_in_backward was called first).
         """
-        if self._reducer is None:
-            self._reducer = self._build_reducer(communicate=True)
+        if self._reducer is not None:
+            raise ValueError("_run_bucket_path(): this model already has a reducer; call it first")
+        self._reducer = self._build_reducer(communicate=True)
 
     def step_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
         """Let each synchronized backward also step `optimizer`, bucket by bucket.

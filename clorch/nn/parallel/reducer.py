@@ -10,14 +10,17 @@ Life of one synchronized backward, on every rank:
    gradient autograd put in a new tensor (`.grad` was None) is brought into
    its slot and `.grad` pointed at the slot. By default the hook copies it at
    once, divided by world_size on the way. With `overlap_grad_copies=True`
-   on CUDA the hook only notes it: when the bucket is full, one multi-tensor
-   copy moves all of the bucket's new gradients, on a side stream, so the
-   copies overlap the backward still computing on the main stream. The first hook of the backward queues
+   on CUDA the hook only notes it: when the bucket is full, the bucket's new
+   gradients are copied on a side stream (one multi-tensor copy, or one
+   pre-divided copy each where the bucket converts to reduce_dtype), so the
+   copies overlap the backward still computing on the main stream; the
+   noted gradients stay allocated until then. A parameter whose gradient
+   arrives twice in one backward (a re-entrant backward) is an error. The first hook of the backward queues
    `finish()` on the autograd engine, to run when this backward ends.
 2. When a bucket's last slot is filled, it is made ready to send (the copies
    above; the slots autograd accumulated into directly are divided by
-   world_size; with the side stream, the whole bucket in one kernel there),
-   and the bucket's all-reduce (a sum) starts at once, overlapping
+   world_size; with the side stream, a bucket that does not convert is
+   divided whole, in one kernel there), and the bucket's all-reduce (a sum) starts at once, overlapping
    the rest of backward. Buckets launch strictly in index order,
    so every rank issues the same collectives in the same order even when
    hooks fire in a slightly different order.
@@ -56,8 +59,8 @@ class Reducer:
 
     With world_size > 1 it needs an initialized default process group: each
     full bucket is all-reduced over it. At world size 1 buckets are filled but
-    not communicated (DistributedDataParallel builds a reducer there only for
-    `step_in_backward`).
+    not communicated unless `communicate=True` (DistributedDataParallel builds
+    a reducer there only for `step_in_backward`, and for benchmarks).
 
     Args:
         params: trainable parameters, registration order.
@@ -117,7 +120,7 @@ class Reducer:
             if not self._in_backward:
                 self._start_backward()
             if self._fired[index]:
-                return  # fired again in this backward (a re-entrant backward): already counted
+                self._refuse_second_gradient(index)
             self._fired[index] = True
             grad = param.grad
             if grad.data_ptr() != slot_ptr:
@@ -133,6 +136,15 @@ class Reducer:
                 self._mark_ready(bucket.index)
 
         return hook
+
+    def _refuse_second_gradient(self, index: int) -> None:
+        """A parameter's gradient arrived twice in one backward: its first part was already sent."""
+        self.abandon()
+        raise ValueError(
+            f"DistributedDataParallel: parameter {self._names[index]!r} received its gradient twice in "
+            "one synchronized backward (a re-entrant backward, such as torch.utils.checkpoint(..., "
+            "use_reentrant=True) around a parameter that is used more than once); use "
+            "use_reentrant=False")
 
     def _copy_pending(self, bucket: Bucket) -> None:
         """overlap_grad_copies, on the copy stream: the bucket's new gradients into their slots.
@@ -375,7 +387,8 @@ class Reducer:
             "find_unused_parameters is unsupported)")
 
     def remove(self) -> None:
-        """Remove every hook, after waiting for reductions still in flight (local, no collective)."""
+        """Remove every hook, after waiting for reductions and copies still in flight (local, no collective)."""
+        self._wait_for_copies()
         for handle in self._handles:
             handle.remove()
         self._handles = []
