@@ -263,3 +263,50 @@ def test_a_gradient_arriving_twice_in_one_backward_is_refused():
         head(h).sum().backward()
     assert not reducer.in_backward and not reducer.committed
     reducer.remove()
+
+
+def test_a_model_inside_reentrant_checkpoints_is_told_to_use_non_reentrant_ones():
+    """When the first gradient arrives inside a checkpoint's own backward, the end of that inner
+    backward looks like the end of the whole one: the error names the cause and the fix."""
+    from torch.utils.checkpoint import checkpoint
+
+    from clorch.nn.parallel.reducer import Reducer
+
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    reducer = Reducer([*a.parameters(), *b.parameters()], ["a.weight", "a.bias", "b.weight", "b.bias"],
+                      25.0, 1.0, None, 2, communicate=False)
+    x = torch.randn(3, 4, requires_grad=True)
+    h = checkpoint(lambda t: a(t).tanh(), x, use_reentrant=True)
+    h = checkpoint(lambda t: b(t).tanh(), h, use_reentrant=True)
+    with pytest.raises(ValueError, match=r"\['a.weight', 'a.bias'\].*use_reentrant=True.*use use_reentrant=False"):
+        h.sum().backward()
+    reducer.remove()
+
+
+def test_non_reentrant_checkpoints_around_a_reused_parameter_average_exactly():
+    """torch.utils.checkpoint(use_reentrant=False) keeps one backward: each gradient arrives once."""
+    from torch.utils.checkpoint import checkpoint
+
+    from clorch.nn.parallel.reducer import Reducer
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def loss(shared, head, x):
+        h = checkpoint(lambda t: shared(t).tanh(), x, use_reentrant=False)
+        h = checkpoint(lambda t: shared(t).tanh(), h, use_reentrant=False)
+        return head(h).sum()
+
+    x = torch.randn(3, 4)
+    plain = build()
+    loss(*plain, x).backward()
+    shared, head = build()
+    params = [*shared.parameters(), *head.parameters()]
+    reducer = Reducer(params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0,
+                      None, 2, communicate=False)
+    loss(shared, head, x).backward()
+    assert reducer.committed
+    for p, q in zip(params, [*plain[0].parameters(), *plain[1].parameters()]):
+        torch.testing.assert_close(p.grad, q.grad / 2, rtol=0, atol=0)
+    reducer.remove()

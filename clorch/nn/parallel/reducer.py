@@ -384,7 +384,9 @@ class Reducer:
             f"DistributedDataParallel: the synchronized backward produced no gradient for trainable "
             f"parameter(s) {missing}; every trainable parameter must receive a gradient in each "
             "synchronized backward (set requires_grad=False on parameters you do not use; "
-            "find_unused_parameters is unsupported)")
+            "find_unused_parameters is unsupported). Under a re-entrant backward, such as "
+            "torch.utils.checkpoint(..., use_reentrant=True), the gradients of one checkpointed "
+            "segment arrive in a backward of their own: use use_reentrant=False")
 
     def remove(self) -> None:
         """Remove every hook, after waiting for reductions and copies still in flight (local, no collective)."""
