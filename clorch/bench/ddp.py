@@ -111,52 +111,42 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     base, cap, steps = work.model, args["bucket_cap_mb"], args["steps"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     ids = [device.index] if device.type == "cuda" else None
-    ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    ours_bf16 = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, reduce_dtype="bf16")
-    ours_views = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, gradient_as_bucket_view=True)
-    ours_overlap = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    overlap_opt = work.optimizer(ours_overlap.module)
-    ours_overlap.step_in_backward(overlap_opt)
-    theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
-                                                       bucket_cap_mb=cap)
+    candidates = {}
+
+    def add(name, model, optimizer, step) -> None:
+        candidates[name] = _candidate(model, optimizer, step, work.loss, steps, sync)
+
+    def add_clorch(name: str, bucket_path: bool = False, stepping: bool = False, **options) -> None:
+        model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, **options)
+        if bucket_path:
+            model._run_bucket_path()
+        optimizer = work.optimizer(model.module)
+        if stepping:
+            model.step_in_backward(optimizer)
+        add(name, model, optimizer, model.optimizer_step)
+
+    def add_torch(name: str, **options) -> None:
+        model = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
+                                                          bucket_cap_mb=cap, **options)
+        add(name, model, work.optimizer(model.module), _plain_step)
+
+    one_rank, cuda = cd.world_size() == 1, device.type == "cuda"
+    add_clorch("clorch DDP")
+    if one_rank:  # clorch's DDP skips the reducer there: measure the bucket path too
+        add_clorch("clorch DDP bucket path", bucket_path=True)
+    if cuda:
+        add_clorch("clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies",
+                   bucket_path=one_rank, overlap_grad_copies=True)
+    add_clorch("clorch DDP bf16", reduce_dtype="bf16")
+    add_clorch("clorch DDP grad views", gradient_as_bucket_view=True)
+    add_clorch("clorch DDP step_in_backward", stepping=True)
+    if cuda:
+        add_clorch("clorch DDP step_in_backward overlapped copies", stepping=True, overlap_grad_copies=True)
+    add_torch("torch DDP")
     # torch's DDP in its fastest documented settings: gradients live in the buckets, graph reused.
-    theirs_best = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
-                                                            bucket_cap_mb=cap, gradient_as_bucket_view=True,
-                                                            static_graph=True)
+    add_torch("torch DDP best", gradient_as_bucket_view=True, static_graph=True)
     single = copy.deepcopy(base)
-    opt = work.optimizer
-    candidates = {
-        "clorch DDP": _candidate(ours, opt(ours.module), ours.optimizer_step, work.loss, steps, sync),
-    }
-    sides = (False, True) if device.type == "cuda" else (False,)
-    for side in sides:
-        suffix = " overlapped copies" if side else ""
-        if cd.world_size() == 1:  # clorch's DDP skips the reducer there: measure the bucket path too
-            path = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=side)
-            path._run_bucket_path()
-            candidates["clorch DDP bucket path" + suffix] = _candidate(
-                path, opt(path.module), path.optimizer_step, work.loss, steps, sync)
-        elif side:
-            other = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=True)
-            candidates["clorch DDP" + suffix] = _candidate(other, opt(other.module), other.optimizer_step,
-                                                           work.loss, steps, sync)
-        if side:
-            stepping = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, overlap_grad_copies=True)
-            stepping_opt = work.optimizer(stepping.module)
-            stepping.step_in_backward(stepping_opt)
-            candidates["clorch DDP step_in_backward" + suffix] = _candidate(
-                stepping, stepping_opt, stepping.optimizer_step, work.loss, steps, sync)
-    candidates |= {
-        "clorch DDP bf16": _candidate(ours_bf16, opt(ours_bf16.module), ours_bf16.optimizer_step,
-                                      work.loss, steps, sync),
-        "clorch DDP grad views": _candidate(ours_views, opt(ours_views.module), ours_views.optimizer_step,
-                                            work.loss, steps, sync),
-        "clorch DDP step_in_backward": _candidate(ours_overlap, overlap_opt, ours_overlap.optimizer_step,
-                                                  work.loss, steps, sync),
-        "torch DDP": _candidate(theirs, opt(theirs.module), _plain_step, work.loss, steps, sync),
-        "torch DDP best": _candidate(theirs_best, opt(theirs_best.module), _plain_step, work.loss, steps, sync),
-        "one process": _candidate(single, opt(single), _plain_step, work.loss, steps, sync),
-    }
+    add("one process", single, work.optimizer(single), _plain_step)
     return candidates, work
 
 

@@ -42,6 +42,7 @@ Nothing here reads a device value on the host.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -241,19 +242,14 @@ class Reducer:
 
     def _launch(self, bucket: Bucket) -> None:
         stream = self._copy_stream
-        if stream is None:
+        if stream is not None:
+            # overlap_grad_copies: the copy stream waits for the gradients backward produced so
+            # far, copies, and the all-reduce (and the bucket's step) are queued behind it.
+            stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             self._prepare(bucket)
             self._send(bucket)
             if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
-                self._hand_over(bucket)
-            return
-        # overlap_grad_copies: the copy stream waits for the gradients backward produced so far, copies,
-        # and the all-reduce (and the bucket's step) are queued behind it.
-        stream.wait_stream(torch.cuda.current_stream(stream.device))
-        with torch.cuda.stream(stream):
-            self._prepare(bucket)
-            self._send(bucket)
-            if self.stepper is not None and self._steps_allowed:
                 self._hand_over(bucket)
 
     def _hand_over(self, bucket: Bucket) -> None:
