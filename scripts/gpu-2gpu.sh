@@ -15,6 +15,7 @@
 #   ddp       clorch-bench ddp --model gpt2-small --device cuda --nproc 2 (with --trace)
 #   runner    clorch-bench runner, eager and --compile (one GPU)
 #   runner_tuned clorch-bench runner --compile --compile-mode max-autotune-no-cudagraphs (one GPU)
+#   runner_graphs clorch-bench runner --compile --compile-mode reduce-overhead (CUDA graphs, one GPU)
 #   ddp1      clorch-bench ddp at world size 1 (the bucket path, with and without overlapped copies, vs the plain model)
 #   checkpoint clorch-bench checkpoint on the host's CPUs and disk
 #   goals     the goals read back from the two benchmark tables
@@ -115,6 +116,10 @@ runner_tuned)
   # compile_mode=max-autotune-no-cudagraphs for both loops (minutes of autotuning first).
   run runner_tuned clorch-bench runner --compile --compile-mode max-autotune-no-cudagraphs ${RUNNER_ARGS:-} \
     2>&1 | tail -8 | tee "$OUTDIR/bench_runner_tuned.txt" ;;
+runner_graphs)
+  # compile_mode=reduce-overhead (or $GRAPHS_MODE) for both loops: the step replays CUDA graphs.
+  run runner_graphs clorch-bench runner --compile --compile-mode ${GRAPHS_MODE:-reduce-overhead} ${RUNNER_ARGS:-} \
+    2>&1 | tail -8 | tee "$OUTDIR/bench_runner_graphs.txt" ;;
 ddp1)
   # World size 1: clorch's DDP (no reducer), with step_in_backward (bucket path, nothing to send),
   # torch's DDP (its bucket path) and the bare model.

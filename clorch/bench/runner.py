@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, median
+from clorch.config.schema import COMPILE_MODES
 from clorch.engine.components import compile_mode_arg
 
 PRESETS = {
@@ -77,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per loop first")
     p.add_argument("--log-every", type=int, default=10, help="clorch metrics line every N steps")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
-    p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="torch.compile mode for both loops (the engine's compile_mode)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")

@@ -280,6 +280,10 @@ class LoggerConfig:
 
 
 # --- the top level ----------------------------------------------------------------------------
+# torch.compile modes (compile_mode); "reduce-overhead" and "max-autotune" replay CUDA graphs.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+
+
 @dataclass
 class TopConfig:
     """Keys at the top level of the config (not in a group)."""
@@ -293,9 +297,9 @@ class TopConfig:
     log_every: int = field(default=10, metadata=rule(ge=1, unit="steps"))  # steps between metrics lines
     eval_every: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # steps between evals; 0: at the end
     compile: bool = False  # torch.compile the model (and a language-model task's loss)
-    # torch.compile mode with compile: true; max-autotune-no-cudagraphs tunes the matmuls
-    # (minutes of compiling first); modes with CUDA graphs are not offered (DDP's hooks)
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    # torch.compile mode with compile: true; the max-autotune modes tune the matmuls (minutes of
+    # compiling first); reduce-overhead and max-autotune replay CUDA graphs (accumulation 1 only)
+    compile_mode: Literal[COMPILE_MODES] = "default"
 
 
 OPTIONS: dict[str, dict[str, Any]] = {

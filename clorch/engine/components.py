@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from clorch.config.checks import CUDA_GRAPH_MODES
 from clorch.config.schema import (AdamWConfig, CosineScheduleConfig, FP16Config, TargetModelConfig,
                                   TrainConfig)
 
@@ -36,6 +37,7 @@ class Components:
     accumulation: int               # micro-batches per optimizer step
     rank: int = 0
     world_size: int = 1
+    cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
 
     @property
     def pin_memory(self) -> bool:
@@ -180,4 +182,5 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
                       autocast_dtype=get_precision(cfg.precision.name).autocast_dtype(),
                       batch_size=cfg.batch_size, accumulation=cfg.accumulation,
-                      rank=rank, world_size=world)
+                      rank=rank, world_size=world,
+                      cuda_graphs=cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda")

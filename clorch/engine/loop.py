@@ -58,6 +58,10 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     from clorch.amp import backward
 
     count = len(micro_batches)
+    if parts.cuda_graphs:
+        # A new step: the CUDA graphs may reuse the memory of the last step's outputs (the
+        # gradients were stepped and set to None; `total` below is a fresh tensor).
+        torch.compiler.cudagraph_mark_step_begin()
     total = torch.zeros((), device=parts.device)
     samples = 0
     for i, batch in enumerate(micro_batches):

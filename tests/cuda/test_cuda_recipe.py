@@ -27,3 +27,25 @@ def test_gpt_bf16_recipe_learns_the_sums_on_one_gpu(tmp_path):
     result = clorch.run_local(devices=[0], recipe="gpt_bf16", run_dir=str(tmp_path / "run"), progress="off")
     assert result["status"]["state"] == "succeeded", result["logs"][0]["stderr"][-3000:]
     assert result["summary"]["final"]["eval_exact"] > 0.5, result["summary"]["final"]
+
+
+def _losses(run_dir, result) -> list[float]:
+    assert result["status"]["state"] == "succeeded", result["logs"][0]["stderr"][-3000:]
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [r["loss"] for r in records if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead"])
+def test_compile_with_cuda_graphs_trains_like_default_compile(mode, tmp_path):
+    """compile_mode with CUDA graphs (the step replays recorded graphs) gives default compile's losses."""
+    tiny = {"max_steps": 12, "log_every": 2, "eval_every": 6, "precision": "fp32", "compile": True,
+            "schedule.warmup_steps": 2, "model.n_layer": 2}
+    runs = {name: clorch.run_local(devices=[0], recipe="gpt_bf16", run_dir=str(tmp_path / name),
+                                   progress="off", compile_mode=name, **tiny)
+            for name in ("default", mode)}
+    losses = {name: _losses(tmp_path / name, result) for name, result in runs.items()}
+    assert len(losses["default"]) == len(losses[mode]) == 6
+    for want, got in zip(losses["default"], losses[mode]):
+        assert abs(got - want) <= 1e-3 * abs(want) + 1e-4, losses
+    finals = [runs[name]["summary"]["final"]["eval_loss"] for name in ("default", mode)]
+    assert abs(finals[0] - finals[1]) <= 1e-3 * abs(finals[0]), finals

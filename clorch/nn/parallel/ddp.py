@@ -120,7 +120,7 @@ class DistributedDataParallel(nn.Module):
             it travels in the gradients' dtype), overlapping the rest of
             backward, instead of one copy per gradient in its hook (ignored on
             CPU). Same values either way; new gradients stay allocated until
-            their bucket is full.
+            the end of backward (as they would without DDP).
 
     Raises:
         TypeError: module is not an nn.Module, or overlap_grad_copies is not a bool.

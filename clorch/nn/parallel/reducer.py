@@ -14,7 +14,8 @@ Life of one synchronized backward, on every rank:
    gradients are copied on a side stream (one multi-tensor copy, or one
    pre-divided copy each where the bucket converts to reduce_dtype), so the
    copies overlap the backward still computing on the main stream; the
-   noted gradients stay allocated until then. A parameter whose gradient
+   noted gradients stay allocated until the end of backward, when the
+   stream that made them has waited for the copies. A parameter whose gradient
    arrives twice in one backward (a re-entrant backward) is an error. The first hook of the backward queues
    `finish()` on the autograd engine, to run when this backward ends.
 2. When a bucket's last slot is filled, it is made ready to send (the copies
@@ -96,6 +97,10 @@ class Reducer:
         # overlap_grad_copies on CUDA: new gradients are copied per bucket on this stream.
         side = overlap_grad_copies and device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if side else None
+        # Copied gradients, kept alive until the streams that made them wait for the copy stream
+        # (then their memory is safe to reuse there), and those streams.
+        self._held: list[torch.Tensor] = []
+        self._grad_streams: set = set()
         self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
@@ -154,9 +159,10 @@ class Reducer:
         dtype (the division follows, for the whole bucket); a pre-divided
         copy per gradient where it converts to reduce_dtype.
 
-        Each gradient tensor is marked as used by the copy stream, so its
-        memory, freed when `.grad` moves to the slot, is not reused before
-        the copy has read it.
+        Each gradient tensor is held until `_wait_for_copies`, so its memory
+        is not reused before the copy has read it. (Holding is cheaper than
+        `record_stream`, whose events the allocator polls on every malloc
+        and which delays reuse past the end of backward.)
         """
         pending, bucket.pending = bucket.pending, []
         if not pending:
@@ -168,8 +174,8 @@ class Reducer:
         else:
             torch._foreach_copy_(targets, grads)
         params, indices = self._params, bucket.param_indices
-        for position, grad in pending:
-            grad.record_stream(self._copy_stream)
+        self._held.extend(grads)
+        for position, _ in pending:
             params[indices[position]].grad = bucket.grad_views[position]
             bucket.copied.append(position)
 
@@ -245,7 +251,9 @@ class Reducer:
         if stream is not None:
             # overlap_grad_copies: the copy stream waits for the gradients backward produced so
             # far, copies, and the all-reduce (and the bucket's step) are queued behind it.
-            stream.wait_stream(torch.cuda.current_stream(stream.device))
+            producer = torch.cuda.current_stream(stream.device)
+            stream.wait_stream(producer)
+            self._grad_streams.add(producer)
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             self._prepare(bucket)
             self._send(bucket)
@@ -336,9 +344,16 @@ class Reducer:
             stepper.join()
 
     def _wait_for_copies(self) -> None:
-        """overlap_grad_copies: the current stream waits for the copy stream (no host wait)."""
-        if self._copy_stream is not None:
-            torch.cuda.current_stream(self._copy_stream.device).wait_stream(self._copy_stream)
+        """overlap_grad_copies: the current stream (and the streams backward made gradients on)
+        wait for the copy stream (no host wait); then the copied gradients are released."""
+        stream = self._copy_stream
+        if stream is None:
+            return
+        self._grad_streams.add(torch.cuda.current_stream(stream.device))
+        for producer in self._grad_streams:
+            producer.wait_stream(stream)
+        self._grad_streams = set()
+        self._held = []
 
     def _reset(self, committed: bool) -> None:
         self._fired = [False] * len(self._params)
