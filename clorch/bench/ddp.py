@@ -53,7 +53,8 @@ from clorch.nn.parallel import DistributedDataParallel
 DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
             "trace": None}
-TRACED = ("clorch DDP", "clorch DDP step_in_backward", "torch DDP best", "one process")
+TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path overlapped copies",
+          "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
 
 
 def parser() -> argparse.ArgumentParser:
@@ -174,7 +175,7 @@ def _traces(candidates: dict, directory: str, rank: int) -> str:
     from clorch.bench.trace import profile_step
 
     rows = []
-    for name in TRACED:
+    for name in (name for name in TRACED if name in candidates):
         path = Path(directory) / f"rank{rank}-{name.replace(' ', '_')}.json.gz"
         cd.barrier()
         figures = profile_step(candidates[name].one_step, path)
