@@ -119,6 +119,7 @@ class Reducer:
         divisor = self._divisor
         size = len(bucket.param_indices)
         deferred = self._copy_stream is not None
+        plain_copy = divisor == 1 and not bucket.converts  # copy_ costs the host a third of div(out=)
 
         def hook(param: torch.Tensor) -> None:
             if not self.sync:
@@ -133,6 +134,8 @@ class Reducer:
                 # Autograd made a new tensor (.grad was None).
                 if deferred:
                     bucket.pending.append((position, grad))  # copied with the whole bucket, on the side stream
+                elif plain_copy:
+                    comm_view.copy_(grad)
                 else:
                     torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
                     param.grad = grad_view
