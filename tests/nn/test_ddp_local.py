@@ -121,6 +121,27 @@ def test_clorch_nn_imports_no_config_code():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_reducer_at_world_size_one_puts_each_new_gradient_in_its_bucket():
+    """Divisor 1 (one rank): the hooks copy each new gradient into its slot and point .grad there."""
+    from clorch.nn.parallel.reducer import Reducer
+
+    plain, model = m.mlp(), m.mlp()
+    named = list(model.named_parameters())
+    reducer = Reducer([p for _, p in named], [n for n, _ in named], 1e-6, 1e-6, None, world_size=1)
+    flats = {b.flat.data_ptr() for b in reducer.buckets}
+    for x, y in m.batches(2, 8):
+        m.loss_fn(plain(x), y).backward()
+        m.loss_fn(model(x), y).backward()
+        assert reducer.committed
+        for p, q in zip(model.parameters(), plain.parameters()):
+            assert p.grad._base is not None and p.grad._base.data_ptr() in flats
+            assert torch.equal(p.grad, q.grad)
+        for params in (plain.parameters(), model.parameters()):
+            for p in params:
+                p.grad = None
+    reducer.remove()
+
+
 def test_step_in_backward_at_world_size_one_matches_a_plain_loop():
     data = m.batches(4, 8)
     plain = m.mlp()

@@ -134,10 +134,11 @@ class Reducer:
                 # Autograd made a new tensor (.grad was None).
                 if deferred:
                     bucket.pending.append((position, grad))  # copied with the whole bucket, on the side stream
-                elif plain_copy:
-                    comm_view.copy_(grad)
                 else:
-                    torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
+                    if plain_copy:
+                        comm_view.copy_(grad)
+                    else:
+                        torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
                     param.grad = grad_view
                     bucket.copied.append(position)
             bucket.filled += 1
