@@ -9,7 +9,10 @@ Life of one synchronized backward, on every rank:
 1. Each parameter's post-accumulate-grad hook counts its gradient in. A
    gradient autograd put in a new tensor (`.grad` was None) is brought into
    its slot and `.grad` pointed at the slot. By default the hook copies it at
-   once, divided by world_size on the way. With `overlap_grad_copies=True`
+   once, divided by world_size on the way. Where there is nothing to divide
+   (one rank, a bucket in the gradients' dtype) the hook only notes it, and
+   the bucket's new gradients are copied together, in one multi-tensor copy,
+   when the bucket is full: fewer launches. With `overlap_grad_copies=True`
    on CUDA the hook only notes it: when the bucket is full, the bucket's new
    gradients are copied on a side stream (one multi-tensor copy, or one
    pre-divided copy each where the bucket converts to reduce_dtype), so the
@@ -118,8 +121,9 @@ class Reducer:
         slot_ptr = grad_view.data_ptr()
         divisor = self._divisor
         size = len(bucket.param_indices)
-        deferred = self._copy_stream is not None
-        plain_copy = divisor == 1 and not bucket.converts  # copy_ costs the host a third of div(out=)
+        # Batch the bucket's copies (one multi-tensor copy when it is full) on the side stream, and
+        # wherever no division is needed: fewer launches, less host time a gradient.
+        deferred = self._copy_stream is not None or (divisor == 1 and not bucket.converts)
 
         def hook(param: torch.Tensor) -> None:
             if not self.sync:
@@ -135,10 +139,7 @@ class Reducer:
                 if deferred:
                     bucket.pending.append((position, grad))  # copied with the whole bucket, on the side stream
                 else:
-                    if plain_copy:
-                        comm_view.copy_(grad)
-                    else:
-                        torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
+                    torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
                     param.grad = grad_view
                     bucket.copied.append(position)
             bucket.filled += 1
@@ -157,16 +158,17 @@ class Reducer:
             "use_reentrant=False")
 
     def _copy_pending(self, bucket: Bucket) -> None:
-        """overlap_grad_copies, on the copy stream: the bucket's new gradients into their slots.
+        """The bucket's noted new gradients into their slots (overlap_grad_copies: on the copy stream).
 
         One multi-tensor copy where the bucket travels in the gradients'
-        dtype (the division follows, for the whole bucket); a pre-divided
-        copy per gradient where it converts to reduce_dtype.
+        dtype (on the copy stream the division follows, for the whole bucket);
+        a pre-divided copy per gradient where it converts to reduce_dtype.
 
-        Each gradient tensor is held until `_wait_for_copies`, so its memory
-        is not reused before the copy has read it. (Holding is cheaper than
-        `record_stream`, whose events the allocator polls on every malloc
-        and which delays reuse past the end of backward.)
+        On the copy stream each gradient tensor is held until
+        `_wait_for_copies`, so its memory is not reused before the copy has
+        read it. (Holding is cheaper than `record_stream`, whose events the
+        allocator polls on every malloc and which delays reuse past the end
+        of backward.)
         """
         pending, bucket.pending = bucket.pending, []
         if not pending:
@@ -178,7 +180,8 @@ class Reducer:
         else:
             torch._foreach_copy_(targets, grads)
         params, indices = self._params, bucket.param_indices
-        self._held.extend(grads)
+        if self._copy_stream is not None:
+            self._held.extend(grads)
         for position, _ in pending:
             params[indices[position]].grad = bucket.grad_views[position]
             bucket.copied.append(position)
@@ -197,8 +200,8 @@ class Reducer:
 
     def _prepare(self, bucket: Bucket) -> None:
         """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided."""
+        self._copy_pending(bucket)
         if self._copy_stream is not None:
-            self._copy_pending(bucket)
             if not bucket.converts:
                 if self._divisor != 1:
                     bucket.flat.div_(self._divisor)  # copied and accumulated slots alike, one kernel
