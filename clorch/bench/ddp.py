@@ -184,7 +184,7 @@ def _traces(candidates: dict, directory: str, rank: int) -> str:
     if not any(row[1] for row in rows):
         return f"one profiled step per candidate in {directory} (no device kernels on CPU: open them in Perfetto)"
     return (f"one profiled step per candidate (torch.profiler, rank {rank}; traces in {directory})\n"
-            + format_table(["candidate", "device busy ms", "compute kernels ms", "communication ms",
+            + format_table(["candidate", "device busy ms", "compute ms", "communication ms",
                             "exposed communication ms"], rows))
 
 

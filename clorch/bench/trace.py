@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 import torch
 
 COMM_MARKERS = ("nccl", "allreduce", "all_reduce")
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # trace categories that occupy the device
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -55,12 +56,14 @@ def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
 def kernel_overlap(events: list[dict]) -> dict[str, float]:
     """Microseconds of communication, of exposed communication and of busy device in a Chrome trace.
 
-    Kernels are the trace's "kernel" events; a kernel is communication when its
-    name holds one of `COMM_MARKERS`.
+    Device work is the trace's "kernel" events and its device memory copies and
+    fills ("gpu_memcpy", "gpu_memset": `copy_` between contiguous tensors is a
+    memcpy, not a kernel); it is communication when its name holds one of
+    `COMM_MARKERS`.
     """
     comm, other = [], []
     for event in events:
-        if event.get("cat") != "kernel" or "dur" not in event:
+        if event.get("cat") not in DEVICE_WORK or "dur" not in event:
             continue
         span = (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
         name = event.get("name", "").lower()

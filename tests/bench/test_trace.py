@@ -25,3 +25,9 @@ def test_exposed_is_communication_with_no_other_kernel_running():
 
 def test_no_kernels_gives_zeros():
     assert kernel_overlap([]) == {"comm_us": 0.0, "exposed_comm_us": 0.0, "compute_us": 0.0, "busy_us": 0.0}
+
+
+def test_device_memory_copies_count_as_device_work():
+    events = [_kernel("ampere_sgemm", 0, 10), {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 10, "dur": 4},
+              {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 20, "dur": 1}]
+    assert kernel_overlap(events) == {"comm_us": 0.0, "exposed_comm_us": 0.0, "compute_us": 15.0, "busy_us": 15.0}
