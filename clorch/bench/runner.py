@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, median
+from clorch.config.checks import CUDA_GRAPH_MODES
 from clorch.config.schema import COMPILE_MODES
 from clorch.engine.components import compile_mode_arg
 
@@ -140,7 +141,9 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     parts = Components(model=ddp, raw_model=model, optimizer=optimizer,
                    scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
                    eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
-                   autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1)
+                   autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1,
+                   cuda_graphs=opts["compile"] and opts["compile_mode"] in CUDA_GRAPH_MODES
+                   and device.type == "cuda")
     cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     hooks = StepHooks(cfg, parts, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)

@@ -58,7 +58,8 @@ def kernel_overlap(events: list[dict]) -> dict[str, float]:
 
     Device work is the trace's "kernel" events and its device memory copies and
     fills ("gpu_memcpy", "gpu_memset": `copy_` between contiguous tensors is a
-    memcpy, not a kernel); it is communication when its name holds one of
+    memcpy, not a kernel; host-to-device copies and NCCL's own memcpys count
+    as compute too); it is communication when its name holds one of
     `COMM_MARKERS`.
     """
     comm, other = [], []

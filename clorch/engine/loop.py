@@ -51,13 +51,18 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     but the last run under `no_sync`, so gradients are reduced once per step.
 
     Raises:
-        ValueError: `micro_batches` is empty.
+        ValueError: `micro_batches` is empty, or holds more than one batch while
+            the model replays CUDA graphs (`parts.cuda_graphs`).
     """
     if not micro_batches:
         raise ValueError("micro_batches must hold at least one batch, got none")
     from clorch.amp import backward
 
     count = len(micro_batches)
+    if parts.cuda_graphs and count > 1:
+        raise ValueError(f"train_step got {count} micro-batches, but the model replays CUDA graphs "
+                         "(compile_mode reduce-overhead or max-autotune), whose outputs, gradients "
+                         "included, are overwritten by the next forward: pass one micro-batch a step")
     if parts.cuda_graphs:
         # A new step: the CUDA graphs may reuse the memory of the last step's outputs (the
         # gradients were stepped and set to None; `total` below is a fresh tensor).

@@ -56,6 +56,16 @@ def test_evaluate_counts_every_eval_sample_once():
     assert metrics["loss"] == pytest.approx(want, rel=1e-6)
 
 
+def test_train_step_refuses_several_micro_batches_with_cuda_graphs():
+    """CUDA graphs overwrite the last forward's outputs, gradients included: no accumulation."""
+    import dataclasses
+
+    c = dataclasses.replace(_components("batch_size=4"), cuda_graphs=True)
+    batch = c.task.batch(torch.arange(4))
+    with pytest.raises(ValueError, match="train_step got 2 micro-batches, but the model replays CUDA graphs"):
+        train_step(c, [batch, batch])
+
+
 def test_train_step_rejects_no_batches():
     with pytest.raises(ValueError, match="micro_batches must hold at least one batch"):
         train_step(_components(), [])

@@ -325,3 +325,59 @@ def test_bucket_path_on_one_nccl_rank_matches_plain_gradients_without_host_syncs
         assert out[name]["syncs"] == [0, 0, 0], name
     assert len(out) == 6 + 8
     assert [key for key, value in out.items() if key.startswith("divided") and value is not True] == []
+
+
+class _LateOnItsStream(torch.autograd.Function):
+    """Identity whose backward sleeps (about 50 ms) on the stream it runs on."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.cuda._sleep(50_000_000)
+        return grad
+
+
+def _first_layer_on(stream, model, x):
+    """model(x) with its first layer on `stream`: backward makes that layer's gradients there, late."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        h = _LateOnItsStream.apply(model[0](x))
+    torch.cuda.current_stream().wait_stream(stream)
+    return model[1:](h)
+
+
+def _two_stream_checks(rank, world_size):
+    """Gradients made on two streams in one backward: every copy, all-reduce and .grad is ordered."""
+    from clorch.nn.parallel.reducer import Reducer
+
+    mse = torch.nn.functional.mse_loss
+    side = torch.cuda.Stream()
+    x, y = _data(1)[0]
+    plain = _model()
+    mse(_first_layer_on(side, plain, x), y).backward()
+    out = {}
+    for divisor, communicate in ((1, True), (3, False)):
+        for overlap in (False, True):
+            model = _model()
+            named = list(model.named_parameters())
+            reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, None, divisor,
+                              communicate=communicate, overlap_grad_copies=overlap)
+            elsewhere = []
+            copy_on_other = reducer._copy_on_other_stream
+            reducer._copy_on_other_stream = lambda *args: (elsewhere.append(1), copy_on_other(*args))
+            mse(_first_layer_on(side, model, x), y).backward()
+            same = all(torch.equal(p.grad, q.grad / divisor) for p, q in zip(model.parameters(), plain.parameters()))
+            out[f"{divisor} {overlap}"] = {"same": same, "copied elsewhere": len(elsewhere)}
+            reducer.remove()
+    return out
+
+
+def test_gradients_made_on_another_stream_are_waited_for():
+    (out,) = run_ranks(_two_stream_checks, 1, backend="nccl", timeout=100)
+    print("two streams:", out)
+    assert len(out) == 4
+    for name, got in out.items():
+        assert got["same"] is True, (name, got)

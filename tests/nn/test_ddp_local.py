@@ -121,21 +121,30 @@ def test_clorch_nn_imports_no_config_code():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_reducer_at_world_size_one_puts_each_new_gradient_in_its_bucket():
-    """Divisor 1 (one rank): the hooks copy each new gradient into its slot and point .grad there."""
+@pytest.mark.parametrize("cap_mb", [1e-6, 25.0])  # one parameter a bucket; all six in one
+def test_reducer_at_world_size_one_puts_each_new_gradient_in_its_bucket(cap_mb):
+    """Divisor 1 (one rank): hooks note new gradients, each full bucket copies them into its slots
+    together and points .grad there; a backward under no_sync first accumulates as usual."""
     from clorch.nn.parallel.reducer import Reducer
 
     plain, model = m.mlp(), m.mlp()
     named = list(model.named_parameters())
-    reducer = Reducer([p for _, p in named], [n for n, _ in named], 1e-6, 1e-6, None, world_size=1)
+    reducer = Reducer([p for _, p in named], [n for n, _ in named], cap_mb, cap_mb, None, world_size=1)
+    assert len(reducer.buckets) == (6 if cap_mb < 1 else 1)
     flats = {b.flat.data_ptr() for b in reducer.buckets}
-    for x, y in m.batches(2, 8):
+    (x0, y0), *data = m.batches(3, 8)
+    for x, y in data:
+        m.loss_fn(plain(x0), y0).backward()
+        reducer.sync = False  # what DistributedDataParallel.no_sync() sets
+        m.loss_fn(model(x0), y0).backward()
+        reducer.sync = True
         m.loss_fn(plain(x), y).backward()
         m.loss_fn(model(x), y).backward()
         assert reducer.committed
         for p, q in zip(model.parameters(), plain.parameters()):
             assert p.grad._base is not None and p.grad._base.data_ptr() in flats
             assert torch.equal(p.grad, q.grad)
+        assert all(not b.pending and not b.copied for b in reducer.buckets)
         for params in (plain.parameters(), model.parameters()):
             for p in params:
                 p.grad = None
@@ -265,7 +274,8 @@ def test_a_backward_that_fails_outside_the_reducer_does_not_wedge_the_next_one()
     assert all(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
 
 
-def test_a_gradient_arriving_twice_in_one_backward_is_refused():
+@pytest.mark.parametrize("world_size", [1, 2])  # 1: hooks note gradients and buckets copy them together
+def test_a_gradient_arriving_twice_in_one_backward_is_refused(world_size):
     """A re-entrant checkpoint around a parameter used twice accumulates its gradient twice:
     the first part would already be divided and sent, so it is an error, not a wrong average."""
     from torch.utils.checkpoint import checkpoint
@@ -276,17 +286,19 @@ def test_a_gradient_arriving_twice_in_one_backward_is_refused():
     shared, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
     params = [*shared.parameters(), *head.parameters()]
     reducer = Reducer(params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0,
-                      None, 2, communicate=False)
+                      None, world_size, communicate=False)
     x = torch.randn(3, 4, requires_grad=True)
     h = checkpoint(lambda t: shared(t).tanh(), x, use_reentrant=True)
     h = checkpoint(lambda t: shared(t).tanh(), h, use_reentrant=True)
     with pytest.raises(ValueError, match="'shared.(weight|bias)' received its gradient twice .*use_reentrant=False"):
         head(h).sum().backward()
     assert not reducer.in_backward and not reducer.committed
+    assert all(not b.pending and not b.copied for b in reducer.buckets)
     reducer.remove()
 
 
-def test_a_model_inside_reentrant_checkpoints_is_told_to_use_non_reentrant_ones():
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_model_inside_reentrant_checkpoints_is_told_to_use_non_reentrant_ones(world_size):
     """When the first gradient arrives inside a checkpoint's own backward, the end of that inner
     backward looks like the end of the whole one: the error names the cause and the fix."""
     from torch.utils.checkpoint import checkpoint
@@ -295,7 +307,7 @@ def test_a_model_inside_reentrant_checkpoints_is_told_to_use_non_reentrant_ones(
 
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     reducer = Reducer([*a.parameters(), *b.parameters()], ["a.weight", "a.bias", "b.weight", "b.bias"],
-                      25.0, 1.0, None, 2, communicate=False)
+                      25.0, 1.0, None, world_size, communicate=False)
     x = torch.randn(3, 4, requires_grad=True)
     h = checkpoint(lambda t: a(t).tanh(), x, use_reentrant=True)
     h = checkpoint(lambda t: b(t).tanh(), h, use_reentrant=True)

@@ -82,7 +82,7 @@ class Bucket:
     comm_views: list[torch.Tensor]
     filled: int = 0
     copied: list[int] = field(default_factory=list)  # slots filled with a new gradient this backward
-    pending: list = field(default_factory=list)  # overlap_grad_copies: (slot, new gradient), copied when full
+    pending: list = field(default_factory=list)  # (slot, new gradient) noted by a hook, copied when the bucket is full
     handed: bool = False  # its all-reduce and step were queued on the step_in_backward side stream
     work: object = None
     names: list[str] = field(default_factory=list)

@@ -46,7 +46,6 @@ Nothing here reads a device value on the host.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
@@ -100,10 +99,15 @@ class Reducer:
         # overlap_grad_copies on CUDA: new gradients are copied per bucket on this stream.
         side = overlap_grad_copies and device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if side else None
-        # Copied gradients, kept alive until the streams that made them wait for the copy stream
-        # (then their memory is safe to reuse there), and those streams.
+        # CUDA: the stream of this backward's first hook ("home") and any other stream a hook ran
+        # on; gradients made elsewhere are copied at once, on their own stream.
+        self._cuda = device if device.type == "cuda" else None
+        self._home: torch.cuda.Stream | None = None
+        self._home_raw = 0
+        self._others: dict[int, torch.cuda.Stream] = {}
+        # overlap_grad_copies: copied gradients, kept alive until the streams that made them wait
+        # for the copy stream (then their memory is safe to reuse there).
         self._held: list[torch.Tensor] = []
-        self._grad_streams: set = set()
         self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
@@ -124,6 +128,8 @@ class Reducer:
         # Batch the bucket's copies (one multi-tensor copy when it is full) on the side stream, and
         # wherever no division is needed: fewer launches, less host time a gradient.
         deferred = self._copy_stream is not None or (divisor == 1 and not bucket.converts)
+        cuda_index = self._cuda.index if self._cuda is not None else None
+        current_raw = torch._C._cuda_getCurrentRawStream if cuda_index is not None else None
 
         def hook(param: torch.Tensor) -> None:
             if not self.sync:
@@ -136,8 +142,10 @@ class Reducer:
             grad = param.grad
             if grad.data_ptr() != slot_ptr:
                 # Autograd made a new tensor (.grad was None).
-                if deferred:
-                    bucket.pending.append((position, grad))  # copied with the whole bucket, on the side stream
+                if current_raw is not None and current_raw(cuda_index) != self._home_raw:
+                    self._copy_on_other_stream(bucket, position, grad, param)
+                elif deferred:
+                    bucket.pending.append((position, grad))  # copied with the whole bucket when it is full
                 else:
                     torch.div(grad, divisor, out=comm_view)  # a pre-divided copy into the slot
                     param.grad = grad_view
@@ -157,6 +165,28 @@ class Reducer:
             "use_reentrant=True) around a parameter that is used more than once); use "
             "use_reentrant=False")
 
+    def _copy_on_other_stream(self, bucket: Bucket, position: int, grad: torch.Tensor,
+                              param: torch.Tensor) -> None:
+        """A gradient made on another stream than the backward's first: copy it now, on that stream.
+
+        (So its memory is reused there only after the copy.) Undivided where
+        the side stream divides the whole bucket or there is nothing to divide.
+        The bucket's all-reduce and `finish` wait for this stream.
+        """
+        stream = torch.cuda.current_stream(self._cuda)
+        self._others.setdefault(stream.cuda_stream, stream)
+        target = bucket.comm_views[position]
+        if bucket.converts or (self._copy_stream is None and self._divisor != 1):
+            torch.div(grad, self._divisor, out=target)
+        else:
+            target.copy_(grad)
+        param.grad = bucket.grad_views[position]
+        bucket.copied.append(position)
+
+    def _producers(self) -> list:
+        """CUDA: the streams this backward's hooks ran on (the home stream first)."""
+        return ([self._home] if self._home is not None else []) + list(self._others.values())
+
     def _copy_pending(self, bucket: Bucket) -> None:
         """The bucket's noted new gradients into their slots (overlap_grad_copies: on the copy stream).
 
@@ -165,10 +195,11 @@ class Reducer:
         a pre-divided copy per gradient where it converts to reduce_dtype.
 
         On the copy stream each gradient tensor is held until
-        `_wait_for_copies`, so its memory is not reused before the copy has
-        read it. (Holding is cheaper than `record_stream`, whose events the
-        allocator polls on every malloc and which delays reuse past the end
-        of backward.)
+        `_wait_for_copies` at the end of backward, so its memory is not
+        reused before the copy has read it. That keeps up to one more set of
+        gradients alive until then; `record_stream` would free each one once
+        its copy is done, but adds an event per tensor that the allocator
+        polls on every allocation.
         """
         pending, bucket.pending = bucket.pending, []
         if not pending:
@@ -199,8 +230,9 @@ class Reducer:
                 torch.div(grad_view, self._divisor, out=comm_view)
 
     def _prepare(self, bucket: Bucket) -> None:
-        """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided."""
-        self._copy_pending(bucket)
+        """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided.
+
+        The noted gradients are copied by the caller first (`_launch`)."""
         if self._copy_stream is not None:
             if not bucket.converts:
                 if self._divisor != 1:
@@ -241,6 +273,9 @@ class Reducer:
     def _start_backward(self) -> None:
         """First synchronized hook of a backward: have the engine call finish() when it ends."""
         self._in_backward = True
+        if self._cuda is not None:
+            self._home = torch.cuda.current_stream(self._cuda)
+            self._home_raw = self._home.cuda_stream
         Variable._execution_engine.queue_callback(self.finish)
 
     def _mark_ready(self, index: int) -> None:
@@ -254,18 +289,39 @@ class Reducer:
             raise
 
     def _launch(self, bucket: Bucket) -> None:
-        stream = self._copy_stream
-        if stream is not None:
-            # overlap_grad_copies: the copy stream waits for the gradients backward produced so
-            # far, copies, and the all-reduce (and the bucket's step) are queued behind it.
-            producer = torch.cuda.current_stream(stream.device)
-            stream.wait_stream(producer)
-            self._grad_streams.add(producer)
-        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-            self._prepare(bucket)
-            self._send(bucket)
-            if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
-                self._hand_over(bucket)
+        """Copy the bucket's noted gradients, pre-divide it and start its all-reduce (and step).
+
+        On CUDA the stream that copies and sends (the copy stream with
+        overlap_grad_copies, else the current one) first waits for every
+        stream this backward's hooks ran on: host-side waits only.
+        """
+        stream, current = self._copy_stream, None
+        if self._cuda is not None:
+            current = torch.cuda.current_stream(self._cuda)
+            waiter = current if stream is None else stream
+            if stream is not None:
+                stream.wait_stream(current)
+            for producer in self._producers():
+                if producer != current:
+                    waiter.wait_stream(producer)
+        if stream is None:
+            if bucket.pending and current is not None and current != self._home:
+                with torch.cuda.stream(self._home):  # the noted gradients were made there: copy there
+                    self._copy_pending(bucket)
+                current.wait_stream(self._home)
+            else:
+                self._copy_pending(bucket)
+            self._send_prepared(bucket)
+            return
+        with torch.cuda.stream(stream):  # overlap_grad_copies: copies, all-reduce (and step) queued there
+            self._copy_pending(bucket)
+            self._send_prepared(bucket)
+
+    def _send_prepared(self, bucket: Bucket) -> None:
+        self._prepare(bucket)
+        self._send(bucket)
+        if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
+            self._hand_over(bucket)
 
     def _hand_over(self, bucket: Bucket) -> None:
         """CUDA: queue the bucket's step now, behind its all-reduce, on the stepper's stream.
@@ -351,18 +407,26 @@ class Reducer:
             stepper.join()
 
     def _wait_for_copies(self) -> None:
-        """overlap_grad_copies: the current stream (and the streams backward made gradients on)
-        wait for the copy stream (no host wait); then the copied gradients are released."""
-        stream = self._copy_stream
-        if stream is None:
+        """CUDA: order the current stream after this backward's copies (no host wait).
+
+        The current stream waits for the copy stream and for every other
+        stream the hooks ran on; with overlap_grad_copies those streams wait
+        for the copy stream too, and then the held gradients are released.
+        """
+        if self._cuda is None:
             return
-        self._grad_streams.add(torch.cuda.current_stream(stream.device))
-        for producer in self._grad_streams:
-            producer.wait_stream(stream)
-        self._grad_streams = set()
+        current, side = torch.cuda.current_stream(self._cuda), self._copy_stream
+        producers = self._producers()
+        if side is not None:
+            for waiter in {current, *producers}:
+                waiter.wait_stream(side)
+        for producer in producers:
+            if producer != current:
+                current.wait_stream(producer)
         self._held = []
 
     def _reset(self, committed: bool) -> None:
+        self._home, self._home_raw, self._others = None, 0, {}
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
