@@ -381,3 +381,4 @@ def test_gradients_made_on_another_stream_are_waited_for():
     assert len(out) == 4
     for name, got in out.items():
         assert got["same"] is True, (name, got)
+        assert got["copied elsewhere"] == 2, (name, got)  # the first layer's weight and bias
