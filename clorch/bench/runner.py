@@ -32,9 +32,8 @@ import torch.nn.functional as F
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, median
-from clorch.config.checks import CUDA_GRAPH_MODES
 from clorch.config.schema import COMPILE_MODES
-from clorch.engine.components import compile_mode_arg
+from clorch.engine.components import compile_mode_arg, replays_cuda_graphs
 
 PRESETS = {
     "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
@@ -142,8 +141,7 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
                    scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
                    eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
                    autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1,
-                   cuda_graphs=opts["compile"] and opts["compile_mode"] in CUDA_GRAPH_MODES
-                   and device.type == "cuda")
+                   cuda_graphs=replays_cuda_graphs(opts["compile"], opts["compile_mode"], device))
     cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     hooks = StepHooks(cfg, parts, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)

@@ -305,9 +305,6 @@ def _target_errors(cfg: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
-
-
 def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     """Rules that involve more than one key (run once every key is valid on its own)."""
     errors = []
@@ -335,7 +332,7 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
         errors.append("ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
                       "to skip a step only after every gradient is in, and backward would already have "
                       "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)")
-    if cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and cfg.accumulation > 1:
+    if cfg.compile and cfg.compile_mode in schema.CUDA_GRAPH_MODES and cfg.accumulation > 1:
         errors.append(f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "
                       f"at every forward, so gradients cannot accumulate over micro-batches (got "
                       f"accumulation={cfg.accumulation}): use accumulation=1, or compile_mode=default or "

@@ -282,6 +282,7 @@ class LoggerConfig:
 # --- the top level ----------------------------------------------------------------------------
 # torch.compile modes (compile_mode); "reduce-overhead" and "max-autotune" replay CUDA graphs.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass

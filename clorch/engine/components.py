@@ -13,9 +13,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from clorch.config.checks import CUDA_GRAPH_MODES
-from clorch.config.schema import (AdamWConfig, CosineScheduleConfig, FP16Config, TargetModelConfig,
-                                  TrainConfig)
+from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleConfig, FP16Config,
+                                  TargetModelConfig, TrainConfig)
 
 
 @dataclass
@@ -138,6 +137,11 @@ def compile_mode_arg(mode: str) -> str | None:
     return None if mode == "default" else mode
 
 
+def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool:
+    """Whether a model (`compiled` or not, with compile_mode `mode`) replays CUDA graphs on `device`."""
+    return compiled and mode in CUDA_GRAPH_MODES and device.type == "cuda"
+
+
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
     """Build task, model (on the rank's device, compiled if asked, DDP-wrapped), optimizer,
     schedule, scaler and sampler from a checked config. `total_steps` is the plan's
@@ -183,4 +187,4 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                       autocast_dtype=get_precision(cfg.precision.name).autocast_dtype(),
                       batch_size=cfg.batch_size, accumulation=cfg.accumulation,
                       rank=rank, world_size=world,
-                      cuda_graphs=cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda")
+                      cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device))

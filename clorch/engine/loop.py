@@ -59,11 +59,11 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     from clorch.amp import backward
 
     count = len(micro_batches)
-    if parts.cuda_graphs and count > 1:
-        raise ValueError(f"train_step got {count} micro-batches, but the model replays CUDA graphs "
-                         "(compile_mode reduce-overhead or max-autotune), whose outputs, gradients "
-                         "included, are overwritten by the next forward: pass one micro-batch a step")
     if parts.cuda_graphs:
+        if count > 1:
+            raise ValueError(f"train_step got {count} micro-batches, but the model replays CUDA graphs "
+                             "(compile_mode reduce-overhead or max-autotune), whose outputs, gradients "
+                             "included, are overwritten by the next forward: pass one micro-batch a step")
         # A new step: the CUDA graphs may reuse the memory of the last step's outputs (the
         # gradients were stepped and set to None; `total` below is a fresh tensor).
         torch.compiler.cudagraph_mark_step_begin()
