@@ -11,7 +11,9 @@ tensor), bf16 autocast, fused AdamW, batch 16 x 1024 tokens a step.
 
 Blocks of `--steps` steps alternate between the two (A B, B A, ...) after a
 warm-up; reported: median tokens/s, the ratio clorch/plain (goal >= 0.98) and
-MFU against the bf16 dense peak (`--peak-tflops`, 989 for an H100/H200 SXM).
+MFU against the bf16 dense peak (`--peak-tflops`, 989 for an H100/H200 SXM), with the GPU's
+SM clock, power and temperature during the timed blocks (`clorch.bench.gpuclock`): a busy
+H200 reaches its power limit and lowers its clock, and MFU falls with it.
 `--compile` applies torch.compile to both models; clorch's side also compiles
 its loss, as the engine does with `compile: true`. Needs a CUDA GPU unless
 `--device cpu` (with a tiny `--preset`, for a smoke run).
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import clorch.distributed as cd
+from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
 from clorch.config.schema import COMPILE_MODES
 from clorch.engine.components import compile_mode_arg, replays_cuda_graphs
@@ -177,11 +180,12 @@ def worker(ctx: dict) -> dict:
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
         samples_s: dict[str, list[float]] = {name: [] for name in runners}
-        for r in range(opts["rounds"]):
-            order = list(runners) if r % 2 == 0 else list(reversed(runners))
-            for name in order:
-                seconds = _time_block(runners[name], opts["steps"], device)
-                samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
+        with GpuMonitor(device, interval_ms=200) as monitor:
+            for r in range(opts["rounds"]):
+                order = list(runners) if r % 2 == 0 else list(reversed(runners))
+                for name in order:
+                    seconds = _time_block(runners[name], opts["steps"], device)
+                    samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
         writer.close()
         metrics_lines = sum(1 for _ in open(Path(tmp) / "metrics.jsonl"))
     flops = plain_model.flops_per_token()
@@ -189,6 +193,7 @@ def worker(ctx: dict) -> dict:
     return {"tokens_per_s": tps, "samples": samples_s, "ratio": tps["clorch"] / tps["plain"],
             "mfu": {n: t * flops / (opts["peak_tflops"] * 1e12) for n, t in tps.items()},
             "params": plain_model.num_parameters(), "metrics_lines": metrics_lines,
+            "gpu": monitor.summary(),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
 
 
@@ -200,15 +205,30 @@ def report(result: dict, opts: dict) -> str:
             f"({opts['compile_mode']}), "
             f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
-    return f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
+    text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
+    if result["device"] != "cpu":  # MFU follows the clock, which a power-capped GPU lowers
+        text += describe(result["gpu"]) + "\n"
+    return text
+
+
+def _check(opts: dict, p: argparse.ArgumentParser) -> None:
+    """Every bad argument at once, before anything starts (argparse's exit code 2)."""
+    errors = [f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
+              for name, low in (("batch_size", 1), ("steps", 1), ("rounds", 1), ("warmup", 0),
+                                ("log_every", 1))
+              if opts[name] < low]
+    if not opts["peak_tflops"] > 0:
+        errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")
+    if opts["device"] == "cuda" and not torch.cuda.is_available():
+        errors.append("--device cuda: no CUDA device here (HINT: --device cpu --preset tiny for a smoke run)")
+    if errors:
+        p.error("; ".join(errors))
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = vars(parser().parse_args(sys.argv[1:] if argv is None else argv))
-    if opts["device"] == "cuda" and not torch.cuda.is_available():
-        print("clorch-bench runner: no CUDA device here; use --device cpu --preset tiny for a smoke run",
-              file=sys.stderr)
-        return 2
+    p = parser()
+    opts = vars(p.parse_args(sys.argv[1:] if argv is None else argv))
+    _check(opts, p)
     if "RANK" in os.environ:
         with cd.process_group(backend="nccl" if opts["device"] == "cuda" else "gloo"):
             print(report(worker({"args": opts}), opts))
