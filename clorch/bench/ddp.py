@@ -46,6 +46,7 @@ import torch
 
 import clorch.distributed as cd
 from clorch.bench import ddp_models
+from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, interleave, median, ratio
 from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
@@ -200,7 +201,9 @@ def worker(ctx: dict) -> dict:
     torch.set_num_threads(args["threads"])
     candidates, work = _candidates(args, ctx["rank"])
     interleave(candidates, args["warmup"])
-    samples = interleave(candidates, args["rounds"])
+    device = next(work.model.parameters()).device
+    with GpuMonitor(device, interval_ms=200) as monitor:
+        samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
     rows = [[name, medians[name] * 1e3, ratio(medians[name], medians["torch DDP"]),
              ratio(medians[name], medians["one process"])] for name in medians]
@@ -210,6 +213,8 @@ def worker(ctx: dict) -> dict:
     table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
     if args["model"] != "mlp":  # the MLP's output stays as it was
         table += "\n" + _summary(medians, n, work.tokens_per_step)
+    if device.type == "cuda":
+        table += "\n" + describe(monitor.summary())
     if args["trace"]:
         table += "\n" + _traces(candidates, args["trace"], ctx["rank"])
     return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),

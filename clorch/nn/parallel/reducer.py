@@ -296,6 +296,10 @@ class Reducer:
         stream this backward's hooks ran on: host-side waits only.
         """
         stream, current = self._copy_stream, None
+        if self._one_stream_so_far():
+            self._copy_pending(bucket)  # the usual case: nothing to wait for, no stream objects made
+            self._send_prepared(bucket)
+            return
         if self._cuda is not None:
             current = torch.cuda.current_stream(self._cuda)
             waiter = current if stream is None else stream
@@ -316,6 +320,11 @@ class Reducer:
         with torch.cuda.stream(stream):  # overlap_grad_copies: copies, all-reduce (and step) queued there
             self._copy_pending(bucket)
             self._send_prepared(bucket)
+
+    def _one_stream_so_far(self) -> bool:
+        """CUDA without a copy stream: every hook so far ran on the current stream (cheap to ask)."""
+        return (self._cuda is not None and self._copy_stream is None and not self._others
+                and torch._C._cuda_getCurrentRawStream(self._cuda.index) == self._home_raw)
 
     def _send_prepared(self, bucket: Bucket) -> None:
         self._prepare(bucket)
@@ -413,7 +422,7 @@ class Reducer:
         stream the hooks ran on; with overlap_grad_copies those streams wait
         for the copy stream too, and then the held gradients are released.
         """
-        if self._cuda is None:
+        if self._cuda is None or self._one_stream_so_far():
             return
         current, side = torch.cuda.current_stream(self._cuda), self._copy_stream
         producers = self._producers()
