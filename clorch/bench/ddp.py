@@ -53,6 +53,7 @@ from clorch.nn.parallel import DistributedDataParallel
 
 DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
+            "gpu_sample_ms": 200,
             "trace": None}
 TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path overlapped copies",
           "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
@@ -73,6 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="untimed rounds first")
     p.add_argument("--bucket-cap-mb", type=float, default=DEFAULTS["bucket_cap_mb"],
                    help="bucket cap (MiB) for clorch's and torch's DDP")
+    p.add_argument("--gpu-sample-ms", type=int, default=DEFAULTS["gpu_sample_ms"],
+                   help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads per rank")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
     p.add_argument("--trace", default=None, metavar="DIR",
@@ -202,7 +205,7 @@ def worker(ctx: dict) -> dict:
     candidates, work = _candidates(args, ctx["rank"])
     interleave(candidates, args["warmup"])
     device = next(work.model.parameters()).device
-    with GpuMonitor(device, interval_ms=200) as monitor:
+    with GpuMonitor(device, interval_ms=args["gpu_sample_ms"]) as monitor:
         samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
     rows = [[name, medians[name] * 1e3, ratio(medians[name], medians["torch DDP"]),
@@ -213,7 +216,7 @@ def worker(ctx: dict) -> dict:
     table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
     if args["model"] != "mlp":  # the MLP's output stays as it was
         table += "\n" + _summary(medians, n, work.tokens_per_step)
-    if device.type == "cuda":
+    if device.type == "cuda" and args["gpu_sample_ms"]:
         table += "\n" + describe(monitor.summary())
     if args["trace"]:
         table += "\n" + _traces(candidates, args["trace"], ctx["rank"])
@@ -235,7 +238,8 @@ def _check(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before any rank starts."""
     errors = [f"--{name.replace('_', '-')} must be >= {low}, got {getattr(ns, name)}"
               for name, low in (("batch", 1), ("rounds", 1), ("steps", 1), ("warmup", 0),
-                                ("threads", 1), ("nproc", 1), ("width", 2), ("features", 1))
+                                ("threads", 1), ("nproc", 1), ("width", 2), ("features", 1),
+                                ("gpu_sample_ms", 0))
               if getattr(ns, name) is not None and getattr(ns, name) < low]
     if not ns.bucket_cap_mb > 0:
         errors.append(f"--bucket-cap-mb must be > 0 (MiB), got {ns.bucket_cap_mb}")

@@ -87,7 +87,7 @@ class GpuMonitor:
         device: the CUDA device to watch (found by its UUID, so CUDA_VISIBLE_DEVICES does not
             matter); a CPU device, or a machine without `nvidia-smi`, makes a monitor that
             samples nothing.
-        interval_ms: time between samples.
+        interval_ms: time between samples; 0 samples nothing.
 
     After the block, `summary()` gives `summarize`'s dict, or None.
     """
@@ -100,7 +100,7 @@ class GpuMonitor:
 
     def __enter__(self) -> "GpuMonitor":
         smi = shutil.which("nvidia-smi")
-        if self._target is not None and smi is not None:
+        if self._target is not None and smi is not None and self._interval_ms > 0:
             self._proc = subprocess.Popen(
                 [smi, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
                  "-i", self._target, f"--loop-ms={self._interval_ms}"],

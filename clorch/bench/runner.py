@@ -84,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="torch.compile mode for both loops (the engine's compile_mode)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--gpu-sample-ms", type=int, default=200,
+                   help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
     return p
 
@@ -180,7 +182,7 @@ def worker(ctx: dict) -> dict:
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
         samples_s: dict[str, list[float]] = {name: [] for name in runners}
-        with GpuMonitor(device, interval_ms=200) as monitor:
+        with GpuMonitor(device, interval_ms=opts["gpu_sample_ms"]) as monitor:
             for r in range(opts["rounds"]):
                 order = list(runners) if r % 2 == 0 else list(reversed(runners))
                 for name in order:
@@ -206,7 +208,7 @@ def report(result: dict, opts: dict) -> str:
             f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
-    if result["device"] != "cpu":  # MFU follows the clock, which a power-capped GPU lowers
+    if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
         text += describe(result["gpu"]) + "\n"
     return text
 
@@ -215,7 +217,7 @@ def _check(opts: dict, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before anything starts (argparse's exit code 2)."""
     errors = [f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
               for name, low in (("batch_size", 1), ("steps", 1), ("rounds", 1), ("warmup", 0),
-                                ("log_every", 1))
+                                ("log_every", 1), ("gpu_sample_ms", 0))
               if opts[name] < low]
     if not opts["peak_tflops"] > 0:
         errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")
