@@ -53,7 +53,7 @@ from clorch.nn.parallel import DistributedDataParallel
 
 DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
-            "gpu_sample_ms": 200,
+            "gpu_sample_ms": 0,
             "trace": None}
 TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path overlapped copies",
           "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
@@ -75,7 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=DEFAULTS["bucket_cap_mb"],
                    help="bucket cap (MiB) for clorch's and torch's DDP")
     p.add_argument("--gpu-sample-ms", type=int, default=DEFAULTS["gpu_sample_ms"],
-                   help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
+                   help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
+                        "default: off; a second process that wakes often speeds up the host-bound "
+                        "candidates on some machines, so these figures are taken without it)")
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads per rank")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
     p.add_argument("--trace", default=None, metavar="DIR",
