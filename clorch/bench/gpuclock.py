@@ -12,7 +12,7 @@ after it).
 
 That second process is not free on every machine: on a virtual machine with an H200 (16 vCPUs),
 any process that wakes often (this sampler every 200 ms, or a loop sleeping 0.5 ms) made
-host-bound eager steps 3-15% faster, as if idle CPUs were slow to wake. GPU-bound steps (a
+host-bound eager steps 2-15% faster, as if idle CPUs were slow to wake. GPU-bound steps (a
 compiled GPT-2) are not affected; `clorch-bench ddp` measures host-bound steps and samples only
 when asked (`--gpu-sample-ms`).
 """
