@@ -17,6 +17,7 @@ status 2 (leaving no run directory behind); a failed job exits with 1.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -292,7 +293,14 @@ def train_main(argv: list[str] | None = None) -> int:
             return EXIT_CONFIG
     if flags & set(_PRINT_CONFIG):
         return _run_hydra(args)
-    extra, created = _launch_overrides(args)
+    try:
+        extra, created = _launch_overrides(args)
+    except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
+        layout = "multirun" if multirun else "outputs"
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        print_config_errors([f"cannot create the run directory {layout}/DATE/TIME under {os.getcwd()} "
+                             f"({exc.strerror or exc}); run from a writable directory or set {key}"])
+        return EXIT_CONFIG
     _single_run_dir[:] = [] if multirun else [created]
     try:
         return _run_hydra([*(args if multirun else hydra_overrides(args)), *extra])

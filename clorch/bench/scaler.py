@@ -92,12 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             p.grad = g.clone()
         opt = _NoStep(params)
         # growth_interval is huge and gradients finite, so the scale stays put
-        if name == "clorch":
-            scaler = GradScaler(initial_scale=1024.0, growth_interval=1 << 30)
-            step_once = lambda s=scaler, o=opt: s.step(o)  # noqa: E731
-        else:
-            scaler = torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=1 << 30)
-            step_once = lambda s=scaler, o=opt: (s.step(o), s.update())  # noqa: E731
+        # both speak torch's call sequence: step(optimizer), then update()
+        make = GradScaler if name == "clorch" else torch.amp.GradScaler
+        scaler = make(device, init_scale=1024.0, growth_interval=1 << 30)
+        step_once = lambda s=scaler, o=opt: (s.step(o), s.update())  # noqa: E731
         scaler.scale(torch.tensor(2.0, device=device))  # creates the scale tensor (torch requires it)
         candidates[name] = _candidate(step_once, params, source, ns.steps, sync)
     interleave(candidates, 3)  # warm-up

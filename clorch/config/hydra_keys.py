@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from clorch._files import unwritable
+
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
                 "hydra.job.name", "hydra.verbose", "hydra.mode")
@@ -84,7 +86,11 @@ def directory_error(key: str, value: str) -> str | None:
         return None
     if "${" in value:
         if all(part.startswith("now:") for part in value.split("${")[1:]):
-            return None  # dates, as Hydra's defaults use: new by construction
+            # Dates, as Hydra's defaults use: new by construction. Where they would go must be writable.
+            problem = unwritable(Path(value.split("${")[0] or ".").expanduser())
+            if problem:
+                return f"{key}={value}: cannot write there ({problem}); choose a writable location"
+            return None
         return f"{key}={value} is not allowed: the only interpolation a run directory may use is ${{now:...}}"
     path = Path(value).expanduser().resolve()
     if path == Path(path.anchor):
@@ -97,6 +103,9 @@ def directory_error(key: str, value: str) -> str | None:
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             return (f"{key}={value} holds files clorch did not write ({shown}); choose a new or "
                     "empty directory")
+    problem = unwritable(path)  # Hydra makes this directory before clorch's own checks run
+    if problem:
+        return f"{key}={value}: cannot write there ({problem}); choose a writable location"
     return None
 
 

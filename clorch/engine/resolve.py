@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError, checked_partial, complete, reused_dir_errors
 from clorch.config.schema import GPTConfig, TrainConfig
-from clorch.engine.paths import unwritable
+from clorch._files import unwritable
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,28 @@ def test_run_directories_must_be_new_empty_or_clorch_made(tmp_path):
     assert "is a file" in directory_error("hydra.run.dir", __file__)
 
 
+def test_run_directories_that_cannot_be_made_are_refused(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        for value in (str(tmp_path / "afile" / "sub"), str(tmp_path / "afile" / "${now:%H-%M}")):
+            error = directory_error(key, value)
+            assert error is not None and error.startswith(f"{key}={value}: cannot write there")
+            assert "afile is not a directory" in error
+    assert directory_error("hydra.run.dir", str(tmp_path / "new" / "${now:%H-%M}")) is None
+
+
+def test_unwritable_run_directories_stop_before_launch(tmp_path):
+    (tmp_path / "afile").write_text("")
+    done = _cli([f"hydra.run.dir={tmp_path / 'afile' / 'run'}"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "hydra.run.dir=" in done.stderr and "Traceback" not in done.stderr
+    # The default outputs/DATE/TIME where the current directory is not one that can hold it.
+    done = _cli(["-m", "+recipe=cpu_smoke"], Path("/proc/self/fdinfo"))  # no importable names there
+    assert done.returncode == 2, done.stderr
+    assert "cannot create the run directory multirun/DATE/TIME under /proc" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_flags_that_would_load_an_unchecked_config_are_refused(tmp_path):
     done = _cli(["--config-dir", str(tmp_path), "--config-name", "mine", "--experimental-rerun", "x.pickle"],
                 tmp_path)
