@@ -77,10 +77,10 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
     return kept, errors
 
 
-def _store_recipe(name: str, path: Path | Traversable) -> None:
+def _store_recipe(name: str, path: Path | Traversable, where: str | None = None) -> None:
     from hydra.core.config_store import ConfigStore
 
-    where = f"recipe {name} ({path})"
+    where = where or f"recipe {name} ({path})"
     try:
         node = OmegaConf.to_container(OmegaConf.create(path.read_text()))
     except Exception as exc:  # YAML syntax: name the file, keep going
@@ -141,7 +141,7 @@ def register_recipe_path(value: str) -> str:
     if not path.is_file():
         raise ValueError(f"recipe={value!r}: no such recipe file ({path})")
     name = f"file_{path.stem}"
-    _store_recipe(name, path)
+    _store_recipe(name, path, where=f"recipe {path}")
     _path_recipes[name] = path
     return name
 

@@ -10,11 +10,22 @@ progress=off. Events (events.jsonl: a resume, a restart) appear as
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from clorch.engine.outputs import EVENTS
+
+
+def _sized_terminal(stream: Any) -> bool:
+    """A terminal that reports a width: a bar needs one (a pty made without a size has 0 columns)."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 class Progress:
@@ -24,7 +35,7 @@ class Progress:
         self.path, self.total = metrics_path, total_steps
         self.stream = stream or sys.stderr
         if mode == "auto":
-            mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "lines"
+            mode = "bar" if _sized_terminal(self.stream) else "lines"
         self.mode = mode
         self._offset = 0  # bytes of metrics.jsonl already read
         events = metrics_path.parent / EVENTS  # what an earlier run in this directory announced is old

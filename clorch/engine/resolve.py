@@ -277,7 +277,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
                     problems += _memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
             message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
-            if not any(p.startswith("data.path=") for p in problems) or "data.path" not in message:
+            if not any(p.startswith("data.path") for p in problems) or "data.path" not in message:
                 problems.append(message)  # (a missing data.path is reported once, by the checks)
     if complete(cfg, "checkpoint"):
         problems += _path_errors(cfg, run_dir)

@@ -133,3 +133,23 @@ def test_every_rank_resumes_from_rank_zeros_choice(tmp_path):
 
     paths = run_ranks(_agreed, 2, str(tmp_path), timeout=60)
     assert paths == [f"{tmp_path}/from_rank_0.ckpt"] * 2
+
+
+def test_auto_progress_draws_a_bar_only_on_a_terminal_with_a_width(tmp_path):
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    from clorch.engine.progress import Progress
+
+    master, slave = os.openpty()  # a new pty reports 0 x 0 until someone sets its size
+    with os.fdopen(slave, "w") as stream:
+        try:
+            assert Progress(tmp_path / "metrics.jsonl", 10, stream=stream).mode == "lines"
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+            progress = Progress(tmp_path / "metrics.jsonl", 10, stream=stream)
+            assert progress.mode == "bar"
+            progress.close()
+        finally:
+            os.close(master)
