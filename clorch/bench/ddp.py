@@ -219,7 +219,7 @@ def worker(ctx: dict) -> dict:
     if args["model"] != "mlp":  # the MLP's output stays as it was
         table += "\n" + _summary(medians, n, work.tokens_per_step)
     if device.type == "cuda" and args["gpu_sample_ms"]:
-        table += "\n" + describe(monitor.summary())
+        table += "\n" + describe(monitor.summary(), monitor.problem)
     if args["trace"]:
         table += "\n" + _traces(candidates, args["trace"], ctx["rank"])
     return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),

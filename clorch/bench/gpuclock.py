@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -74,10 +75,10 @@ def summarize(samples: list[GpuSample]) -> dict | None:
     }
 
 
-def describe(summary: dict | None) -> str:
-    """One line for a benchmark's report."""
+def describe(summary: dict | None, problem: str | None = None) -> str:
+    """One line for a benchmark's report (`problem`: why nothing was sampled, when known)."""
     if summary is None:
-        return "GPU clock: not sampled (no nvidia-smi, or it gave no readings)"
+        return "GPU clock: not sampled" + (f" ({problem})" if problem else "")
     return (f"GPU during the timed blocks ({summary['samples']} nvidia-smi samples): SM clock median "
             f"{summary['sm_mhz']:.0f} MHz ({summary['sm_mhz_min']:.0f}-{summary['sm_mhz_max']:.0f}; "
             f"the GPU's highest {summary['max_sm_mhz']:.0f}), "
@@ -95,22 +96,37 @@ class GpuMonitor:
             samples nothing.
         interval_ms: time between samples; 0 samples nothing.
 
-    After the block, `summary()` gives `summarize`'s dict, or None.
+    After the block, `summary()` gives `summarize`'s dict, or None; `problem` says why nothing
+    was sampled where that is known (no nvidia-smi, it did not start, it reported an error).
+    Nothing here raises: a benchmark runs the same with or without its monitor.
     """
 
     def __init__(self, device: torch.device, interval_ms: int = 500) -> None:
         self._target = _device_id(device)
         self._interval_ms = interval_ms
         self._proc: subprocess.Popen | None = None
+        self._files: list = []
         self._lines: list[str] = []
+        self.problem: str | None = None
 
     def __enter__(self) -> "GpuMonitor":
+        if self._target is None or self._interval_ms <= 0:
+            return self
         smi = shutil.which("nvidia-smi")
-        if self._target is not None and smi is not None and self._interval_ms > 0:
+        if smi is None:
+            self.problem = "no nvidia-smi on PATH"
+            return self
+        # Files, not pipes: nothing reads them before the block ends, and a full pipe (64 KiB)
+        # would stall nvidia-smi and leave the block's later part unsampled.
+        self._files = [tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")]
+        try:
             self._proc = subprocess.Popen(
                 [smi, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
                  "-i", self._target, f"--loop-ms={self._interval_ms}"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                stdout=self._files[0], stderr=self._files[1], text=True)
+        except OSError as exc:
+            self.problem = f"nvidia-smi did not start: {exc}"
+            self._close()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -118,14 +134,32 @@ class GpuMonitor:
             return
         self._proc.terminate()
         try:
-            out, _ = self._proc.communicate(timeout=5)
+            self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            out, _ = self._proc.communicate()
-        self._lines = out.splitlines()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the driver: keep what it wrote, leave it to the OS
+        out, err = (_read(f) for f in self._files)
+        self._close()
+        self._lines = out
+        if not any(parse_line(line) for line in out):
+            said = " ".join(line.strip() for line in out + err if line.strip())[-200:]
+            self.problem = f"nvidia-smi gave no readings (exit status {self._proc.returncode}): {said}"
 
     def summary(self) -> dict | None:
         return summarize([s for s in map(parse_line, self._lines) if s is not None])
+
+    def _close(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
+
+
+def _read(file) -> list[str]:
+    file.seek(0)
+    return file.read().splitlines()
 
 
 def _device_id(device: torch.device) -> str | None:

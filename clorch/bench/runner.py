@@ -195,7 +195,7 @@ def worker(ctx: dict) -> dict:
     return {"tokens_per_s": tps, "samples": samples_s, "ratio": tps["clorch"] / tps["plain"],
             "mfu": {n: t * flops / (opts["peak_tflops"] * 1e12) for n, t in tps.items()},
             "params": plain_model.num_parameters(), "metrics_lines": metrics_lines,
-            "gpu": monitor.summary(),
+            "gpu": monitor.summary(), "gpu_problem": monitor.problem,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
 
 
@@ -209,7 +209,7 @@ def report(result: dict, opts: dict) -> str:
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
-        text += describe(result["gpu"]) + "\n"
+        text += describe(result["gpu"], result["gpu_problem"]) + "\n"
     return text
 
 

@@ -11,6 +11,7 @@ or an earlier clorch run's.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -77,7 +78,9 @@ def _key_error(key: str, value: str, group: bool) -> str | None:
 def _foreign(directory: Path) -> list[str]:
     """Entries of an existing directory that clorch did not write (numbered trial dirs are ours)."""
     return sorted(p.name for p in directory.iterdir()
-                  if p.name not in RUN_FILES and not p.name.isdigit() and not p.name.startswith(".rank0_result"))
+                  if p.name not in RUN_FILES and not p.name.isdigit()
+                  # (.clorch-probe-*: another launch checking, a moment ago, that it can write here)
+                  and not p.name.startswith((".rank0_result", ".clorch-probe-")))
 
 
 def directory_error(key: str, value: str) -> str | None:
@@ -87,7 +90,9 @@ def directory_error(key: str, value: str) -> str | None:
     if "${" in value:
         if all(part.startswith("now:") for part in value.split("${")[1:]):
             # Dates, as Hydra's defaults use: new by construction. Where they would go must be writable.
-            problem = unwritable(Path(value.split("${")[0] or ".").expanduser())
+            prefix = value.split("${")[0]  # the fixed part; it may end inside a name
+            problem = unwritable(Path(prefix if prefix.endswith("/") else os.path.dirname(prefix) or ".")
+                                 .expanduser())
             if problem:
                 return f"{key}={value}: cannot write there ({problem}); choose a writable location"
             return None

@@ -105,6 +105,13 @@ def test_run_directories_that_cannot_be_made_are_refused(tmp_path):
             assert error is not None and error.startswith(f"{key}={value}: cannot write there")
             assert "afile is not a directory" in error
     assert directory_error("hydra.run.dir", str(tmp_path / "new" / "${now:%H-%M}")) is None
+    # A date that completes a name: the file "afile" is no obstacle to "afile12-30".
+    assert directory_error("hydra.run.dir", str(tmp_path / "afile") + "${now:%H-%M}") is None
+
+
+def test_a_writability_probe_is_not_taken_for_a_foreign_file(tmp_path):
+    (tmp_path / ".clorch-probe-x1y2").write_text("")
+    assert directory_error("hydra.run.dir", str(tmp_path)) is None
 
 
 def test_unwritable_run_directories_stop_before_launch(tmp_path):
@@ -113,6 +120,8 @@ def test_unwritable_run_directories_stop_before_launch(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "hydra.run.dir=" in done.stderr and "Traceback" not in done.stderr
     # The default outputs/DATE/TIME where the current directory is not one that can hold it.
+    if not Path("/proc/self/fdinfo").is_dir():
+        return  # (Linux procfs: a current directory nothing can be created in, for root too)
     done = _cli(["-m", "+recipe=cpu_smoke"], Path("/proc/self/fdinfo"))  # no importable names there
     assert done.returncode == 2, done.stderr
     assert "cannot create the run directory multirun/DATE/TIME under /proc" in done.stderr
