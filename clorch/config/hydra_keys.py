@@ -88,27 +88,24 @@ def directory_error(key: str, value: str) -> str | None:
     if not value:
         return None
     if "${" in value:
-        if all(part.startswith("now:") for part in value.split("${")[1:]):
-            # Dates, as Hydra's defaults use: new by construction. Where they would go must be writable.
-            prefix = value.split("${")[0]  # the fixed part; it may end inside a name
-            problem = unwritable(Path(prefix if prefix.endswith("/") else os.path.dirname(prefix) or ".")
-                                 .expanduser())
-            if problem:
-                return f"{key}={value}: cannot write there ({problem}); choose a writable location"
-            return None
-        return f"{key}={value} is not allowed: the only interpolation a run directory may use is ${{now:...}}"
-    path = Path(value).expanduser().resolve()
-    if path == Path(path.anchor):
-        return f"{key}={value} is the filesystem root; choose a directory for this run"
-    if path.exists() and not path.is_dir():
-        return f"{key}={value} is a file, not a directory"
-    if path.is_dir():
-        foreign = _foreign(path)
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-            return (f"{key}={value} holds files clorch did not write ({shown}); choose a new or "
-                    "empty directory")
-    problem = unwritable(path)  # Hydra makes this directory before clorch's own checks run
+        if not all(part.startswith("now:") for part in value.split("${")[1:]):
+            return f"{key}={value} is not allowed: the only interpolation a run directory may use is ${{now:...}}"
+        # Dates, as Hydra's defaults use: new by construction; only where they go is checked.
+        prefix = value.split("${")[0]  # the fixed part; it may end inside a name
+        target = Path(prefix if prefix.endswith("/") else os.path.dirname(prefix) or ".").expanduser()
+    else:
+        target = Path(value).expanduser().resolve()
+        if target == Path(target.anchor):
+            return f"{key}={value} is the filesystem root; choose a directory for this run"
+        if target.exists() and not target.is_dir():
+            return f"{key}={value} is a file, not a directory"
+        if target.is_dir():
+            foreign = _foreign(target)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+                return (f"{key}={value} holds files clorch did not write ({shown}); choose a new or "
+                        "empty directory")
+    problem = unwritable(target)  # Hydra makes this directory before clorch's own checks run
     if problem:
         return f"{key}={value}: cannot write there ({problem}); choose a writable location"
     return None

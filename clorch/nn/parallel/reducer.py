@@ -18,25 +18,26 @@ Life of one synchronized backward, on every rank:
    pre-divided copy each where the bucket converts to reduce_dtype), so the
    copies overlap the backward still computing on the main stream; the
    noted gradients stay allocated until the end of backward, when the
-   stream that made them has waited for the copies. A parameter whose gradient
-   arrives twice in one backward (a re-entrant backward) is an error. The first hook of the backward queues
-   `finish()` on the autograd engine, to run when this backward ends.
+   stream that made them has waited for the copies. A parameter whose
+   gradient arrives twice in one backward (a re-entrant backward) is an
+   error. The first hook of the backward queues `finish()` on the autograd
+   engine, to run when this backward ends.
 2. When a bucket's last slot is filled, it is made ready to send (the copies
    above; the slots autograd accumulated into directly are divided by
    world_size; with the side stream, a bucket that does not convert is
-   divided whole, in one kernel there), and the bucket's all-reduce (a sum) starts at once, overlapping
-   the rest of backward. Buckets launch strictly in index order,
-   so every rank issues the same collectives in the same order even when
-   hooks fire in a slightly different order.
+   divided whole, in one kernel there), and the bucket's all-reduce (a sum)
+   starts at once, overlapping the rest of backward. Buckets launch
+   strictly in index order, so every rank issues the same collectives in the
+   same order even when hooks fire in a slightly different order.
 3. At the end of backward `finish()` waits for every bucket (on CUDA the
-   current stream waits on the reduction (and the copies); the host does not) and, for buckets
-   that travel in `reduce_dtype`, copies the reduced values back into the
-   gradient-dtype buffer that `.grad` views. So when `backward()` returns,
+   current stream waits on the reductions and the copies; the host does not)
+   and, for buckets that travel in `reduce_dtype`, copies the reduced values
+   back into the gradient-dtype buffer that `.grad` views. So when `backward()` returns,
    `.grad` holds the average, as with torch's DistributedDataParallel.
 
-Averaging divides *before* the sum (pre-division): with fp16 gradients near the format's maximum, summing
-world_size of them first would overflow to inf before a post-division could
-bring them back.
+Averaging divides *before* the sum (pre-division): with fp16 gradients near
+the format's maximum, summing world_size of them first would overflow to inf
+before a post-division could bring them back.
 
 With an optimizer handed over (`step_in_backward`), each bucket's parameters
 are also stepped once its all-reduce is done (`clorch.nn.parallel.overlap`).
