@@ -10,7 +10,10 @@ and with gradient_as_bucket_view=True and static_graph=True), and the bare model
 communication: what one process would cost). At world size 1, where clorch's
 DDP runs no reducer, one more candidate runs the whole bucket path anyway
 (`clorch DDP bucket path`: copies into buckets, each bucket all-reduced to the
-rank itself). On CUDA, `... overlapped copies` candidates run with
+rank itself; `... grad views` with gradient_as_bucket_view=True), and the bare
+model with an empty Python hook on every parameter (`one process, empty Python
+hooks`: the cost of calling Python once per gradient, a floor for any reducer
+whose hooks are Python). On CUDA, `... overlapped copies` candidates run with
 `overlap_grad_copies=True` (new gradients copied per bucket on a side stream).
 A candidate's sample is the mean
 step time (forward, backward, reduction, optimizer step, zero_grad) of a few
@@ -55,7 +58,8 @@ DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
             "gpu_sample_ms": 0,
             "trace": None}
-TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path overlapped copies",
+TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path grad views",
+          "clorch DDP bucket path overlapped copies",
           "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
 
 
@@ -112,6 +116,10 @@ def _plain_step(optimizer):
     optimizer.zero_grad(set_to_none=True)
 
 
+def _empty_hook(param: torch.Tensor) -> None:
+    """A gradient hook that does nothing: what calling Python once per gradient costs by itself."""
+
+
 def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     device = cd.device()
     work = ddp_models.build(args, rank, device)
@@ -141,6 +149,7 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     add_clorch("clorch DDP")
     if one_rank:  # clorch's DDP skips the reducer there: measure the bucket path too
         add_clorch("clorch DDP bucket path", bucket_path=True)
+        add_clorch("clorch DDP bucket path grad views", bucket_path=True, gradient_as_bucket_view=True)
     if cuda:
         add_clorch("clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies",
                    bucket_path=one_rank, overlap_grad_copies=True)
@@ -154,6 +163,11 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     add_torch("torch DDP best", gradient_as_bucket_view=True, static_graph=True)
     single = copy.deepcopy(base)
     add("one process", single, work.optimizer(single), _plain_step)
+    if one_rank:  # the floor for any reducer built on Python gradient hooks
+        hooked = copy.deepcopy(base)
+        for param in hooked.parameters():
+            param.register_post_accumulate_grad_hook(_empty_hook)
+        add("one process, empty Python hooks", hooked, work.optimizer(hooked), _plain_step)
     return candidates, work
 
 
@@ -164,7 +178,7 @@ def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str
              f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}",
              f"clorch DDP step_in_backward / torch DDP best step time: "
              f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}"]
-    ddp = [name for name in medians if name != "one process"]
+    ddp = [name for name in medians if not name.startswith("one process")]
     eff = ", ".join(f"{name} {ratio(medians['one process'], medians[name]):.4f}" for name in ddp)
     lines.append(f"scaling efficiency (one-process step time / {world_size}-rank step time, "
                  f"same per-rank batch): {eff}")

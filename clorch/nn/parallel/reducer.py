@@ -41,6 +41,8 @@ before a post-division could bring them back.
 
 With an optimizer handed over (`step_in_backward`), each bucket's parameters
 are also stepped once its all-reduce is done (`clorch.nn.parallel.overlap`).
+Copying and dividing into the slots is `clorch.nn.parallel.fill`; which CUDA
+streams copy, send and wait is `clorch.nn.parallel.streams`.
 
 Nothing here reads a device value on the host.
 """
@@ -56,7 +58,9 @@ from torch.autograd import Variable
 from clorch.distributed import collectives
 from clorch.distributed.groups import debug_enabled
 from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
+from clorch.nn.parallel.fill import BucketFiller
 from clorch.nn.parallel.overlap import BucketStepper
+from clorch.nn.parallel.streams import BackwardStreams
 
 
 class Reducer:
@@ -97,18 +101,9 @@ class Reducer:
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self._communicates = world_size > 1 if communicate is None else bool(communicate)
         device = self._params[0].device if self._params else torch.device("cpu")
-        # overlap_grad_copies on CUDA: new gradients are copied per bucket on this stream.
-        side = overlap_grad_copies and device.type == "cuda"
-        self._copy_stream = torch.cuda.Stream(device) if side else None
-        # CUDA: the stream of this backward's first hook ("home") and any other stream a hook ran
-        # on; gradients made elsewhere are copied at once, on their own stream.
-        self._cuda = device if device.type == "cuda" else None
-        self._home: torch.cuda.Stream | None = None
-        self._home_raw = 0
-        self._others: dict[int, torch.cuda.Stream] = {}
-        # overlap_grad_copies: copied gradients, kept alive until the streams that made them wait
-        # for the copy stream (then their memory is safe to reuse there).
-        self._held: list[torch.Tensor] = []
+        # overlap_grad_copies on CUDA: new gradients are copied per bucket on a copy stream.
+        self._streams = BackwardStreams(device, copy_stream=overlap_grad_copies)
+        self._filler = BucketFiller(self._params, world_size, self._streams)
         self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
@@ -128,8 +123,9 @@ class Reducer:
         size = len(bucket.param_indices)
         # Batch the bucket's copies (one multi-tensor copy when it is full) on the side stream, and
         # wherever no division is needed: fewer launches, less host time a gradient.
-        deferred = self._copy_stream is not None or (divisor == 1 and not bucket.converts)
-        cuda_index = self._cuda.index if self._cuda is not None else None
+        streams = self._streams
+        deferred = streams.copy_stream is not None or (divisor == 1 and not bucket.converts)
+        cuda_index = streams.cuda.index if streams.cuda is not None else None
         current_raw = torch._C._cuda_getCurrentRawStream if cuda_index is not None else None
 
         def hook(param: torch.Tensor) -> None:
@@ -143,8 +139,8 @@ class Reducer:
             grad = param.grad
             if grad.data_ptr() != slot_ptr:
                 # Autograd made a new tensor (.grad was None).
-                if current_raw is not None and current_raw(cuda_index) != self._home_raw:
-                    self._copy_on_other_stream(bucket, position, grad, param)
+                if current_raw is not None and current_raw(cuda_index) != streams.home_raw:
+                    self._filler.copy_now(bucket, position, grad, param)
                 elif deferred:
                     bucket.pending.append((position, grad))  # copied with the whole bucket when it is full
                 else:
@@ -166,105 +162,9 @@ class Reducer:
             "use_reentrant=True) around a parameter that is used more than once); use "
             "use_reentrant=False")
 
-    def _copy_on_other_stream(self, bucket: Bucket, position: int, grad: torch.Tensor,
-                              param: torch.Tensor) -> None:
-        """A gradient made on another stream than the backward's first: copy it now, on that stream.
-
-        (So its memory is reused there only after the copy.) Undivided where
-        the side stream divides the whole bucket or there is nothing to divide.
-        The bucket's all-reduce and `finish` wait for this stream.
-        """
-        stream = torch.cuda.current_stream(self._cuda)
-        self._others.setdefault(stream.cuda_stream, stream)
-        target = bucket.comm_views[position]
-        if bucket.converts or (self._copy_stream is None and self._divisor != 1):
-            torch.div(grad, self._divisor, out=target)
-        else:
-            target.copy_(grad)
-        param.grad = bucket.grad_views[position]
-        bucket.copied.append(position)
-
-    def _producers(self) -> list:
-        """CUDA: the streams this backward's hooks ran on (the home stream first)."""
-        return ([self._home] if self._home is not None else []) + list(self._others.values())
-
-    def _copy_pending(self, bucket: Bucket) -> None:
-        """The bucket's noted new gradients into their slots (overlap_grad_copies: on the copy stream).
-
-        One multi-tensor copy where the bucket travels in the gradients'
-        dtype (on the copy stream the division follows, for the whole bucket);
-        a pre-divided copy per gradient where it converts to reduce_dtype.
-
-        On the copy stream each gradient tensor is held until
-        `_wait_for_copies` at the end of backward, so its memory is not
-        reused before the copy has read it. That keeps up to one more set of
-        gradients alive until then; `record_stream` would free each one once
-        its copy is done, but adds an event per tensor that the allocator
-        polls on every allocation.
-        """
-        pending, bucket.pending = bucket.pending, []
-        if not pending:
-            return
-        targets, grads = [bucket.comm_views[position] for position, _ in pending], [grad for _, grad in pending]
-        if bucket.converts:
-            for target, grad in zip(targets, grads):
-                torch.div(grad, self._divisor, out=target)
-        else:
-            torch._foreach_copy_(targets, grads)
-        params, indices = self._params, bucket.param_indices
-        if self._copy_stream is not None:
-            self._held.extend(grads)
-        for position, _ in pending:
-            params[indices[position]].grad = bucket.grad_views[position]
-            bucket.copied.append(position)
-
-    def _divide_in_place_slots(self, bucket: Bucket) -> None:
-        """Pre-divide (and convert to `comm`) the slots autograd accumulated into directly, before sending."""
-        if self._divisor == 1 and not bucket.converts:
-            return
-        if not bucket.copied:
-            torch.div(bucket.flat, self._divisor, out=bucket.comm)  # one kernel for the bucket
-            return
-        done = set(bucket.copied)
-        for position, (grad_view, comm_view) in enumerate(zip(bucket.grad_views, bucket.comm_views)):
-            if position not in done:
-                torch.div(grad_view, self._divisor, out=comm_view)
-
-    def _prepare(self, bucket: Bucket) -> None:
-        """Make the bucket's `comm` hold what this rank sends: every slot filled, pre-divided.
-
-        The noted gradients are copied by the caller first (`_launch`)."""
-        if self._copy_stream is not None:
-            if not bucket.converts:
-                if self._divisor != 1:
-                    bucket.flat.div_(self._divisor)  # copied and accumulated slots alike, one kernel
-                bucket.copied = []
-                return
-        if len(bucket.copied) != len(bucket.param_indices):
-            self._divide_in_place_slots(bucket)
-        bucket.copied = []
-
     def restore_views(self) -> None:
-        """Point each `.grad` that is None (zero_grad(set_to_none=True)) back at its zeroed slot.
-
-        Called (with gradient_as_bucket_view=True) before each forward that
-        records a graph, so the coming backward accumulates straight into the
-        buckets: no gradient is allocated and none is copied. Local; a bucket
-        whose gradients are all None is zeroed with one kernel.
-        """
-        params = self._params
-        for bucket in self.buckets:
-            indices = bucket.param_indices
-            if params[indices[0]].grad is not None and params[indices[-1]].grad is not None:
-                continue  # still views (or user-set tensors, which the hooks copy)
-            unset = [position for position, i in enumerate(indices) if params[i].grad is None]
-            if len(unset) == len(indices):
-                bucket.flat.zero_()
-            else:
-                for position in unset:
-                    bucket.grad_views[position].zero_()
-            for position in unset:
-                params[indices[position]].grad = bucket.grad_views[position]
+        """Point each `.grad` that is None back at its zeroed bucket slot (see `BucketFiller.restore_views`)."""
+        self._filler.restore_views(self.buckets)
 
     @property
     def in_backward(self) -> bool:
@@ -274,9 +174,7 @@ class Reducer:
     def _start_backward(self) -> None:
         """First synchronized hook of a backward: have the engine call finish() when it ends."""
         self._in_backward = True
-        if self._cuda is not None:
-            self._home = torch.cuda.current_stream(self._cuda)
-            self._home_raw = self._home.cuda_stream
+        self._streams.start()
         Variable._execution_engine.queue_callback(self.finish)
 
     def _mark_ready(self, index: int) -> None:
@@ -296,39 +194,10 @@ class Reducer:
         overlap_grad_copies, else the current one) first waits for every
         stream this backward's hooks ran on: host-side waits only.
         """
-        stream, current = self._copy_stream, None
-        if self._one_stream_so_far():
-            self._copy_pending(bucket)  # the usual case: nothing to wait for, no stream objects made
-            self._send_prepared(bucket)
-            return
-        if self._cuda is not None:
-            current = torch.cuda.current_stream(self._cuda)
-            waiter = current if stream is None else stream
-            if stream is not None:
-                stream.wait_stream(current)
-            for producer in self._producers():
-                if producer != current:
-                    waiter.wait_stream(producer)
-        if stream is None:
-            if bucket.pending and current is not None and current != self._home:
-                with torch.cuda.stream(self._home):  # the noted gradients were made there: copy there
-                    self._copy_pending(bucket)
-                current.wait_stream(self._home)
-            else:
-                self._copy_pending(bucket)
-            self._send_prepared(bucket)
-            return
-        with torch.cuda.stream(stream):  # overlap_grad_copies: copies, all-reduce (and step) queued there
-            self._copy_pending(bucket)
-            self._send_prepared(bucket)
-
-    def _one_stream_so_far(self) -> bool:
-        """CUDA without a copy stream: every hook so far ran on the current stream (cheap to ask)."""
-        return (self._cuda is not None and self._copy_stream is None and not self._others
-                and torch._C._cuda_getCurrentRawStream(self._cuda.index) == self._home_raw)
+        self._streams.launch(self._filler.copy_pending, self._send_prepared, bucket)
 
     def _send_prepared(self, bucket: Bucket) -> None:
-        self._prepare(bucket)
+        self._filler.prepare(bucket)
         self._send(bucket)
         if self.stepper is not None and self.stepper.stream is not None and self._steps_allowed:
             self._hand_over(bucket)
@@ -400,7 +269,7 @@ class Reducer:
     def _commit_buckets(self, step: bool) -> None:
         """Wait for each bucket and bring its average into `.grad` (stepping it on CPU when asked)."""
         stepper = self.stepper
-        self._wait_for_copies()
+        self._streams.wait_for_copies()
         for bucket in self.buckets:
             work, bucket.work = bucket.work, None
             if bucket.handed:
@@ -416,27 +285,8 @@ class Reducer:
         if stepper is not None:
             stepper.join()
 
-    def _wait_for_copies(self) -> None:
-        """CUDA: order the current stream after this backward's copies (no host wait).
-
-        The current stream waits for the copy stream and for every other
-        stream the hooks ran on; with overlap_grad_copies those streams wait
-        for the copy stream too, and then the held gradients are released.
-        """
-        if self._cuda is None or self._one_stream_so_far():
-            return
-        current, side = torch.cuda.current_stream(self._cuda), self._copy_stream
-        producers = self._producers()
-        if side is not None:
-            for waiter in {current, *producers}:
-                waiter.wait_stream(side)
-        for producer in producers:
-            if producer != current:
-                current.wait_stream(producer)
-        self._held = []
-
     def _reset(self, committed: bool) -> None:
-        self._home, self._home_raw, self._others = None, 0, {}
+        self._streams.reset()
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
@@ -459,7 +309,7 @@ class Reducer:
                 except Exception:  # noqa: BLE001 - the original error is the one to report
                     pass
             bucket.filled, bucket.copied, bucket.pending, bucket.handed = 0, [], [], False
-        self._wait_for_copies()
+        self._streams.wait_for_copies()
         if self.stepper is not None:
             self.stepper.join()
         self._reset(committed=False)
@@ -482,7 +332,7 @@ class Reducer:
 
     def remove(self) -> None:
         """Remove every hook, after waiting for reductions and copies still in flight (local, no collective)."""
-        self._wait_for_copies()
+        self._streams.wait_for_copies()
         for handle in self._handles:
             handle.remove()
         self._handles = []
