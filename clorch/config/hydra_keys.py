@@ -112,7 +112,13 @@ def directory_error(key: str, value: str) -> str | None:
 
 
 def hydra_key_errors(args: Iterable[str]) -> list[str]:
-    """Every refused Hydra key, group choice or output directory among the command-line `args`."""
+    """Every refused Hydra key, group choice or output directory among the command-line `args`.
+
+    Only the output directory this command will use is checked: `hydra.sweep.dir`
+    with `-m`/`--multirun`, `hydra.run.dir` without.
+    """
+    args = list(args)
+    used_dir = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
     errors = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
@@ -121,7 +127,7 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
         if not _is_hydra(key):
             continue  # clorch's own keys: checked against the schema (and its _target_ allow-list)
         error = _key_error(key, value, group)
-        if error is None and key in ("hydra.run.dir", "hydra.sweep.dir"):
+        if error is None and key == used_dir:
             error = directory_error(key, value)
         if error is not None:
             errors.append(error)

@@ -84,6 +84,17 @@ def test_allowed_hydra_overrides_pass(tmp_path):
                              "hydra/job_logging=disabled", "optim.lr=1e-3"]) == []
 
 
+def test_only_the_output_directory_the_command_uses_is_checked(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert hydra_key_errors([f"hydra.run.dir={afile}", "-m"]) == []
+    assert hydra_key_errors([f"hydra.sweep.dir={afile}"]) == []
+    (error,) = hydra_key_errors([f"hydra.sweep.dir={afile}", "--multirun"])
+    assert "hydra.sweep.dir=" in error and "is a file" in error
+    (error,) = hydra_key_errors([f"hydra.run.dir={afile}"])
+    assert "hydra.run.dir=" in error and "is a file" in error
+
+
 def test_run_directories_must_be_new_empty_or_clorch_made(tmp_path):
     assert directory_error("hydra.run.dir", str(tmp_path / "new")) is None
     (tmp_path / "ours").mkdir()
