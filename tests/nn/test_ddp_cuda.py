@@ -241,13 +241,13 @@ def test_fp16_ddp_with_a_fused_optimizer_skips_together_without_host_syncs():
 
 def _delay_copies(reducer):
     """Make the side stream's copies land late (about 50 ms), so a missing stream wait shows."""
-    copy_pending = reducer._copy_pending
+    copy_pending = reducer._filler.copy_pending
 
     def late(bucket):
         torch.cuda._sleep(50_000_000)  # queued on the copy stream, before the copies
         copy_pending(bucket)
 
-    reducer._copy_pending = late
+    reducer._filler.copy_pending = late
 
 
 def _bucket_path_checks(rank, world_size):
@@ -366,8 +366,8 @@ def _two_stream_checks(rank, world_size):
             reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, None, divisor,
                               communicate=communicate, overlap_grad_copies=overlap)
             elsewhere = []
-            copy_on_other = reducer._copy_on_other_stream
-            reducer._copy_on_other_stream = lambda *args: (elsewhere.append(1), copy_on_other(*args))
+            copy_on_other = reducer._filler.copy_now
+            reducer._filler.copy_now = lambda *args: (elsewhere.append(1), copy_on_other(*args))
             mse(_first_layer_on(side, model, x), y).backward()
             same = all(torch.equal(p.grad, q.grad / divisor) for p, q in zip(model.parameters(), plain.parameters()))
             out[f"{divisor} {overlap}"] = {"same": same, "copied elsewhere": len(elsewhere)}
