@@ -40,6 +40,13 @@ _OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name",
 # Hydra flags that print the composed config instead of running it: checked like a run, no launch.
 _PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
 _MULTIRUN = ("-m", "--multirun")
+# Every flag of Hydra's command line. argparse also takes a unique prefix of a long flag
+# (`--multi`) and short flags run together (`-mc job`); clorch's checks compare whole flags, so
+# prefixes are written out in full and run-together short flags are refused.
+_LONG_FLAGS = ("--help", "--hydra-help", "--version", "--cfg", "--resolve", "--package", "--run",
+               "--multirun", "--shell-completion", "--config-path", "--config-name", "--config-dir",
+               "--experimental-rerun", "--info")
+_SHORT_FLAGS = ("-h", "-c", "-p", "-r", "-m", "-sc", "-cp", "-cn", "-cd", "-i")
 _failures: list[str] = []
 _config_failures: list[str] = []
 _single_run_dir: list[Path] = []  # the directory made for a single run (removed on a config error)
@@ -123,6 +130,31 @@ def _train(cfg: DictConfig) -> None:
         from clorch.engine.interrupts import Interrupted
 
         raise Interrupted(_interrupted[-1])
+
+
+def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """`args` with abbreviated long flags written in full, and the flags refused.
+
+    Refused: a short flag run together with others or with its value
+    (`-mc job`, `-cjob`: write `-m -c job`), a long flag that is no Hydra
+    flag's prefix or more than one's.
+    """
+    out, errors = [], []
+    for arg in args:
+        if arg.startswith("--") and len(arg) > 2:
+            name, sep, value = arg.partition("=")
+            matches = [flag for flag in _LONG_FLAGS if flag == name] or \
+                      [flag for flag in _LONG_FLAGS if flag.startswith(name)]
+            if len(matches) == 1:
+                arg = matches[0] + sep + value
+            else:
+                errors.append(f"{name} is not a clorch-train flag (Hydra's flags: {', '.join(_LONG_FLAGS)})"
+                              if not matches else f"{name} is ambiguous: it could be {', '.join(matches)}")
+        elif arg.startswith("-") and len(arg) > 1 and arg not in _SHORT_FLAGS:
+            errors.append(f"{arg}: write each short flag and its value separately (e.g. -m -c job); "
+                          f"the short flags are {', '.join(_SHORT_FLAGS)}")
+        out.append(arg)
+    return out, errors
 
 
 def _flags_first(args: list[str]) -> list[str]:
@@ -251,15 +283,16 @@ def train_main(argv: list[str] | None = None) -> int:
     from clorch.config.preflight import hydra_overrides, preflight
     from clorch.engine.resolve import resolve_errors
 
-    args = _flags_first(list(sys.argv[1:] if argv is None else argv))
+    args, flag_errors = _whole_flags(list(sys.argv[1:] if argv is None else argv))
+    args = _flags_first(args)
     _argv[:] = args
     flags = _flags(args)
-    if "--version" in flags:  # Hydra's own --version names only Hydra
+    if "--version" in flags and not flag_errors:  # Hydra's own --version names only Hydra
         print(_versions())
         return 0
     from clorch.config.hydra_keys import hydra_key_errors
 
-    refused = hydra_key_errors(args) + [
+    refused = flag_errors + hydra_key_errors(args) + [
         f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
         "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
         "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(_OTHER_CONFIG))]

@@ -1,6 +1,6 @@
 """`clorch-bench ddp`: clorch's DDP reducer vs torch's DDP vs one process without communication.
 
-Per rank, the same model and the same batch train under four candidates,
+Per rank, the same model and the same batch train under each candidate,
 interleaved round by round (the order rotates): clorch's
 DistributedDataParallel, clorch's with reduce_dtype="bf16", clorch's with
 gradient_as_bucket_view=True (backward accumulates into the buckets), clorch's with
@@ -8,7 +8,7 @@ the optimizer stepped bucket by bucket in backward (`step_in_backward`), torch's
 DistributedDataParallel with the same bucket cap (as constructed by default,
 and with gradient_as_bucket_view=True and static_graph=True), and the bare model (no
 communication: what one process would cost). At world size 1, where clorch's
-DDP runs no reducer, one more candidate runs the whole bucket path anyway
+DDP runs no reducer, two more candidates run the whole bucket path anyway
 (`clorch DDP bucket path`: copies into buckets, each bucket all-reduced to the
 rank itself; `... grad views` with gradient_as_bucket_view=True), and the bare
 model with an empty Python hook on every parameter (`one process, empty Python
@@ -58,6 +58,7 @@ DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
             "gpu_sample_ms": 0,
             "trace": None}
+EMPTY_HOOKS = "one process, empty Python hooks"  # world size 1: the floor for Python gradient hooks
 TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path grad views",
           "clorch DDP bucket path overlapped copies",
           "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
@@ -167,7 +168,7 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         hooked = copy.deepcopy(base)
         for param in hooked.parameters():
             param.register_post_accumulate_grad_hook(_empty_hook)
-        add("one process, empty Python hooks", hooked, work.optimizer(hooked), _plain_step)
+        add(EMPTY_HOOKS, hooked, work.optimizer(hooked), _plain_step)
     return candidates, work
 
 
@@ -240,7 +241,8 @@ def worker(ctx: dict) -> dict:
             "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
             "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),
             "ratio_overlap_torch_best": ratio(medians["clorch DDP step_in_backward"], medians["torch DDP best"]),
-            "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians}}
+            "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians
+                                   if name != EMPTY_HOOKS}}
 
 
 def _argv_args(ns: argparse.Namespace) -> dict:

@@ -19,7 +19,7 @@ from clorch._files import unwritable
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
-                "hydra.job.name", "hydra.verbose", "hydra.mode")
+                "hydra.job.name", "hydra.verbose")
 # The submitit launchers' resource keys; not `setup`, `srun_args`, `additional_parameters` or
 # `submitit_folder`, which put shell lines into the job script or write anywhere.
 LAUNCHER_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes",
@@ -64,6 +64,8 @@ def _key_error(key: str, value: str, group: bool) -> str | None:
         if key.split(".", 2)[2] in LAUNCHER_KEYS:
             return None
         return f"{key} is not allowed; hydra.launcher takes: {', '.join(LAUNCHER_KEYS)}"
+    if key == "hydra.mode":
+        return "hydra.mode is not allowed: start a sweep with -m (--multirun), a single run without it"
     if key == "hydra.job.name" and ("/" in value or value in (".", "..")):
         return f"hydra.job.name={value} is not allowed: a name, without '/'"
     if key == "hydra.sweep.subdir" and (value.startswith("/") or ".." in Path(value).parts):

@@ -49,6 +49,17 @@ def test_mlp_and_gpt_tiny_on_two_gloo_ranks():
     assert result["gpt"]["scaling_efficiency"]["one process"] == 1.0
 
 
+@pytest.mark.timeout(120)
+def test_gpt_tiny_on_one_gloo_rank_runs_the_bucket_path_candidates():
+    result = run_ranks(_both_workloads, 1, "cpu", timeout=100)[0]
+    names = list(result["gpt"]["medians_s"])
+    assert names == [*CANDIDATES[:1], "clorch DDP bucket path", "clorch DDP bucket path grad views",
+                     *CANDIDATES[1:], ddp.EMPTY_HOOKS]
+    assert ddp.EMPTY_HOOKS not in result["gpt"]["scaling_efficiency"]
+    summary = result["gpt"]["table"].split("scaling efficiency", 1)[1]
+    assert "clorch DDP bucket path grad views" in summary and "empty Python hooks" not in summary
+
+
 @pytest.mark.cuda
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world_size", list(range(1, torch.cuda.device_count() + 1)) or [1])

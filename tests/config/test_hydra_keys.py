@@ -145,3 +145,19 @@ def test_flags_that_would_load_an_unchecked_config_are_refused(tmp_path):
     assert done.returncode == 2
     for flag in ("--config-dir", "--config-name", "--experimental-rerun"):
         assert f"{flag} is not supported by clorch-train" in done.stderr
+
+
+def test_abbreviated_and_run_together_flags_cannot_slip_past_the_checks(tmp_path):
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("")
+    done = _cli(["--config-d", str(tmp_path), "--multi", f"hydra.sweep.dir={foreign}", "-mcjob", "--r",
+                 "--nosuchflag", "hydra.mode=MULTIRUN"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--config-dir is not supported by clorch-train" in done.stderr  # --config-d written in full
+    assert "holds files clorch did not write (thesis.tex)" in done.stderr  # --multi counts as -m
+    assert "-mcjob: write each short flag and its value separately" in done.stderr
+    assert "--r is ambiguous: it could be --resolve, --run" in done.stderr
+    assert "--nosuchflag is not a clorch-train flag" in done.stderr
+    assert "hydra.mode is not allowed: start a sweep with -m" in done.stderr
+    assert sorted(p.name for p in foreign.iterdir()) == ["thesis.tex"]

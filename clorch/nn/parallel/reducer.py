@@ -102,9 +102,8 @@ class Reducer:
         self._communicates = world_size > 1 if communicate is None else bool(communicate)
         device = self._params[0].device if self._params else torch.device("cpu")
         # overlap_grad_copies on CUDA: new gradients are copied per bucket on a copy stream.
-        self._streams = BackwardStreams(device, copy_stream=overlap_grad_copies)
+        self._streams = BackwardStreams(device, overlap_grad_copies)
         self._filler = BucketFiller(self._params, world_size, self._streams)
-        self._divisor = world_size
         self._steps_allowed = True  # False while finish() reduces buckets a missing gradient left
         self.stepper: BucketStepper | None = None  # set by step_in_backward
         self.param_ids = frozenset(id(p) for p in self._params)
@@ -119,7 +118,7 @@ class Reducer:
         grad_view = bucket.grad_views[position]
         comm_view = bucket.comm_views[position]
         slot_ptr = grad_view.data_ptr()
-        divisor = self._divisor
+        divisor = self._filler.divisor
         size = len(bucket.param_indices)
         # Batch the bucket's copies (one multi-tensor copy when it is full) on the side stream, and
         # wherever no division is needed: fewer launches, less host time a gradient.

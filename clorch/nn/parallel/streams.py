@@ -10,7 +10,8 @@ stream of the reducer's (the copy stream), so the copies overlap the rest of
 backward.
 
 Every wait here is a stream wait (ordered on the device); none blocks the
-host. On CPU there are no streams and every method does nothing.
+host. On CPU there are no streams: `launch` copies and sends, and the waits
+do nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ class BackwardStreams:
 
     Args:
         device: the device of the model's parameters.
-        copy_stream: on CUDA, make a copy stream for overlapped copies
-            (ignored on CPU).
+        overlap_grad_copies: on CUDA, make a copy stream (`copy_stream`) that
+            copies and sends full buckets (ignored on CPU).
     """
 
-    def __init__(self, device: torch.device, copy_stream: bool):
+    def __init__(self, device: torch.device, overlap_grad_copies: bool):
         self.cuda = device if device.type == "cuda" else None
-        self.copy_stream = torch.cuda.Stream(device) if copy_stream and self.cuda is not None else None
+        side = overlap_grad_copies and self.cuda is not None
+        self.copy_stream: torch.cuda.Stream | None = torch.cuda.Stream(device) if side else None
         self.home: torch.cuda.Stream | None = None
         self.home_raw = 0  # the home stream's handle, what hooks compare the current stream with
         self._others: dict[int, torch.cuda.Stream] = {}
@@ -46,7 +48,7 @@ class BackwardStreams:
             self.home_raw = self.home.cuda_stream
 
     def note_current(self) -> None:
-        """A hook runs on another stream than home: bucket sends and the end of backward wait for it."""
+        """CUDA: a hook runs on another stream than home; bucket sends and the end of backward wait for it."""
         stream = torch.cuda.current_stream(self.cuda)
         self._others.setdefault(stream.cuda_stream, stream)
 
@@ -68,9 +70,12 @@ class BackwardStreams:
         """Run `copy(bucket)` then `send(bucket)` on the stream that copies and sends.
 
         That is the copy stream if there is one, else the current stream; it
-        first waits for every stream this backward's hooks ran on. Noted
-        gradients are copied on the home stream, where they were made, so
-        their memory is not reused there before the copy has read it.
+        first waits for every stream this backward's hooks ran on. On the copy
+        stream, the gradients it reads are held (`hold`) until
+        `wait_for_copies`. Without one, noted gradients are copied on the home
+        stream, where they were made (the current stream may be another, when
+        a bucket fills in a hook that runs elsewhere), so their memory is not
+        reused there before the copy has read it.
         """
         if self.cuda is None or self.one_stream_so_far():
             copy(bucket)  # the usual case: nothing to wait for, no stream objects made
