@@ -141,7 +141,9 @@ def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     """
     out, errors = [], []
     for arg in args:
-        if arg.startswith("--") and len(arg) > 2:
+        if arg == "--":  # argparse's end of flags: left to Hydra
+            pass
+        elif arg.startswith("--"):
             name, sep, value = arg.partition("=")
             matches = [flag for flag in _LONG_FLAGS if flag == name] or \
                       [flag for flag in _LONG_FLAGS if flag.startswith(name)]
