@@ -2,25 +2,24 @@
 
 Nothing launches on a bad config: `check_config` returns a list of messages,
 each naming the key, the value received and what is allowed, and
-`ConfigError` carries them all.
+`ConfigError` carries them all. Each section's keys, types and value rules
+are checked by `clorch.config.fields`; here are the group choices, the rules
+that tie keys together, and the `_target_` checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import inspect
-import math
 import os
-import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import schema
-from clorch.config.composer import format_value
+from clorch.config.fields import check_section, did_you_mean, non_finite
 from clorch.config.targets import check_target, find_targets, resolve_target
 from clorch.env import restart_count
 
@@ -47,157 +46,6 @@ class ConfigError(ValueError):
         self.errors = list(errors)
         lines = "\n".join(f"  - {e}" for e in self.errors)
         super().__init__(f"{len(self.errors)} config error(s):\n{lines}")
-
-
-def _type_name(annotation: Any) -> str:
-    if annotation is type(None):
-        return "null"
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Literal:
-        return "one of " + ", ".join(_shown(a) for a in args)
-    if typing.get_origin(annotation) is typing.Union:
-        return " or ".join(_type_name(a) for a in args)
-    if typing.get_origin(annotation) is list:
-        return f"a list of {_type_name(args[0])}"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _shown(value: Any) -> str:
-    return "null" if value is None else str(value)
-
-
-def _literals(annotation: Any) -> tuple[Any, ...]:
-    """The values a Literal annotation allows (also inside Optional/Union), else ()."""
-    if typing.get_origin(annotation) is typing.Literal:
-        return typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Union:
-        return tuple(v for a in typing.get_args(annotation) for v in _literals(a))
-    return ()
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return any(value == a and type(value) is type(a) for a in typing.get_args(annotation))
-    if origin is typing.Union:
-        return any(_matches(value, a) for a in typing.get_args(annotation))
-    if origin is list:
-        (inner,) = typing.get_args(annotation)
-        return isinstance(value, (list, tuple)) and all(_matches(v, inner) for v in value)
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
-
-
-def _non_finite(value: Any) -> bool:
-    """Whether `value` is or holds inf or nan (JSON and the engine cannot carry them)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, (list, tuple)):
-        return any(_non_finite(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(_non_finite(v) for v in value.values())
-    return False
-
-
-def _rule_errors(key: str, value: Any, meta: Mapping[str, Any]) -> list[str]:
-    if isinstance(value, (list, tuple)) and "length" in meta:
-        if len(value) != meta["length"] or _rule_errors(key, value, meta["items"]) \
-                or any(_rule_errors(key, v, meta["items"]) for v in value):
-            return [f"{key} must be {meta['length']} numbers {meta['words']}, got {list(value)!r}"]
-        return []
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return []
-    for name, test, words in (("gt", lambda v, b: v > b, "> "), ("ge", lambda v, b: v >= b, ">= "),
-                              ("lt", lambda v, b: v < b, "< "), ("le", lambda v, b: v <= b, "<= ")):
-        if name in meta and not test(value, meta[name]):
-            unit = f" ({meta['unit']})" if "unit" in meta else ""
-            return [f"{key} must be {words}{meta[name]}{unit}, got {value!r}"]
-    return []
-
-
-def _did_you_mean(key: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f"did you mean {close[0]}? " if close else ""
-
-
-def _unknown_key(prefix: str, key: str, fields: Mapping[str, Any], owner: str | None,
-                 siblings: Mapping[str, type]) -> str:
-    """The error for a key the schema does not have, naming the option it belongs to if any."""
-    full, allowed = f"{prefix}{key}", ", ".join(fields)
-    if owner is not None:
-        group, option = owner.split("=")
-        others = [name for name, cls in siblings.items()
-                  if name != option and key in {f.name for f in dataclasses.fields(cls)}]
-        if others:
-            return (f"{full} is not a key of {owner} (it belongs to {group}={' / '.join(others)}); "
-                    f"{owner} takes: {allowed}")
-    return f"{full} is not a known key; {_did_you_mean(key, fields)}allowed: {allowed}"
-
-
-def _value_errors(full: str, value: Any, annotation: Any, meta: Mapping[str, Any]) -> list[str]:
-    if _non_finite(value):
-        what = "hold only finite numbers" if isinstance(value, (list, tuple)) else "be a finite number"
-        return [f"{full} must {what}, got {value!r}"]
-    choices = _literals(annotation)
-    members = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else ()
-    others = [f"an {_type_name(a)}".replace("an int", "an integer") for a in members
-              if typing.get_origin(a) is not typing.Literal and a is not type(None)]
-    if choices and others and (not _matches(value, annotation) or _rule_errors(full, value, meta)):
-        # One wording whatever is wrong: `auto` or an integer >= 1, for 0 and for "many" alike.
-        bound = next((f" {words}{meta[name]}" for name, words in
-                      (("gt", "> "), ("ge", ">= "), ("lt", "< "), ("le", "<= ")) if name in meta), "")
-        shown = " or ".join(_shown(c) for c in choices)
-        return [f"{full} must be {shown} or {' or '.join(others)}{bound}, got {value!r}"]
-    if choices and not _matches(value, annotation):
-        allowed = ", ".join(_shown(c) for c in choices) + "".join(f", or {o}" for o in others)
-        return [f"{full}={value!r} is not allowed; choose one of: {allowed}"]
-    if not _matches(value, annotation):
-        return [f"{full} must be {_type_name(annotation)}, got {value!r}"]
-    return _rule_errors(full, value, meta)
-
-
-def check_section(prefix: str, values: Mapping[str, Any], cls: type, owner: str | None = None,
-                  siblings: Mapping[str, type] | None = None) -> list[str]:
-    """Check one section against its dataclass: unknown and missing keys, types, rules.
-
-    Args:
-        prefix: the section's key path with a trailing dot ("optim."), or "" at the top.
-        values: the section's values.
-        cls: its schema dataclass.
-        owner: "group=option" the section is (named in errors), or None.
-        siblings: the group's other options' schemas, to say which option a stray key belongs to.
-    """
-    errors = []
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key, value in values.items():
-        full = f"{prefix}{key}"
-        if key == "_target_":
-            continue  # reported by _target_errors
-        if key not in fields:
-            errors.append(_unknown_key(prefix, key, fields, owner, siblings or {}))
-            continue
-        annotation = hints[key]
-        if dataclasses.is_dataclass(annotation):
-            if isinstance(value, Mapping):
-                errors += check_section(f"{full}.", value, annotation)
-            else:
-                errors.append(f"{full} must be a mapping, got {value!r}")
-        else:
-            errors += _value_errors(full, value, annotation, fields[key].metadata)
-    for key, f in fields.items():
-        if key not in values:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
-            where = f" of {owner}" if owner else ""
-            errors.append(f"{prefix}{key} is missing (removed with ~{prefix}{key}?): every key{where} "
-                          f"needs a value; its default is {format_value(shown)}")
-    return errors
 
 
 def _option_of(group: str, values: Mapping[str, Any]) -> tuple[str | None, list[str]]:
@@ -257,7 +105,7 @@ def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
             allowed = ", ".join([*known, *(f"{g} (group)" for g in groups)])
             nested = _group_keys_named(key)
             hint = (f"did you mean {' or '.join(nested)}? " if nested
-                    else _did_you_mean(key, [*known, *groups]))
+                    else did_you_mean(key, [*known, *groups]))
             errors.append(f"{key} is not a known key; {hint}allowed: {allowed}")
     return errors, check_section("", {k: v for k, v in top.items() if k in known}, schema.TopConfig)
 
@@ -274,7 +122,7 @@ def _user_model_errors(values: Mapping[str, Any]) -> list[str]:
     `name` is ignored; null values are left out (the data fills its sizes), as
     clorch.engine.components.build_raw_model does.
     """
-    errors = [f"model.{k} must be a finite number, got {v!r}" for k, v in values.items() if _non_finite(v)]
+    errors = [f"model.{k} must be a finite number, got {v!r}" for k, v in values.items() if non_finite(v)]
     target = values["_target_"]
     if check_target("model._target_", target):
         return errors  # reported by _target_errors
