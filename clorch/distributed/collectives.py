@@ -91,6 +91,7 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
 
 
 _TORCH_OPS = {value: name for name, value in OPS.items()}
+_PLAIN_OPS = {name: value for name, value in OPS.items() if name != "avg"}  # no division after
 
 
 def _op_name(op: object) -> str:
@@ -130,8 +131,31 @@ def _run(work: dist.Work | None, async_op: bool, finish: Callable[[], None] | No
     return None
 
 
+def _fast_group(tensor: object, op: object):
+    """The reduce op when the usual call needs none of the checks below, else None.
+
+    That is: a group clorch made, not in debug mode, a plain tensor already on
+    the group's device and contiguous, and an op named by a string that needs
+    no division after (not "avg"). Each check costs tens of nanoseconds; the
+    full path costs about a microsecond more a call.
+    """
+    state = pg._state  # set by clorch's init_process_group, cleared by its destroy
+    if (state is None or state.debug or type(op) is not str or type(tensor) is not torch.Tensor
+            or tensor.device != state.device or not tensor.is_contiguous()):
+        return None
+    return _PLAIN_OPS.get(op)
+
+
 def all_reduce(tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
     """Reduce `tensor` across all ranks; every rank ends with the result. All ranks call."""
+    reduce_op = _fast_group(tensor, op)
+    if reduce_op is not None:
+        try:
+            work = dist.all_reduce(tensor, reduce_op, None, async_op)
+        except Exception:
+            _require_group()  # the group was destroyed with torch.distributed directly: say so
+            raise
+        return Work(work) if async_op else None
     op = _op_name(op)
     _require_group()
     _check_tensor("tensor", tensor)

@@ -86,6 +86,26 @@ def test_collective_outside_a_group_is_a_clear_error():
     _raises(lambda: cd.all_reduce(torch.ones(1)), RuntimeError, ["no process group is initialized"])
 
 
+def _group_destroyed_by_torch(rank: int, world_size: int) -> tuple[float, str]:
+    import torch.distributed as dist
+
+    total = torch.ones(2)
+    cd.all_reduce(total)  # the usual call: a clorch group, a plain contiguous tensor on its device
+    dist.destroy_process_group()  # behind clorch's back
+    try:
+        cd.all_reduce(torch.ones(1))
+    except RuntimeError as exc:
+        return total[0].item(), str(exc)
+    finally:
+        cd.destroy_process_group()
+    return total[0].item(), "no error"
+
+
+def test_a_group_destroyed_with_torch_directly_is_a_clear_error():
+    for total, message in run_ranks(_group_destroyed_by_torch, 2):
+        assert total == 2.0 and "no process group is initialized" in message
+
+
 def _split_mismatch(rank: int, world_size: int) -> str:
     # Rank 0 sends 1 row to rank 1, but rank 1 expects 2 from rank 0: without the check, gloo aborts.
     tensor = torch.randn(3, 2)
