@@ -136,7 +136,7 @@ def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     """`args` with abbreviated long flags written in full, and the flags refused.
 
     Refused: a short flag run together with others or with its value
-    (`-mc job`, `-cjob`: write `-m -c job`), a long flag that is no Hydra
+    (`-mc job`, `-cjob`: write `-m -c job` or `-c=job`), a long flag that is no Hydra
     flag's prefix or more than one's.
     """
     out, errors = [], []
@@ -152,7 +152,7 @@ def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
             else:
                 errors.append(f"{name} is not a clorch-train flag (Hydra's flags: {', '.join(_LONG_FLAGS)})"
                               if not matches else f"{name} is ambiguous: it could be {', '.join(matches)}")
-        elif arg.startswith("-") and len(arg) > 1 and arg not in _SHORT_FLAGS:
+        elif arg.startswith("-") and len(arg) > 1 and arg.split("=")[0] not in _SHORT_FLAGS:
             errors.append(f"{arg}: write each short flag and its value separately (e.g. -m -c job); "
                           f"the short flags are {', '.join(_SHORT_FLAGS)}")
         out.append(arg)

@@ -126,6 +126,10 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, value, group = _parts(arg)
+        package = key.partition("@")[2].removeprefix("_global_.")
+        if _is_hydra(package):  # `+recipe@hydra=x` would put a config's keys under hydra unchecked
+            errors.append(f"{arg} is not allowed: a config group may not be placed under hydra")
+            continue
         if not _is_hydra(key):
             continue  # clorch's own keys: checked against the schema (and its _target_ allow-list)
         error = _key_error(key, value, group)

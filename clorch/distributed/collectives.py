@@ -105,7 +105,7 @@ def _op_name(op: object) -> str:
 
 
 def _op(op: str, tensor: torch.Tensor) -> dist.ReduceOp:
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)} (or torch's ReduceOp.SUM, ...), got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise ValueError(f"op 'avg' needs a floating-point tensor, got dtype {tensor.dtype}")

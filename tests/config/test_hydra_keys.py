@@ -161,3 +161,23 @@ def test_abbreviated_and_run_together_flags_cannot_slip_past_the_checks(tmp_path
     assert "--nosuchflag is not a clorch-train flag" in done.stderr
     assert "hydra.mode is not allowed: start a sweep with -m" in done.stderr
     assert sorted(p.name for p in foreign.iterdir()) == ["thesis.tex"]
+
+
+def test_a_config_group_placed_under_hydra_is_refused(tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "sneaky.yaml").write_text("callbacks: {x: {_target_: builtins.print, _args_: [PWNED]}}\n")
+    for arg in ("+recipe@hydra=sneaky", "+recipe@hydra.callbacks=sneaky", "+recipe@_global_.hydra=sneaky"):
+        (error,) = hydra_key_errors([arg])
+        assert f"{arg} is not allowed: a config group may not be placed under hydra" in error
+    done = subprocess.run([sys.executable, "-m", "clorch.cli", "+recipe@hydra=sneaky"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CLORCH_RECIPE_PATH": str(recipes)})
+    assert done.returncode == 2 and "PWNED" not in done.stdout + done.stderr
+
+
+def test_a_short_flag_with_its_value_after_an_equals_sign_is_read():
+    done = _cli(["-c=job", "+recipe=cpu_smoke"], ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "backend: gloo" in done.stdout
+

@@ -21,6 +21,7 @@ def _raises(fn, exc, fragments):
 def _bad_arguments(rank: int, world_size: int) -> None:
     x = torch.randn(4, 3)
     _raises(lambda: cd.all_reduce(x, op="mean"), ValueError, ["op must be one of", "'mean'", "avg"])
+    _raises(lambda: cd.all_reduce(x, op=["sum"]), ValueError, ["op must be one of", "['sum']"])
     _raises(lambda: cd.all_reduce(torch.randn(4, 3).t()), ValueError, ["tensor must be contiguous"])
     _raises(lambda: cd.all_reduce([1, 2]), TypeError, ["tensor must be a torch.Tensor", "list"])
     _raises(lambda: cd.all_reduce(torch.arange(4), op="avg"), ValueError, ["floating-point", "int64"])
