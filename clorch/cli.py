@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from clorch.config.checks import EXIT_STATUS as CONFIG_EXIT_STATUS, ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
+from clorch.config.hydra_keys import MULTIRUN_FLAGS
 from clorch.launch.external import detect as detect_external
 
 EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
@@ -39,7 +40,7 @@ _OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name",
                  "--experimental-rerun")
 # Hydra flags that print the composed config instead of running it: checked like a run, no launch.
 _PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
-_MULTIRUN = ("-m", "--multirun")
+_MULTIRUN = MULTIRUN_FLAGS
 # Every flag of Hydra's command line. argparse also takes a unique prefix of a long flag
 # (`--multi`) and short flags run together (`-mc job`); clorch's checks compare whole flags, so
 # prefixes are written out in full and run-together short flags are refused.

@@ -17,6 +17,7 @@ from typing import Iterable
 
 from clorch._files import unwritable
 
+MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's flags for a sweep (written in full: see clorch.cli)
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
                 "hydra.job.name", "hydra.verbose")
@@ -120,7 +121,7 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
     with `-m`/`--multirun`, `hydra.run.dir` without.
     """
     args = list(args)
-    used_dir = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
+    used_dir = "hydra.sweep.dir" if any(arg in MULTIRUN_FLAGS for arg in args) else "hydra.run.dir"
     errors = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg:

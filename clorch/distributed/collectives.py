@@ -131,7 +131,7 @@ def _run(work: dist.Work | None, async_op: bool, finish: Callable[[], None] | No
     return None
 
 
-def _fast_group(tensor: object, op: object):
+def _fast_op(tensor: object, op: object):
     """The reduce op when the usual call needs none of the checks below, else None.
 
     That is: a group clorch made, not in debug mode, a plain tensor already on
@@ -148,7 +148,7 @@ def _fast_group(tensor: object, op: object):
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
     """Reduce `tensor` across all ranks; every rank ends with the result. All ranks call."""
-    reduce_op = _fast_group(tensor, op)
+    reduce_op = _fast_op(tensor, op)
     if reduce_op is not None:
         try:
             work = dist.all_reduce(tensor, reduce_op, None, async_op)

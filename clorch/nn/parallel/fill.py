@@ -29,7 +29,7 @@ class BucketFiller:
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], divisor: int, streams: BackwardStreams):
-        self.params = list(params)
+        self.params = params  # the reducer's list, shared
         self.divisor = divisor
         self.streams = streams
 
