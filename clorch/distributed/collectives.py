@@ -134,14 +134,15 @@ def _run(work: dist.Work | None, async_op: bool, finish: Callable[[], None] | No
 def _fast_op(tensor: object, op: object):
     """The reduce op when the usual call needs none of the checks below, else None.
 
-    That is: a group clorch made, not in debug mode, a plain tensor already on
+    That is: a group clorch made and torch has not replaced since (checked on
+    every call: about 0.05 us), not in debug mode, a plain tensor already on
     the group's device and contiguous, and an op named by a string that needs
     no division after (not "avg"). Each check costs tens of nanoseconds; the
     full path costs about a microsecond more a call.
     """
-    state = pg._state  # set by clorch's init_process_group, cleared by its destroy
-    if (state is None or state.debug or type(op) is not str or type(tensor) is not torch.Tensor
-            or tensor.device != state.device or not tensor.is_contiguous()):
+    state = pg._state  # clorch's record of the group it made (inlined pg._live_state())
+    if (state is None or state.group is not pg._default_group() or state.debug or type(op) is not str
+            or type(tensor) is not torch.Tensor or tensor.device != state.device or not tensor.is_contiguous()):
         return None
     return _PLAIN_OPS.get(op)
 

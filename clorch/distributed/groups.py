@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -31,9 +31,39 @@ class _GroupState:
     backend: str
     device: torch.device
     debug: bool
+    group: object  # the default process group clorch made: torch may replace it behind our back
 
 
 _state: _GroupState | None = None
+
+
+def _default_group_reader() -> Callable[[], object]:
+    """A function returning torch's default process group (None when there is none).
+
+    torch keeps it in `_world._default_pg`; reading that attribute skips the ~0.1 us of the
+    public `dist.group.WORLD` property, which counts on the collectives' fast path.
+    Any other torch layout gets the public property.
+    """
+    world = getattr(dist.distributed_c10d, "_world", None) if dist.is_available() else None
+    if world is not None and "_default_pg" in vars(world):
+        return lambda: world._default_pg
+    return lambda: dist.group.WORLD
+
+
+_default_group = _default_group_reader()
+
+
+def _live_state() -> _GroupState | None:
+    """What clorch recorded at init about the default group, or None.
+
+    None outside a clorch-made group, and also when the group was destroyed (and
+    perhaps made again) with torch.distributed directly: clorch's record then
+    describes a group that is gone, so every query falls back to asking torch.
+    """
+    state = _state
+    if state is not None and state.group is not _default_group():
+        return None
+    return state
 
 
 def resolve_backend(backend: str) -> str:
@@ -182,7 +212,7 @@ def init_process_group(
     except BaseException:
         dist.destroy_process_group()
         raise
-    _state = _GroupState(env=env, backend=name, device=device, debug=debug_on)
+    _state = _GroupState(env=env, backend=name, device=device, debug=debug_on, group=_default_group())
 
 
 def destroy_process_group() -> None:
@@ -227,22 +257,25 @@ def world_size() -> int:
 
 def local_rank() -> int:
     """Rank within this node; 0 outside a group."""
-    if _state is not None:
-        return _state.env.local_rank
+    state = _live_state()
+    if state is not None:
+        return state.env.local_rank
     return int(os.environ.get("LOCAL_RANK", 0)) if is_initialized() else 0
 
 
 def local_world_size() -> int:
     """Ranks on this node; 1 outside a group."""
-    if _state is not None:
-        return _state.env.local_world_size
+    state = _live_state()
+    if state is not None:
+        return state.env.local_world_size
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size())) if is_initialized() else 1
 
 
 def backend() -> str | None:
     """"nccl" or "gloo" inside a group, None outside."""
-    if _state is not None and dist.is_initialized():
-        return _state.backend  # known since init: no look-up on the collectives' fast path
+    state = _live_state()
+    if state is not None:
+        return state.backend  # known since init: no look-up on the collectives' path
     return str(dist.get_backend()) if is_initialized() else None
 
 
@@ -253,8 +286,9 @@ def device() -> torch.device:
     scripts do) with nccl, that is the current CUDA device: call
     `torch.cuda.set_device(local_rank)` first, as with torch.
     """
-    if _state is not None:
-        return _state.device
+    state = _live_state()
+    if state is not None:
+        return state.device
     if is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -265,8 +299,9 @@ def debug_enabled() -> bool:
 
     For a group made by torch directly, CLORCH_DEBUG_COLLECTIVES decides.
     """
-    if _state is not None:
-        return _state.debug
+    state = _live_state()
+    if state is not None:
+        return state.debug
     return is_initialized() and _debug_enabled(None)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import clorch.distributed as cd
+from clorch.distributed import groups as pg
 from tests.harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,6 +106,34 @@ def _group_destroyed_by_torch(rank: int, world_size: int) -> tuple[float, str]:
 def test_a_group_destroyed_with_torch_directly_is_a_clear_error():
     for total, message in run_ranks(_group_destroyed_by_torch, 2):
         assert total == 2.0 and "no process group is initialized" in message
+
+
+def _group_remade_by_torch(rank: int, world_size: int) -> tuple[bool, bool, str, float]:
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    made_with_debug = pg.debug_enabled()
+    dist.destroy_process_group()  # behind clorch's back, then a new group made with torch alone
+    os.environ["CLORCH_DEBUG_COLLECTIVES"] = "0"
+    path = os.path.join(tempfile.gettempdir(), f"clorch-remade-{os.environ['MASTER_PORT']}")
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world_size)
+    try:
+        total = torch.ones(1)
+        cd.all_reduce(total)
+        return made_with_debug, pg.debug_enabled(), cd.backend(), total.item()
+    finally:
+        dist.barrier()
+        cd.destroy_process_group()
+        if rank == 0 and os.path.exists(path):
+            os.remove(path)
+
+
+def test_a_group_remade_with_torch_directly_is_described_by_torch():
+    # clorch's record of the group it made (debug mode here) must not outlive that group.
+    results = run_ranks(_group_remade_by_torch, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=60)
+    assert results == [(True, False, "gloo", 2.0)] * 2
 
 
 def _split_mismatch(rank: int, world_size: int) -> str:
