@@ -138,13 +138,17 @@ def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
 
     Refused: a short flag run together with others or with its value
     (`-mc job`, `-cjob`: write `-m -c job` or `-c=job`), a long flag that is no Hydra
-    flag's prefix or more than one's.
+    flag's prefix or more than one's, a flag after `--` (which is dropped: every
+    argument that is not a flag is an override already).
     """
     out, errors = [], []
+    if "--" in args:  # argparse's end of flags: what follows is overrides, which never start with '-'
+        end = args.index("--")
+        errors += [f"{arg} comes after '--', so it would be read as an override, and an override cannot "
+                   "start with '-': put flags before '--'" for arg in args[end + 1:] if arg.startswith("-")]
+        args = args[:end] + [arg for arg in args[end + 1:] if not arg.startswith("-")]
     for arg in args:
-        if arg == "--":  # argparse's end of flags: left to Hydra
-            pass
-        elif arg.startswith("--"):
+        if arg.startswith("--"):
             name, sep, value = arg.partition("=")
             matches = [flag for flag in _LONG_FLAGS if flag == name] or \
                       [flag for flag in _LONG_FLAGS if flag.startswith(name)]
@@ -299,8 +303,8 @@ def train_main(argv: list[str] | None = None) -> int:
         f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
         "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
         "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(_OTHER_CONFIG))]
-    if refused:
-        print_config_errors(refused)
+    if refused:  # shown with the config's own errors, so that one try lists every error
+        print_config_errors(refused + _errors_beside_refused(args, flags))
         return EXIT_CONFIG
     try:
         args = rewrite_recipe_overrides(args)
@@ -344,6 +348,25 @@ def train_main(argv: list[str] | None = None) -> int:
         _remove_refused(created if not multirun else None)
         _remove_if_empty(created)
         _single_run_dir.clear()
+
+
+def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
+    """The config errors of the overrides that were not refused (none of Hydra's keys).
+
+    Composing them is safe: recipes may set no Hydra key (clorch.config.composer).
+    """
+    from clorch.config.hydra_keys import touches_hydra
+    from clorch.config.preflight import grammar_errors, preflight
+    from clorch.engine.resolve import resolve_errors
+
+    overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
+    if flags & set(_OTHER_CONFIG):
+        return []  # the user meant another config: clorch's errors would be beside the point
+    try:
+        overrides = rewrite_recipe_overrides(overrides)
+        return preflight(overrides, resolve_errors)
+    except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
+        return grammar_errors(overrides) or [str(exc)]
 
 
 def split_errors(overrides: list[str]) -> list[str]:

@@ -50,6 +50,12 @@ def _is_hydra(key: str) -> bool:
     return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
+def touches_hydra(arg: str) -> bool:
+    """Whether a command-line override sets one of Hydra's keys or places a group under hydra."""
+    key = _parts(arg)[0]
+    return _is_hydra(key) or _is_hydra(key.partition("@")[2].removeprefix("_global_."))
+
+
 def _key_error(key: str, value: str, group: bool) -> str | None:
     if group:
         allowed = ALLOWED_CHOICES.get(key)
@@ -127,8 +133,7 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, value, group = _parts(arg)
-        package = key.partition("@")[2].removeprefix("_global_.")
-        if _is_hydra(package):  # `+recipe@hydra=x` would put a config's keys under hydra unchecked
+        if touches_hydra(arg) and not _is_hydra(key):  # `+recipe@hydra=x` would put a config's keys under hydra unchecked
             errors.append(f"{arg} is not allowed: a config group may not be placed under hydra")
             continue
         if not _is_hydra(key):

@@ -181,3 +181,22 @@ def test_a_short_flag_with_its_value_after_an_equals_sign_is_read():
     assert done.returncode == 0, done.stderr
     assert "backend: gloo" in done.stdout
 
+
+
+def test_a_refused_hydra_key_is_reported_with_the_configs_own_errors(tmp_path):
+    done = _cli(["hydra.callbacks.x._target_=os.system", "optim.lr=-1", "model=nosuch"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "3 config error(s)" in done.stderr
+    assert "hydra.callbacks.x._target_ is not allowed" in done.stderr
+    assert "optim.lr must be > 0, got -1" in done.stderr
+    assert "model=nosuch is not allowed; choose one of: gpt, mlp" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no run directory
+
+
+def test_flags_after_a_double_dash_are_refused_and_the_rest_read_as_overrides(tmp_path):
+    done = _cli(["--", "+recipe=cpu_smoke", "-m"], tmp_path)
+    assert done.returncode == 2
+    assert "-m comes after '--', so it would be read as an override" in done.stderr
+    done = _cli(["-c", "job", "--", "+recipe=cpu_smoke"], ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "backend: gloo" in done.stdout
