@@ -28,26 +28,11 @@ from omegaconf import DictConfig
 
 from clorch.config.checks import EXIT_STATUS as CONFIG_EXIT_STATUS, ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
-from clorch.config.hydra_keys import MULTIRUN_FLAGS
+from clorch.config.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set,
+                                        flags_first, whole_flags)
 from clorch.launch.external import detect as detect_external
 
 EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
-# Hydra flags that only print something that is not the job's config: no preflight, no launch.
-_PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
-# Hydra flags that would compose or load something other than clorch's config, unchecked (another
-# primary config may declare Hydra callbacks; a rerun file is a pickle): refused.
-_OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                 "--experimental-rerun")
-# Hydra flags that print the composed config instead of running it: checked like a run, no launch.
-_PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
-_MULTIRUN = MULTIRUN_FLAGS
-# Every flag of Hydra's command line. argparse also takes a unique prefix of a long flag
-# (`--multi`) and short flags run together (`-mc job`); clorch's checks compare whole flags, so
-# prefixes are written out in full and run-together short flags are refused.
-_LONG_FLAGS = ("--help", "--hydra-help", "--version", "--cfg", "--resolve", "--package", "--run",
-               "--multirun", "--shell-completion", "--config-path", "--config-name", "--config-dir",
-               "--experimental-rerun", "--info")
-_SHORT_FLAGS = ("-h", "-c", "-p", "-r", "-m", "-sc", "-cp", "-cn", "-cd", "-i")
 _failures: list[str] = []
 _config_failures: list[str] = []
 _single_run_dir: list[Path] = []  # the directory made for a single run (removed on a config error)
@@ -133,52 +118,6 @@ def _train(cfg: DictConfig) -> None:
         raise Interrupted(_interrupted[-1])
 
 
-def _whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
-    """`args` with abbreviated long flags written in full, and the flags refused.
-
-    Refused: a short flag run together with others or with its value
-    (`-mc job`, `-cjob`: write `-m -c job` or `-c=job`), a long flag that is no Hydra
-    flag's prefix or more than one's, a flag after `--` (which is dropped: every
-    argument that is not a flag is an override already).
-    """
-    out, errors = [], []
-    if "--" in args:  # argparse's end of flags: what follows is overrides, which never start with '-'
-        end = args.index("--")
-        errors += [f"{arg} comes after '--', so it would be read as an override, and an override cannot "
-                   "start with '-': put flags before '--'" for arg in args[end + 1:] if arg.startswith("-")]
-        args = args[:end] + [arg for arg in args[end + 1:] if not arg.startswith("-")]
-    for arg in args:
-        if arg.startswith("--"):
-            name, sep, value = arg.partition("=")
-            matches = [flag for flag in _LONG_FLAGS if flag == name] or \
-                      [flag for flag in _LONG_FLAGS if flag.startswith(name)]
-            if len(matches) == 1:
-                arg = matches[0] + sep + value
-            else:
-                errors.append(f"{name} is not a clorch-train flag (Hydra's flags: {', '.join(_LONG_FLAGS)})"
-                              if not matches else f"{name} is ambiguous: it could be {', '.join(matches)}")
-        elif arg.startswith("-") and len(arg) > 1 and arg.split("=")[0] not in _SHORT_FLAGS:
-            errors.append(f"{arg}: write each short flag and its value separately (e.g. -m -c job); "
-                          f"the short flags are {', '.join(_SHORT_FLAGS)}")
-        out.append(arg)
-    return out, errors
-
-
-def _flags_first(args: list[str]) -> list[str]:
-    """`args` with the flags that take no value moved to the front.
-
-    Hydra's command line (argparse) refuses a flag after an override
-    (`clorch-train +recipe=x -m optim.lr=1,2`); the order means nothing here.
-    """
-    alone = [a for a in args if a in _MULTIRUN + ("--resolve",)]
-    return alone + [a for a in args if a not in alone]
-
-
-def _flags(args: list[str]) -> set[str]:
-    """The `-x`/`--xyz` flags among `args` (`--cfg=job` counts as `--cfg`)."""
-    return {a.split("=")[0] for a in args if a.startswith("-")}
-
-
 def _versions() -> str:
     """One line with clorch's, torch's and Hydra's versions (read without importing torch)."""
     from importlib import metadata
@@ -213,7 +152,7 @@ def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None]:
     from clorch.engine.outputs import new_run_dir
 
     out, created = [], None
-    multirun = bool(_flags(args) & set(_MULTIRUN))
+    multirun = bool(flag_set(args) & set(MULTIRUN))
     key, layout = ("hydra.sweep.dir", "multirun") if multirun else ("hydra.run.dir", "outputs")
     if not _sets(args, key):
         created = new_run_dir(layout=layout)
@@ -290,10 +229,10 @@ def train_main(argv: list[str] | None = None) -> int:
     from clorch.config.preflight import hydra_overrides, preflight
     from clorch.engine.resolve import resolve_errors
 
-    args, flag_errors = _whole_flags(list(sys.argv[1:] if argv is None else argv))
-    args = _flags_first(args)
+    args, flag_errors = whole_flags(list(sys.argv[1:] if argv is None else argv))
+    args = flags_first(args)
     _argv[:] = args
-    flags = _flags(args)
+    flags = flag_set(args)
     if "--version" in flags and not flag_errors:  # Hydra's own --version names only Hydra
         print(_versions())
         return 0
@@ -302,13 +241,13 @@ def train_main(argv: list[str] | None = None) -> int:
     refused = flag_errors + hydra_key_errors(args) + [
         f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
         "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
-        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(_OTHER_CONFIG))]
+        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(OTHER_CONFIG))]
     if refused:  # shown with the config's own errors, so that one try lists every error
         print_config_errors(refused + _errors_beside_refused(args, flags))
         return EXIT_CONFIG
     try:
         args = rewrite_recipe_overrides(args)
-        external = None if flags & set(_PRINT_ONLY + _OTHER_CONFIG + _PRINT_CONFIG + _MULTIRUN) \
+        external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) \
             else detect_external()
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
         from clorch.config.preflight import grammar_errors
@@ -320,18 +259,18 @@ def train_main(argv: list[str] | None = None) -> int:
 
         _trained_as_rank.append(True)
         return run_as_rank([a for a in args if not a.startswith("-")], external)
-    if flags & set(_PRINT_ONLY):
+    if flags & set(PRINT_ONLY):
         return _run_hydra(args)
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
-    multirun = bool(flags & set(_MULTIRUN))
-    if multirun or flags & set(_PRINT_CONFIG) or split_errors(overrides):
+    multirun = bool(flags & set(MULTIRUN))
+    if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error). A single run is composed by Hydra and checked once.
         errors = preflight(overrides, resolve_errors)
         if errors:
             print_config_errors(errors)
             return EXIT_CONFIG
-    if flags & set(_PRINT_CONFIG):
+    if flags & set(PRINT_CONFIG):
         return _run_hydra(args)
     try:
         extra, created = _launch_overrides(args)
@@ -360,7 +299,7 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
     from clorch.engine.resolve import resolve_errors
 
     overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
-    if flags & set(_OTHER_CONFIG):
+    if flags & set(OTHER_CONFIG):
         return []  # the user meant another config: clorch's errors would be beside the point
     try:
         overrides = rewrite_recipe_overrides(overrides)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Iterable
 
 from clorch._files import unwritable
+from clorch.config.hydra_flags import MULTIRUN
 
-MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's flags for a sweep (written in full: see clorch.cli)
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
                 "hydra.job.name", "hydra.verbose")
@@ -127,7 +127,7 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
     with `-m`/`--multirun`, `hydra.run.dir` without.
     """
     args = list(args)
-    used_dir = "hydra.sweep.dir" if any(arg in MULTIRUN_FLAGS for arg in args) else "hydra.run.dir"
+    used_dir = "hydra.sweep.dir" if any(arg in MULTIRUN for arg in args) else "hydra.run.dir"
     errors = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg:

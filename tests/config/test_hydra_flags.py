@@ -1,0 +1,36 @@
+"""Reading Hydra's command-line flags as clorch-train does (no Hydra run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clorch.config.hydra_flags import flag_set, flags_first, whole_flags
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_unique_prefixes_are_written_in_full():
+    args, errors = whole_flags(["--multi", "--cfg=job", "--res", "optim.lr=1"])
+    assert errors == []
+    assert args == ["--multirun", "--cfg=job", "--resolve", "optim.lr=1"]
+
+
+def test_ambiguous_unknown_and_run_together_flags_are_refused():
+    _, errors = whole_flags(["--r", "--nosuch", "-mcjob", "-c=job", "-m"])
+    assert len(errors) == 3
+    assert errors[0] == "--r is ambiguous: it could be --resolve, --run"
+    assert errors[1].startswith("--nosuch is not a clorch-train flag")
+    assert errors[2].startswith("-mcjob: write each short flag and its value separately")
+
+
+def test_what_follows_a_double_dash_is_overrides_only():
+    args, errors = whole_flags(["-m", "--", "optim.lr=1,2", "--cfg"])
+    assert args == ["-m", "optim.lr=1,2"]
+    assert errors == ["--cfg comes after '--', so it would be read as an override, and an override "
+                      "cannot start with '-': put flags before '--'"]
+
+
+def test_flags_without_values_move_to_the_front_and_are_found():
+    args = flags_first(["+recipe=x", "-m", "optim.lr=1,2", "--cfg=job"])
+    assert args == ["-m", "+recipe=x", "optim.lr=1,2", "--cfg=job"]
+    assert flag_set(args) == {"-m", "--cfg"}
