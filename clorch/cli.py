@@ -225,10 +225,11 @@ def _exit_status() -> int:
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    """The `clorch-train` console script. Returns the exit status."""
-    from clorch.config.preflight import hydra_overrides, preflight
-    from clorch.engine.resolve import resolve_errors
+    """The `clorch-train` console script. Returns the exit status.
 
+    Flags first (refusals, --version), then who runs the job: this process as one
+    rank of an outside launcher, or Hydra (help, a printed config, a run, a sweep).
+    """
     args, flag_errors = whole_flags(list(sys.argv[1:] if argv is None else argv))
     args = flags_first(args)
     _argv[:] = args
@@ -236,12 +237,7 @@ def train_main(argv: list[str] | None = None) -> int:
     if "--version" in flags and not flag_errors:  # Hydra's own --version names only Hydra
         print(_versions())
         return 0
-    from clorch.config.hydra_keys import hydra_key_errors
-
-    refused = flag_errors + hydra_key_errors(args) + [
-        f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
-        "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
-        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(OTHER_CONFIG))]
+    refused = _refusals(args, flags, flag_errors)
     if refused:  # shown with the config's own errors, so that one try lists every error
         print_config_errors(refused + _errors_beside_refused(args, flags))
         return EXIT_CONFIG
@@ -261,6 +257,24 @@ def train_main(argv: list[str] | None = None) -> int:
         return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(PRINT_ONLY):
         return _run_hydra(args)
+    return _check_and_run(args, flags)
+
+
+def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:
+    """Flags, Hydra keys and output directories clorch-train refuses, before composing anything."""
+    from clorch.config.hydra_keys import hydra_key_errors
+
+    return flag_errors + hydra_key_errors(args) + [
+        f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
+        "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
+        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(OTHER_CONFIG))]
+
+
+def _check_and_run(args: list[str], flags: set[str]) -> int:
+    """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
+    from clorch.config.preflight import hydra_overrides, preflight
+    from clorch.engine.resolve import resolve_errors
+
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
     if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
