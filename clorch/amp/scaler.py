@@ -25,51 +25,32 @@ The scale lives in a tensor on the gradients' device. Two ways to step:
   returns a 0-d bool tensor (reading it synchronizes). The host's view of
   the scale, the skipped steps and the growth tracker catches up, in one read,
   when one of them is asked for (`get_scale()`, `skipped_steps`,
-  `state_dict()`, ...) or every `CATCH_UP_STEPS` steps.
+  `state_dict()`, ...) or every `loss_scale.CATCH_UP_STEPS` steps.
 * Otherwise `step()` reads the flag on the host once (one synchronization),
   skips or steps, and `update()` decides on the host.
+
+The scale itself (host and device copies, the update rule, the checks of
+factors and of state dicts) is `clorch.amp.loss_scale`; this module keeps
+torch's call sequence and the agreement across ranks.
 """
 
 from __future__ import annotations
 
-import math
-import struct
 import warnings
 from typing import Any
 
 import torch
 
+from clorch.amp.loss_scale import LossScale, check_factors, checked_state, positive
 from clorch.distributed import collectives
 from clorch.distributed.groups import device as group_device, is_initialized, world_size
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 _DEVICE_SKIP_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
-CATCH_UP_STEPS = 1024
-"""Device-decided steps after which the host's view of the scaler is brought up to date."""
 
 
 class ScalerStateError(RuntimeError, ValueError):
     """A GradScaler method called out of torch's order (RuntimeError, as torch raises)."""
-
-
-def _f32(value: float) -> float:
-    """Round to float32, the precision of the device scale."""
-    return struct.unpack("f", struct.pack("f", value))[0]
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _check_factors(growth_factor: object, backoff_factor: object, growth_interval: object) -> None:
-    if _positive("growth_factor", growth_factor) <= 1:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-    if not 0 < _positive("backoff_factor", backoff_factor) < 1:
-        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be an int >= 1 (steps), got {growth_interval!r}")
 
 
 def _device_type(device: object) -> str:
@@ -78,6 +59,12 @@ def _device_type(device: object) -> str:
     if isinstance(device, str) and device.split(":")[0] in ("cuda", "cpu"):
         return device.split(":")[0]
     raise ValueError(f"device must be 'cuda' or 'cpu' (or a torch.device), got {device!r}")
+
+
+def _kept_by_loss_scale(name: str) -> property:
+    """A GradScaler attribute held by its LossScale, where the update rule reads it."""
+    return property(lambda self: getattr(self._loss_scale, name),
+                    lambda self, value: setattr(self._loss_scale, name, value))
 
 
 class GradScaler:
@@ -97,13 +84,17 @@ class GradScaler:
         TypeError: enabled is not a bool.
     """
 
+    growth_factor = _kept_by_loss_scale("growth_factor")
+    backoff_factor = _kept_by_loss_scale("backoff_factor")
+    growth_interval = _kept_by_loss_scale("growth_interval")
+
     def __init__(self, device: str = "cuda", init_scale: float = 65536.0, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
                  *, initial_scale: float | None = None):
         self.device = _device_type(device)
         scale = init_scale if initial_scale is None else initial_scale
-        _positive("init_scale", scale)
-        _check_factors(growth_factor, backoff_factor, growth_interval)
+        positive("init_scale", scale)
+        check_factors(growth_factor, backoff_factor, growth_interval)
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
         if enabled and self.device == "cuda" and not torch.cuda.is_available():
@@ -111,35 +102,20 @@ class GradScaler:
                           stacklevel=2)
             enabled = False
         self.enabled = enabled
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.growth_interval = growth_interval
-        self._scale_value = _f32(float(scale))
-        self._tracker = 0
-        self._skipped = 0
-        self._last_skipped = False
-        self._scale: torch.Tensor | None = None
-        self._inv_scale: torch.Tensor | None = None
-        self._tracker_device: torch.Tensor | None = None  # the growth tracker, for device updates
-        self._unread: list[torch.Tensor] = []  # overflow flags of device-decided steps, not yet on the host
+        self._loss_scale = LossScale(scale, growth_factor, backoff_factor, growth_interval)
         self._stages: dict[int, str] = {}                         # id(optimizer) -> stage
         self._found: dict[int, dict[torch.device, torch.Tensor]] = {}  # id(optimizer) -> flags
         self._skipped_since_update: list[bool] = []
 
     # -- scaling ---------------------------------------------------------------------------
 
-    def _device_tensors(self, device: torch.device) -> None:
-        if self._scale is None or self._scale.device != device:
-            self._scale = torch.full((), self._scale_value, dtype=torch.float32, device=device)
-            self._inv_scale = torch.full((), 1.0 / self._scale_value, dtype=torch.float32, device=device)
-
     def scale(self, outputs: Any) -> Any:
         """`outputs` (a tensor, or a list/tuple of them) times the current scale. Local, no sync."""
         if not self.enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            self._device_tensors(outputs.device)
-            return outputs * self._scale.to(outputs.device)
+            self._loss_scale.place(outputs.device)
+            return outputs * self._loss_scale.tensor.to(outputs.device)
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
         raise TypeError(f"outputs must be a torch.Tensor or a list/tuple of them, got {type(outputs).__name__}")
@@ -185,12 +161,14 @@ class GradScaler:
 
     def _unscale(self, optimizer: torch.optim.Optimizer, groups: dict[tuple, list[torch.Tensor]]) -> None:
         found_by_device = self._found.setdefault(id(optimizer), {})
+        loss_scale = self._loss_scale
         for (device, _), grads in groups.items():
-            self._device_tensors(self._scale.device if self._scale is not None else device)
+            loss_scale.place(loss_scale.tensor.device if loss_scale.tensor is not None else device)
             found = found_by_device.get(device)
             if found is None:
                 found = found_by_device[device] = torch.zeros(1, dtype=torch.float32, device=device)
-            inv_scale = self._inv_scale if device == self._inv_scale.device else self._inv_scale.to(device)
+            inverse = loss_scale.inverse
+            inv_scale = inverse if device == inverse.device else inverse.to(device)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
         self._stages[id(optimizer)] = _UNSCALED
 
@@ -250,7 +228,7 @@ class GradScaler:
             outcome: bool | torch.Tensor = flag
             stepped: bool | torch.Tensor = flag == 0
         else:
-            self._catch_up()
+            self._loss_scale.catch_up()
             skipped = bool(found.item())  # the one host read of the step
             if not skipped:
                 optimizer.step(*args, **kwargs)
@@ -285,98 +263,53 @@ class GradScaler:
         if not self.enabled:
             return
         if new_scale is not None:
-            if isinstance(new_scale, torch.Tensor):
-                if new_scale.numel() != 1:
-                    raise ValueError(f"new_scale must be a number or a one-element tensor, got shape "
-                                     f"{tuple(new_scale.shape)}")
-                new_scale = float(new_scale.item())
-            self._catch_up()
-            self._set_scale(_f32(_positive("new_scale", new_scale)))
+            self._loss_scale.replace(new_scale)
         else:
             outcomes = self._skipped_since_update
             if not outcomes:
                 raise ScalerStateError("update() was called without a step(optimizer) since the last "
                                        "update(); call scaler.step(optimizer) first")
             if all(isinstance(outcome, bool) for outcome in outcomes):
-                self._catch_up()
-                self._grow_or_back_off(any(outcomes))
-                if self._tracker_device is not None:
-                    self._tracker_device.fill_(self._tracker)
+                self._loss_scale.update_on_host(any(outcomes))
             else:
-                self._update_on_device(outcomes)
+                self._loss_scale.update_on_device(outcomes)
         self._stages.clear()
         self._skipped_since_update = []
-
-    def _update_on_device(self, outcomes: list) -> None:
-        """Back off or grow the device scale from this step's flags, without a host read."""
-        scale = self._scale
-        flags = [o if isinstance(o, torch.Tensor) else torch.full((), float(o), device=scale.device)
-                 for o in outcomes]
-        found = flags[0] if len(flags) == 1 else torch.stack(flags).amax(dim=0)
-        if self._tracker_device is None:
-            self._tracker_device = torch.full((), self._tracker, dtype=torch.int32, device=scale.device)
-        torch._amp_update_scale_(scale, self._tracker_device, found, self.growth_factor,
-                                 self.backoff_factor, self.growth_interval)
-        torch.reciprocal(scale, out=self._inv_scale)
-        self._unread.append(found)
-        if len(self._unread) >= CATCH_UP_STEPS:
-            self._catch_up()
-
-    def _catch_up(self) -> None:
-        """Replay the device-decided steps on the host's view (one host read for all of them)."""
-        if not self._unread:
-            return
-        flags = torch.cat([flag.reshape(1) for flag in self._unread]).tolist()
-        self._unread = []
-        for found in flags:
-            self._grow_or_back_off(found != 0, device_done=True)
-
-    def _grow_or_back_off(self, skipped: bool, device_done: bool = False) -> None:
-        """torch's update rule on the host's view (`device_done`: the device scale is already updated)."""
-        self._last_skipped = skipped
-        if skipped:
-            self._skipped += 1
-            self._tracker = 0
-            self._set_scale(_f32(self._scale_value * self.backoff_factor), device_done)
-            return
-        self._tracker += 1
-        if self._tracker == self.growth_interval:
-            self._tracker = 0
-            grown = _f32(self._scale_value * self.growth_factor)
-            if math.isfinite(grown):  # as torch: a scale that would overflow float32 stays
-                self._set_scale(grown, device_done)
-
-    def _set_scale(self, value: float, device_done: bool = False) -> None:
-        if value != self._scale_value:
-            self._scale_value = value
-            if self._scale is not None and not device_done:
-                self._scale.fill_(value)
-                self._inv_scale.fill_(1.0 / value)
 
     # -- the host's view (caught up from device-decided steps when read) --------------------
     @property
     def skipped_steps(self) -> int:
         """Steps skipped for overflow since the scaler was made (restored by load_state_dict)."""
-        self._catch_up()
-        return self._skipped
+        self._loss_scale.catch_up()
+        return self._loss_scale.skipped
 
     @property
     def last_step_skipped(self) -> bool:
         """Whether the last update() followed a skipped step."""
-        self._catch_up()
-        return self._last_skipped
+        self._loss_scale.catch_up()
+        return self._loss_scale.last_skipped
 
     @property
     def _growth_tracker(self) -> int:
-        self._catch_up()
-        return self._tracker
+        self._loss_scale.catch_up()
+        return self._loss_scale.tracker
+
+    @property
+    def _scale(self) -> torch.Tensor | None:
+        """The scale on the gradients' device (torch's scaler has it under this name too)."""
+        return self._loss_scale.tensor
+
+    @property
+    def _inv_scale(self) -> torch.Tensor | None:
+        """1 / scale on the gradients' device."""
+        return self._loss_scale.inverse
 
     # -- torch's getters and setters -------------------------------------------------------
 
     def get_scale(self) -> float:
         """The current scale (1.0 when disabled). Synchronizes only to catch up with device-decided steps."""
-        self._catch_up()
-        return self._scale_value if self.enabled else 1.0
+        self._loss_scale.catch_up()
+        return self._loss_scale.value if self.enabled else 1.0
 
     def is_enabled(self) -> bool:
         """Whether scaling is on."""
@@ -386,21 +319,21 @@ class GradScaler:
         return self.growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        _check_factors(new_factor, self.backoff_factor, self.growth_interval)
+        check_factors(new_factor, self.backoff_factor, self.growth_interval)
         self.growth_factor = float(new_factor)
 
     def get_backoff_factor(self) -> float:
         return self.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        _check_factors(self.growth_factor, new_factor, self.growth_interval)
+        check_factors(self.growth_factor, new_factor, self.growth_interval)
         self.backoff_factor = float(new_factor)
 
     def get_growth_interval(self) -> int:
         return self.growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        _check_factors(self.growth_factor, self.backoff_factor, new_interval)
+        check_factors(self.growth_factor, self.backoff_factor, new_interval)
         self.growth_interval = new_interval
 
     def _get_growth_tracker(self) -> int:
@@ -410,12 +343,7 @@ class GradScaler:
 
     def state_dict(self) -> dict[str, Any]:
         """torch.amp.GradScaler's state dict plus `skipped_steps` ({} when disabled, as torch)."""
-        if not self.enabled:
-            return {}
-        self._catch_up()
-        return {"scale": self._scale_value, "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": self._growth_tracker, "skipped_steps": self.skipped_steps}
+        return self._loss_scale.state_dict() if self.enabled else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state dict of this class or of torch.amp.GradScaler.
@@ -430,34 +358,7 @@ class GradScaler:
             raise TypeError(f"state must be a dict from GradScaler.state_dict(), got {type(state).__name__}")
         if not self.enabled:
             return
-        if not state:
-            raise ValueError("the scaler state dict is empty, possibly because it was saved from a "
-                             "disabled GradScaler")
-        state = dict(state)
-        if "_growth_tracker" not in state and "growth_tracker" in state:
-            state["_growth_tracker"] = state["growth_tracker"]
-        state.setdefault("skipped_steps", 0)
-        missing = [key for key in ("scale", "growth_factor", "backoff_factor", "growth_interval",
-                                   "_growth_tracker") if key not in state]
-        if missing:
-            raise ValueError(f"state is missing key(s) {missing}; expected a GradScaler.state_dict()")
-        _positive("state['scale']", state["scale"])
-        _check_factors(state["growth_factor"], state["backoff_factor"], state["growth_interval"])
-        for key in ("_growth_tracker", "skipped_steps"):
-            if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
-                raise ValueError(f"state[{key!r}] must be an int >= 0, got {state[key]!r}")
-        self.growth_factor = float(state["growth_factor"])
-        self.backoff_factor = float(state["backoff_factor"])
-        self.growth_interval = state["growth_interval"]
-        self._unread = []  # what the device decided since is replaced by the state loaded
-        self._tracker = state["_growth_tracker"]
-        self._skipped = state["skipped_steps"]
-        self._scale_value = _f32(float(state["scale"]))
-        if self._scale is not None:  # always: the device scale may differ from the host's last view
-            self._scale.fill_(self._scale_value)
-            self._inv_scale.fill_(1.0 / self._scale_value)
-        if self._tracker_device is not None:
-            self._tracker_device.fill_(self._tracker)
+        self._loss_scale.load_state_dict(checked_state(state))
 
 
 def backward(scaler: GradScaler | None, loss: torch.Tensor) -> None:
