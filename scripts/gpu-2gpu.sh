@@ -18,6 +18,7 @@
 #   runner_graphs clorch-bench runner --compile --compile-mode reduce-overhead (CUDA graphs, one GPU)
 #   ddp1      clorch-bench ddp at world size 1 (the bucket path, with and without overlapped copies, vs the plain model)
 #   checkpoint clorch-bench checkpoint on the host's CPUs and disk
+#   ddp_cpu   clorch-bench ddp on 2 gloo ranks on the host's CPUs (MLP), 1 and 4 threads a rank
 #   goals     the goals read back from the two benchmark tables
 # Everything goes under OUTDIR (default $OUT, else /tmp/clorch-2gpu); stages.txt lists each
 # stage's exit status. Estimated 6-8 minutes in all (the 1-GPU cuda tier took 2); STAGES="allreduce ddp goals"
@@ -130,6 +131,10 @@ ddp)
   # --trace: one torch.profiler step per DDP candidate and rank, with its exposed communication.
   run ddp clorch-bench ddp --model $MODEL --device $DEV --nproc 2 --trace "$OUTDIR/trace" ${DDP_ARGS:-} 2>&1 \
     | tee "$OUTDIR/bench_ddp.txt" ;;
+ddp_cpu)
+  run ddp_cpu clorch-bench ddp --device cpu --nproc 2 --rounds 15 2>&1 | tee "$OUTDIR/bench_ddp_cpu.txt"
+  run ddp_cpu_t4 clorch-bench ddp --device cpu --nproc 2 --rounds 15 --threads 4 2>&1 \
+    | tee "$OUTDIR/bench_ddp_cpu_t4.txt" ;;
 goals)
   run goals $PY - <<'PY' 2>&1 | tee "$OUTDIR/goals.txt"
 # The two-GPU goals, read back from the benchmark tables (Markdown rows: | a | b | ... |).
