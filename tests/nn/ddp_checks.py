@@ -89,6 +89,23 @@ def check_matches_torch_ddp(rank, world_size):
     return True
 
 
+def check_two_forwards_one_backward(rank, world_size):
+    """Two views through a BatchNorm model, one backward (SimCLR-style) == torch's DDP, buffers broadcast."""
+    data = m.batches(STEPS, 4 * world_size, seed=13)
+    ours = DistributedDataParallel(m.WithBatchNorm(seed=rank), bucket_cap_mb=1e-3, first_bucket_cap_mb=1e-4)
+    theirs = torch.nn.parallel.DistributedDataParallel(m.WithBatchNorm(seed=0), bucket_cap_mb=1e-3)
+    for ddp in (ours, theirs):
+        opt = m.make_optimizer(ddp.module, "sgd")
+        for batch in data:
+            x, y = m.shard(batch, rank, world_size)
+            (m.loss_fn(ddp(x), y) + m.loss_fn(ddp(x.flip(0)), y.flip(0))).backward()
+            opt.step()
+            opt.zero_grad()
+    _close(ours.module, theirs.module)  # running stats included
+    ours.close()
+    return True
+
+
 def check_reduce_bf16(rank, world_size):
     """reduce_dtype="bf16": buckets travel in bf16, gradients stay fp32, weights ~ reference."""
     data = [(x.float(), y.float()) for x, y in m.batches(STEPS, 4 * world_size, seed=5)]

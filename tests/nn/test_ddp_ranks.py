@@ -46,6 +46,10 @@ def test_matches_torch_ddp_including_batchnorm_buffers(results):
     _ok(results, "matches_torch_ddp")
 
 
+def test_two_forwards_then_one_backward_with_broadcast_buffers(results):
+    _ok(results, "two_forwards_one_backward")
+
+
 def test_reduce_dtype_bf16(results):
     _ok(results, "reduce_bf16")
 

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from clorch.distributed import collectives
-from clorch.distributed.groups import device as group_device, world_size
+from clorch.distributed.groups import device as group_device, rank, world_size
 
 
 def _entries(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[list]:
@@ -75,7 +75,10 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
     """
     groups: dict[tuple, list[torch.Tensor]] = {}
     for tensor in tensors:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+        # Written through `.data`, which autograd does not track: a forward that saved a buffer
+        # for its backward (BatchNorm saves its running stats) must still run that backward after
+        # the next forward's broadcast, as with torch's DDP (two forwards, then one backward).
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
     with torch.no_grad():
         for members in groups.values():
             if len(members) == 1 and members[0].is_contiguous():
@@ -83,5 +86,6 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
                 continue
             flat = torch.cat([t.reshape(-1) for t in members])
             collectives.broadcast(flat, src=src)
-            views = [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in members]), members)]
-            torch._foreach_copy_(members, views)
+            if rank() != src:  # the source's tensors already hold the values
+                views = [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in members]), members)]
+                torch._foreach_copy_(members, views)
