@@ -15,6 +15,8 @@ Each rank draws a disjoint, deterministic share of `range(dataset_size)`:
 Unlike torch's sampler this one remembers how far it got: `advance(n)` (or
 iterating it) moves a per-epoch position, `state_dict()` records it, and
 after `load_state_dict()` the sampler continues with the very next index.
+Otherwise each new pass (each `iter(loader)`) starts the epoch over, as with
+torch's sampler, however far an earlier pass got.
 """
 
 from __future__ import annotations
@@ -73,8 +75,12 @@ class DistributedSampler(Sampler[int]):
     current epoch; `set_epoch` with a new epoch resets it to 0, and with the
     current epoch keeps it, so the usual loop
     `for epoch in range(start, epochs): sampler.set_epoch(epoch)` continues
-    mid-epoch after `load_state_dict`. `len(sampler)` is always the full
-    per-rank count of an epoch; `remaining()` is what is left of it.
+    mid-epoch after `load_state_dict`. A new pass (`iter(sampler)`) continues
+    from the position only when `load_state_dict` or `advance` set it since the
+    last pass began; otherwise it starts the epoch over, as torch's sampler does
+    (a peek with `next(iter(loader))` or a pass left with `break` loses no
+    samples). `len(sampler)` is always the full per-rank count of an epoch;
+    `remaining()` is what is left of it.
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -104,9 +110,9 @@ class DistributedSampler(Sampler[int]):
         self.total_size = self.num_samples * self.num_replicas
         self._epoch = 0
         self._consumed = 0
-        # Set by load_state_dict: the restored (possibly empty) rest of the
-        # epoch is served before an exhausted epoch may start over.
-        self._restored = False
+        # Set by load_state_dict and advance: the next pass continues from the position
+        # (the restored, possibly empty, rest of the epoch); otherwise a pass starts over.
+        self._resume_here = False
         self._cache: tuple[int, list[int]] | None = None
 
     def _per_rank_count(self) -> int:
@@ -130,7 +136,7 @@ class DistributedSampler(Sampler[int]):
         if epoch != self._epoch:
             self._epoch = epoch
             self._consumed = 0
-            self._restored = False
+            self._resume_here = False
 
     def _epoch_indices(self) -> list[int]:
         """This rank's full index list for the current epoch (cached per epoch)."""
@@ -174,28 +180,28 @@ class DistributedSampler(Sampler[int]):
             raise ValueError(
                 f"n must be in [0, {self.remaining()}] (indices left in epoch {self._epoch}), got {n}")
         self._consumed += n
-        self._restored = False
+        self._resume_here = True
 
     def __iter__(self) -> Iterator[int]:
-        """Yield the rest of this epoch, advancing the position by one per index yielded.
+        """Yield this epoch's indices, advancing the position by one per index yielded.
 
-        If the epoch is already fully consumed when iteration starts, a new pass
-        over the same permutation begins (torch's behaviour when `set_epoch` is
-        not called), unless the position was just restored by `load_state_dict`:
-        then the restored remainder (nothing) is what this pass yields.
-        A DataLoader with workers reads ahead of training, so a position saved
-        mid-epoch then counts prefetched indices; use `sample_indices()` and
-        `advance()` where the exact position matters.
+        The pass starts at the beginning of the epoch, as torch's sampler does,
+        unless `load_state_dict` or `advance` set the position since the last
+        pass began: then it yields the rest of the epoch from there (nothing,
+        for a restored epoch that was finished). A DataLoader with workers
+        reads ahead of training, so a position saved mid-epoch then counts
+        prefetched indices; use `sample_indices()` and `advance()` where the
+        exact position matters.
         """
-        if self._consumed >= self.num_samples and not self._restored:
-            self._consumed = 0
-        self._restored = False
+        start = self._consumed if self._resume_here else 0
+        self._consumed, self._resume_here = start, False
         indices = self._epoch_indices()
         epoch = self._epoch
-        while self._epoch == epoch and self._consumed < self.num_samples:
-            index = indices[self._consumed]
-            self._consumed += 1
-            yield index
+        for position in range(start, self.num_samples):
+            if self._epoch != epoch:  # set_epoch(new) ends this pass
+                return
+            self._consumed = position + 1  # this pass's own count: an abandoned pass cannot skip ahead
+            yield indices[position]
 
     def __len__(self) -> int:
         """Indices per rank in a full epoch (mid-epoch too; see `remaining()`)."""
@@ -243,7 +249,7 @@ class DistributedSampler(Sampler[int]):
         self.check_state_dict(state)
         self._epoch = state["epoch"]
         self._consumed = state["consumed"]
-        self._restored = True
+        self._resume_here = True
 
     def __repr__(self) -> str:
         return (f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "

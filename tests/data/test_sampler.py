@@ -148,3 +148,32 @@ def test_loading_another_samplers_state_says_what_differs():
             {k: v for k, v in state.items() if k != "consumed"})
     with pytest.raises(ValueError, match=r"'consumed' must be an int in \[0, 50\], got 51"):
         DistributedSampler(100, num_replicas=2, rank=1, seed=3).load_state_dict(dict(state, consumed=51))
+
+
+def test_a_new_pass_starts_the_epoch_over_as_torch_does():
+    data = torch.arange(40.0)
+    for workers in (0, 2):
+        ours = DistributedSampler(40, num_replicas=2, rank=1, seed=3)
+        theirs = torch.utils.data.DistributedSampler(range(40), num_replicas=2, rank=1, seed=3)
+        counts = []
+        for sampler in (ours, theirs):
+            loader = DataLoader(TensorDataset(data), batch_size=4, sampler=sampler, num_workers=workers)
+            sampler.set_epoch(0)
+            next(iter(loader))  # a peek
+            seen = [x for (batch,) in loader for x in batch.tolist()]
+            for i, _ in enumerate(loader):  # a pass left early, then the same epoch again
+                if i == 1:
+                    break
+            sampler.set_epoch(0)
+            again = [x for (batch,) in loader for x in batch.tolist()]
+            counts.append((seen, again))
+        assert counts[0] == counts[1] and len(counts[0][0]) == 20
+
+
+def test_an_abandoned_pass_does_not_move_a_newer_one():
+    sampler = DistributedSampler(10, num_replicas=1, rank=0, shuffle=False)
+    old = iter(sampler)
+    next(old), next(old)
+    new = iter(sampler)
+    assert [next(new), next(old), next(new)] == [0, 2, 1]
+    assert sampler.state_dict()["consumed"] == 2  # the position of the pass that yielded last
