@@ -18,7 +18,6 @@ status 2 (leaving no run directory behind); a failed job exits with 1.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,7 +136,7 @@ def _sets(args: list[str], *keys: str) -> bool:
     return any(n == k or n.startswith((f"{k}.", f"{k}/")) for n in names for k in keys)
 
 
-def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None]:
+def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None, Any]:
     """Hydra overrides that give this launch its own directory and no empty log file.
 
     Hydra names the directory after the current second and reuses it when it
@@ -146,21 +145,35 @@ def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None]:
     directory is created here, atomically, and handed to Hydra.
 
     Returns:
-        (the overrides, the directory created here or None).
+        (the overrides, the directory created here or None, the launch's Footprint or None
+        when the directory is not known before Hydra resolves it).
     """
+    import datetime as _dt
+
     from clorch.config.composer import format_value
-    from clorch.engine.outputs import new_run_dir
+    from clorch.engine.outputs import Footprint, new_run_dir
 
     out, created = [], None
     multirun = bool(flag_set(args) & set(MULTIRUN))
     key, layout = ("hydra.sweep.dir", "multirun") if multirun else ("hydra.run.dir", "outputs")
     if not _sets(args, key):
+        footprint = Footprint(Path(layout) / _dt.date.today().isoformat() / "new")  # the parents made
         created = new_run_dir(layout=layout)
+        footprint.made(created)
         out.append(f"{key}={format_value(str(created))}")
+    else:
+        value = _value_of(args, key)
+        footprint = Footprint(value) if value and "${" not in value else None
     if not _sets(args, "hydra/job_logging", "hydra.job_logging"):
         # The launching process rarely logs: open clorch-train.log on the first record only.
         out.append("++hydra.job_logging.handlers.file.delay=true")
-    return out, created
+    return out, created, footprint
+
+
+def _value_of(args: list[str], key: str) -> str | None:
+    """The value the last override of `key` in `args` sets (quotes removed), or None."""
+    values = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == key]
+    return values[-1].strip("'\"") if values else None
 
 
 def _remove_if_empty(directory: Path | None) -> None:
@@ -173,13 +186,14 @@ def _remove_if_empty(directory: Path | None) -> None:
         pass
 
 
-def _remove_refused(directory: Path | None) -> None:
-    """Drop the directory made for a single run that its config errors stopped before launch.
+def _remove_refused(footprint: Any) -> None:
+    """Take back what a single run that its config errors stopped left on disk.
 
-    It holds only what Hydra wrote (.hydra/, perhaps clorch-train.log): no run happened.
+    Only what Hydra wrote (.hydra/, perhaps clorch-train.log) and the directories
+    made for it: no run happened.
     """
-    if directory is not None and _config_failures:
-        shutil.rmtree(directory, ignore_errors=True)
+    if footprint is not None and _config_failures:
+        footprint.undo()
 
 
 def _run_hydra(args: list[str]) -> int:
@@ -287,7 +301,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     if flags & set(PRINT_CONFIG):
         return _run_hydra(args)
     try:
-        extra, created = _launch_overrides(args)
+        extra, created, footprint = _launch_overrides(args)
     except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
         layout = "multirun" if multirun else "outputs"
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
@@ -298,7 +312,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     try:
         return _run_hydra([*(args if multirun else hydra_overrides(args)), *extra])
     finally:
-        _remove_refused(created if not multirun else None)
+        _remove_refused(footprint if not multirun else None)
         _remove_if_empty(created)
         _single_run_dir.clear()
 

@@ -63,6 +63,19 @@ def test_bad_config_exits_2_with_every_error_and_no_traceback(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_config_error_found_in_the_run_leaves_nothing_behind(tmp_path):
+    # Errors found after Hydra started (an unknown key; a batch larger than a shard) in the
+    # default directory, a new directory of the user's, and an empty one the user made.
+    (tmp_path / "mine").mkdir()
+    for extra in ([], ["hydra.run.dir=new/run"], ["hydra.run.dir=mine"]):
+        proc = _cli(["precison=bf16", *extra], tmp_path)
+        assert proc.returncode == 2 and "did you mean precision?" in proc.stderr, proc.stderr
+    proc = _cli(["batch_size=100000"], tmp_path)
+    assert proc.returncode == 2 and "larger than a rank's shard" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
 def test_missing_recipe_file_and_bad_sweep_value_in_process(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert train_main([f"+recipe={tmp_path / 'mine.yaml'}"]) == 2
