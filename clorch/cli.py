@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
@@ -30,6 +30,9 @@ from clorch.config.composer import CONFIG_PATH, rewrite_recipe_overrides
 from clorch.config.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set,
                                         flags_first, whole_flags)
 from clorch.launch.external import detect as detect_external
+
+if TYPE_CHECKING:
+    from clorch.engine.outputs import Footprint
 
 EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
 _failures: list[str] = []
@@ -136,7 +139,7 @@ def _sets(args: list[str], *keys: str) -> bool:
     return any(n == k or n.startswith((f"{k}.", f"{k}/")) for n in names for k in keys)
 
 
-def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None, Any]:
+def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None, Footprint | None]:
     """Hydra overrides that give this launch its own directory and no empty log file.
 
     Hydra names the directory after the current second and reuses it when it
@@ -186,7 +189,7 @@ def _remove_if_empty(directory: Path | None) -> None:
         pass
 
 
-def _remove_refused(footprint: Any) -> None:
+def _remove_refused(footprint: Footprint | None) -> None:
     """Take back what a single run that its config errors stopped left on disk.
 
     Only what Hydra wrote (.hydra/, perhaps clorch-train.log) and the directories
@@ -326,9 +329,9 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
     from clorch.config.preflight import grammar_errors, preflight
     from clorch.engine.resolve import resolve_errors
 
-    overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
     if flags & set(OTHER_CONFIG):
         return []  # the user meant another config: clorch's errors would be beside the point
+    overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
     try:
         overrides = rewrite_recipe_overrides(overrides)
         return preflight(overrides, resolve_errors)

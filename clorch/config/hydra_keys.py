@@ -50,10 +50,15 @@ def _is_hydra(key: str) -> bool:
     return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
+def _package(key: str) -> str:
+    """Where `group@package=...` places a group ("" without `@`)."""
+    return key.partition("@")[2].removeprefix("_global_.")
+
+
 def touches_hydra(arg: str) -> bool:
     """Whether a command-line override sets one of Hydra's keys or places a group under hydra."""
     key = _parts(arg)[0]
-    return _is_hydra(key) or _is_hydra(key.partition("@")[2].removeprefix("_global_."))
+    return _is_hydra(key) or _is_hydra(_package(key))
 
 
 def _key_error(key: str, value: str, group: bool) -> str | None:
@@ -133,7 +138,7 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, value, group = _parts(arg)
-        if touches_hydra(arg) and not _is_hydra(key):  # `+recipe@hydra=x` would put a config's keys under hydra unchecked
+        if _is_hydra(_package(key)):  # `+recipe@hydra=x` would put a config's keys under hydra unchecked
             errors.append(f"{arg} is not allowed: a config group may not be placed under hydra")
             continue
         if not _is_hydra(key):
