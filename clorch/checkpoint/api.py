@@ -229,7 +229,11 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
             (nothing is written), or the disk is full (the message gives the bytes
             needed and free; the partial files are removed, `path` is unchanged).
         OSError: rank 0 could not write (re-raised on rank 0; CheckpointError on the others).
-        RuntimeError: the process group failed.
+        RuntimeError: the process group failed: a peer died, or did not call
+            save_checkpoint (only rank 0 did) before the group's timeout; the
+            message says which. In debug mode (CLORCH_DEBUG_COLLECTIVES=1) a peer
+            that called another collective instead raises CollectiveMismatchError
+            at once, on every rank.
     """
     error, gathered_local = None, None
     try:
@@ -336,7 +340,8 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
             listed), a component the checkpoint lacks, or sampler state saved
             with another dataset_size, num_replicas, rank or seed.
         TypeError: an argument without state_dict/load_state_dict.
-        RuntimeError: the process group failed.
+        RuntimeError: the process group failed, or a peer did not call
+            load_checkpoint (as with save_checkpoint).
     """
     error, body, tensors = None, None, None
     try:
@@ -351,11 +356,11 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
         _check_fit(path, body, tensors, model, optimizer, sampler, scaler)
     except Exception as exc:
         error = exc
-    agree(error, f"read checkpoint {path}")
+    agree(error, f"read checkpoint {path}", "load_checkpoint")
     try:
         _apply(body, tensors, model, optimizer, sampler, scaler)
     except Exception as exc:
         error = exc
     del tensors  # drop the archive's mapping
-    agree(error, f"restore checkpoint {path}")
+    agree(error, f"restore checkpoint {path}", "load_checkpoint")
     return body["state"]
