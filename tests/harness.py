@@ -1,9 +1,15 @@
 """Multi-process test harness: N real ranks (gloo on the CPU), one fresh interpreter each.
 
-`run_ranks(fn, world_size, *args)` spawns `world_size` processes (spawn, not
-fork: no parent torch state leaks in), gives them the standard environment
-variables and a free port, runs `fn(rank, world_size, *args)` inside
-`clorch.distributed.process_group()` and returns the per-rank return values.
+`run_ranks(fn, world_size, *args)` starts `world_size` processes, gives them
+the standard environment variables and a free port, runs `fn(rank,
+world_size, *args)` inside `clorch.distributed.process_group()` and returns
+the per-rank return values.
+
+* Each rank is forked from a server process (multiprocessing's forkserver)
+  that imported torch and nothing else, so no test's state leaks in and
+  torch's import (2-3 s of CPU) is paid once per test session instead of once
+  per rank. The rank then takes the caller's environment and working
+  directory as they are at the call, as a spawned process would.
 
 * A timeout bounds the whole run; on expiry every rank is killed and the
   failure shows each rank's Python stacks (faulthandler) at that moment.
@@ -39,15 +45,24 @@ class RankFailure(AssertionError):
     """One or more ranks failed; the message holds every rank's report."""
 
 
+def _context() -> mp.context.BaseContext:
+    """Where ranks start: the forkserver, with torch imported there before the first fork."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])  # only torch: clorch may read the environment on import
+    return ctx
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                workdir: str, env: dict[str, str], args: tuple, timeout: float,
-               init_group: bool, backend: str) -> None:
+               init_group: bool, backend: str, cwd: str) -> None:
+    os.chdir(cwd)
+    os.environ.clear()  # the caller's environment (env), not the server's
+    os.environ.update(env)
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
     })
-    os.environ.update(env)
     stacks = open(Path(workdir) / f"stacks_{rank}.txt", "w")
     faulthandler.dump_traceback_later(max(timeout - 2, 1), exit=False, file=stacks)
     out = Path(workdir) / f"result_{rank}.pkl"
@@ -102,13 +117,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     Raises:
         RankFailure: a rank raised, crashed or the run timed out (message: every rank's report).
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     port = free_port()
+    rank_env = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="clorch-ranks-") as tmp:
         workdir = Path(tmp)
         procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group,
-                                   backend))
+                             args=(fn, r, world_size, port, tmp, rank_env, args, timeout, init_group,
+                                   backend, os.getcwd()))
                  for r in range(world_size)]
         for proc in procs:
             proc.start()

@@ -20,7 +20,7 @@ LAUNCHER = """
 import sys
 from clorch.launch import launch
 job = launch("tests.launch.workers:grandchild_then", backend=None, log_dir=sys.argv[1],
-             args={"pid_dir": sys.argv[2], "then": "sleep"}, grace_period=1)
+             args={"pid_dir": sys.argv[2], "then": "sleep"}, grace_period=5)
 print(job.wait()["state"], flush=True)
 """
 
@@ -62,7 +62,7 @@ import os, signal, sys
 from clorch.launch import launch
 from tests.launch.procutil import wait_for_pid_files
 job = launch("tests.launch.workers:grandchild_then", backend=None, log_dir=sys.argv[1],
-             args={"pid_dir": sys.argv[2], "then": "sleep"}, grace_period=1)
+             args={"pid_dir": sys.argv[2], "then": "sleep"}, grace_period=5)
 wait_for_pid_files(sys.argv[2], [0, 1])
 with job._lock:
     os.kill(os.getpid(), signal.SIGTERM)
