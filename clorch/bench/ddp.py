@@ -6,7 +6,8 @@ DistributedDataParallel, clorch's with reduce_dtype="bf16", clorch's with
 gradient_as_bucket_view=True (backward accumulates into the buckets), clorch's with
 the optimizer stepped bucket by bucket in backward (`step_in_backward`), torch's
 DistributedDataParallel with the same bucket cap (as constructed by default,
-and with gradient_as_bucket_view=True and static_graph=True), and the bare model (no
+with gradient_as_bucket_view=True and static_graph=True, and with torch's
+bf16_compress_hook, the peer of reduce_dtype="bf16"), and the bare model (no
 communication: what one process would cost). At world size 1, where clorch's
 DDP runs no reducer, two more candidates run the whole bucket path anyway
 (`clorch DDP bucket path`: copies into buckets, each bucket all-reduced to the
@@ -47,6 +48,8 @@ import time
 
 import torch
 
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
 import clorch.distributed as cd
 from clorch.bench import ddp_models
 from clorch.bench.gpuclock import GpuMonitor, describe
@@ -58,6 +61,7 @@ DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 
             "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
             "gpu_sample_ms": 0,
             "trace": None}
+TORCH_BF16 = "torch DDP bf16_compress_hook"
 EMPTY_HOOKS = "one process, empty Python hooks"  # world size 1: the floor for Python gradient hooks
 TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path grad views",
           "clorch DDP bucket path overlapped copies",
@@ -141,9 +145,11 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
             model.step_in_backward(optimizer)
         add(name, model, optimizer, model.optimizer_step)
 
-    def add_torch(name: str, **options) -> None:
+    def add_torch(name: str, hook=None, **options) -> None:
         model = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
                                                           bucket_cap_mb=cap, **options)
+        if hook is not None:
+            model.register_comm_hook(None, hook)
         add(name, model, work.optimizer(model.module), _plain_step)
 
     one_rank, cuda = cd.world_size() == 1, device.type == "cuda"
@@ -162,6 +168,8 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     add_torch("torch DDP")
     # torch's DDP in its fastest documented settings: gradients live in the buckets, graph reused.
     add_torch("torch DDP best", gradient_as_bucket_view=True, static_graph=True)
+    # The peer of clorch's bf16 buckets: torch's DDP with its bf16 compression hook.
+    add_torch(TORCH_BF16, hook=default_hooks.bf16_compress_hook)
     single = copy.deepcopy(base)
     add("one process", single, work.optimizer(single), _plain_step)
     if one_rank:  # the floor for any reducer built on Python gradient hooks
@@ -178,7 +186,9 @@ def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str
              f"clorch DDP / torch DDP best (gradient_as_bucket_view, static_graph) step time: "
              f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}",
              f"clorch DDP step_in_backward / torch DDP best step time: "
-             f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}"]
+             f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}",
+             f"clorch DDP bf16 / {TORCH_BF16} step time: "
+             f"{ratio(medians['clorch DDP bf16'], medians[TORCH_BF16]):.4f}"]
     ddp = [name for name in medians if not name.startswith("one process")]
     eff = ", ".join(f"{name} {ratio(medians['one process'], medians[name]):.4f}" for name in ddp)
     lines.append(f"scaling efficiency (one-process step time / {world_size}-rank step time, "
@@ -241,6 +251,7 @@ def worker(ctx: dict) -> dict:
             "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
             "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),
             "ratio_overlap_torch_best": ratio(medians["clorch DDP step_in_backward"], medians["torch DDP best"]),
+            "ratio_bf16_torch_bf16": ratio(medians["clorch DDP bf16"], medians[TORCH_BF16]),
             "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians
                                    if name != EMPTY_HOOKS}}
 

@@ -9,7 +9,7 @@ from clorch.bench import ddp
 from tests.harness import run_ranks
 
 CANDIDATES = ["clorch DDP", "clorch DDP bf16", "clorch DDP grad views", "clorch DDP step_in_backward",
-              "torch DDP", "torch DDP best", "one process"]
+              "torch DDP", "torch DDP best", ddp.TORCH_BF16, "one process"]
 QUICK = {"rounds": 1, "warmup": 1, "steps": 1, "batch": 2}
 
 
@@ -46,6 +46,7 @@ def test_mlp_and_gpt_tiny_on_two_gloo_ranks():
     gpt = result["gpt"]["table"]
     assert "gpt-tiny" in gpt and "batch 2x64 tokens/rank" in gpt and "2 ranks, gloo" in gpt
     assert "clorch DDP / torch DDP step time:" in gpt and "scaling efficiency" in gpt
+    assert f"clorch DDP bf16 / {ddp.TORCH_BF16} step time:" in gpt
     assert result["gpt"]["scaling_efficiency"]["one process"] == 1.0
 
 
