@@ -45,14 +45,16 @@ def test_debug_mode_names_the_collective_each_rank_called(tmp_path):
 
 def _one_rank_calls(rank: int, world_size: int, path: str, call: str) -> str:
     with process_group(backend="gloo", timeout=1.0):
-        model = torch.nn.Linear(8, 4)
+        model = DistributedDataParallel(torch.nn.Linear(8, 4))  # construction: both ranks meet
         if call == "load":
             save_checkpoint(path, model=model)
-        if rank == 1:
-            time.sleep(2.5)  # longer than the group's timeout: rank 0 gives up first
-            return "skipped"
         try:
-            if call == "save":
+            if rank == 1 and call == "save":  # the next step: its all-reduce waits for rank 0
+                model(torch.randn(3, 8)).sum().backward()
+            elif rank == 1:
+                time.sleep(2.5)  # longer than the group's timeout: rank 0 gives up first
+                return "skipped"
+            elif call == "save":
                 save_checkpoint(path, model=model)
             else:
                 load_checkpoint(path, model=model)
@@ -63,9 +65,14 @@ def _one_rank_calls(rank: int, world_size: int, path: str, call: str) -> str:
 
 @pytest.mark.parametrize("call", ["save", "load"])
 def test_a_rank_that_never_calls_is_reported_at_the_timeout(tmp_path, call):
-    waiting, skipped = run_ranks(_one_rank_calls, 2, str(tmp_path / "m.ckpt"), call, init_group=False)
-    assert skipped == "skipped"
+    waiting, other = run_ranks(_one_rank_calls, 2, str(tmp_path / "m.ckpt"), call, init_group=False)
     name = f"{call}_checkpoint"
     assert waiting.startswith(f"{name}: rank 0 waited for every rank to "), waiting
     assert f"{name} is collective: every rank must call it" in waiting
     assert "not only rank 0" in waiting and "CLORCH_DEBUG_COLLECTIVES=1" in waiting
+    if call == "load":
+        assert other == "skipped"
+    else:  # the rank that went on training is told what usually causes its failed all-reduce
+        assert other.startswith("DistributedDataParallel: the gradient all-reduce of bucket 0 of 1 "
+                                "failed on rank 1"), other
+        assert "save_checkpoint on rank 0 only" in other and "CLORCH_DEBUG_COLLECTIVES=1" in other
