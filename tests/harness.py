@@ -1,4 +1,4 @@
-"""Multi-process test harness: N real ranks (gloo on the CPU), one fresh interpreter each.
+"""Multi-process test harness: N real ranks (gloo on the CPU), one process each.
 
 `run_ranks(fn, world_size, *args)` starts `world_size` processes, gives them
 the standard environment variables and a free port, runs `fn(rank,
@@ -6,16 +6,19 @@ world_size, *args)` inside `clorch.distributed.process_group()` and returns
 the per-rank return values.
 
 * Each rank is forked from a server process (multiprocessing's forkserver)
-  that imported torch and nothing else, so no test's state leaks in and
+  that imported torch (and with it numpy) before any test state existed, so
   torch's import (2-3 s of CPU) is paid once per test session instead of once
-  per rank. The rank then takes the caller's environment and working
-  directory as they are at the call, as a spawned process would.
-
+  per rank. The rank's environment is the caller's at the call, then the
+  standard variables, then `env`; its working directory is the caller's.
+  What torch read from the environment at import time is the server's: pass
+  such variables to a spawned subprocess instead. The server's stdout and
+  stderr are pytest's at the first call, so `capfd` does not see ranks' output.
 * A timeout bounds the whole run; on expiry every rank is killed and the
   failure shows each rank's Python stacks (faulthandler) at that moment.
 * When one rank raises, the others get a few seconds to finish, then are
   killed; the failure shows every rank's traceback.
-* Nothing is left running: every child is joined or killed before returning.
+* Nothing is left running: every child is joined or killed before returning;
+  the server ends with the test session.
 
 `fn` must be a module-level function (it is pickled by name).
 """
@@ -54,15 +57,16 @@ def _context() -> mp.context.BaseContext:
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                workdir: str, env: dict[str, str], args: tuple, timeout: float,
-               init_group: bool, backend: str, cwd: str) -> None:
+               init_group: bool, backend: str, caller_env: dict[str, str], cwd: str) -> None:
     os.chdir(cwd)
-    os.environ.clear()  # the caller's environment (env), not the server's
-    os.environ.update(env)
+    os.environ.clear()  # the caller's environment, not the server's
+    os.environ.update(caller_env)
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
     })
+    os.environ.update(env)
     stacks = open(Path(workdir) / f"stacks_{rank}.txt", "w")
     faulthandler.dump_traceback_later(max(timeout - 2, 1), exit=False, file=stacks)
     out = Path(workdir) / f"result_{rank}.pkl"
@@ -119,12 +123,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     """
     ctx = _context()
     port = free_port()
-    rank_env = {**os.environ, **(env or {})}
+    caller_env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="clorch-ranks-") as tmp:
         workdir = Path(tmp)
         procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(fn, r, world_size, port, tmp, rank_env, args, timeout, init_group,
-                                   backend, os.getcwd()))
+                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group,
+                                   backend, caller_env, os.getcwd()))
                  for r in range(world_size)]
         for proc in procs:
             proc.start()

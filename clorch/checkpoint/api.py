@@ -229,11 +229,11 @@ def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
             (nothing is written), or the disk is full (the message gives the bytes
             needed and free; the partial files are removed, `path` is unchanged).
         OSError: rank 0 could not write (re-raised on rank 0; CheckpointError on the others).
-        RuntimeError: the process group failed: a peer died, or did not call
-            save_checkpoint (only rank 0 did) before the group's timeout; the
-            message says which. In debug mode (CLORCH_DEBUG_COLLECTIVES=1) a peer
-            that called another collective instead raises CollectiveMismatchError
-            at once, on every rank.
+        RuntimeError: the process group failed: a peer died, did not call
+            save_checkpoint (only rank 0 did), or was busy past the group's
+            timeout; the message says that every rank must call it.
+        CollectiveMismatchError: debug mode (CLORCH_DEBUG_COLLECTIVES=1) only: a
+            peer called another clorch collective instead (at once, on every rank).
     """
     error, gathered_local = None, None
     try:
@@ -342,6 +342,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
         TypeError: an argument without state_dict/load_state_dict.
         RuntimeError: the process group failed, or a peer did not call
             load_checkpoint (as with save_checkpoint).
+        CollectiveMismatchError: debug mode only, as with save_checkpoint.
     """
     error, body, tensors = None, None, None
     try:

@@ -39,6 +39,19 @@ OPS = {
 }
 
 
+def failure_like(exc: RuntimeError, message: str) -> RuntimeError:
+    """A communication failure restated with `message`, of the same class where it can be made.
+
+    So that `except dist.DistBackendError` (and the like) in the caller's code still
+    catches it; raise it `from exc` to keep the backend's error in the traceback.
+    """
+    try:
+        restated = type(exc)(message)
+    except Exception:  # noqa: BLE001 - a class that takes other arguments: fall back
+        return RuntimeError(message)
+    return restated if isinstance(restated, RuntimeError) else RuntimeError(message)
+
+
 class Work:
     """Handle of an asynchronous collective; `wait()` before reading its tensors."""
 

@@ -181,3 +181,19 @@ def test_debug_mode_checks_send_recv_shape_and_dtype_on_both_ranks():
         assert "rank 0 sends a tensor of shape=(2, 3), dtype=float32 to rank 1, which receives into " \
                "shape=(3, 2), dtype=float32" in messages[0]
         assert "receives into shape=(2, 3), dtype=int32" in messages[1]
+
+
+def test_a_restated_failure_keeps_the_backends_class():
+    import torch.distributed as dist
+
+    from clorch.distributed.collectives import failure_like
+
+    backend = failure_like(dist.DistBackendError("gloo: timed out"), "save_checkpoint: every rank must call it")
+    assert type(backend) is dist.DistBackendError and str(backend) == "save_checkpoint: every rank must call it"
+    assert type(failure_like(RuntimeError("x"), "y")) is RuntimeError
+
+    class TakesTwo(RuntimeError):
+        def __init__(self, code, text):
+            super().__init__(code, text)
+
+    assert type(failure_like(TakesTwo(1, "x"), "y")) is RuntimeError  # cannot be remade: a plain one

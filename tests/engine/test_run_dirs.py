@@ -42,7 +42,7 @@ def _taken_seconds(cwd: Path, seconds: int) -> list[Path]:
 @pytest.mark.timeout(240)
 def test_concurrent_runs_get_their_own_directories_and_outputs(tmp_path):
     taken = _taken_seconds(tmp_path, 180)
-    seeds = (1, 2)  # two runs starting together collide as often as more would
+    seeds = (1, 2)  # two runs starting in the same taken seconds: each must find its own directory
     procs = {seed: _start(["+recipe=cpu_smoke", "max_steps=2", f"seed={seed}"], tmp_path)
              for seed in seeds}
     finished = {seed: proc.communicate(timeout=200) for seed, proc in procs.items()}

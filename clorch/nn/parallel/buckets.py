@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from clorch.distributed.collectives import failure_like
+
 MIB = 1024 * 1024
 
 
@@ -91,6 +93,34 @@ class Bucket:
     def converts(self) -> bool:
         """True when the bucket travels in another dtype than its gradients."""
         return self.comm is not self.flat
+
+
+def wait_for_reduction(work, bucket: Bucket) -> None:
+    """Wait for `bucket`'s all-reduce; a failed one names the bucket and what usually causes it.
+
+    Local: the collective itself was started on every rank. On CUDA it only
+    orders the result on the current stream (no host wait).
+
+    Raises:
+        RuntimeError: the process group failed (a timeout, a dead peer), as the
+            backend's class (DistBackendError, say), its message kept.
+    """
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        raise _reduction_failure(exc, bucket) from exc
+
+
+def _reduction_failure(exc: RuntimeError, bucket: Bucket) -> RuntimeError:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    names = ", ".join(bucket.names[:3]) + (", ..." if len(bucket.names) > 3 else "")
+    return failure_like(exc, (
+        f"DistributedDataParallel: the gradient all-reduce of the bucket holding {names} failed on "
+        f"rank {rank} ({type(exc).__name__}: {exc}). Every rank must run the same synchronized "
+        "backward: a peer that died, is stuck, or called another collective instead "
+        "(save_checkpoint on rank 0 only, say) leaves this rank waiting here until the collective "
+        "timeout. HINT: CLORCH_DEBUG_COLLECTIVES=1 makes clorch's collectives name the one each "
+        "rank called"))
 
 
 def _views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:

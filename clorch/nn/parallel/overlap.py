@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from clorch.nn.parallel.buckets import Bucket
+from clorch.nn.parallel.buckets import Bucket, wait_for_reduction
 
 _NEEDS_WHOLE_MODEL = ("LBFGS",)  # optimizers whose step looks at every parameter at once
 
@@ -102,7 +102,7 @@ class BucketStepper:
 
     def _step_now(self, bucket: Bucket, work: object) -> None:
         if work is not None:
-            work.wait()
+            wait_for_reduction(work, bucket)
         if bucket.converts:
             bucket.flat.copy_(bucket.comm)
         main = self.optimizer

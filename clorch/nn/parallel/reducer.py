@@ -57,7 +57,7 @@ from torch.autograd import Variable
 
 from clorch.distributed import collectives
 from clorch.distributed.groups import debug_enabled
-from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets
+from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets, wait_for_reduction
 from clorch.nn.parallel.fill import BucketFiller
 from clorch.nn.parallel.overlap import BucketStepper
 from clorch.nn.parallel.streams import BackwardStreams
@@ -269,7 +269,7 @@ class Reducer:
         """Wait for each bucket and bring its average into `.grad` (stepping it on CPU when asked)."""
         stepper = self.stepper
         self._streams.wait_for_copies()
-        for bucket_index, bucket in enumerate(self.buckets):
+        for bucket in self.buckets:
             work, bucket.work = bucket.work, None
             if bucket.handed:
                 bucket.handed = False  # CUDA: the side stream waits, converts and steps
@@ -277,7 +277,7 @@ class Reducer:
                 stepper.step(bucket, work)  # CPU: wait for this bucket, convert, step it, go on
             else:
                 if work is not None:
-                    _wait(work, bucket_index, len(self.buckets))
+                    wait_for_reduction(work, bucket)
                 if bucket.converts:
                     bucket.flat.copy_(bucket.comm)
             bucket.filled = 0
@@ -343,22 +343,3 @@ class Reducer:
                 work, bucket.work = bucket.work, None
                 work.wait()
         self._in_backward = False
-
-
-def _wait(work: dist.Work, index: int, count: int) -> None:
-    """Wait for bucket `index`'s all-reduce; a failed one says what usually causes it.
-
-    Raises:
-        RuntimeError: the process group failed (a timeout, a dead peer), with the
-            backend's message and the bucket named.
-    """
-    try:
-        work.wait()
-    except RuntimeError as exc:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        raise RuntimeError(
-            f"DistributedDataParallel: the gradient all-reduce of bucket {index} of {count} failed on "
-            f"rank {rank} ({type(exc).__name__}: {exc}). Every rank must run the same synchronized "
-            "backward: a peer that died, or that called another collective instead (save_checkpoint "
-            "on rank 0 only, say), leaves this rank here until the collective timeout. HINT: "
-            "CLORCH_DEBUG_COLLECTIVES=1 names the collective each rank called") from exc
