@@ -14,6 +14,7 @@ import torch
 
 from clorch.checkpoint import load_checkpoint, verify_checkpoint
 from clorch.checkpoint.locks import DirectoryInUse, DirectoryLock
+from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,10 +65,9 @@ def test_a_held_directory_is_refused_with_its_owner_and_freed_when_the_owner_die
 def test_clorch_train_refuses_a_checkpoint_dir_another_run_holds(tmp_path):
     child = _hold_in_a_child(tmp_path / "ckpt")
     try:
-        done = subprocess.run([sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "checkpoint=periodic",
-                               "checkpoint.every_n_steps=2", f"checkpoint.dir={tmp_path / 'ckpt'}",
-                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=_env(),
-                              capture_output=True, text=True, timeout=100)
+        done = run_clorch_train(["+recipe=cpu_smoke", "checkpoint=periodic", "checkpoint.every_n_steps=2",
+                                 f"checkpoint.dir={tmp_path / 'ckpt'}", f"hydra.run.dir={tmp_path / 'run'}"],
+                                tmp_path, env=_env(), timeout=100)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

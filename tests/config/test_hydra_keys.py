@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from clorch.config.hydra_keys import directory_error, hydra_key_errors
+from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clorch.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=100, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return run_clorch_train(args, cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=100)
 
 
 def _copy_callback(src: Path, dst: Path) -> str:

@@ -6,22 +6,20 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from clorch.cli import train_main
+from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(180)
 
-CLORCH_TRAIN = str(Path(sys.executable).with_name("clorch-train"))
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([CLORCH_TRAIN, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_clorch_train(args, cwd, env=env, timeout=timeout)
 
 
 def test_default_command_runs_a_small_job_and_says_where(tmp_path):

@@ -6,8 +6,6 @@ import datetime as dt
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,15 +14,13 @@ import yaml
 
 from clorch.engine import outputs
 from clorch.engine.outputs import new_run_dir
+from tests.clirunner import CliProcess, start_clorch_train
 
-CLORCH_TRAIN = str(Path(sys.executable).with_name("clorch-train"))
 DONE = re.compile(r"clorch-train: succeeded, \d+ steps, loss (\S+), .*; outputs in (.+)$", re.M)
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([CLORCH_TRAIN, *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(args: list[str], cwd: Path) -> CliProcess:
+    return start_clorch_train(args, cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
 def _taken_seconds(cwd: Path, seconds: int) -> list[Path]:

@@ -1,0 +1,82 @@
+"""Run `clorch-train` as its own process, forked from the test harness's forkserver.
+
+`run_clorch_train(args, cwd)` does what `subprocess.run(["clorch-train", *args],
+cwd=cwd, capture_output=True, text=True)` does: a process of its own with the
+given arguments, working directory and environment, its exit code (negative for
+a signal), stdout and stderr. The process is forked from the server that already
+imported torch (see `tests.harness`), which saves the 2-3 s of CPU that torch's
+import costs a fresh interpreter; the ranks it launches are fresh interpreters as
+always. Use a real subprocess where the test sends signals or needs a tty.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.harness import _context
+
+
+def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = ["clorch-train", *args]
+    from clorch.cli import main
+
+    try:
+        main()  # leaves through SystemExit with the command's exit code
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class CliProcess:
+    """A started `clorch-train`: `communicate(timeout)` waits and returns (stdout, stderr)."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None):
+        self.args = ["clorch-train", *args]
+        self._dir = tempfile.TemporaryDirectory(prefix="clorch-cli-")
+        self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
+        self._proc = _context().Process(target=_main, daemon=True, args=(
+            list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)))
+        self._proc.start()
+        self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        self.returncode = self._proc.exitcode
+        try:
+            return self._out.read_text(), self._err.read_text()
+        finally:
+            self._dir.cleanup()
+
+
+def start_clorch_train(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> CliProcess:
+    """Start `clorch-train ARGS` in `cwd` with `env` (default: this process's environment)."""
+    return CliProcess(args, cwd, env)
+
+
+def run_clorch_train(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+                     timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`clorch-train ARGS` to its end, as subprocess.run(..., capture_output=True, text=True) returns it.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past `timeout` seconds (it is killed).
+    """
+    proc = start_clorch_train(args, cwd, env)
+    out, err = proc.communicate(timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
