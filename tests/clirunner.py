@@ -6,7 +6,10 @@ given arguments, working directory and environment, its exit code (negative for
 a signal), stdout and stderr. The process is forked from the server that already
 imported torch (see `tests.harness`), which saves the 2-3 s of CPU that torch's
 import costs a fresh interpreter; the ranks it launches are fresh interpreters as
-always. Use a real subprocess where the test sends signals or needs a tty.
+always. `start_clorch_train` gives a handle with Popen's `pid`, `poll`,
+`send_signal`, `communicate` and `returncode`; signals reach the process as they
+would a subprocess (its handlers are Python's defaults until clorch-train sets its
+own). Use a real subprocess where a test needs a terminal or runs another program.
 """
 
 from __future__ import annotations
@@ -42,6 +45,21 @@ def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) ->
 
 class CliProcess:
     """A started `clorch-train`: `communicate(timeout)` waits and returns (stdout, stderr)."""
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def poll(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        if self._proc.is_alive():
+            return None
+        self.returncode = self._proc.exitcode
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self._proc.is_alive():
+            os.kill(self._proc.pid, signum)
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None):
         self.args = ["clorch-train", *args]

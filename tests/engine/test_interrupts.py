@@ -7,12 +7,12 @@ import json
 import os
 import shlex
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _start(run_dir: Path, cwd: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "clorch.cli", *ARGS, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(command, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _start(run_dir: Path, cwd: Path) -> CliProcess:
+    return start_clorch_train([*ARGS, f"hydra.run.dir={run_dir}"], cwd, env=_env())
 
 
-def _wait_for_a_checkpoint(run_dir: Path, proc: subprocess.Popen) -> None:
+def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("step_*.ckpt")):
         assert proc.poll() is None, proc.communicate()
@@ -67,8 +65,7 @@ def test_the_printed_command_resumes_the_run(tmp_path):
     command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
     assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
     resumed_dir = tmp_path / "resumed"
-    done = subprocess.run([sys.executable, "-m", "clorch.cli", *command[1:], f"hydra.run.dir={resumed_dir}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=150)
+    done = run_clorch_train([*command[1:], f"hydra.run.dir={resumed_dir}"], tmp_path, env=_env(), timeout=150)
     assert done.returncode == 0, done.stderr
     summary = json.loads((resumed_dir / "summary.json").read_text())
     assert summary["resumed_from"].startswith(str(run_dir / "checkpoints" / "step_"))
@@ -77,9 +74,7 @@ def test_the_printed_command_resumes_the_run(tmp_path):
 
 def test_an_interrupt_ends_the_whole_sweep(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    command = [sys.executable, "-m", "clorch.cli", "-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = start_clorch_train(["-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], tmp_path, env=_env())
     _wait_for_a_checkpoint(sweep_dir / "0", proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -92,10 +87,8 @@ def test_an_interrupt_under_launcher_torchrun_is_recorded_too(tmp_path):
     from clorch.launch.procs import reserve_free_port
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "clorch.cli", *ARGS, "launcher=torchrun",
-               f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = start_clorch_train([*ARGS, "launcher=torchrun", f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
+                               f"hydra.run.dir={run_dir}"], tmp_path, env=_env())
     _wait_for_a_checkpoint(run_dir, proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
