@@ -47,7 +47,6 @@ import sys
 import time
 
 import torch
-
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import clorch.distributed as cd
