@@ -20,13 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.harness import _context
+from tests.harness import _context, take_callers_state
 
 
 def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
+    take_callers_state(env, cwd)
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
@@ -46,6 +44,15 @@ def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) ->
 class CliProcess:
     """A started `clorch-train`: `communicate(timeout)` waits and returns (stdout, stderr)."""
 
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None):
+        self.args = ["clorch-train", *args]
+        self._dir = tempfile.TemporaryDirectory(prefix="clorch-cli-")
+        self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
+        self._proc = _context().Process(target=_main, daemon=True, args=(
+            list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)))
+        self._proc.start()
+        self.returncode: int | None = None
+
     @property
     def pid(self) -> int:
         return self._proc.pid
@@ -60,15 +67,6 @@ class CliProcess:
     def send_signal(self, signum: int) -> None:
         if self._proc.is_alive():
             os.kill(self._proc.pid, signum)
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None):
-        self.args = ["clorch-train", *args]
-        self._dir = tempfile.TemporaryDirectory(prefix="clorch-cli-")
-        self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
-        self._proc = _context().Process(target=_main, daemon=True, args=(
-            list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)))
-        self._proc.start()
-        self.returncode: int | None = None
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self._proc.join(timeout)

@@ -55,12 +55,17 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
+def take_callers_state(env: dict[str, str], cwd: str) -> None:
+    """In a process forked from the server: the caller's environment and directory, not the server's."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                workdir: str, env: dict[str, str], args: tuple, timeout: float,
                init_group: bool, backend: str, caller_env: dict[str, str], cwd: str) -> None:
-    os.chdir(cwd)
-    os.environ.clear()  # the caller's environment, not the server's
-    os.environ.update(caller_env)
+    take_callers_state(caller_env, cwd)
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
