@@ -1,0 +1,20 @@
+"""Reading the run directories clorch-train leaves: find, filter, compare and plot runs.
+
+    records.py   Run: one run directory read tolerantly (a live, killed or summary-less run too)
+    discover.py  find_runs(roots), select(name): run directories under roots, one named by id or path
+    query.py     --where / --status / --recipe / --since / --sort
+    table.py     the aligned table, JSON and CSV
+    views.py     what `show` and `diff` print
+    commands.py  the commands that re-run or resume a run; its checkpoints
+    plot.py      several runs' curves of one metric (matplotlib, the `plot` extra)
+    cli.py       the `clorch-runs` console script
+
+Nothing here imports torch (the command line stays fast) or writes into a run directory.
+"""
+
+from __future__ import annotations
+
+from clorch.runs.discover import find_runs, select
+from clorch.runs.records import Run, short_id
+
+__all__ = ["Run", "find_runs", "select", "short_id"]

@@ -1,0 +1,5 @@
+"""`python -m clorch.runs ...` is `clorch-runs ...`."""
+
+from clorch.runs.cli import main
+
+main()

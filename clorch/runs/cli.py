@@ -1,0 +1,148 @@
+"""`clorch-runs`: find, compare and plot the runs clorch-train left.
+
+    clorch-runs ls                                   every run under outputs/ and multirun/
+    clorch-runs ls --where 'eval_loss<0.1' --status failed --recipe ddp_bf16 --since 2026-12-01
+    clorch-runs ls --sort eval_loss --json           (or --csv) for scripts; --sort=-KEY descends
+    clorch-runs show RUN                             config, environment, metrics, checkpoints, commands
+    clorch-runs diff RUN_A RUN_B                     the config keys that differ, metrics side by side
+    clorch-runs plot RUN... --metric eval_loss --out plot.png
+
+RUN is a run directory, a run id (the `id` column, or its first 4+ characters)
+or the end of a run's path (`06-13-41`, `06-13-55/1`). `--root DIR` (repeatable)
+looks under DIR instead of ./outputs and ./multirun. Nothing is ever written into
+a run directory. Exit status: 0; 2 for a bad argument (the message names it, the
+value and what is allowed); 1 when something else stops the command (plot's
+matplotlib is missing). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from clorch.runs.discover import UsageError, check_roots, default_roots, find_runs, select
+from clorch.runs.plot import MissingExtra, plot
+from clorch.runs.query import pick, sort_runs, split_list
+from clorch.runs.records import STATUSES
+from clorch.runs.table import format_table, list_rows, to_csv, to_json
+from clorch.runs.views import diff_data, diff_text, show_data, show_text
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clorch-runs", description="Find, compare and plot clorch runs.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n")[1])
+    roots = argparse.ArgumentParser(add_help=False)
+    roots.add_argument("--root", action="append", default=[], metavar="DIR",
+                       help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,plot}")
+    ls = sub.add_parser("ls", parents=[roots], help="one row per run")
+    ls.add_argument("--where", action="append", default=[], metavar="COND",
+                    help="KEY OP VALUE, e.g. 'eval_loss<0.1' or 'optim.lr==3e-4' (repeatable: all must hold)")
+    ls.add_argument("--status", action="append", metavar="STATUS", help=f"one of {', '.join(STATUSES)} "
+                    "(comma-separated or repeated)")
+    ls.add_argument("--recipe", action="append", metavar="NAME", help="runs of this recipe (repeatable)")
+    ls.add_argument("--since", metavar="DATE", help="runs started at or after DATE (2026-12-01[T14:30])")
+    ls.add_argument("--sort", metavar="KEY", help="order by KEY (a --where key; --sort=-KEY: descending)")
+    ls.add_argument("--reverse", action="store_true", help="reverse the order")
+    _formats(ls, csv=True)
+    show = sub.add_parser("show", parents=[roots], help="one run in full")
+    show.add_argument("run", metavar="RUN")
+    _formats(show)
+    diff = sub.add_parser("diff", parents=[roots], help="two runs side by side")
+    diff.add_argument("runs", metavar="RUN", nargs=2)
+    _formats(diff)
+    plt = sub.add_parser("plot", parents=[roots], help="runs' curves of one metric in one PNG")
+    plt.add_argument("runs", metavar="RUN", nargs="+")
+    plt.add_argument("--metric", default="loss", help="a metrics.jsonl key (default: loss; eval_loss, lr, ...)")
+    plt.add_argument("--out", default="plot.png", type=Path, help="the PNG to write (default: ./plot.png)")
+    return parser
+
+
+def _formats(parser: argparse.ArgumentParser, csv: bool = False) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true", help="JSON for scripts")
+    if csv:
+        group.add_argument("--csv", action="store_true", help="CSV for scripts")
+
+
+def _roots(args: argparse.Namespace) -> list[Path]:
+    return check_roots(args.root) if args.root else default_roots()
+
+
+def _ls(args: argparse.Namespace) -> int:
+    roots = _roots(args)
+    runs = find_runs(roots)
+    chosen = pick(runs, args.where, split_list(args.status), split_list(args.recipe), args.since)
+    if args.sort:
+        chosen = sort_runs(chosen, args.sort)
+    if args.reverse:
+        chosen.reverse()
+    if args.json:
+        print(to_json([r.record() for r in chosen]))
+    elif args.csv:
+        sys.stdout.write(to_csv(chosen))
+    elif not runs:
+        where = ", ".join(map(str, roots)) or "./outputs and ./multirun (neither exists here)"
+        print(f"clorch-runs: no runs under {where}; --root DIR looks elsewhere", file=sys.stderr)
+    elif chosen:
+        print(format_table(*list_rows(chosen, group_sweeps=not (args.sort or args.reverse))))
+    else:
+        print(f"clorch-runs: none of the {len(runs)} runs matches", file=sys.stderr)
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    roots = _roots(args)
+    run = select(args.run, find_runs(roots), roots)
+    print(to_json(show_data(run)) if args.json else show_text(run))
+    return EXIT_OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    roots = _roots(args)
+    runs = find_runs(roots)
+    a, b = (select(name, runs, roots) for name in args.runs)
+    print(to_json(diff_data(a, b)) if args.json else diff_text(a, b))
+    return EXIT_OK
+
+
+def _plot(args: argparse.Namespace) -> int:
+    roots = _roots(args)
+    runs = find_runs(roots)
+    chosen = [select(name, runs, roots) for name in args.runs]
+    out, missing = plot(chosen, args.metric, args.out)
+    for run in missing:
+        print(f"clorch-runs: run {run.id} ({run.path}) has no {args.metric}; left out", file=sys.stderr)
+    print(out)
+    return EXIT_OK
+
+
+_COMMANDS = {"ls": _ls, "show": _show, "diff": _diff, "plot": _plot}
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """Run `clorch-runs ARGV`; return the exit status (argparse exits 2 itself on its own errors)."""
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"clorch-runs {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MissingExtra as exc:
+        print(f"clorch-runs {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:  # `clorch-runs ls | head`
+        return EXIT_OK
+
+
+def main() -> None:
+    sys.exit(run_cli())
+
+
+if __name__ == "__main__":
+    main()
