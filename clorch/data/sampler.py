@@ -12,6 +12,12 @@ Each rank draws a disjoint, deterministic share of `range(dataset_size)`:
   so that every rank gets the same count.
 * Rank r takes positions r, r + num_replicas, r + 2 * num_replicas, ...
 
+It is a subclass of `torch.utils.data.distributed.DistributedSampler`, so
+trainers that check `isinstance(sampler, DistributedSampler)` before calling
+`set_epoch` keep reshuffling, and it has torch's attributes (`dataset`,
+`num_replicas`, `rank`, `epoch`, `shuffle`, `seed`, `drop_last`,
+`num_samples`, `total_size`); every method is clorch's own.
+
 Unlike torch's sampler this one remembers how far it got: `advance(n)` (or
 iterating it) moves a per-epoch position, `state_dict()` records it, and
 after `load_state_dict()` the sampler continues with the very next index.
@@ -26,9 +32,11 @@ from typing import Any, Iterator
 
 import torch
 from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
+from clorch.distributed.groups import check_group_joined
 
 _STATE_KEYS = ("epoch", "seed", "rank", "num_replicas", "dataset_size", "shuffle",
                "drop_last", "consumed")
@@ -53,22 +61,24 @@ def _dataset_size(dataset: Any) -> int:
                     f"got {type(dataset).__name__}")
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(TorchDistributedSampler):
     """This rank's share of each epoch's permutation, with a resumable position.
 
-    Takes torch's `DistributedSampler` arguments, in torch's order.
+    Takes torch's `DistributedSampler` arguments, in torch's order, and passes
+    `isinstance(sampler, torch.utils.data.distributed.DistributedSampler)`.
 
     Args:
         dataset: the dataset (anything with `len()`) or its number of samples, >= 0.
         num_replicas: ranks sharing the data; defaults to the process group's
-            world size (1 outside a group).
+            world size (1 outside a group, unless WORLD_SIZE > 1 says the
+            process should be in one: then RuntimeError).
         rank: this rank, in [0, num_replicas); defaults to the group's rank.
         seed: base seed; the permutation of epoch e is seeded with seed + e.
         shuffle: permute each epoch; False keeps `range(dataset_size)` order.
         drop_last: drop the tail so every rank gets the same count without
             padding (instead of repeating indices from the start).
 
-    Call `set_epoch(epoch)` before each epoch. Without it every epoch reuses the
+    Call `set_epoch(epoch)` (or set `sampler.epoch`) before each epoch. Without it every epoch reuses the
     same permutation, exactly as torch's sampler does.
 
     Position rules: `advance(n)` and iteration move the position within the
@@ -86,12 +96,20 @@ class DistributedSampler(Sampler[int]):
         TypeError: an argument of the wrong type.
         ValueError: dataset_size < 0, num_replicas < 1, or rank outside
             [0, num_replicas).
+        RuntimeError: num_replicas or rank left to its default while no
+            process group is initialized but WORLD_SIZE > 1 (a rank of a
+            launched job that never joined the group; see
+            `clorch.distributed.groups.check_group_joined`).
     """
 
     def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
-        super().__init__()
+        # Not torch's __init__: it asks torch.distributed for the defaults, which needs a group.
+        Sampler.__init__(self)
+        if num_replicas is None or rank is None:
+            check_group_joined("DistributedSampler")
         self.dataset_size = _dataset_size(dataset)
+        self.dataset = dataset
         self.num_replicas = _int_arg(
             "num_replicas", cdist.world_size() if num_replicas is None else num_replicas, 1)
         rank = cdist.rank() if rank is None else rank
@@ -123,8 +141,12 @@ class DistributedSampler(Sampler[int]):
 
     @property
     def epoch(self) -> int:
-        """The current epoch (0 until `set_epoch` is called)."""
+        """The current epoch (0 until `set_epoch` is called); setting it is `set_epoch`."""
         return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.set_epoch(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; a new epoch starts at position 0, the current one keeps its position.

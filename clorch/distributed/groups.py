@@ -255,6 +255,39 @@ def world_size() -> int:
     return dist.get_world_size() if is_initialized() else 1
 
 
+def check_group_joined(caller: str) -> None:
+    """Refuse to go on as a world of 1 in a process that a launcher started as one of several ranks.
+
+    Outside a group clorch answers as rank 0 of a world of 1, which is right for a
+    plain `python train.py`. Under torchrun, clorch's launcher or a SLURM script
+    WORLD_SIZE says how many ranks the job has: if such a process never joined the
+    group, every rank would train alone and nothing would say so. torch's DDP
+    raises there too (no default process group).
+
+    Local (no collective). Reads WORLD_SIZE only when no group is initialized.
+
+    Args:
+        caller: what is being built, for the message (e.g. "DistributedDataParallel").
+
+    Raises:
+        RuntimeError: no process group is initialized and WORLD_SIZE is an integer > 1.
+    """
+    if is_initialized():
+        return
+    text = os.environ.get("WORLD_SIZE", "")
+    try:
+        size = int(text)
+    except ValueError:
+        return  # unset or malformed: init_process_group reports a malformed value when called
+    if size > 1:
+        raise RuntimeError(
+            f"{caller}: the environment says this process is one of WORLD_SIZE={size} ranks, but no "
+            "process group is initialized, so it would train alone as a world of 1. Join the job "
+            "first: wrap the training in `with clorch.distributed.process_group():` or call "
+            "`clorch.distributed.init_process_group()` (torch.distributed.init_process_group works "
+            "too); to run a single process on purpose, unset WORLD_SIZE")
+
+
 def local_rank() -> int:
     """Rank within this node; 0 outside a group."""
     state = _live_state()

@@ -17,10 +17,12 @@ import torch
 from torch import nn
 
 from clorch.amp.scaler import GradScaler
-from clorch.distributed.groups import world_size
+from clorch.distributed.groups import check_group_joined, is_initialized, world_size
+from clorch.nn.parallel.comm_hooks import HookReducer
 from clorch.nn.parallel.options import check_device_ids, check_process_group, check_unsupported
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
+from clorch.nn.parallel.torch_ddp import TorchDDPInterface, refuse_torch_internals
 from clorch.precision import DTYPE_NAMES, torch_dtype
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -73,11 +75,20 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-class DistributedDataParallel(nn.Module):
+@refuse_torch_internals
+class DistributedDataParallel(TorchDDPInterface):
     """Data parallelism over the default process group with clorch's own bucketed reducer.
 
     Takes torch's `DistributedDataParallel` arguments, so a torch DDP script
-    runs by changing the import. As with torch's DDP, `.grad` holds the average
+    runs by changing the import. It is a subclass of
+    `torch.nn.parallel.DistributedDataParallel` (so isinstance checks and
+    unwrap helpers see a DDP) with torch's public attributes (`module`,
+    `device_ids`, `output_device`, `dim`, `broadcast_buffers`,
+    `find_unused_parameters`, `process_group`, `bucket_bytes_cap`,
+    `static_graph`, `gradient_as_bucket_view`, `device`), `no_sync()`,
+    `register_comm_hook` (torch's elementwise hooks) and `_set_static_graph()`;
+    torch's `__init__` and reducer never run, and torch's internals that would
+    need them (`join`, `_register_fused_optim`, ...) raise NotImplementedError. As with torch's DDP, `.grad` holds the average
     over ranks when a synchronized `backward()` returns; forwards inside
     `no_sync()` (or with `require_backward_grad_sync = False`) make their
     backward accumulate locally instead. Construction is a synchronization
@@ -85,8 +96,13 @@ class DistributedDataParallel(nn.Module):
     signature across ranks (ValueError on every rank if it differs) and
     broadcasts parameters and buffers from rank 0.
 
+    Outside a process group it runs as a world of 1, unless WORLD_SIZE > 1
+    says this process is a rank of a launched job: then construction raises
+    RuntimeError (see `clorch.distributed.groups.check_group_joined`), where
+    every rank would otherwise train alone.
+
     At world size 1 there is nothing to average, so (unless `step_in_backward`
-    is used) no hooks are registered:
+    or `register_comm_hook` is used) no hooks are registered:
     backward leaves autograd's own `.grad` and `buckets` is empty. (torch's
     DDP copies every gradient into a bucket there too; skipping that keeps a
     one-GPU job as fast as the plain model.)
@@ -110,7 +126,8 @@ class DistributedDataParallel(nn.Module):
             and backward it is zeros, not None), and backward accumulates into
             the buckets in place instead of allocating and copying each
             gradient.
-        static_graph: accepted as a hint (the reducer needs no graph analysis).
+        static_graph: recorded in `static_graph`, nothing else (the reducer
+            needs no graph analysis); `_set_static_graph()` likewise.
         first_bucket_cap_mb: most MiB in the first bucket (starts communication early).
         reduce_dtype: the dtype buckets travel in: None (the gradients' own), a
             name of `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16", ...)
@@ -128,6 +145,7 @@ class DistributedDataParallel(nn.Module):
     Raises:
         TypeError: module is not an nn.Module, or overlap_grad_copies is not a bool.
         ValueError: a bad or unsupported option, or parameter signatures differ across ranks.
+        RuntimeError: no process group is initialized but WORLD_SIZE > 1.
     """
 
     def __init__(self, module: nn.Module, device_ids: Any = None, output_device: Any = None,
@@ -139,7 +157,7 @@ class DistributedDataParallel(nn.Module):
                  mixed_precision: Any = None, device_mesh: Any = None,
                  skip_all_reduce_unused_params: bool = False, *, first_bucket_cap_mb: float = 1.0,
                  reduce_dtype: Any = None, overlap_grad_copies: bool = False, **torch_only: Any):
-        super().__init__()
+        nn.Module.__init__(self)  # not torch's DDP __init__: that would build torch's reducer
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         check_unsupported(find_unused_parameters=find_unused_parameters,
@@ -150,31 +168,37 @@ class DistributedDataParallel(nn.Module):
         check_process_group(process_group)
         if not isinstance(overlap_grad_copies, bool):
             raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
-        self.device = check_device_ids(module, device_ids, output_device)
+        self._input_device = check_device_ids(module, device_ids, output_device)
         cap = _check_cap("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         first_cap = _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
         dtype = resolve_reduce_dtype(reduce_dtype)
+        check_group_joined("DistributedDataParallel")
+        size = world_size()
         self.module = module
+        self._set_torch_attributes(process_group, dim, cap, bucket_cap_mb is None)
         self.static_graph = bool(static_graph)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.require_backward_grad_sync = True
-        size = world_size()
         named = list(module.named_parameters())
         if size > 1:
             check_signature(named)
             if init_sync:
                 broadcast_coalesced([p.detach() for _, p in named] + list(module.buffers()))
-        sync_buffers = broadcast_buffers is None or bool(broadcast_buffers)
-        self._buffers_to_sync = list(module.buffers()) if sync_buffers and size > 1 else []
         self._reducer: Reducer | None = None
         self._covers: dict[tuple[int, int], bool] = {}
         self._reducer_args = (cap, first_cap, dtype, size)
+        self.broadcast_buffers = broadcast_buffers is None or bool(broadcast_buffers)
         self.overlap_grad_copies = overlap_grad_copies
+        self._forwarded = False  # register_comm_hook is refused once a forward ran
         if size > 1:
             self._reducer = self._build_reducer()
 
-    def _build_reducer(self, communicate: bool | None = None) -> Reducer:
+    def _build_reducer(self, communicate: bool | None = None, comm_hook: tuple | None = None) -> Reducer:
         trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
+        if comm_hook is not None:
+            cap, first_cap = self._reducer_args[:2]
+            return HookReducer([p for _, p in trainable], [n for n, _ in trainable], cap, first_cap,
+                               *comm_hook)
         return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args,
                        communicate=communicate, overlap_grad_copies=self.overlap_grad_copies)
 
@@ -225,6 +249,9 @@ class DistributedDataParallel(nn.Module):
         """
         from clorch.nn.parallel.overlap import BucketStepper
 
+        if isinstance(self._reducer, HookReducer):
+            raise ValueError("step_in_backward() cannot be combined with register_comm_hook(): the "
+                             "hook's Future, not clorch's all-reduce, completes each bucket")
         if self._reducer is None:
             self._reducer = self._build_reducer()
         reducer = self._reducer
@@ -244,6 +271,8 @@ class DistributedDataParallel(nn.Module):
         With broadcast_buffers every rank first receives rank 0's buffers (a
         collective: all ranks call forward the same number of times).
         """
+        if not self._forwarded:
+            self._forwarded = True
         if self._reducer is not None and torch.is_grad_enabled():
             if self._reducer.in_backward and not _inside_backward():
                 # The last backward raised outside the reducer (a user hook, out of memory,
@@ -254,8 +283,8 @@ class DistributedDataParallel(nn.Module):
                 self._reducer.restore_views()
         if self._buffers_to_sync:
             broadcast_coalesced(self._buffers_to_sync)
-        if self.device is not None:
-            args, kwargs = _to_device(args, self.device), _to_device(kwargs, self.device)
+        if self._input_device is not None:
+            args, kwargs = _to_device(args, self._input_device), _to_device(kwargs, self._input_device)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
