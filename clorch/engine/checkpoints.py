@@ -80,11 +80,16 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return path
 
 
-def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState) -> None:
+def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
+         run_dir: Path | None = None) -> None:
     """Write a checkpoint of everything needed to continue.
 
     Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint);
     it blocks until rank 0 has committed the file.
+
+    Args:
+        run_dir: the run directory writing it: a run resumed from the checkpoint
+            starts its metrics.jsonl with that directory's records up to the step.
     """
     from clorch.checkpoint import save_checkpoint
 
@@ -97,7 +102,8 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState) -> N
                                             "step": state.step, "epoch": state.epoch,
                                             "scheduler": _scheduler_state(parts.scheduler),
                                             "window_loss": window, "window_steps": state.window_steps,
-                                            "window_samples": state.window_samples})
+                                            "window_samples": state.window_samples,
+                                            "run_dir": None if run_dir is None else str(run_dir)})
 
 
 def restore(parts: Components, path: Path) -> LoopState:
@@ -121,7 +127,17 @@ def restore(parts: Components, path: Path) -> LoopState:
     return LoopState(step=int(saved["step"]), epoch=int(saved["epoch"]), resumed=True,
                      window_loss=window,
                      window_steps=int(saved.get("window_steps", 0)),
-                     window_samples=int(saved.get("window_samples", 0)))
+                     window_samples=int(saved.get("window_samples", 0)),
+                     resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
+
+
+def _run_dir_of(path: Path) -> str | None:
+    """The run directory of a checkpoint that does not name it (written before clorch recorded
+    it): `<run dir>/checkpoints/`'s parent, when that holds a run's metrics.jsonl."""
+    parent = Path(path).parent
+    if parent.name == "checkpoints" and (parent.parent / "metrics.jsonl").is_file():
+        return str(parent.parent)
+    return None
 
 
 def _gather_window(parts: Components, state: LoopState) -> list[float] | None:

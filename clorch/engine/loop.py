@@ -94,6 +94,9 @@ class LoopState:
     window_steps: int = 0
     window_samples: int = 0
     window_start: float = field(default_factory=time.perf_counter)
+    # On resume: the run directory that wrote the checkpoint, whose metrics.jsonl holds the
+    # run's history up to `step` (None: a fresh start, or a checkpoint that does not say).
+    resumed_run_dir: str | None = None
 
 
 def _step_chunks(indices: Any, per_step: int, batch_size: int) -> list[list[Any]]:

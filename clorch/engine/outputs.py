@@ -3,14 +3,21 @@
     config.yaml      the resolved config            env.json      the environment record
     logs/            per-rank stdout/stderr          metrics.jsonl rank 0's metrics, one JSON a line
     checkpoints/     by checkpoint policy            summary.json  status, final/best metrics, throughput
-    loss.png         the loss curve (with matplotlib installed)
+    loss.png         the loss curve and the eval metrics (with matplotlib installed)
+    events.jsonl     what happened on the way (a resume, a restart), when something did
+
+A run resumed from another run's checkpoint starts its metrics.jsonl with that
+run's records up to the resumed step (`resumed_history`), so every run
+directory holds its run's whole history.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
+import logging
 import os
 import platform
 import shutil
@@ -19,9 +26,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
-from clorch._files import write_json_atomic
+from clorch._files import write_json_atomic, write_text_atomic
 
 TIMING_KEYS = ("time_s", "samples_per_s", "tokens_per_s")
 
@@ -110,8 +117,31 @@ def _git_commit(directory: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+# The command line as the user typed it, while `typed_command` holds it (innermost last).
+_typed: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def typed_command(argv: Sequence[str]) -> Iterator[None]:
+    """Within: `env_record` records `argv` as the run's command line.
+
+    `clorch-train` hands Hydra a rewritten `sys.argv` (recipe paths made overrides,
+    flags first, the run directory it chose); env.json should say what the user
+    typed, so the command line is given here before it is rewritten.
+    """
+    _typed.append(list(argv))
+    try:
+        yield
+    finally:
+        _typed.pop()
+
+
 def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
-    """Python, torch, CUDA and NCCL versions, GPU names, git commit, host and command line."""
+    """Python, torch, CUDA and NCCL versions, GPU names, git commit, host and command line.
+
+    Args:
+        argv: the command line to record; None: the one `typed_command` holds, else `sys.argv`.
+    """
     import torch
 
     cuda = torch.cuda.is_available()
@@ -129,52 +159,70 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
         # from a checkout (an editable install).
         "git_commit": _git_commit(Path.cwd()), "clorch_git_commit": _git_commit(Path(__file__).parent),
         "host": socket.gethostname(), "platform": platform.platform(),
-        "command": list(sys.argv if argv is None else argv), "cwd": os.getcwd(),
+        "command": _command(argv), "cwd": os.getcwd(),
         "time": _dt.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def _command(argv: Iterable[str] | None) -> list[str]:
+    if argv is not None:
+        return list(argv)
+    return list(_typed[-1] if _typed else sys.argv)
 
 
 EVENTS = "events.jsonl"
 
 
-def announce(run_dir: Path, message: str) -> None:
+def announce(run_dir: Path, message: str, **fields: Any) -> None:
     """Append one event for the console to the run's events.jsonl (rank 0, or the launching process).
 
     `clorch-train` shows each event as a `clorch: ...` line while the run goes on:
-    a resume, a restart, a run that was already complete.
+    a resume, a restart, a run that was already complete. `fields` are recorded
+    with it (a resume names the run directory it continues, `resumed_run_dir`, and
+    how many records of that run's metrics.jsonl it carried over, `carried_records`).
     """
     with open(Path(run_dir) / EVENTS, "a") as f:
-        f.write(json.dumps({"time": time.time(), "message": message}) + "\n")
+        f.write(json.dumps({"time": time.time(), "message": message, **fields}) + "\n")
 
 
 class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl (rank 0 only), flushed each line.
 
-    Resuming into the same run directory first drops the lines after the resumed
-    step, so the file ends up as an uninterrupted run's would.
+    Args:
+        path: the metrics.jsonl file; what it held before is replaced.
+        history: the records the file starts with: a resumed run's history up to the
+            resumed step (`resumed_history`), so the file ends up as an uninterrupted
+            run's would; None or []: a fresh file.
+        tensorboard_dir: also write each number as a TensorBoard scalar there (the
+            history too, when the directory is new: a resume into another run directory).
     """
 
-    def __init__(self, path: Path, keep_until_step: int | None = None, tensorboard_dir: Path | None = None):
+    def __init__(self, path: Path, history: list[dict[str, Any]] | None = None,
+                 tensorboard_dir: Path | None = None):
         self.path = Path(path)
-        if keep_until_step is not None and self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_until_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        elif keep_until_step is None and self.path.exists():
-            self.path.unlink()
+        # Atomic: the launching process follows this file while it is rewritten.
+        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in history or []))
         self._file = open(self.path, "a")
         self._tb = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
+            fresh = not Path(tensorboard_dir).exists()  # else it holds the history already
             self._tb = SummaryWriter(str(tensorboard_dir))
+            if fresh:
+                for record in history or []:
+                    self._scalars(record)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
+            self._scalars(record)
+
+    def _scalars(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and key != "step":
+                self._tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
 
     def close(self) -> None:
         self._file.close()
@@ -182,12 +230,40 @@ class MetricsWriter:
             self._tb.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file ([] when it does not exist)."""
+def resumed_history(records: list[dict[str, Any]], step: int, last_step: int) -> list[dict[str, Any]]:
+    """What a run resumed at `step` (of `last_step`) keeps of the metrics records before it.
+
+    The records up to `step`: the steps after it (trained after the checkpoint
+    was taken) are trained and logged again. A checkpoint at the last step
+    evaluates again, so that step's evaluation is left to the resumed run.
+    """
+    def kept(record: dict[str, Any]) -> bool:
+        at = record.get("step", 0)
+        return at < step or (at == step and not (step >= last_step and record.get("kind") == "eval"))
+
+    return [r for r in records if kept(r)]
+
+
+def read_metrics(path: Path, skip_damaged: bool = False) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file ([] when it does not exist).
+
+    Args:
+        skip_damaged: leave out lines that are not JSON (a run killed while writing
+            one) instead of raising ValueError.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if not skip_damaged:
+                raise
+    return records
 
 
 def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -195,30 +271,72 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
-def plot_loss(run_dir: Path) -> Path | None:
-    """loss.png from metrics.jsonl, when matplotlib is installed (else None)."""
+@contextlib.contextmanager
+def _quiet_matplotlib() -> Iterator[None]:
+    """Within: matplotlib logs warnings only. Its first use logs "generated new fontManager"
+    at INFO, which Hydra's console handler would show in the middle of clorch-train's output."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
     try:
-        import matplotlib
+        yield
+    finally:
+        logger.setLevel(level)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+
+def _eval_metrics(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """{"eval_NAME": [(step, value), ...]} for each number the evaluations recorded (no timing)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        if record.get("kind") != "eval":
+            continue
+        for key, value in record.items():
+            if key.startswith("eval_") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(key, []).append((record["step"], value))
+    return series
+
+
+def plot_loss(run_dir: Path) -> Path | None:
+    """loss.png from metrics.jsonl, when matplotlib is installed (else None).
+
+    The train and eval loss on a log scale; below them, in a second panel, the
+    other eval metrics (eval_exact, ...), when the task reports any.
+    """
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train"]
-    held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     if not train:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    with _quiet_matplotlib():
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return None
+        return _draw(run_dir / "loss.png", train, _eval_metrics(records), plt)
+
+
+def _draw(out: Path, train: list[tuple[int, float]], evals: dict[str, list[tuple[int, float]]],
+          plt: Any) -> Path:
+    others = {k: v for k, v in evals.items() if k != "eval_loss"}
+    rows = 2 if others else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(6, 4 * rows), sharex=True, squeeze=False)
+    ax = axes[0][0]
     ax.plot(*zip(*train), label="train loss")
-    if held_out:
-        ax.plot(*zip(*held_out), "o-", label="eval loss")
-    ax.set_xlabel("step")
+    if evals.get("eval_loss"):
+        ax.plot(*zip(*evals["eval_loss"]), "o-", label="eval loss")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.legend()
+    if others:
+        metrics = axes[1][0]
+        for key, points in others.items():
+            metrics.plot(*zip(*points), "o-", label=key.replace("_", " "))
+        metrics.set_ylabel("eval metric")
+        metrics.legend()
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
-    out = run_dir / "loss.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

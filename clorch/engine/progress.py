@@ -4,7 +4,9 @@ The ranks' stdout goes to log files, so the launching process follows rank
 0's metrics.jsonl instead: a tqdm bar with loss and throughput on a terminal,
 a plain line per metrics record otherwise (progress=lines), nothing with
 progress=off. Events (events.jsonl: a resume, a restart) appear as
-`clorch: ...` lines.
+`clorch: ...` lines. A run resumed from another run's checkpoint starts
+metrics.jsonl with that run's records (its announcement says how many): those
+are not shown again.
 """
 
 from __future__ import annotations
@@ -42,13 +44,16 @@ class Progress:
         self._events_offset = events.stat().st_size if events.exists() else 0
         self._shown: dict[str, int] = {}  # kind -> the highest step shown
         self._skip_until: dict[str, int] = {}  # after a rewrite: kind -> steps shown before it
+        self._carried = 0  # the first records of the file, carried over from an earlier run
+        self._index = 0  # the next record's position in the file
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, unit="step", file=self.stream, dynamic_ncols=True)
 
-    def _new_records(self) -> list[dict[str, Any]]:
+    def _read_records(self) -> list[Any]:
+        """The JSON values of the lines written since the last read."""
         if not self.path.exists():
             return []
         with open(self.path, "rb") as f:
@@ -56,13 +61,20 @@ class Progress:
             if size < self._offset or not self._at_line_start(f):
                 # A restart rewrites metrics.jsonl up to the resumed step: read it again
                 # from the top, leaving out the steps already shown.
-                self._offset, self._skip_until = 0, dict(self._shown)
+                self._offset, self._index, self._skip_until = 0, 0, dict(self._shown)
             f.seek(self._offset)
             data = f.read()
         values, used = _json_lines(data)
         self._offset += used
+        return values
+
+    def _new_records(self, values: list[Any]) -> list[dict[str, Any]]:
+        """The records of `values` to show."""
         records = []
         for record in values:
+            self._index += 1
+            if self._index <= self._carried:
+                continue  # announced as carried over, not trained now
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 continue
             kind = record.get("kind", "train")
@@ -83,9 +95,14 @@ class Progress:
         """Show the records written since the last call."""
         if self.mode == "off":
             return
-        for message in self._new_events():
+        messages = self._new_events()
+        values = self._read_records()
+        # Events again: a resume announces its carried records before writing them, so
+        # once those records are read here, their announcement is too.
+        messages += self._new_events()
+        for message in messages:
             self.note(message)
-        for record in self._new_records():
+        for record in self._new_records(values):
             self._show(record)
 
     def _show(self, record: dict[str, Any]) -> None:
@@ -120,7 +137,11 @@ class Progress:
             f.seek(self._events_offset)
             values, used = _json_lines(f.read())
         self._events_offset += used
-        return [str(v["message"]) for v in values if isinstance(v, dict) and "message" in v]
+        events = [v for v in values if isinstance(v, dict) and "message" in v]
+        for event in events:
+            if isinstance(event.get("carried_records"), int):
+                self._carried = event["carried_records"]
+        return [str(v["message"]) for v in events]
 
     def close(self) -> None:
         self.poll()

@@ -22,7 +22,7 @@ from clorch.engine import checkpoints
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
-from clorch.engine.outputs import MetricsWriter, announce
+from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
 from clorch.engine.resolve import Plan
 
 
@@ -56,7 +56,7 @@ class StepHooks:
             from clorch.checkpoint import step_checkpoint_path
 
             directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
-            checkpoints.save(cfg, self.parts, step_checkpoint_path(directory, step), state)
+            checkpoints.save(cfg, self.parts, step_checkpoint_path(directory, step), state, self.run_dir)
             if self.parts.rank == 0:
                 checkpoints.prune(cfg, self.run_dir)
 
@@ -105,19 +105,48 @@ class StepHooks:
         return metrics
 
 
-def _start(cfg: TrainConfig, parts: Components, run_dir: Path, total: int) -> tuple[LoopState, str | None]:
+def _start(cfg: TrainConfig, parts: Components, run_dir: Path,
+           total: int) -> tuple[LoopState, str | None, list[dict[str, Any]] | None]:
+    """The loop state to start from, the checkpoint resumed (or None) and, on rank 0 of a
+    resumed run, the metrics records its metrics.jsonl starts with."""
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
-        return LoopState(), None
+        return LoopState(), None, None
     state = checkpoints.restore(parts, path)
+    history = None
     if parts.rank == 0:
         print(f"resumed from {path} at step {state.step} (epoch {state.epoch})", flush=True)
+        history, note, fields = _history(run_dir, state, total)
         message = f"resuming from {path} at step {state.step} (epoch {state.epoch})"
         if state.step >= total:
             message = (f"{path} is already at step {state.step}, the run's last ({total}): "
                        "nothing is left to train; evaluating and saving only")
-        announce(run_dir, message)
-    return state, str(path)
+        # Announced before metrics.jsonl is written: the console then knows which of its
+        # records are carried over (and shows this line instead of them).
+        announce(run_dir, message + note, **fields)
+    return state, str(path), history
+
+
+def _history(run_dir: Path, state: LoopState, total: int) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+    """The records a run resumed at `state.step` starts its metrics.jsonl with, what to add to
+    the resume's announcement, and the event's fields.
+
+    Resumed from another run's checkpoint: that run's records up to the step, copied,
+    so that this directory holds the whole history too and the earlier one's files
+    stay as that run left them. A restart (or resume) in this directory keeps its
+    own records up to the step. The records after the step are trained again.
+    """
+    source = Path(state.resumed_run_dir) if state.resumed_run_dir else run_dir
+    if source.resolve() == run_dir.resolve():
+        own = read_metrics(run_dir / "metrics.jsonl", skip_damaged=True)
+        return resumed_history(own, state.step, total), "", {}
+    fields: dict[str, Any] = {"resumed_run_dir": str(source)}
+    metrics = source / "metrics.jsonl"
+    if not metrics.is_file():
+        return [], f"; {metrics} is gone, so this run's metrics start after step {state.step}", fields
+    history = resumed_history(read_metrics(metrics, skip_damaged=True), state.step, total)
+    fields["carried_records"] = len(history)
+    return history, f"; the metrics up to step {state.step} are carried over from {metrics}", fields
 
 
 def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -142,12 +171,11 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
     """
     cfg, total = plan.config, plan.total_steps
     parts = build_components(cfg, ctx, total)
-    state, resumed_from = _start(cfg, parts, run_dir, total)
+    state, resumed_from, history = _start(cfg, parts, run_dir, total)
     writer = None
     if parts.rank == 0:
         tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
-        writer = MetricsWriter(run_dir / "metrics.jsonl",
-                               keep_until_step=state.step if resumed_from else None, tensorboard_dir=tb)
+        writer = MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
     hooks = hooks_class(cfg, parts, run_dir, total, writer)
     start, first_step = time.perf_counter(), state.step
     try:
@@ -155,7 +183,7 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         train_time = time.perf_counter() - start
         final_eval = hooks.eval(state)
         if cfg.checkpoint.policy in ("final", "periodic"):
-            checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state)
+            checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
     finally:
         if writer is not None:
             writer.close()
@@ -163,7 +191,12 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         return None
     steps_run = state.step - first_step
     samples = steps_run * parts.batch_size * parts.accumulation * parts.world_size  # planned, tail aside
+    # The run directory whose history this one continues (None: a fresh start, or this directory).
+    earlier = state.resumed_run_dir if resumed_from else None
+    if earlier is not None and Path(earlier).resolve() == run_dir.resolve():
+        earlier = None
     return {"steps": state.step, "epoch": state.epoch, "resumed_from": resumed_from,
+            "resumed_run_dir": earlier,
             "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
             "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
             "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model)}
