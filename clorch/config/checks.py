@@ -173,6 +173,8 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
         errors += _checkpoint_errors(cfg.checkpoint, cfg.launcher)
     if isinstance(cfg.launcher, schema.TorchrunLauncherConfig):
         errors += _nnodes_errors(cfg.launcher)
+    if complete(cfg, "top"):
+        errors += _unused_top_keys(cfg)
     if isinstance(cfg.precision, schema.FP16Config) and not cfg.precision.scaler.enabled:
         errors.append("precision.scaler.enabled=false with precision=fp16 risks underflow: "
                       "keep the scaler on for fp16 (use bf16 for no scaler)")
@@ -208,7 +210,7 @@ def _nnodes_errors(launcher: Any) -> list[str]:
 
 
 def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str]:
-    errors = []
+    errors = _unused_checkpoint_keys(ckpt)
     if ckpt.policy == "periodic" and ckpt.every_n_steps < 1:
         errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, "
                       f"got {ckpt.every_n_steps}")
@@ -224,6 +226,32 @@ def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str
         errors.append(f"launcher.max_restarts={launcher.max_restarts} resumes from the latest "
                       f"checkpoint: use checkpoint=periodic (got checkpoint={ckpt.policy})")
     return errors
+
+
+def _unused_checkpoint_keys(ckpt: schema.CheckpointConfig) -> list[str]:
+    """Checkpoint keys that the chosen policy would ignore: a run that silently writes no
+    checkpoint is found out only after the interrupt that was meant to be safe."""
+    defaults = schema.CheckpointConfig()
+    writes = {"none": set(), "final": {"path"}, "periodic": {"path", "every_n_steps", "keep_last"}}
+    used = writes[ckpt.policy] | ({"dir"} if ckpt.policy != "none" or ckpt.resume == "latest" else set())
+    errors = []
+    for key in ("dir", "path", "every_n_steps", "keep_last"):
+        value = getattr(ckpt, key)
+        if key in used or value == getattr(defaults, key):
+            continue
+        needs = "periodic" if key in ("every_n_steps", "keep_last") else "final or checkpoint=periodic"
+        errors.append(f"checkpoint.{key}={value!r} does nothing with checkpoint={ckpt.policy}: "
+                      f"it writes no {'step ' if needs == 'periodic' else ''}checkpoints; "
+                      f"choose checkpoint={needs}")
+    return errors
+
+
+def _unused_top_keys(cfg: schema.TrainConfig) -> list[str]:
+    """Top-level keys that another key switches off."""
+    if not cfg.compile and cfg.compile_mode != schema.TopConfig.compile_mode:
+        return [f"compile_mode={cfg.compile_mode} does nothing with compile=false: "
+                "add compile=true, or drop compile_mode"]
+    return []
 
 
 def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
@@ -257,7 +285,22 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:  # an interpolation that does not resolve
-        raise ConfigError([f"the config does not resolve: {exc}"]) from None
+        raise ConfigError([unresolved_message(cfg, exc)]) from None
+
+
+def unresolved_message(cfg: DictConfig, exc: Exception) -> str:
+    """'KEY=VALUE does not resolve: REASON', from OmegaConf's interpolation error."""
+    key = getattr(exc, "full_key", None)
+    reason = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]
+    if not key:
+        return f"the config does not resolve: {reason}"
+    parent, _, leaf = key.rpartition(".")
+    try:  # the value as written, before resolving
+        raw = (OmegaConf.select(cfg, parent) if parent else cfg)._get_node(leaf)._value()
+    except Exception:  # a key OmegaConf cannot look up unresolved
+        raw = None
+    shown = f"{key}={raw}" if isinstance(raw, str) else key
+    return f"{shown} does not resolve: {reason} (interpolations: ${{oc.env:NAME,default}}, ${{other.key}})"
 
 
 def checked(cfg: DictConfig | Mapping[str, Any]) -> tuple[schema.TrainConfig | None, list[str]]:

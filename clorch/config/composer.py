@@ -32,6 +32,7 @@ RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
 CONFIG_MODULE = "clorch.conf"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 _recipe_errors: dict[str, list[str]] = {}  # recipe name -> errors found when registering it
+_recipe_keys: dict[str, tuple[str, set[str]]] = {}  # recipe name -> (where it is, the keys it sets)
 
 register_groups()
 
@@ -82,13 +83,17 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
 
     where = where or f"recipe {name} ({path})"
     try:
-        node = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+        node = _read_mapping(path.read_text())
     except Exception as exc:  # YAML syntax: name the file, keep going
         node, errors = {}, [f"{where} does not parse: {exc}".strip()]
     else:
         if not isinstance(node, dict):
-            node, errors = {}, [f"{where} must be a mapping of config keys, got {node!r}"]
+            shown = repr(node) if len(repr(node)) <= 60 else repr(node)[:57] + "..."
+            node, errors = {}, [f"{where} is not a YAML mapping of config keys (got a "
+                                f"{type(node).__name__}: {shown}); a recipe looks like 'batch_size: 32' "
+                                "lines, with '- override /GROUP: OPTION' entries under 'defaults:'"]
         else:
+            _recipe_keys[name] = (where, set(_dotted_keys(node)))
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
             if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
                 del node["hydra"]
@@ -98,6 +103,44 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
     _recipe_errors[name] = errors
     ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
                                  provider="clorch")
+
+
+def _read_mapping(text: str) -> Any:
+    """The YAML document as plain data (an empty file is an empty mapping).
+
+    Read with PyYAML first: OmegaConf would turn a plain line of text into a
+    mapping with that line as its only key.
+    """
+    import yaml
+
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        return {} if data is None else data
+    return OmegaConf.to_container(OmegaConf.create(text))
+
+
+def _dotted_keys(node: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    """Every key a recipe sets, dotted (model.n_layer), its defaults list aside."""
+    for key, value in node.items():
+        if key == "defaults" and not prefix:
+            continue
+        if isinstance(value, Mapping) and value:
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def name_recipe_in_errors(errors: list[str], recipes: Iterable[str], overrides: Iterable[str]) -> list[str]:
+    """`errors` with each one about a key that a recipe sets (and the command line does not)
+    ending in where that recipe is, so that a bad value in a recipe file is found in it."""
+    typed = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    sources = [_recipe_keys[r] for r in recipes if r in _recipe_keys]
+    out = []
+    for error in errors:
+        key = error.split(" ", 1)[0].split("=", 1)[0].split("(", 1)[0].rstrip(":,")
+        where = next((w for w, keys in sources if key in keys and key not in typed), None)
+        out.append(f"{error} (set in {where})" if where and where not in error else error)
+    return out
 
 
 def available_recipes() -> dict[str, Path | Traversable]:

@@ -15,7 +15,8 @@ from typing import Callable, Iterable
 
 from omegaconf import DictConfig
 
-from clorch.config.composer import compose, config_groups, group_options, _is_path, recipe_errors
+from clorch.config.composer import (compose, config_groups, group_options, _is_path, name_recipe_in_errors,
+                                    recipe_errors)
 
 MAX_COMBINATIONS = 64
 
@@ -48,7 +49,8 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     groups = set(config_groups()) | {"recipe"}
-    forms, errors = [], []
+    forms, errors = [], _recipe_slips(parsed)
+    recipes = 0
     for override in parsed:
         key = override.key_or_group
         if key.replace("/", ".").split(".")[0] == "hydra":  # hydra.run.dir, hydra/launcher=...
@@ -64,7 +66,9 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
             if key == "recipe":
                 for value in good:
                     errors += [e for e in recipe_errors(_recipe_name(str(value))) if e not in errors]
-            if good:
+            if key == "recipe":  # a slip is reported above; compose as meant, to find the other errors
+                prefix, recipes = "+", recipes + 1
+            if good and not (key == "recipe" and recipes > 1):
                 forms.append([f"{prefix}{key}={v}" for v in good])
             continue
         if override.is_delete():
@@ -72,6 +76,20 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
         else:
             forms.append([f"++{key}={v}" for v in values])
     return forms, errors
+
+
+def _recipe_slips(parsed: list) -> list[str]:
+    """Hydra's two common recipe mistakes, as config errors: `recipe=NAME` without `+` (recipe is
+    not in the defaults list, so it must be added) and more than one recipe."""
+    recipes = [o for o in parsed if o.key_or_group == "recipe" and not o.is_delete()]
+    errors = [f"{o.input_line} needs a '+': a recipe is added to the defaults, so write +{o.input_line}"
+              for o in recipes if o.type.name == "CHANGE"]
+    if len(recipes) > 1:
+        named = ", ".join(o.input_line for o in recipes)
+        errors.append(f"one recipe per run, got {len(recipes)}: {named}; put what you need from one into "
+                      "the other (a recipe file may list another recipe's groups), or sweep over recipes "
+                      "with -m +recipe=a,b")
+    return errors
 
 
 def hydra_overrides(args: Iterable[str]) -> list[str]:
@@ -131,6 +149,9 @@ def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]]
             found = [str(exc).strip()]
         else:
             found = extra(cfg) if extra is not None else check_config(cfg)
+            recipes = [_recipe_name(c.partition("=")[2]) for c in combo
+                       if c.partition("=")[0].lstrip("+") == "recipe"]
+            found = name_recipe_in_errors(found, recipes, overrides)
         for error in found:
             if error not in errors:
                 errors.append(error)

@@ -19,10 +19,15 @@ def with_absolute_paths(cfg: Any, base: str | os.PathLike) -> dict[str, Any]:
     With `hydra.job.chdir=true` the job runs in its run directory; the paths a
     user typed are relative to where they ran `clorch-train`, and are checked and
     read from there, once, whatever the ranks' working directory.
-    """
-    from omegaconf import DictConfig, OmegaConf
 
-    values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
+    Raises:
+        ConfigError: an interpolation does not resolve (the message names its key).
+    """
+    from omegaconf import DictConfig
+
+    from clorch.config.checks import to_plain
+
+    values = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
     for section, key in PATH_KEYS:
         node = values.get(section)
         value = node.get(key) if isinstance(node, dict) else None

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError, checked_partial, complete, reused_dir_errors
-from clorch.config.schema import GPTConfig, TrainConfig
+from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch._files import unwritable
 
 
@@ -65,10 +65,16 @@ class Plan:
         return cls(**{**values, "config": TrainConfig.from_dict(dict(values["config"]))})
 
 
-def _ranks(cfg: TrainConfig, problems: list[str]) -> tuple[int, list[int] | None, str]:
+def _backend(cfg: Any) -> str | None:
+    """The top-level backend, also when another top-level key has an error (so that an
+    unusable backend is still reported beside it)."""
+    backend = cfg.backend if complete(cfg, "top") else getattr(cfg, "raw", {}).get("backend")
+    return backend if backend in BACKENDS else None
+
+
+def _ranks(launcher: Any, backend: str, problems: list[str]) -> tuple[int, list[int] | None, str]:
     from clorch.launch.gpus import resolve_ranks
 
-    launcher, backend = cfg.launcher, cfg.backend
     nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
     devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
     before = len(problems)
@@ -260,8 +266,8 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     if external is not None and complete(cfg, "top"):
         nproc, devices, backend = _external_ranks(cfg, external, problems)
         world = external.env.world_size
-    elif complete(cfg, "top", "launcher"):
-        nproc, devices, backend = _ranks(cfg, problems)
+    elif complete(cfg, "launcher") and _backend(cfg) is not None:
+        nproc, devices, backend = _ranks(cfg.launcher, _backend(cfg), problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
         problems += _rank_count_errors(nproc, backend) + _node_errors(cfg.launcher)
     if complete(cfg, "top", "data"):
