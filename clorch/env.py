@@ -81,10 +81,24 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank, world_size, local_rank, local_world_size, environ["MASTER_ADDR"], port)
 
 
+# torch's C++ warnings (a TCPStore peer that went away at shutdown, with its C++ stack
+# trace) reach the console of a run whose failures clorch reports itself; errors still show.
+QUIET_CPP_LOGS = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
 def with_multicast_off(environ: Mapping[str, str]) -> dict[str, str]:
     """A copy of `environ` with NVLink multicast disabled where the user did not decide."""
     merged = dict(environ)
     for name, value in MULTICAST_OFF.items():
+        merged.setdefault(name, value)
+    return merged
+
+
+def with_rank_defaults(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `environ` for a rank clorch starts: multicast off and torch's C++ warnings
+    quiet, each only where the user did not set the variable."""
+    merged = with_multicast_off(environ)
+    for name, value in QUIET_CPP_LOGS.items():
         merged.setdefault(name, value)
     return merged
 

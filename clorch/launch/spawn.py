@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, with_multicast_off
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, with_rank_defaults
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import JOB_ID_VARIABLE, LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
 
@@ -41,7 +41,7 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job
         env.setdefault("OMP_NUM_THREADS", "1")
     if config.cuda_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_devices[local_rank]
-    return with_multicast_off(env)
+    return with_rank_defaults(env)
 
 
 def rank_command(config: LaunchConfig) -> list[str]:

@@ -36,6 +36,7 @@ def test_success_env_results_logs_and_record(tmp_path):
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) == status["master_port"]
         assert env["CLORCH_RESTART_COUNT"] == "0" and env["PYTHONUNBUFFERED"] == "1"
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+        assert env["TORCH_CPP_LOG_LEVEL"] == os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")
         assert env["CLORCH_TEST_MARK"] == "m" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get(
             "CUDA_VISIBLE_DEVICES")
         assert env["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")
