@@ -5,7 +5,9 @@ raises `Interrupted` in the main thread (after clorch's launcher has forwarded
 it to the ranks, see clorch.launch.signals); the engine stops the job, waits
 for the ranks, and records the run as "interrupted". Later signals while it
 does so are noted and do not interrupt the cleanup (the launcher still
-forwards them, and SIGKILL follows its grace period).
+forwards them, and SIGKILL follows its grace period). What must still be
+written when a run ends that way (a sweep's summary) is registered with
+`at_interrupt`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Overrides a resumed run must not repeat: it chooses its own directory and resumes from latest.
@@ -31,10 +34,35 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {self.signal_name}")
 
 
+_at_interrupt: list[Callable[[Interrupted], None]] = []
+
+
+def at_interrupt(action: Callable[[Interrupted], None]) -> Callable[[], None]:
+    """Call `action(exc)` when an `Interrupted` leaves `interrupts_raise()`'s block, before it
+    goes on; return the function that cancels it.
+
+    For what must still be written when a signal ends the process's work (a sweep's
+    summary): the signal may arrive anywhere, also inside code that has no cleanup
+    of its own for it (Hydra's sweep loop). Later signals do not cut `action` short.
+    """
+    _at_interrupt.append(action)
+    return lambda: _at_interrupt.remove(action) if action in _at_interrupt else None
+
+
+def _run_at_interrupt(exc: Interrupted) -> None:
+    for action in list(_at_interrupt):
+        try:
+            action(exc)
+        except Exception as error:  # the interrupt's own exit status and message come first
+            print(f"clorch-train: while ending the interrupted run: {type(error).__name__}: {error}",
+                  file=sys.stderr)
+
+
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
     """Within: the first SIGINT, SIGTERM or SIGHUP raises `Interrupted`; later ones are noted only
-    (and ignored after the block, once one has fired).
+    (and ignored after the block, once one has fired). An `Interrupted` leaving the block
+    (raised by the handler, or by the code within) first runs the `at_interrupt` actions.
 
     Only the main thread can install handlers; elsewhere this does nothing.
     """
@@ -52,6 +80,10 @@ def interrupts_raise() -> Iterator[None]:
     previous = {signum: signal.signal(signum, handler) for signum in HANDLED}
     try:
         yield
+    except Interrupted as exc:
+        fired.append(exc.signum)  # raised by the code within: later signals are noted only, too
+        _run_at_interrupt(exc)
+        raise
     finally:
         for signum, old in previous.items():
             # After an interrupt the process is on its way out: a late second signal must not

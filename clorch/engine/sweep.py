@@ -6,6 +6,11 @@ writes `sweep_summary.csv` and `sweep_summary.md` into the sweep directory:
 one column per overridden key (the recipe included), then the job's status,
 final metrics and throughput. A failed job is a
 row with its status; the sweep goes on.
+
+An interrupted sweep (Ctrl-C, SIGTERM, SIGHUP: it ends with the job it
+interrupted) writes its summary too, with a row for every job it planned:
+each job's status is succeeded, failed, config_error, interrupted, or
+not_started for the jobs it did not reach (their overrides as planned).
 """
 
 from __future__ import annotations
@@ -13,13 +18,25 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from clorch.engine.interrupts import Interrupted, at_interrupt
+
 METRICS = ("loss", "eval_loss", "eval_exact")
 RESULTS = ("status", "steps", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
+NOT_STARTED = "not_started"  # a job an interrupted sweep did not reach
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    """{key: value} of override strings, `+`/`++`/`~` dropped (`+recipe=x` gives recipe: x)."""
+    out = {}
+    for item in overrides:
+        key, _, value = str(item).lstrip("+~").partition("=")
+        out[key] = value
+    return out
 
 
 def _overrides(job_dir: Path) -> dict[str, str]:
@@ -29,21 +46,48 @@ def _overrides(job_dir: Path) -> dict[str, str]:
         return {}
     from omegaconf import OmegaConf
 
-    out = {}
-    for item in OmegaConf.load(path):
-        key, _, value = str(item).lstrip("+~").partition("=")
-        out[key] = value
-    return out
+    return _as_dict(list(OmegaConf.load(path)))
 
 
-def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+def planned_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Each job's overrides, in the order Hydra's basic sweeper runs them (job N is entry N);
+    None under another sweeper, or when the sweep cannot be expanded here."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = config.hydra.sweeper
+    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        return None
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    try:
+        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except Exception:  # e.g. a glob over a config group, which needs Hydra's config loader
+        return None
+
+
+def collect(sweep_dir: Path, planned: list[list[str]] | None = None,
+            interrupted: bool = False) -> list[dict[str, Any]]:
     """One row per job directory (a numbered subdirectory) of `sweep_dir`: its overrides
-    (under "overrides", a {key: value} dict) and its results."""
+    (under "overrides", a {key: value} dict) and its results.
+
+    Args:
+        planned: every job's overrides (`planned_jobs`): a job without a directory
+            gets a row of its own, with status not_started.
+        interrupted: the sweep was interrupted: a job directory without summary.json
+            is a job stopped before it could write one (status interrupted).
+    """
     rows = []
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    for job_dir in jobs:
+    jobs = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()}
+    for number in sorted(set(jobs) | set(range(len(planned or [])))):
+        if number not in jobs:
+            rows.append({"job": str(number), "overrides": _as_dict(planned[number]), "status": NOT_STARTED,
+                         **dict.fromkeys(RESULTS[1:])})
+            continue
+        job_dir = jobs[number]
         path = job_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else {"status": "missing"}
+        summary = json.loads(path.read_text()) if path.exists() else \
+            {"status": "interrupted" if interrupted else "missing"}
         final = summary.get("final") or {}
         row = {"job": job_dir.name, "overrides": _overrides(job_dir), "status": summary.get("status"),
                "steps": summary.get("steps"), "samples_per_s": summary.get("samples_per_s"),
@@ -69,13 +113,14 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_summary(sweep_dir: Path) -> tuple[Path, Path]:
+def write_summary(sweep_dir: Path, planned: list[list[str]] | None = None,
+                  interrupted: bool = False) -> tuple[Path, Path]:
     """Write sweep_summary.csv and sweep_summary.md; return their paths.
 
     Columns: job, one per overridden key (its value in that job; empty where the
-    job did not set it), then the results.
+    job did not set it), then the results. `planned` and `interrupted`: see `collect`.
     """
-    rows = collect(sweep_dir)
+    rows = collect(sweep_dir, planned, interrupted)
     keys = override_columns(rows)
     columns = ["job", *keys, *RESULTS]
     flat = [{**{k: v for k, v in r.items() if k != "overrides"},
@@ -98,12 +143,32 @@ last_statuses: list[str] = []
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback (configured in conf/config.yaml): summarize the sweep when it ends."""
+    """Hydra callback (configured in conf/config.yaml): summarize the sweep when it ends,
+    also when a signal interrupts it (Hydra then skips `on_multirun_end`)."""
+
+    def __init__(self) -> None:
+        self._cancel: Callable[[], None] | None = None
+        self._planned: list[list[str]] | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self._planned = planned_jobs(config)
+        self._cancel = at_interrupt(lambda exc: self._summarize(sweep_dir, exc))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if sweep_dir.is_dir():
-            last_statuses[:] = [str(row["status"]) for row in collect(sweep_dir)]
-            _, md_path = write_summary(sweep_dir)
+        if self._cancel is not None:
+            self._cancel()
+        self._summarize(Path(config.hydra.sweep.dir))
+
+    def _summarize(self, sweep_dir: Path, interrupt: Interrupted | None = None) -> None:
+        if not sweep_dir.is_dir():
+            return  # interrupted before the sweep made its directory: no job ran
+        planned = self._planned if interrupt is not None else None
+        last_statuses[:] = [str(row["status"]) for row in collect(sweep_dir, planned, interrupt is not None)]
+        _, md_path = write_summary(sweep_dir, planned, interrupt is not None)
+        if interrupt is None:
             print(f"clorch-train: sweep summary in {md_path} (and .csv)")
-            print(md_path.read_text())
+        else:
+            print(f"clorch-train: sweep interrupted by {interrupt.signal_name}; its summary (every job's "
+                  f"status) in {md_path} (and .csv)")
+        print(md_path.read_text())
