@@ -134,7 +134,7 @@ class HookReducer(Reducer):
 
     def _send(self, bucket: Bucket) -> None:
         future = self.hook(self.state, GradBucket(bucket, self.params, len(self.buckets)))
-        if not isinstance(future, torch.futures.Future):
+        if not isinstance(future, torch._C.Future):  # what .then() returns is the C++ class
             raise TypeError(f"register_comm_hook: the hook must return a torch.futures.Future, "
                             f"got {type(future).__name__}")
         bucket.work = HookWork(future, bucket)
