@@ -224,7 +224,7 @@ class Run:
         if isinstance(self.summary.get("final"), dict) and self.summary["final"]:
             return self.summary["final"]
         final: dict[str, Any] = {}
-        for kind in ("train", "eval"):
+        for kind in ("eval", "train"):  # the train record's step wins, as in summary.json
             records = [r for r in self.metrics if r.get("kind") == kind]
             if records:
                 final.update({k: v for k, v in records[-1].items() if k != "kind"})
