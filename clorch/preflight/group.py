@@ -1,7 +1,7 @@
 """Checks the ranks run on each other: all-reduce bus bandwidth, the nodes' leaders, a neighbour round trip.
 
-Every rank of the default group calls `group_checks` after the arrival
-meeting found them all present. The collectives run on private groups made for
+Every rank of the default group calls `make_groups` as soon as the arrival
+meeting found them all present, and `group_checks` after its local checks. The collectives run on private groups made for
 the preflight, each collective waited for with its own deadline
 (`timing.wait_for`), so a hung or dead peer ends a rank's group checks with a
 failure line instead of a wait of the job's collective timeout. After the first
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -86,41 +87,80 @@ def _round_trip_ms(group: Any, rank: int, world_size: int, device: torch.device,
     return elapsed * 1e3
 
 
-def group_checks(rank: int, hosts: list[str], device: torch.device, backend: str,
+def failure_line(doing: str, exc: RuntimeError) -> str:
+    """One line for a failed group check: what was running, and the backend's first line."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, timing.DeadlineExceeded):
+        return text
+    if "timeout" in text.lower() or "timed out" in text.lower():  # gloo's own deadline (= the preflight's)
+        return f"{doing} did not finish within preflight.timeout_s ({text})"
+    return f"{doing} failed: {text}"
+
+
+@dataclass
+class PreflightGroups:
+    """The preflight's own process groups: all ranks, and the nodes' leading ranks (None on one node)."""
+
+    everyone: Any
+    heads: list[int]
+    heads_group: Any
+
+    def destroy(self) -> None:
+        for group in (self.everyone, self.heads_group):
+            if group is not None:
+                dist.destroy_process_group(group)
+
+
+def make_groups(hosts: list[str], backend: str, timeout_s: float) -> PreflightGroups | None:
+    """Make the preflight's groups (None for a world of one).
+
+    Every rank of the default group must call it, right after all have
+    arrived: `dist.new_group` is collective over the default group, and gloo
+    connects its ranks there, so a rank that is late to it (busy in a slow
+    local check) would fail the others' group before any measurement.
+
+    Raises:
+        RuntimeError: the backend could not connect the ranks within `timeout_s`.
+    """
+    if len(hosts) < 2:
+        return None
+    heads = leaders(hosts)
+    everyone = _new_group(None, backend, timeout_s)
+    # Every rank makes the leaders' group too, members or not.
+    heads_group = _new_group(heads, backend, timeout_s) if len(heads) > 1 else None
+    return PreflightGroups(everyone, heads, heads_group)
+
+
+def group_checks(groups: PreflightGroups | None, rank: int, world_size: int, device: torch.device,
                  options: PreflightConfig, stage: Callable[[str], None]) -> dict[str, Any]:
     """Bus bandwidth over all ranks and over the nodes' leaders; the round trip to the next rank.
 
-    Every rank of the default group must call it, after all have arrived:
-    `dist.new_group` is collective over the default group. Blocks for at most
-    `options.timeout_s` per collective. Raises nothing for a peer's fault: the
-    row's "failure" says which collective did not finish.
+    Every rank of the default group must call it, with the groups `make_groups`
+    returned. Blocks for at most `options.timeout_s` per collective. Raises
+    nothing for a peer's fault: the row's "failure" says which collective did
+    not finish. The groups are destroyed when every collective finished.
     """
-    world_size = len(hosts)
     row: dict[str, Any] = {"busbw_gb_s": None, "internode_busbw_gb_s": None, "p2p_ms": None, "failure": None}
-    if world_size < 2:
+    if groups is None:
         return row
-    sizes, timeout = options.sizes_mb(device.type == "cuda"), options.timeout_s
-    heads = leaders(hosts)
-    made = []
+    sizes, timeout, iters = options.sizes_mb(device.type == "cuda"), options.timeout_s, options.allreduce_iters
+    doing = [""]
+
+    def step(label: str) -> None:
+        doing[0] = label
+        stage(label)
+
     try:
-        stage("making the preflight's process groups")
-        everyone = _new_group(None, backend, timeout)
-        made.append(everyone)
-        # new_group is collective over the default group: every rank makes it, members or not.
-        heads_group = _new_group(heads, backend, timeout) if len(heads) > 1 else None
-        if heads_group is not None:
-            made.append(heads_group)
-        row["busbw_gb_s"] = _allreduce_busbw(everyone, world_size, device, sizes, options.allreduce_iters,
-                                             timeout, f"all {world_size} ranks", stage)
+        row["busbw_gb_s"] = _allreduce_busbw(groups.everyone, world_size, device, sizes, iters, timeout,
+                                             f"all {world_size} ranks", step)
         # The round trip before the leaders' all-reduce: the other ranks need not wait for it.
-        row["p2p_ms"] = _round_trip_ms(everyone, rank, world_size, device, options.p2p_mb, timeout, stage)
-        if heads_group is not None and rank in heads:
+        row["p2p_ms"] = _round_trip_ms(groups.everyone, rank, world_size, device, options.p2p_mb, timeout, step)
+        if groups.heads_group is not None and rank in groups.heads:
             row["internode_busbw_gb_s"] = _allreduce_busbw(
-                heads_group, len(heads), device, sizes, options.allreduce_iters, timeout,
-                f"the {len(heads)} nodes' leading ranks {heads}", stage)
+                groups.heads_group, len(groups.heads), device, sizes, iters, timeout,
+                f"the {len(groups.heads)} nodes' leading ranks {groups.heads}", step)
     except RuntimeError as exc:  # DeadlineExceeded, or the backend's error (a peer left, gloo's timeout)
-        row["failure"] = str(exc).splitlines()[0]
+        row["failure"] = failure_line(doing[0], exc)
         return row  # the groups stay: destroying one with a collective in flight can hang
-    for group in made:
-        dist.destroy_process_group(group)
+    groups.destroy()
     return row

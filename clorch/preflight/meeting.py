@@ -58,7 +58,8 @@ def meet(store: dist.Store, key: str, rank: int, world_size: int, value: str,
             store.compare_set(outcome, "", json.dumps(missing))
         return json.loads(store.get(outcome))
     except RuntimeError as exc:
-        raise StoreUnreachable(f"the rendezvous store (hosted by rank 0) stopped answering: {exc}") from exc
+        raise StoreUnreachable(f"cannot reach the rendezvous store it hosts (rank 0 has left or died; "
+                               f"it leaves when the others gave up on this rank): {exc}") from exc
 
 
 def values(store: dist.Store, key: str, ranks: list[int]) -> dict[int, str]:

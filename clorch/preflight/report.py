@@ -70,8 +70,8 @@ def _ranks_text(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
 
 
-def version_failures(rows: dict[int, dict[str, Any]]) -> list[str]:
-    """One line per rank whose version of torch, CUDA, cuDNN, NCCL or clorch differs from the most common."""
+def version_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[int], str]]:
+    """(rank, line) for each rank whose torch, CUDA, cuDNN, NCCL or clorch version differs from the most common."""
     lines = []
     for key in VERSION_KEYS:
         by_value: dict[str, list[int]] = {}
@@ -82,13 +82,13 @@ def version_failures(rows: dict[int, dict[str, Any]]) -> list[str]:
         common = max(by_value, key=lambda v: (len(by_value[v]), -by_value[v][0]))
         for value, ranks in by_value.items():
             if value != common:
-                lines += [f"{where(r, rows)}: {key} {value}, while {_ranks_text(by_value[common])} "
-                          f"have {common}" for r in ranks]
+                lines += [([r], f"{where(r, rows)}: {key} {value}, while {_ranks_text(by_value[common])} "
+                                f"have {common}") for r in ranks]
     return lines
 
 
-def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[str]:
-    """One line per rank more than `slow_ratio` below the median GEMM TFLOP/s or checkpoint write MB/s."""
+def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[tuple[list[int], str]]:
+    """(rank, line) for each rank more than `slow_ratio` below the median GEMM TFLOP/s or checkpoint write MB/s."""
     lines = []
     for key, name, unit in (("tflops", "matmul", "TFLOP/s"), ("disk_mb_s", "checkpoint write", "MB/s")):
         measured = {r: row[key] for r, row in rows.items() if row.get(key) is not None}
@@ -97,19 +97,19 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[st
         median = statistics.median(measured.values())
         for rank, value in sorted(measured.items()):
             if value < slow_ratio * median:
-                lines.append(f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of "
-                             f"the median {median:.3g}")
+                lines.append(([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, "
+                                      f"{value / median:.2f} of the median {median:.3g}"))
     return lines
 
 
-def shared_device_failures(rows: dict[int, dict[str, Any]]) -> list[str]:
-    """One line per CUDA device that more than one rank of a host drives."""
+def shared_device_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[int], str]]:
+    """(ranks, line) for each CUDA device that more than one rank of a host drives."""
     owners: dict[tuple[str, str], list[int]] = {}
     for rank, row in sorted(rows.items()):
         if row.get("device_uuid"):
             owners.setdefault((row["host"], row["device_uuid"]), []).append(rank)
-    return [f"{_ranks_text(ranks)} on host {host} share CUDA device {uuid} ({rows[ranks[0]]['device']}): "
-            "each rank needs its own (CUDA_VISIBLE_DEVICES per rank, or fewer ranks per node)"
+    return [(ranks, f"{_ranks_text(ranks)} on host {host} share CUDA device {uuid} ({rows[ranks[0]]['device']}): "
+                    "each rank needs its own (CUDA_VISIBLE_DEVICES per rank, or fewer ranks per node)")
             for (host, uuid), ranks in owners.items() if len(ranks) > 1]
 
 
@@ -125,38 +125,45 @@ def _largest(values: dict | None) -> float | None:
     return values[max(values, key=int)] if values else None
 
 
-def table(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int) -> str:
-    """The per-rank table as aligned text; a missing rank gets a row saying so."""
+def table(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int, failed: set[int],
+          hosts: dict[int, str]) -> str:
+    """The per-rank table as aligned text: a rank in `failed` says FAIL; one without a row, its host
+    (from `hosts`, where known) and whether it is missing."""
     header = ["rank", "host", "device", *VERSION_KEYS, "dev free GiB", "host free GiB", "GEMM TFLOP/s",
               "disk MB/s", "busbw GB/s", "nodes busbw GB/s", "p2p ms", "status"]
     lines = [header]
     for rank in range(world_size):
         row = rows.get(rank)
         if row is None:
-            lines.append([str(rank), "?", *["-"] * (len(header) - 3), "missing" if rank in missing else "-"])
+            lines.append([str(rank), hosts.get(rank, "?"), *["-"] * (len(header) - 3),
+                          "missing" if rank in missing else "-"])
             continue
         lines.append([str(rank), row["host"], row["device"], *(row["versions"][k] for k in VERSION_KEYS),
                       *(_cell(row.get(k)) for k in ("device_free_gib", "host_free_gib", "tflops", "disk_mb_s")),
                       _cell(_largest(row.get("busbw_gb_s"))), _cell(_largest(row.get("internode_busbw_gb_s"))),
-                      _cell(row.get("p2p_ms")), "FAIL" if row["failures"] else "ok"])
+                      _cell(row.get("p2p_ms")), "FAIL" if rank in failed else "ok"])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
 def verdict(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int,
             slow_ratio: float, estimate: dict[str, Any], options: dict[str, Any],
-            elapsed_s: float) -> PreflightResult:
+            elapsed_s: float, hosts: dict[int, str] | None = None) -> PreflightResult:
     """Compare the rows, collect every failure, and lay out the table.
 
     Args:
         rows: rank -> the row it reported.
         missing: rank -> the failure line for a rank that did not arrive or report.
+        hosts: rank -> host, for the table's rows of ranks that sent no row.
     """
     failures = [missing[r] for r in sorted(missing)]
+    failed = {rank for rank, row in rows.items() if row["failures"]}
     for rank, row in sorted(rows.items()):
         failures += [f"{where(rank, rows)}: {line}" for line in row["failures"]]
-    failures += version_failures(rows) + shared_device_failures(rows) + slow_failures(rows, slow_ratio)
-    return PreflightResult(passed=not failures, failures=failures, table=table(rows, missing, world_size),
+    for ranks, line in version_failures(rows) + shared_device_failures(rows) + slow_failures(rows, slow_ratio):
+        failed.update(ranks)
+        failures.append(line)
+    return PreflightResult(passed=not failures, failures=failures, table=table(rows, missing, world_size, failed, hosts or {}),
                            ranks=[rows[r] for r in sorted(rows)], estimate=estimate, options=options,
                            elapsed_s=elapsed_s)
 

@@ -4,6 +4,7 @@ Order on every rank, each wait with its own deadline of `timeout_s`:
 
 1. arrive: post host and layout to the store; a rank absent at the deadline
    is named and nothing else runs (a collective would wait for it forever);
+   with everyone present, make the preflight's own process groups;
 2. local checks (`clorch.preflight.local`): device, versions, memory, GEMM,
    checkpoint directory;
 3. group checks (`clorch.preflight.group`): all-reduce bus bandwidth, the
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from clorch._files import write_json_atomic
 from clorch.distributed import groups as pg
 from clorch.preflight import local, meeting, report
-from clorch.preflight.group import group_checks
+from clorch.preflight.group import failure_line, group_checks, make_groups
 from clorch.preflight.options import PreflightConfig
 from clorch.preflight.report import PreflightResult
 
@@ -113,7 +114,8 @@ class _Run:
 
     def result(self, rows: dict[int, dict[str, Any]], missing: dict[int, str]) -> PreflightResult:
         return report.verdict(rows, missing, self.world_size, self.options.slow_ratio, self.estimate.to_dict(),
-                              self.options.to_dict(), time.monotonic() - self.start)
+                              self.options.to_dict(), time.monotonic() - self.start,
+                              {r: info["host"] for r, info in self.arrivals.items()})
 
 
 def _arrive(run: _Run, me: dict[str, Any]) -> list[int]:
@@ -155,8 +157,16 @@ def _preflight(run: _Run, run_dir: Path, checkpoint_dir: Path | None) -> Preflig
     if missing:
         return run.result({}, run.missing_lines(missing, "did not arrive"))
     hosts = [run.arrivals[r]["host"] for r in range(run.world_size)]
+    groups, failure = None, None
+    try:
+        run.stage("making the preflight's process groups")
+        groups = make_groups(hosts, pg.backend() or "gloo", run.options.timeout_s)
+    except RuntimeError as exc:  # the backend could not connect the ranks in time
+        failure = failure_line("making the preflight's process groups", exc)
     row = _local_row(run.rank, hosts, run.options, run.estimate, checkpoint_dir, run.stage)
-    found = group_checks(run.rank, hosts, pg.device(), pg.backend() or "gloo", run.options, run.stage)
+    found = {"failure": failure}
+    if failure is None:
+        found = group_checks(groups, run.rank, run.world_size, pg.device(), run.options, run.stage)
     failure = found.pop("failure")
     if failure:
         row["failures"].append(failure)
