@@ -102,8 +102,8 @@ def plot(runs: Sequence[Run], metric: str, out: Path) -> tuple[Path, list[Run]]:
             steps, values = zip(*points)
             ax.plot(steps, values, "o-" if len(points) < 20 else "-", label=label, markersize=3)
     values = [v for _, points in curves for _, v in points]
-    if "loss" in metric and min(values) > 0:
-        ax.set_yscale("log")  # losses fall by orders of magnitude
+    if "loss" in metric and min(values) > 0 and max(values) > 10 * min(values):
+        ax.set_yscale("log")  # losses that fall by orders of magnitude
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.legend(fontsize="small")
