@@ -151,6 +151,8 @@ def _preflight(run: _Run, run_dir: Path, checkpoint_dir: Path | None) -> Preflig
     host = local.hostname()
     if run.store is None:  # one process, no group: its own checks only
         row = _local_row(0, [host], run.options, run.estimate, checkpoint_dir, run.stage)
+        row.update(group_checks(None, 0, 1, pg.device(), run.options, run.stage))  # no peers: empty columns
+        row.pop("failure")
         return run.result({0: row}, {})
     me = {"rank": run.rank, "host": host, "local_rank": pg.local_rank(), "local_world_size": pg.local_world_size()}
     missing = _arrive(run, me)
