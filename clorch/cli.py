@@ -32,7 +32,7 @@ from clorch.config.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRI
 from clorch.launch.external import detect as detect_external
 
 if TYPE_CHECKING:
-    from clorch.engine.outputs import Footprint
+    from clorch.engine.footprint import Footprint
 
 EXIT_FAILED, EXIT_CONFIG = 1, CONFIG_EXIT_STATUS
 _failures: list[str] = []
@@ -154,7 +154,8 @@ def _launch_overrides(args: list[str]) -> tuple[list[str], Path | None, Footprin
     import datetime as _dt
 
     from clorch.config.composer import format_value
-    from clorch.engine.outputs import Footprint, new_run_dir
+    from clorch.engine.footprint import Footprint
+    from clorch.engine.outputs import new_run_dir
 
     out, created = [], None
     multirun = bool(flag_set(args) & set(MULTIRUN))
@@ -193,10 +194,15 @@ def _remove_refused(footprint: Footprint | None) -> None:
     """Take back what a single run that its config errors stopped left on disk.
 
     Only what Hydra wrote (.hydra/, perhaps clorch-train.log) and the directories
-    made for it: no run happened.
+    made for it: no run happened. Nothing, while another process uses the directory
+    (another node of a job sharing it, or another run): those files may be its own.
     """
-    if footprint is not None and _config_failures:
-        footprint.undo()
+    if footprint is None:
+        return
+    if _config_failures and not footprint.undo():
+        print(f"clorch-train: left {footprint.path} as it was: another process is using it (another "
+              "node of the same job, or another run), and the files there may be its own", file=sys.stderr)
+    footprint.release()
 
 
 def _run_hydra(args: list[str]) -> int:
@@ -312,12 +318,24 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
                              f"({exc.strerror or exc}); run from a writable directory or set {key}"])
         return EXIT_CONFIG
     _single_run_dir[:] = [] if multirun else [created]
+    _hold(footprint if not multirun else None)
     try:
         return _run_hydra([*(args if multirun else hydra_overrides(args)), *extra])
     finally:
         _remove_refused(footprint if not multirun else None)
         _remove_if_empty(created)
         _single_run_dir.clear()
+
+
+def _hold(footprint: Footprint | None) -> None:
+    """Mark the run directory as in use by this launch before Hydra writes there, so that
+    a launch refused meanwhile (another node, another run) leaves this one's files alone."""
+    if footprint is None:
+        return
+    try:
+        footprint.hold()
+    except OSError:
+        pass  # Hydra cannot write there either, and says why; without the mark undo removes nothing
 
 
 def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:

@@ -120,11 +120,15 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
               flush=True)
     start = time.perf_counter()
     try:
+        from clorch.engine.footprint import using_run_dir
         from clorch.engine.run import owning_checkpoint_dir
 
-        # Rank 0 holds the checkpoint directory while the job lives.
-        holding = owning_checkpoint_dir(plan, run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
-        with holding:
+        # Rank 0 writes the checkpoints (save_checkpoint), so it alone holds the directory, for the
+        # job (the launcher's job id): a restarted rank 0 of the same job takes it again.
+        holding = owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}") \
+            if rank.env.rank == 0 else contextlib.nullcontext()
+        using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
+        with using, holding:
             result = _train(plan, run_dir, rank)
     except ConfigError as exc:
         return _report_errors(exc.errors, rank, always=True)
@@ -134,14 +138,13 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
               f"(run directory {run_dir})", file=sys.stderr, flush=True)
         return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:
-        from clorch.engine.outputs import write_json
-        from clorch.engine.run import summarize
+        from clorch.engine.run import summarize, write_summary
 
         status = {"state": "succeeded", "results": [result], "failed_rank": None, "error": None,
                   "exit_codes": None, "attempts": [None] * (restart_count() + 1)}
         summary = summarize(status, run_dir, plan, time.perf_counter() - start)
         summary["launcher"] = rank.launcher
-        write_json(run_dir / "summary.json", summary)
+        write_summary(run_dir, summary, plot=False)
         print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
     return 0
 

@@ -9,6 +9,8 @@ This is the launching process's side (the ranks run `clorch.engine.worker`).
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -114,6 +116,24 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
     return summary
 
 
+def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) -> bool:
+    """Write summary.json (and loss.png, with `plot`) into `run_dir`; return whether it could.
+
+    When it cannot (the directory was removed or made read-only while the run lived), it
+    says so on stderr instead of ending the run's report with a traceback.
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "summary.json", summary)
+    except OSError as exc:
+        print(f"clorch-train: no summary.json: cannot write it in {run_dir} ({exc.strerror or exc}); "
+              f"the run ended {summary.get('status')}", file=sys.stderr, flush=True)
+        return False
+    if plot:
+        plot_loss(run_dir)
+    return True
+
+
 def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -143,18 +163,24 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
     Raises:
         ConfigError: every config error, before anything starts.
     """
+    from clorch.engine.footprint import using_run_dir
+
     run_dir = Path(run_dir).resolve()
     plan = cfg if isinstance(cfg, Plan) else resolve(cfg, run_dir)
-    with owning_checkpoint_dir(plan, run_dir):
+    # In use while the run lives: a launch refused meanwhile never takes this run's files back.
+    with using_run_dir(run_dir), owning_checkpoint_dir(plan, run_dir):
         return _execute(plan, run_dir, progress, echo, worker)
 
 
 @contextlib.contextmanager
-def owning_checkpoint_dir(plan: Plan, run_dir: Path) -> Iterator[None]:
+def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> Iterator[None]:
     """Hold the run's checkpoint directory (clorch.checkpoint.locks) while the run lives.
 
+    The lock belongs to the job: the processes that give the same `job` (by default
+    `job_id(plan)`: the nodes of one multi-node job) share it.
+
     Raises:
-        ConfigError: another live run holds it (its pid, host and run directory named).
+        ConfigError: another live job holds it (its pid, host, job and run directory named).
     """
     if plan.config.checkpoint.policy == "none":
         yield
@@ -163,14 +189,33 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path) -> Iterator[None]:
     from clorch.config.checks import ConfigError
     from clorch.engine.checkpoints import checkpoint_dir
 
+    job = job_id(plan) if job is None else job
     try:
-        lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}).acquire()
+        lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}, job).acquire()
     except DirectoryInUse as exc:
         raise ConfigError([f"checkpoint.dir: {exc}"]) from None
     try:
         yield
     finally:
         lock.release()
+
+
+def job_id(plan: Plan) -> str | None:
+    """The id every node of a multi-node job computes alike from its config, or None (one node).
+
+    torchrun's nodes meet at rdzv_endpoint under rdzv_id; clorch's own launcher's nodes at
+    master_addr:master_port (or, left at one node inside a SLURM allocation of several, SLURM's
+    job and step, where the launcher reads its layout). Each names the job: two jobs cannot
+    meet at one place at once.
+    """
+    launcher = plan.config.launcher
+    if launcher.name == "torchrun":
+        return f"torchrun rdzv_id={launcher.rdzv_id} at {launcher.rdzv_endpoint}"
+    if launcher.nnodes != 1:
+        return f"nodes at {launcher.master_addr}:{launcher.master_port}"
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_NNODES", "1") != "1":
+        return f"slurm {os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
+    return None
 
 
 def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker: str) -> dict[str, Any]:
@@ -187,8 +232,7 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
     except Interrupted as exc:  # _follow stopped the ranks; record the run as interrupted
         status = {**job.status(), "state": "interrupted", "interrupted_by": exc.signal_name}
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
-    write_json(run_dir / "summary.json", summary)
-    plot_loss(run_dir)
+    write_summary(run_dir, summary)
     logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
     return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary, "plan": plan}
 
@@ -222,6 +266,5 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     summary["launcher"] = "torchrun"
     if status.get("results") or status["state"] != "succeeded":
-        write_json(run_dir / "summary.json", summary)
-        plot_loss(run_dir)
+        write_summary(run_dir, summary)
     return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary, "plan": plan}
