@@ -38,8 +38,9 @@ _at_interrupt: list[Callable[[Interrupted], None]] = []
 
 
 def at_interrupt(action: Callable[[Interrupted], None]) -> Callable[[], None]:
-    """Call `action(exc)` when an `Interrupted` leaves `interrupts_raise()`'s block, before it
-    goes on; return the function that cancels it.
+    """Call `action(exc)` when the next `Interrupted` leaves `interrupts_raise()`'s block, before
+    it goes on (once: the interrupt ends the work the action belongs to); return the function
+    that cancels it.
 
     For what must still be written when a signal ends the process's work (a sweep's
     summary): the signal may arrive anywhere, also inside code that has no cleanup
@@ -50,7 +51,8 @@ def at_interrupt(action: Callable[[Interrupted], None]) -> Callable[[], None]:
 
 
 def _run_at_interrupt(exc: Interrupted) -> None:
-    for action in list(_at_interrupt):
+    actions, _at_interrupt[:] = list(_at_interrupt), []
+    for action in actions:
         try:
             action(exc)
         except Exception as error:  # the interrupt's own exit status and message come first

@@ -69,22 +69,26 @@ def handlers_restored():
         signal.signal(signum, handler)
 
 
-def test_at_interrupt_runs_when_an_interrupt_leaves_the_block_until_cancelled(handlers_restored):
+def test_at_interrupt_runs_once_when_an_interrupt_leaves_the_block_unless_cancelled(handlers_restored):
     seen = []
-    cancel = at_interrupt(lambda exc: seen.append(exc.signal_name))
-    try:
-        with pytest.raises(Interrupted):
-            with interrupts_raise():
-                os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
-        with pytest.raises(Interrupted):
-            with interrupts_raise():
-                raise Interrupted(signal.SIGINT)
-    finally:
-        cancel()
+    at_interrupt(lambda exc: seen.append(exc.signal_name))
+    with pytest.raises(Interrupted):
+        with interrupts_raise():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
+    assert seen == ["SIGTERM"]
+    with pytest.raises(Interrupted):  # the interrupt ended what the action was for: it is gone
+        with interrupts_raise():
+            raise Interrupted(signal.SIGINT)
+    at_interrupt(lambda exc: seen.append(exc.signal_name))
     with pytest.raises(Interrupted):
         with interrupts_raise():
             raise Interrupted(signal.SIGHUP)
-    assert seen == ["SIGTERM", "SIGINT"]
+    cancel = at_interrupt(lambda exc: seen.append(exc.signal_name))
+    cancel()
+    with pytest.raises(Interrupted):
+        with interrupts_raise():
+            raise Interrupted(signal.SIGINT)
+    assert seen == ["SIGTERM", "SIGHUP"]
 
 
 def test_an_interrupted_sweep_writes_its_summary_with_each_jobs_status(tmp_path):
