@@ -26,6 +26,16 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
+def human_bytes(nbytes: float) -> str:
+    """`nbytes` in the largest binary unit that keeps it >= 1: "1.5 GiB", "12 KiB"."""
+    value, units = float(nbytes), ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    for unit in units[:-1]:
+        if abs(value) < 1024:
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} {units[-1]}"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """What the config needs per rank, from the model's size (activations not included).
@@ -57,8 +67,8 @@ class Estimate:
     def describe(self) -> str:
         """The estimate and how it was made, for the console and preflight.json."""
         return (f"{self.model_params:,} params x {self.bytes_per_param:g} B x (weights + gradients + "
-                f"{self.optimizer_states:g} optimizer states) = {self.train_bytes / GIB:.3g} GiB per rank "
-                f"(activations not included); checkpoint {self.ckpt_bytes / GIB:.3g} GiB")
+                f"{self.optimizer_states:g} optimizer states) = {human_bytes(self.train_bytes)} per rank "
+                f"(activations not included); checkpoint {human_bytes(self.ckpt_bytes)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "train_bytes": self.train_bytes, "checkpoint_bytes": self.ckpt_bytes,
@@ -124,11 +134,11 @@ def memory(device: torch.device, estimate: Estimate, ranks_on_host: int) -> dict
         free, _ = torch.cuda.mem_get_info(device)
         row["device_free_gib"] = free / GIB
         if free < need:
-            row["failure"] = (f"{free / GIB:.3g} GiB of device memory free, the model needs an estimated "
-                              f"{need / GIB:.3g} GiB ({estimate.describe()})")
+            row["failure"] = (f"{human_bytes(free)} of device memory free, the model needs an estimated "
+                              f"{human_bytes(need)} ({estimate.describe()})")
     elif host_free is not None and host_free < need * ranks_on_host:
-        row["failure"] = (f"{host_free / GIB:.3g} GiB of host memory available for {ranks_on_host} rank(s), "
-                          f"the model needs an estimated {need / GIB:.3g} GiB each ({estimate.describe()})")
+        row["failure"] = (f"{human_bytes(host_free)} of host memory available for {ranks_on_host} rank(s), "
+                          f"the model needs an estimated {human_bytes(need)} each ({estimate.describe()})")
     return row
 
 
@@ -163,8 +173,8 @@ def checkpoint_dir(directory: Path, estimate: Estimate, options: PreflightConfig
     row["disk_free_gib"] = free / GIB
     need = estimate.ckpt_bytes
     if free < need:
-        row["failure"] = (f"checkpoint directory {directory} has {free / GIB:.3g} GiB free, a checkpoint "
-                          f"needs an estimated {need / GIB:.3g} GiB")
+        row["failure"] = (f"checkpoint directory {directory} has {human_bytes(free)} free, a checkpoint "
+                          f"needs an estimated {human_bytes(need)}")
         return row
     if timed:
         size = max(min(need, options.disk_write_mb * MIB), MIB)

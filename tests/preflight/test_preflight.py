@@ -178,13 +178,17 @@ def _bad_checkpoint_dirs(rank: int, world_size: int, run_dir: str, under_file: s
     from clorch.preflight import run_preflight
 
     found = []
+    options = {"timeout_s": TIMEOUT_S, "slow_ratio": 0.0}  # only the directory and memory are judged here
     # A path under a regular file cannot be created, even by root (the tests may run as root,
     # for whom permission bits do not stop a write).
-    found.append(run_preflight({"timeout_s": TIMEOUT_S}, run_dir=run_dir, checkpoint_dir=under_file,
+    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=under_file,
                                model_params=1000).failures)
     # A checkpoint far larger than any disk.
-    found.append(run_preflight({"timeout_s": TIMEOUT_S}, run_dir=run_dir, checkpoint_dir=roomy,
+    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=roomy,
                                model_params=1000, checkpoint_bytes=1 << 60).failures)
+    # A model far larger than the host's memory (2**50 params x 4 B x 4 = 16 PiB per rank).
+    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=None,
+                               model_params=1 << 50).failures)
     return found
 
 
@@ -195,11 +199,14 @@ def test_an_unwritable_or_full_checkpoint_directory_names_the_rank(tmp_path):
     results = run_ranks(_bad_checkpoint_dirs, 2, str(tmp_path), str(under_file), str(tmp_path / "ckpt"),
                         timeout=90)
     host = _host()
-    for unwritable, full in results:
+    for unwritable, full, too_big in results:
+        assert [line.split(" of host memory available for 2 rank(s), the model needs an estimated ")[1][:11]
+                for line in too_big] == ["16 PiB each"] * 2
+        assert [line.split(":")[0] for line in too_big] == [f"rank {r} on host {host}" for r in (0, 1)]
         assert unwritable == [f"rank {r} on host {host}: checkpoint directory {under_file} cannot be created: "
                               f"{blocker} is not a directory" for r in (0, 1)]
         assert len(full) == 2
         for r, line in enumerate(full):
             assert line.startswith(f"rank {r} on host {host}: checkpoint directory {tmp_path / 'ckpt'} has ")
-            assert line.endswith("GiB free, a checkpoint needs an estimated 1.07e+09 GiB")
+            assert line.endswith(" free, a checkpoint needs an estimated 1 EiB")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "preflight.json"]
