@@ -96,15 +96,15 @@ def _train(cfg: DictConfig) -> None:
     from clorch.engine.paths import with_absolute_paths
 
     run_dir = HydraConfig.get().runtime.output_dir
-    cfg = with_absolute_paths(cfg, get_original_cwd())  # hydra.job.chdir may have moved us
-    external = detect_external()
-    if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
-        from clorch.engine.as_rank import train_as_rank
-
-        if train_as_rank(cfg, Path(run_dir), external) != 0:
-            _failures.append(run_dir)
-        return
     try:
+        cfg = with_absolute_paths(cfg, get_original_cwd())  # hydra.job.chdir may have moved us
+        external = detect_external()
+        if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
+            from clorch.engine.as_rank import train_as_rank
+
+            if train_as_rank(cfg, Path(run_dir), external) != 0:
+                _failures.append(run_dir)
+            return
         result = execute(cfg, run_dir)
     except ConfigError as exc:
         print_config_errors(exc.errors)

@@ -24,8 +24,11 @@ from tests.test_readme_examples import README, ROOT, _JOB_VARIABLES, readme_bloc
 pytestmark = pytest.mark.timeout(300)
 
 TORCHRUN_TIMEOUT_S = 240  # two ranks importing torch on 2 busy CPU cores take about 20 s
-# After the block: each rank prints its final weights (the block leaves the model in `model`).
-_REPORT = '\nimport os as _os\nprint("WEIGHTS", _os.environ["RANK"], model.weight.double().sum().item())\n'
+# After the block: each rank prints its final weights (the block leaves the model in `model`)
+# as one write of one line, so the two ranks' lines on the shared stdout pipe cannot interleave.
+_REPORT = ('\nimport os as _os, sys as _sys\n'
+           '_sys.stdout.write(f"WEIGHTS {_os.environ[\'RANK\']} {model.weight.double().sum().item()}\\n")\n'
+           '_sys.stdout.flush()\n')
 _WEIGHTS = re.compile(r"^WEIGHTS (\d) (\S+)$", re.M)
 # The calls that join the job, replaced to run the block without a group.
 _INIT_CALL = re.compile(r"(?:\w+\.)*init_process_group\([^)]*\)")
