@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import schema
 from clorch.config.fields import check_section, did_you_mean, non_finite
-from clorch.config.targets import check_target, find_targets, resolve_target
+from clorch.config.targets import check_target, find_targets, resolve_target, trusted_module_errors
 from clorch.env import restart_count
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt"}
@@ -87,6 +87,11 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
         if group == "model" and "_target_" in values:
             errors += _user_model_errors(values)
             return
+        if group in schema.TARGET_GROUPS and values.get("name") == schema.CUSTOM:
+            errors.append(f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
+                          f"{group}._target_=my_project.models.Net) or a built-in option: "
+                          f"{', '.join(sorted(schema.OPTIONS[group]))}")
+            return
         option, problems = _option_of(group, values)
         if option is None:
             errors += problems
@@ -143,7 +148,7 @@ def _user_model_errors(values: Mapping[str, Any]) -> list[str]:
 
 def _target_errors(cfg: Mapping[str, Any]) -> list[str]:
     """The allow-list for model._target_; a `_target_` anywhere else is an error."""
-    errors = []
+    errors = trusted_module_errors()
     for where, target in find_targets(cfg):
         if where == "model._target_":
             errors += check_target(where, target)

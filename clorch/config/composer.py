@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from clorch.config.schema import CUSTOM, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options, register_groups
 
 RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
@@ -95,6 +96,7 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
         else:
             _recipe_keys[name] = (where, set(_dotted_keys(node)))
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
+            _select_custom(node)
             if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
                 del node["hydra"]
                 errors.append(f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "
@@ -103,6 +105,17 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
     _recipe_errors[name] = errors
     ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
                                  provider="clorch")
+
+
+def _select_custom(node: dict) -> None:
+    """A recipe whose section names a `_target_` (`model: {_target_: my_pkg.Net, width: 64}`)
+    selects that group's `custom` option, unless its defaults list chose one."""
+    chosen = {str(k).replace("override", "").strip().lstrip("/") for entry in node["defaults"]
+              if isinstance(entry, dict) for k in entry}
+    for group in TARGET_GROUPS:
+        section = node.get(group)
+        if isinstance(section, dict) and "_target_" in section and group not in chosen:
+            node["defaults"].insert(0, {f"override /{group}": CUSTOM})
 
 
 def _read_mapping(text: str) -> Any:
@@ -199,7 +212,8 @@ def registered_name(value: str) -> str:
 
 
 def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
-    """Register recipes, and turn `+recipe=/a/file.yaml` into `+recipe=<registered name>`."""
+    """Register recipes, and turn `+recipe=/a/file.yaml` into `+recipe=<registered name>`;
+    a `_target_` set on the command line selects its group's `custom` option (`with_custom`)."""
     register_recipes()
     rewritten = []
     for item in overrides:
@@ -207,7 +221,47 @@ def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
         if sep and key.lstrip("+~") == "recipe" and _is_path(value):
             item = f"{key}={register_recipe_path(value)}"
         rewritten.append(item)
-    return rewritten
+    return with_custom(rewritten)
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def with_custom(overrides: list[str]) -> list[str]:
+    """`GROUP=custom` added for each `GROUP._target_=...` (unless GROUP is chosen), and
+    `~GROUP.KEY` deletions of keys the custom option does not have dropped.
+
+    So `model._target_=my_pkg.Net model.width=64` composes a model section of just those
+    keys: the built-in option's keys (hidden_features, ...) are not carried along.
+    """
+    out = list(overrides)
+    for group in TARGET_GROUPS:
+        if not any(_key(o) == f"{group}._target_" and not o.startswith("~") for o in overrides):
+            continue
+        if not any(_key(o) == group for o in overrides):
+            out.insert(0, f"{group}={CUSTOM}")
+        if any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in out):
+            given = {_key(o) for o in out if not o.startswith("~")}
+            out = [o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.")
+                                          and _key(o) not in given)]
+            # the custom option has no keys of its own: each one given is added to it
+            out = [f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.")
+                   else o for o in out]
+            at = next(i for i, o in enumerate(out) if _key(o) == f"{group}._target_") + 1
+            out[at:at] = [f"~{k}" for k in _recipe_keys_for_builtin(out, group) if k not in given]
+    return out
+
+
+def _recipe_keys_for_builtin(overrides: list[str], group: str) -> list[str]:
+    """The keys a chosen recipe sets for `group`'s built-in option (`model.hidden_features`),
+    which a `_target_` named on the command line replaces."""
+    keys = []
+    for name in (o.partition("=")[2] for o in overrides if _key(o) == "recipe" and not o.startswith("~")):
+        _, recipe_keys = _recipe_keys.get(name, ("", set()))
+        if f"{group}._target_" not in recipe_keys:
+            keys += sorted(k for k in recipe_keys if k.startswith(f"{group}."))
+    return keys
 
 
 def group_options(group: str) -> list[str]:

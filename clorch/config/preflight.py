@@ -62,7 +62,7 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
             good = [v for v in values if v in allowed or (key == "recipe" and _is_path(str(v)))]
             for bad in sorted(set(values) - set(good), key=str):
                 hint = _close(str(bad), allowed)
-                errors.append(f"{key}={bad} is not allowed; {hint}choose one of: {', '.join(allowed)}")
+                errors.append(f"{key}={bad} is not allowed; {hint}choose one of: {_listed(key, allowed)}")
             if key == "recipe":
                 for value in good:
                     errors += [e for e in recipe_errors(_recipe_name(str(value))) if e not in errors]
@@ -172,3 +172,14 @@ def compose_once(overrides: Iterable[str]) -> tuple[DictConfig | None, list[str]
         return compose([f[0] for f in forms]), errors
     except Exception as exc:  # a composition error from Hydra
         return None, [*errors, str(exc).strip()]
+
+
+def _listed(group: str, allowed: list[str]) -> str:
+    """A group's options for a message: `custom` is chosen by naming `GROUP._target_`, so it is
+    said that way."""
+    from clorch.config.schema import CUSTOM, TARGET_GROUPS
+
+    if group not in TARGET_GROUPS:
+        return ", ".join(allowed)
+    return (f"{', '.join(o for o in allowed if o != CUSTOM)}, or your own class with "
+            f"{group}._target_=my_project.Class")

@@ -323,6 +323,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
 BACKENDS = ("auto", "gloo", "nccl")
 """The `backend` group's options: each sets the top-level `backend` key."""
 
+CUSTOM = "custom"
+TARGET_GROUPS = ("model",)
+"""Groups whose section may name the user's own class with `_target_`: setting it selects the
+option `custom` (no built-in keys), so the section holds just the target and its arguments."""
+
 SELECTOR = {"checkpoint": "policy"}
 """The key that names a group's option inside it ("name" unless listed here; ddp has one option)."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from clorch.config.schema import BACKENDS, OPTIONS, TopConfig
+from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
 
 TOP_NODE = "clorch_top"
 
@@ -30,13 +30,15 @@ def register_groups() -> None:
     for group, options in OPTIONS.items():
         for name, values in options.items():
             store.store(group=group, name=name, node=dataclasses.asdict(values), provider="clorch")
+    for group in TARGET_GROUPS:  # selected when a section names `_target_`: the target's keys only
+        store.store(group=group, name=CUSTOM, node={"name": CUSTOM}, provider="clorch")
 
 
 def group_options(group: str) -> list[str]:
     """The options of a config group (sorted)."""
     if group == "backend":
         return sorted(BACKENDS)
-    return sorted(OPTIONS[group])
+    return sorted([*OPTIONS[group], *([CUSTOM] if group in TARGET_GROUPS else [])])
 
 
 def config_groups() -> list[str]:

@@ -93,13 +93,29 @@ def _model_from(cfg: TrainConfig, data_sizes: dict[str, Any]) -> nn.Module:
     # padded vocab_size of 50304 over byte tokens, for a GPT-2 shape).
     given = model.kwargs if isinstance(model, TargetModelConfig) \
         else {k: v for k, v in asdict(model).items() if k != "name"}
-    spec = {**data_sizes, **{k: v for k, v in given.items() if v is not None}}
+    given = {k: v for k, v in given.items() if v is not None}
     torch.manual_seed(cfg.seed)  # identical weights on every rank and in every run
     if isinstance(model, TargetModelConfig):
         from clorch.config.targets import resolve_target
 
-        return resolve_target(model.target)(**spec)
+        target = resolve_target(model.target)
+        return target(**{**_accepted(target, data_sizes), **given})
+    spec = {**data_sizes, **given}
     return build_model(model.name, **spec)
+
+
+def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The data's sizes (in_features, vocab_size, ...) that `target` takes as keyword
+    arguments: a model of your own gets those it names, and no others."""
+    import inspect
+
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # no signature to read (some builtins): give none
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(sizes)
+    return {k: v for k, v in sizes.items() if k in params}
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -16,7 +16,8 @@ RECIPES = tuple(sorted(p.name[:-len(".yaml")] for p in recipes_dir().iterdir() i
 # Options that need a partner in another group to be valid on their own.
 PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt"],
             ("model", "gpt"): ["data=arithmetic"], ("checkpoint", "periodic"): [],
-            ("backend", "nccl"): []}
+            ("backend", "nccl"): [],
+            ("model", "custom"): ["++model._target_=torch.nn.Linear"]}  # custom is your own class
 
 
 def test_shipped_recipes_are_all_there():

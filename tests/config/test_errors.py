@@ -58,7 +58,7 @@ def test_the_issue_examples_are_reported_together(tmp_path):
       "got optim._target_='torch.optim.SGD'"]),
     (["++precision.scaler._target_=clorch.amp.GradScaler"],
      ["precision.scaler._target_ is not supported: only model._target_ is honoured"]),
-    (["++model._target_=torch.nn.Linear", "++model.bias=false"],
+    (["++model._target_=torch.nn.Linear", "++model.bias=false", "++model.hidden_features=512"],
      ["model.hidden_features=512 is not an argument of model._target_=torch.nn.Linear",
       "its arguments: in_features, out_features, bias, device, dtype",
       "remove it with ~model.hidden_features"]),
