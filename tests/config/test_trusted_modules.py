@@ -87,3 +87,13 @@ def test_a_trusted_model_from_the_working_directory_trains_on_two_ranks(tmp_path
     assert "succeeded" in done.stderr + done.stdout
     config = yaml.safe_load((root / "run" / "config.yaml").read_text())
     assert config["model"] == {"_target_": "my_project.models.Net", "width": 8}
+
+
+def test_a_recipe_naming_a_target_selects_the_custom_option(tmp_path):
+    recipe = tmp_path / "linear.yaml"
+    recipe.write_text("# @package _global_\nmodel:\n  _target_: torch.nn.Linear\n  bias: false\n")
+    done = run_clorch_train([f"+recipe={recipe}", "--cfg", "job"], cwd=tmp_path, env=_env())
+    assert done.returncode == 0, done.stderr
+    model = yaml.safe_load(done.stdout)["model"]
+    assert model["_target_"] == "torch.nn.Linear" and model["bias"] is False
+    assert "hidden_features" not in model
