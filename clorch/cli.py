@@ -124,13 +124,13 @@ def _versions() -> str:
     """One line with clorch's, torch's and Hydra's versions (read without importing torch)."""
     from importlib import metadata
 
-    import clorch
+    from clorch._version import __version__
 
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = "not installed"
-    return f"clorch {clorch.__version__} (torch {torch_version}, hydra-core {hydra.__version__})"
+    return f"clorch {__version__} (torch {torch_version}, hydra-core {hydra.__version__})"
 
 
 def _sets(args: list[str], *keys: str) -> bool:

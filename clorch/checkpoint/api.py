@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-import clorch
+from clorch._version import __version__
 from clorch._files import created_files
 from clorch.checkpoint import archive, metadata
 from clorch.checkpoint.atomic import commit, file_kind, remove_quietly, write_durable
@@ -158,7 +158,7 @@ def _write_files(path: Path, tensors: dict, state: dict, per_rank: list[dict]) -
     archive_file, info = archive.write_archive(path.parent, f"{path.name}.", tensors)
     try:
         body = metadata.new_body(
-            versions={"clorch_version": clorch.__version__, "torch_version": torch.__version__},
+            versions={"clorch_version": __version__, "torch_version": torch.__version__},
             world_size=len(per_rank), state=state, archive={"file": archive_file.name, **info},
             contents={name: name in tensors for name in ("model", "optimizer", "scaler")},
             samplers=[r["sampler"] for r in per_rank], rng=[r["rng"] for r in per_rank])

@@ -1,10 +1,11 @@
 """The configs' home, the `recipe` group, and composing a config in-process.
 
-The primary config is package data, `clorch/conf/config.yaml`, which Hydra
-reads as `pkg://clorch.conf`; the groups' options are the schema dataclasses
-(`clorch.config.store`). Recipes are package data too, `clorch/recipes/*.yaml`,
-read through importlib.resources, so they install with the package and an
-editable install (`pip install -e .`) sees edits to them. Hydra finds
+The configs sit at the top of the repository and install as package data:
+`conf/` (the primary config.yaml and one file per group option, written from
+the schema dataclasses by `clorch.config.conf_files`) is the package
+`clorch.conf`, which Hydra reads as `pkg://clorch.conf`; `recipes/*.yaml` is
+`clorch.recipes`, read through importlib.resources, so a wheel and an editable
+install (`pip install -e .`, which sees edits to them) find both. Hydra finds
 `+recipe=NAME` in a config group named `recipe`: clorch registers every
 shipped recipe (and those in the directories of CLORCH_RECIPE_PATH) in
 Hydra's ConfigStore under that group, in the global package.
@@ -27,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config.schema import CUSTOM, TARGET_GROUPS
-from clorch.config.store import config_groups, group_options as _group_options, register_groups
+from clorch.config.store import config_groups, group_options as _group_options
 
 RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
 CONFIG_MODULE = "clorch.conf"
@@ -35,7 +36,6 @@ CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 _recipe_errors: dict[str, list[str]] = {}  # recipe name -> errors found when registering it
 _recipe_keys: dict[str, tuple[str, set[str]]] = {}  # recipe name -> (where it is, the keys it sets)
 
-register_groups()
 
 
 def recipes_dir() -> Traversable:

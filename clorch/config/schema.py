@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
 from clorch.amp.scaler import GradScaler
+from clorch.data.arithmetic import ArithmeticTask
 from clorch.data.sampler import DistributedSampler
+from clorch.data.synthetic import SyntheticRegression
+from clorch.data.text import ByteTextTask
 from clorch.launch.config import MAX_SECONDS as YEAR
 from clorch.launch.launcher import launch
 from clorch.models.gpt import GPTConfig as GPTArchitecture
@@ -167,10 +170,10 @@ class SyntheticDataConfig:
     """Regression against a fixed random teacher (for the mlp)."""
 
     name: Literal["synthetic"] = "synthetic"
-    sample_count: int = field(default=1024, metadata=rule(ge=1))  # training samples
-    in_features: int = field(default=32, metadata=rule(ge=1))  # input width
-    out_features: int = field(default=8, metadata=rule(ge=1))  # target width
-    noise: float = field(default=0.01, metadata=rule(ge=0))  # std of the target noise
+    sample_count: int = field(default=default_of(SyntheticRegression, "sample_count"), metadata=rule(ge=1))  # training samples
+    in_features: int = field(default=default_of(SyntheticRegression, "in_features"), metadata=rule(ge=1))  # input width
+    out_features: int = field(default=default_of(SyntheticRegression, "out_features"), metadata=rule(ge=1))  # target width
+    noise: float = field(default=default_of(SyntheticRegression, "noise"), metadata=rule(ge=0))  # std of the target noise
 
 
 @dataclass
@@ -178,9 +181,9 @@ class ArithmeticDataConfig:
     """Generated sums such as 123+456=579 (for the gpt); eval reports exact match."""
 
     name: Literal["arithmetic"] = "arithmetic"
-    sample_count: int = field(default=2048, metadata=rule(ge=1))  # training samples
-    digits: int = field(default=3, metadata=rule(ge=1, le=9))  # digits per operand
-    eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out share of the pairs
+    sample_count: int = field(default=default_of(ArithmeticTask, "sample_count"), metadata=rule(ge=1))  # training samples
+    digits: int = field(default=default_of(ArithmeticTask, "digits"), metadata=rule(ge=1, le=9))  # digits per operand
+    eval_fraction: float = field(default=default_of(ArithmeticTask, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out share of the pairs
 
 
 @dataclass
@@ -189,9 +192,9 @@ class TextDataConfig:
 
     name: Literal["text"] = "text"
     path: Optional[str] = None  # the UTF-8 file to model (required)
-    seq_len: int = field(default=128, metadata=rule(ge=2))  # bytes per sample
-    sample_count: Optional[int] = field(default=None, metadata=rule(ge=1))  # windows; null: tile the file
-    eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out tail of the file
+    seq_len: int = field(default=default_of(ByteTextTask, "seq_len"), metadata=rule(ge=2))  # bytes per sample
+    sample_count: Optional[int] = field(default=default_of(ByteTextTask, "sample_count"), metadata=rule(ge=1))  # windows; null: tile the file
+    eval_fraction: float = field(default=default_of(ByteTextTask, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail of the file
 
 
 # --- optimizer and schedule -------------------------------------------------------------------

@@ -1,37 +1,13 @@
-"""Register the schema dataclasses with Hydra's ConfigStore: they are the config groups' options.
+"""The config groups and their options, as the schema dataclasses define them.
 
-`optim=sgd` selects `SGDConfig()`'s values, `backend=gloo` sets the top-level
-`backend` key, and `clorch_top` (first in config.yaml's defaults list) holds
-every top-level key's default. The nodes are plain mappings, not OmegaConf
-structured configs, on purpose: a structured config stops composition at the
-first wrong key or type, while clorch checks the composed config against these
-same dataclasses itself and reports every error at once
-(`clorch.config.checks`).
+Hydra composes the YAML files of conf/ (`conf/optim/sgd.yaml` is `optim=sgd`),
+which `clorch.config.conf_files` writes from these same dataclasses; the names
+listed here are what clorch offers, checks and prints in its errors.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
-
-TOP_NODE = "clorch_top"
-
-
-def register_groups() -> None:
-    """Store every group option, the backends and the top-level defaults (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    store.store(name=TOP_NODE, node=dataclasses.asdict(TopConfig()), provider="clorch")
-    for backend in BACKENDS:
-        store.store(group="backend", name=backend, node={"backend": backend}, package="_global_",
-                    provider="clorch")
-    for group, options in OPTIONS.items():
-        for name, values in options.items():
-            store.store(group=group, name=name, node=dataclasses.asdict(values), provider="clorch")
-    for group in TARGET_GROUPS:  # selected when a section names `_target_`: the target's keys only
-        store.store(group=group, name=CUSTOM, node={"name": CUSTOM}, provider="clorch")
+from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS
 
 
 def group_options(group: str) -> list[str]:

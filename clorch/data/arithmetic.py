@@ -181,7 +181,7 @@ class ArithmeticTask:
     ARGUMENTS = ("sample_count", "digits", "seq_len", "eval_fraction")
     default_model = "gpt"
 
-    def __init__(self, sample_count: int = 4096, digits: int = 3, seq_len: int | None = None,
+    def __init__(self, sample_count: int = 2048, digits: int = 3, seq_len: int | None = None,
                  eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> None:
         seq_len = _check_arguments(sample_count, digits, seq_len, eval_fraction, split, seed)
         self.split, self.seed, self.digits, self.seq_len = split, seed, digits, seq_len
@@ -192,7 +192,7 @@ class ArithmeticTask:
         self.answer_mask = answer[:, 1:].contiguous()  # aligned with the targets
 
     @classmethod
-    def sizes(cls, sample_count: int = 4096, digits: int = 3, seq_len: int | None = None,
+    def sizes(cls, sample_count: int = 2048, digits: int = 3, seq_len: int | None = None,
               eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 

@@ -50,7 +50,7 @@ class SyntheticRegression:
     tokens_per_sample = None
     default_model = "mlp"
 
-    def __init__(self, sample_count: int = 1024, in_features: int = 128, out_features: int = 32,
+    def __init__(self, sample_count: int = 1024, in_features: int = 32, out_features: int = 8,
                  noise: float = 0.01, *, split: str = "train", seed: int = 0) -> None:
         _check_arguments(sample_count, in_features, out_features, noise, split, seed)
         self.split, self.seed = split, seed
@@ -64,7 +64,7 @@ class SyntheticRegression:
         self.targets = self.inputs @ weight + bias + float(noise) * noise_draw
 
     @classmethod
-    def sizes(cls, sample_count: int = 1024, in_features: int = 128, out_features: int = 32,
+    def sizes(cls, sample_count: int = 1024, in_features: int = 32, out_features: int = 8,
               noise: float = 0.01, *, split: str = "train", seed: int = 0) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 

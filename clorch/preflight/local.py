@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-import clorch
+from clorch._version import __version__
 from clorch._files import unique_token
 from clorch.preflight import timing
 from clorch.preflight.options import PreflightConfig
@@ -89,7 +89,7 @@ def versions() -> dict[str, str]:
         raw = torch.cuda.nccl.version()
         nccl = ".".join(str(part) for part in raw) if isinstance(raw, tuple) else str(raw)
     return {"torch": torch.__version__, "cuda": cuda, "cudnn": str(cudnn) if cudnn else "-",
-            "nccl": nccl, "clorch": clorch.__version__}
+            "nccl": nccl, "clorch": __version__}
 
 
 def device_identity(device: torch.device) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def test_the_configs_are_package_data():
     assert (resources.files("clorch.recipes") / "ddp_bf16.yaml").is_file()
     root = Path(__file__).resolve().parents[2]
     package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert package_data == {"clorch.conf": ["*.yaml"], "clorch.recipes": ["*.yaml"]}
+    assert package_data == {"clorch.conf": ["*.yaml", "*/*.yaml"], "clorch.recipes": ["*.yaml"]}
 
 
 def test_no_config_module_is_shadowed_by_an_exported_name():

@@ -9,6 +9,7 @@ from torch import nn
 
 from clorch.data.arithmetic import ArithmeticTask, decode
 from clorch.data.tasks import Task, build_task, finalize_metrics
+from clorch.data.synthetic import SyntheticRegression
 from clorch.data.text import ByteTextTask
 from clorch.models import build_model
 
@@ -208,3 +209,30 @@ def test_bad_arguments_are_named(name, kwargs, error, text):
 def test_finalize_metrics_needs_a_count():
     with pytest.raises(ValueError, match="eval sums need a positive 'count', got 0"):
         finalize_metrics({"loss_sum": torch.tensor(1.0), "count": 0})
+
+
+@pytest.mark.parametrize("cls", [SyntheticRegression, ArithmeticTask, ByteTextTask])
+def test_sizes_takes_the_defaults_of_the_constructor(cls):
+    """`sizes()` answers for the task built with the same arguments, defaults included."""
+    import inspect
+
+    built = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    sized = {k: p.default for k, p in inspect.signature(cls.sizes).parameters.items() if k != "cls"}
+    assert built == sized
+
+
+@pytest.mark.parametrize("cls, schema", [(SyntheticRegression, "SyntheticDataConfig"),
+                                         (ArithmeticTask, "ArithmeticDataConfig"),
+                                         (ByteTextTask, "TextDataConfig")])
+def test_the_config_defaults_are_the_tasks_own(cls, schema):
+    """data=<task> with no other setting builds the task its own defaults build."""
+    import dataclasses
+    import inspect
+
+    from clorch.config import schema as schemas
+
+    config = getattr(schemas, schema)()
+    own = inspect.signature(cls.__init__).parameters
+    shared = [f.name for f in dataclasses.fields(config) if f.name in own and f.name != "path"]
+    assert shared, schema
+    assert {k: getattr(config, k) for k in shared} == {k: own[k].default for k in shared}

@@ -1,0 +1,138 @@
+"""conf/: the YAML files Hydra composes, written from the schema dataclasses.
+
+Every group option a user can pick has a file that shows what it sets
+(`conf/precision/fp16.yaml`, `conf/checkpoint/periodic.yaml`, ...), and
+`conf/top.yaml` holds the top-level keys. The dataclasses of
+`clorch.config.schema` stay the one place a default is written: the files are
+rendered from them, field comments included, and a test fails when a file
+differs from its rendering. After changing a schema, write them again:
+
+    python -m clorch.config.conf_files          # rewrites conf/ in this checkout
+    python -m clorch.config.conf_files --check  # exit 1 if a file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import sys
+import tokenize
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
+
+TOP = "top"  # conf/top.yaml, first in config.yaml's defaults list
+_EDIT_HINT = "# Written from {where}: edit that dataclass, then run python -m clorch.config.conf_files"
+
+
+def rendered() -> dict[str, str]:
+    """Path under conf/ -> the text that file must hold."""
+    files = {f"{TOP}.yaml": _render(TopConfig(), header="# @package _global_\n")}
+    for backend in BACKENDS:
+        files[f"backend/{backend}.yaml"] = (
+            "# @package _global_\n# Sets the top-level key backend (the process-group backend).\n"
+            f"backend: {backend}\n")
+    for group, options in OPTIONS.items():
+        for name, values in options.items():
+            files[f"{group}/{name}.yaml"] = _render(values)
+    for group in TARGET_GROUPS:
+        files[f"{group}/{CUSTOM}.yaml"] = (
+            f"# Your own class: {group}._target_=my_pkg.Net plus its keyword arguments selects this\n"
+            f"# option (a target outside clorch, torch.nn and torch.optim must be trusted with\n"
+            f"# CLORCH_TRUSTED_MODULES). It has no keys of its own.\nname: {CUSTOM}\n")
+    return files
+
+
+def _render(values: Any, header: str = "") -> str:
+    cls = type(values)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    doc = (cls.__doc__ or "").strip().splitlines()[0]
+    return header + f"# {doc}\n" + _EDIT_HINT.format(where=where) + "\n" + "".join(_lines(values, 0))
+
+
+def _lines(values: Any, depth: int) -> Iterator[str]:
+    comments = _field_comments(type(values))
+    indent = "  " * depth
+    for f in dataclasses.fields(values):
+        value = getattr(values, f.name)
+        comment = f"  # {comments[f.name]}" if f.name in comments else ""
+        if dataclasses.is_dataclass(value):
+            yield f"{indent}{f.name}:{comment}\n"
+            yield from _lines(value, depth + 1)
+        else:
+            yield f"{indent}{f.name}: {_scalar(value)}{comment}\n"
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text[:-len("\n...")].strip() if text.endswith("...") else text
+
+
+@lru_cache(maxsize=None)
+def _field_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment written beside it (or on the lines just above) in the source."""
+    source = inspect.getsource(cls)
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body[0].body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        beside = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+        above, n = [], node.lineno - 1
+        while n in comments and lines[n - 1].lstrip().startswith("#"):
+            above.insert(0, comments[n])
+            n -= 1
+        text = " ".join(beside or above)
+        if text:
+            found[node.target.id] = text
+    return found
+
+
+def stale(conf_dir: Path) -> list[str]:
+    """The files under `conf_dir` that differ from their rendering, are missing, or are extra."""
+    wanted = rendered()
+    present = {str(p.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml")} - {"config.yaml"}
+    out = [name for name, text in wanted.items()
+           if not (conf_dir / name).is_file() or (conf_dir / name).read_text() != text]
+    return sorted(out + [f"{name} (no such option)" for name in present - set(wanted)])
+
+
+def write(conf_dir: Path) -> list[str]:
+    """Write every rendered file under `conf_dir`; return the ones that changed."""
+    changed = stale(conf_dir)
+    for name, text in rendered().items():
+        path = conf_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clorch.config.conf_files", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="report stale files; write nothing")
+    parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parents[2] / "conf",
+                        help="the conf/ folder (default: this checkout's)")
+    args = parser.parse_args(argv)
+    if args.check:
+        bad = stale(args.dir)
+        for name in bad:
+            print(f"stale: {args.dir / name}", file=sys.stderr)
+        return 1 if bad else 0
+    for name in write(args.dir):
+        print(f"wrote {args.dir / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
