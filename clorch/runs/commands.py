@@ -10,7 +10,7 @@ from typing import Any
 
 from clorch.runs.records import Run
 
-# What clorch-train adds to the command line it hands Hydra (clorch.cli._launch_overrides): a
+# What clorch-train adds to the command line it hands Hydra (clorch.cli.run_dir.launch_overrides): a
 # re-run makes its own directory, so these are left out.
 _ADDED = ("hydra.run.dir", "hydra.sweep.dir", "hydra.job_logging.handlers.file.delay")
 _MULTIRUN_FLAGS = ("-m", "--multirun")

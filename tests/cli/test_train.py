@@ -142,7 +142,7 @@ def test_cfg_job_checks_the_config_like_a_run(tmp_path, monkeypatch, capsys):
 
 
 def test_a_flag_after_the_overrides_still_works():
-    from clorch.config.hydra_flags import flags_first
+    from clorch.cli.hydra_flags import flags_first
 
     assert flags_first(["+recipe=cpu_smoke", "-m", "optim.lr=1e-3,3e-3", "--cfg", "job"]) == \
         ["-m", "+recipe=cpu_smoke", "optim.lr=1e-3,3e-3", "--cfg", "job"]

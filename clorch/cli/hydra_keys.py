@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from clorch._files import unwritable
-from clorch.config.hydra_flags import MULTIRUN
+from clorch.cli.hydra_flags import MULTIRUN
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clorch.config.hydra_keys import directory_error, hydra_key_errors
+from clorch.cli.hydra_keys import directory_error, hydra_key_errors
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch.config.hydra_flags import flag_set, flags_first, whole_flags
+from clorch.cli.hydra_flags import flag_set, flags_first, whole_flags
 
 pytestmark = pytest.mark.timeout(30)
 

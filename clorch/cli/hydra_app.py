@@ -1,0 +1,122 @@
+"""The Hydra job of `clorch-train` (one run, or one job of a sweep), and running Hydra in-process.
+
+Hydra calls `_train` once per run with the composed config; it runs the job
+(clorch.engine.run.execute), prints how it ended and records that in
+`clorch.cli.outcome.OUTCOME`, from which the command's exit status is read.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from clorch.cli.outcome import EXIT_FAILED, OUTCOME
+from clorch.config.checks import ConfigError, print_config_errors
+from clorch.config.composer import CONFIG_PATH
+from clorch.launch.external import detect as detect_external
+
+
+def report(result: dict[str, Any]) -> None:
+    """Print how a run ended (one line; a failure's traceback after it) and record it."""
+    summary, status = result["summary"], result["status"]
+    if summary["status"] == "succeeded" and not summary["final"]:  # another node than rank 0's
+        print(f"clorch-train: succeeded; this node's ranks finished, rank 0's node writes the metrics; "
+              f"logs in {result['run_dir']}")
+        return
+    if summary["status"] == "succeeded":
+        final = summary["final"]
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items()
+                          if k in ("loss", "eval_loss", "eval_exact") and v is not None)
+        print(f"clorch-train: succeeded, {summary['steps']} steps, {shown}; outputs in {result['run_dir']}")
+        return
+    if summary["status"] == "interrupted":
+        _report_interrupted(result)
+        return
+    from clorch.engine.run import describe_error
+
+    error = status.get("error") or {}
+    what = describe_error({**error, "rank": status.get("failed_rank")}, failed="failed first")
+    print(f"clorch-train: job {summary['status']}: {what}; run directory {result['run_dir']}",
+          file=sys.stderr)
+    if error.get("traceback"):
+        print(error["traceback"], file=sys.stderr)
+    OUTCOME.failed.append(result["run_dir"])
+
+
+def _report_interrupted(result: dict[str, Any]) -> None:
+    import signal
+
+    from clorch.engine.interrupts import resume_hint
+
+    summary, run_dir, cfg = result["summary"], Path(result["run_dir"]), result["plan"].config
+    step = (summary.get("final") or {}).get("step", 0)
+    print(f"clorch-train: interrupted by {summary['interrupted_by']} after step {step} of "
+          f"{summary['planned_steps']}; the ranks were stopped; outputs in {run_dir}", file=sys.stderr)
+    print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv)}", file=sys.stderr)
+    OUTCOME.interrupted(signal.Signals[summary["interrupted_by"]].value)
+    OUTCOME.failed.append(str(run_dir))
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
+def _train(cfg: DictConfig) -> None:
+    """The Hydra job: one multi-rank run in Hydra's output directory."""
+    # Lazy: the engine imports torch; Hydra's --help and --cfg job never call this function.
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import get_original_cwd
+
+    from clorch.engine.outputs import write_json
+    from clorch.engine.paths import with_absolute_paths
+    from clorch.engine.run import execute
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        cfg = with_absolute_paths(cfg, get_original_cwd())  # hydra.job.chdir may have moved us
+        external = detect_external()
+        if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
+            from clorch.engine.as_rank import train_as_rank
+
+            if train_as_rank(cfg, Path(run_dir), external) != 0:
+                OUTCOME.failed.append(run_dir)
+            return
+        result = execute(cfg, run_dir)
+    except ConfigError as exc:
+        print_config_errors(exc.errors)
+        OUTCOME.refused.append(run_dir)
+        if OUTCOME.is_sweep:  # a sweep's job keeps its directory, with the reason
+            write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
+        return
+    report(result)
+    if result["summary"]["status"] == "interrupted" and OUTCOME.is_sweep:
+        # A sweep ends with its interrupted job: Hydra would otherwise start the next one.
+        from clorch.engine.interrupts import Interrupted
+
+        raise Interrupted(OUTCOME.interrupted_by)
+
+
+def run_hydra(args: list[str], config_status: int) -> int:
+    """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from clorch.engine.interrupts import Interrupted, interrupts_raise
+    from clorch.engine.sweep import last_statuses
+
+    GlobalHydra.instance().clear()  # the checks may have composed in-process
+    OUTCOME.start()
+    last_statuses.clear()
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "clorch-train", *args]
+    try:
+        with interrupts_raise():
+            _train()
+    except Interrupted as exc:  # between a sweep's jobs, or while Hydra starts one
+        print(f"clorch-train: {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    except SystemExit as exc:  # Hydra exits after --help and on its own errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
+    finally:
+        sys.argv = saved
+    return OUTCOME.exit_status(last_statuses, config_status)

@@ -1,0 +1,155 @@
+"""The `clorch-train` console script: flags, refusals, then who runs the job.
+
+See `clorch.cli` for the commands; this module decides, before anything is
+composed, whether the command line is refused (a flag or Hydra key clorch
+cannot check), whether this process is one rank of an outside launcher's job
+(torchrun, srun, submitit), or whether Hydra runs it (help, a printed config,
+a run, a sweep), checking every sweep combination first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from clorch.cli import run_dir
+from clorch.cli.hydra_app import run_hydra
+from clorch.cli.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set,
+                                    flags_first, whole_flags)
+from clorch.cli.outcome import OUTCOME
+from clorch.config.checks import EXIT_STATUS as EXIT_CONFIG, print_config_errors
+from clorch.config.composer import rewrite_recipe_overrides
+from clorch.launch.external import detect as detect_external
+
+
+def _versions() -> str:
+    """One line with clorch's, torch's and Hydra's versions (read without importing torch)."""
+    from importlib import metadata
+
+    import hydra
+
+    from clorch._version import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"clorch {__version__} (torch {torch_version}, hydra-core {hydra.__version__})"
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """The `clorch-train` console script. Returns the exit status.
+
+    Flags first (refusals, --version), then who runs the job: this process as one
+    rank of an outside launcher, or Hydra (help, a printed config, a run, a sweep).
+    """
+    args, flag_errors = whole_flags(list(sys.argv[1:] if argv is None else argv))
+    args = flags_first(args)
+    OUTCOME.argv[:] = args
+    flags = flag_set(args)
+    if "--version" in flags and not flag_errors:  # Hydra's own --version names only Hydra
+        print(_versions())
+        return 0
+    refused = _refusals(args, flags, flag_errors)
+    if refused:  # shown with the config's own errors, so that one try lists every error
+        print_config_errors(refused + _errors_beside_refused(args, flags))
+        return EXIT_CONFIG
+    try:
+        args = rewrite_recipe_overrides(args)
+        external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) \
+            else detect_external()
+    except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
+        from clorch.config.preflight import grammar_errors
+
+        print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
+        return EXIT_CONFIG
+    if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
+        from clorch.engine.as_rank import run_as_rank
+
+        OUTCOME.as_rank = True
+        return run_as_rank([a for a in args if not a.startswith("-")], external)
+    if flags & set(PRINT_ONLY):
+        return run_hydra(args, EXIT_CONFIG)
+    return _check_and_run(args, flags)
+
+
+def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:
+    """Flags, Hydra keys and output directories clorch-train refuses, before composing anything."""
+    from clorch.cli.hydra_keys import hydra_key_errors
+
+    return flag_errors + hydra_key_errors(args) + [
+        f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
+        "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
+        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(OTHER_CONFIG))]
+
+
+def _check_and_run(args: list[str], flags: set[str]) -> int:
+    """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
+    from clorch.config.preflight import hydra_overrides, preflight
+    from clorch.engine.resolve import resolve_errors
+
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    multirun = bool(flags & set(MULTIRUN))
+    if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
+        # A sweep, a printed config or a bad group choice: compose and check in-process first
+        # (every combination, every error). A single run is composed by Hydra and checked once.
+        errors = preflight(overrides, resolve_errors)
+        if errors:
+            print_config_errors(errors)
+            return EXIT_CONFIG
+    if flags & set(PRINT_CONFIG):
+        return run_hydra(args, EXIT_CONFIG)
+    try:
+        extra, created, footprint = run_dir.launch_overrides(args, multirun)
+    except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
+        layout, key = ("multirun", "hydra.sweep.dir") if multirun else ("outputs", "hydra.run.dir")
+        print_config_errors([f"cannot create the run directory {layout}/DATE/TIME under {os.getcwd()} "
+                             f"({exc.strerror or exc}); run from a writable directory or set {key}"])
+        return EXIT_CONFIG
+    OUTCOME.is_sweep = multirun
+    footprint = None if multirun else footprint
+    run_dir.hold(footprint)
+    try:
+        return run_hydra([*(args if multirun else hydra_overrides(args)), *extra], EXIT_CONFIG)
+    finally:
+        run_dir.remove_refused(footprint, refused=bool(OUTCOME.refused))
+        run_dir.remove_if_empty(created)
+        OUTCOME.is_sweep = False
+
+
+def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
+    """The config errors of the overrides that were not refused (none of Hydra's keys).
+
+    Composing them is safe: recipes may set no Hydra key (clorch.config.composer).
+    """
+    from clorch.cli.hydra_keys import touches_hydra
+    from clorch.config.preflight import grammar_errors, preflight
+    from clorch.engine.resolve import resolve_errors
+
+    if flags & set(OTHER_CONFIG):
+        return []  # the user meant another config: clorch's errors would be beside the point
+    overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
+    try:
+        overrides = rewrite_recipe_overrides(overrides)
+        return preflight(overrides, resolve_errors)
+    except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
+        return grammar_errors(overrides) or [str(exc)]
+
+
+def split_errors(overrides: list[str]) -> list[str]:
+    """The errors found without composing (bad group choices, recipe files, grammar)."""
+    from clorch.config.preflight import grammar_errors, split_overrides
+
+    try:
+        return split_overrides(overrides)[1]
+    except Exception as exc:  # Hydra's grammar error: name each override it refuses
+        return grammar_errors(overrides) or [str(exc).strip()]
+
+
+def main() -> None:
+    code = train_main()
+    if OUTCOME.as_rank:
+        from clorch.launch.child import exit_without_finalizing
+
+        exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization
+    sys.exit(code)
