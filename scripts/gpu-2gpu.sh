@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two-GPU NCCL validation and scaling in one go, on a machine with 2 GPUs
-# (the device tool's nvidia-h200-x2 kind, or any Linux box with CUDA and torch >= 2.11):
+# (a machine with two H200s, or any Linux box with two CUDA GPUs and torch >= 2.11):
 #   bash scripts/gpu-2gpu.sh [OUTDIR]
 # Installs the carried hydra/omegaconf wheels in .whl/ (when present) into /tmp/site,
 # records the environment, then runs on GPUs 0 and 1:

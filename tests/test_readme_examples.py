@@ -1,4 +1,7 @@
-"""Every ```python block of README.md runs as written on CPU, each in a fresh interpreter.
+"""Every ```python block of README.md and of docs/*.md runs as written on CPU.
+
+Each block runs in a fresh interpreter, as its own test, named by its file and
+the line of its opening fence (`docs/library.md:9`).
 
 A block runs as a script in an empty temporary directory (its current
 directory and TMPDIR, so run directories, checkpoints and launcher logs land
@@ -24,11 +27,15 @@ pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The files whose examples run: the README and every page of the manual.
+DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK_TIMEOUT_S = 240  # the slowest block takes about 15 s on 2 CPU cores
 
 _FENCE = re.compile(
     r"(?:^<!-- readme-test: skip \((?P<skip>.*?)\) -->\n)?^```python\n(?P<code>.*?)^```[ \t]*$",
     re.S | re.M)
+# A skip comment, wherever it stands at the start of a line (attached to a fence or not).
+_MARKER = re.compile(r"^<!-- readme-test:", re.M)
 _FILE_NAME = re.compile(r"#\s*(?P<name>[A-Za-z_]\w*\.py)\b")
 # A launched job's state as the examples print it, first on its line.
 _BAD_STATE = re.compile(r"^(failed|timed_out|stopped)\b", re.M)
@@ -38,15 +45,29 @@ _JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 
 
 class Block(NamedTuple):
-    line: int  # the README line of the opening fence
+    line: int  # the line of the opening fence in its file
     code: str
     skip: str | None
+    file: str = "README.md"  # the file, relative to the checkout
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """The ```python blocks of `text`, in order, with any skip reason."""
-    return [Block(text.count("\n", 0, m.start("code")), m.group("code"), m.group("skip"))
+def readme_blocks(text: str, file: str = "README.md") -> list[Block]:
+    """The ```python blocks of `text` (the contents of `file`), in order, with any skip reason."""
+    return [Block(text.count("\n", 0, m.start("code")), m.group("code"), m.group("skip"), file)
             for m in _FENCE.finditer(text)]
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def doc_blocks() -> list[Block]:
+    """The ```python blocks of README.md and of every docs/*.md, file by file."""
+    return [b for path in DOC_FILES for b in readme_blocks(path.read_text(), _relative(path))]
 
 
 def _script_name(code: str) -> str:
@@ -77,30 +98,33 @@ def check_block(block: Block, proc: subprocess.CompletedProcess) -> None:
     if proc.returncode == 0 and bad_state is None:
         return
     why = f"exit status {proc.returncode}" if proc.returncode else f"a job ended {bad_state.group(1)!r}"
-    pytest.fail(f"README.md block at line {block.line} failed ({why}):\n{block.code}\n"
+    pytest.fail(f"{block.file} block at line {block.line} failed ({why}):\n{block.code}\n"
                 f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-8000:]}",
                 pytrace=False)
 
 
-BLOCKS = readme_blocks(README.read_text())
+BLOCKS = doc_blocks()
 
 
 def test_readme_has_python_blocks_and_every_marker_is_attached():
-    text = README.read_text()
-    assert len(BLOCKS) >= 5, f"found only {len(BLOCKS)} ```python blocks in README.md"
-    markers = text.count("<!-- readme-test:")
-    assert markers == sum(b.skip is not None for b in BLOCKS), (
-        "a `<!-- readme-test: skip (reason) -->` comment must sit on the line right before a ```python fence")
+    assert len(BLOCKS) >= 5, f"found only {len(BLOCKS)} ```python blocks in {[_relative(p) for p in DOC_FILES]}"
+    assert any(b.file == "README.md" for b in BLOCKS), "README.md has no ```python block"
+    for path in DOC_FILES:
+        markers = len(_MARKER.findall(path.read_text()))
+        skips = sum(b.skip is not None for b in BLOCKS if b.file == _relative(path))
+        assert markers == skips, (
+            f"{_relative(path)}: a `<!-- readme-test: skip (reason) -->` comment must sit on the line "
+            "right before a ```python fence")
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_readme_block_runs(block, tmp_path):
     if block.skip is not None:
-        pytest.skip(f"README.md line {block.line}: {block.skip}")
+        pytest.skip(f"{block.where}: {block.skip}")
     try:
         proc = run_block(block.code, tmp_path)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"README.md block at line {block.line} ran past {exc.timeout} s:\n{block.code}\n"
+        pytest.fail(f"{block.file} block at line {block.line} ran past {exc.timeout} s:\n{block.code}\n"
                     f"--- stderr ---\n{exc.stderr or ''}", pytrace=False)
     check_block(block, proc)
 

@@ -1,8 +1,9 @@
-"""README's DDP + AMP library example under real torchrun (2 gloo ranks on the CPU).
+"""The documentation's DDP + AMP library example under real torchrun (2 gloo ranks on the CPU).
 
-The block is taken from README.md ("Data parallelism and mixed precision") as
-written and started with `python -m torch.distributed.run --standalone
---nproc_per_node 2` (standalone: torchrun picks a free port itself). With the
+The block is taken as written from whichever file of README.md and docs/*.md
+holds it (now docs/library.md, "Data parallelism and mixed precision") and
+started with `python -m torch.distributed.run --standalone --nproc_per_node 2`
+(standalone: torchrun picks a free port itself). With the
 block as written the two ranks must end with the same weights (they start
 from different random weights and train on different random data, so only
 averaging makes them equal); with its process-group call taken out, every
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readme_examples import README, ROOT, _JOB_VARIABLES, readme_blocks
+from tests.test_readme_examples import ROOT, _JOB_VARIABLES, doc_blocks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,11 +37,12 @@ _GROUP_BLOCK = re.compile(r"(?:\w+\.)*process_group\([^)]*\)")
 
 
 def ddp_amp_block() -> str:
-    """README's DDP + AMP example: the python block that wraps a model in DistributedDataParallel."""
-    found = [b.code for b in readme_blocks(README.read_text())
+    """The DDP + AMP example: the python block that wraps a model in DistributedDataParallel."""
+    found = [b for b in doc_blocks()
              if "DistributedDataParallel(model" in b.code and "amp.autocast" in b.code]
-    assert len(found) == 1, f"expected one DDP + AMP example in {README}, found {len(found)}"
-    return found[0]
+    assert len(found) == 1, (
+        f"expected one DDP + AMP example in README.md and docs/*.md, found {[b.where for b in found]}")
+    return found[0].code
 
 
 def _torchrun(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -59,7 +61,7 @@ def _torchrun(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_the_example_as_written_averages_over_two_torchrun_ranks(tmp_path):
     code = ddp_amp_block()
     assert _INIT_CALL.search(code) or _GROUP_BLOCK.search(code), (
-        "README's DDP + AMP example never joins a process group, so under torchrun it cannot "
+        "the DDP + AMP example never joins a process group, so under torchrun it cannot "
         f"average (clorch refuses to train each rank alone):\n{code}")
     proc = _torchrun(code + _REPORT, tmp_path)
     assert proc.returncode == 0, f"torchrun exit status {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"

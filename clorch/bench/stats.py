@@ -41,7 +41,7 @@ def ratio(numerator: float, denominator: float) -> float:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table (readable in a terminal, pasteable into the README)."""
+    """A Markdown table (readable in a terminal, pasteable into docs/performance.md)."""
     cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |" for row in cells]

@@ -54,7 +54,7 @@ def test_recipe_runs_end_to_end(recipe, tmp_path):
 
 
 def test_ddp_bf16_loss_really_falls_with_the_seed_arguments(tmp_path):
-    """run_local with its README arguments, at CPU size; the checkpoint lands where asked."""
+    """run_local with the arguments docs/training.md shows, at CPU size; the checkpoint lands where asked."""
     ckpt = tmp_path / "clorch-ddp.ckpt"
     result = clorch.run_local(None, 2, "ddp_bf16", run_dir=tmp_path / "run", epochs=3,
                               sample_count=512, batch_size=16, accumulation=2,

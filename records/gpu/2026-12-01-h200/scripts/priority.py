@@ -6,7 +6,7 @@ model, the bucket path, the bucket path with overlapped copies on a normal-prior
 and on the highest-priority stream CUDA offers, and torch's DDP (GPT-2 small, bf16, fused
 AdamW, 8 x 1024 tokens), with clorch-bench ddp's candidates and timing.
 
-    PYTHONPATH=. python docs/gpu-runs/2026-12-01-h200/scripts/priority.py [ROUNDS]
+    PYTHONPATH=. python records/gpu/2026-12-01-h200/scripts/priority.py [ROUNDS]
 """
 
 import sys
