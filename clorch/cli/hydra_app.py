@@ -61,6 +61,40 @@ def _report_interrupted(result: dict[str, Any]) -> None:
     OUTCOME.failed.append(str(run_dir))
 
 
+CHECKED: dict[str, Any] = {}
+"""Plans a sweep checked before it started, by `clorch.config.plan.config_key` of their config."""
+
+
+def remember_plan(cfg: DictConfig) -> list[str]:
+    """Check one config of a sweep (every error), keeping its plan for the job that runs it."""
+    import os
+
+    from clorch.config.plan import absolute, config_key, plan_or_errors
+
+    plan, errors = plan_or_errors(cfg)
+    if plan is not None:  # the job may run elsewhere (hydra.job.chdir): its paths made absolute
+        CHECKED[config_key(cfg)] = absolute(plan, os.getcwd())
+    return errors
+
+
+def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
+    """The job's plan: checked once, here, or before the sweep started (then only the run
+    directory is checked here).
+
+    Raises:
+        ConfigError: every error found.
+    """
+    from clorch.config.plan import config_key, resolve, run_dir_errors
+
+    plan = CHECKED.pop(config_key(cfg, base), None)
+    if plan is None:
+        return resolve(cfg, run_dir, base=base)
+    errors = run_dir_errors(plan, run_dir)
+    if errors:
+        raise ConfigError(errors)
+    return plan
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
 def _train(cfg: DictConfig) -> None:
     """The Hydra job: one multi-rank run in Hydra's output directory."""
@@ -68,21 +102,22 @@ def _train(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import get_original_cwd
 
+    from clorch.config.plan import run_errors_as_config_errors
     from clorch.engine.outputs import write_json
-    from clorch.engine.paths import with_absolute_paths
     from clorch.engine.run import execute
 
     run_dir = HydraConfig.get().runtime.output_dir
+    base = get_original_cwd()  # relative paths are the user's: hydra.job.chdir may have moved us
     try:
-        cfg = with_absolute_paths(cfg, get_original_cwd())  # hydra.job.chdir may have moved us
         external = detect_external()
         if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
             from clorch.engine.as_rank import train_as_rank
 
-            if train_as_rank(cfg, Path(run_dir), external) != 0:
+            if train_as_rank(cfg, Path(run_dir), external, base=base) != 0:
                 OUTCOME.failed.append(run_dir)
             return
-        result = execute(cfg, run_dir)
+        with run_errors_as_config_errors():
+            result = execute(planned(cfg, run_dir, base), run_dir)
     except ConfigError as exc:
         print_config_errors(exc.errors)
         OUTCOME.refused.append(run_dir)

@@ -85,15 +85,17 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
 
 def _check_and_run(args: list[str], flags: set[str]) -> int:
     """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
+    from clorch.cli.hydra_app import CHECKED, remember_plan
     from clorch.config.preflight import hydra_overrides, preflight
-    from clorch.engine.resolve import resolve_errors
 
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
+    CHECKED.clear()
     if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first
-        # (every combination, every error). A single run is composed by Hydra and checked once.
-        errors = preflight(overrides, resolve_errors)
+        # (every combination, every error; a sweep's jobs then take the plans made here). A
+        # single run is composed by Hydra and checked once, in its job.
+        errors = preflight(overrides, remember_plan)
         if errors:
             print_config_errors(errors)
             return EXIT_CONFIG
@@ -124,7 +126,7 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
     """
     from clorch.cli.hydra_keys import touches_hydra
     from clorch.config.preflight import grammar_errors, preflight
-    from clorch.engine.resolve import resolve_errors
+    from clorch.config.plan import resolve_errors
 
     if flags & set(OTHER_CONFIG):
         return []  # the user meant another config: clorch's errors would be beside the point

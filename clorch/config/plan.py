@@ -1,27 +1,39 @@
-"""The launch plan: a checked config resolved once, on this machine, into what the ranks run.
+"""The front door: a composed config becomes one checked, machine-resolved launch plan.
 
-`resolve(cfg)` runs in the launching process before any rank starts. It checks
-the config (clorch.config.checks) and adds the errors that need the machine
-(nccl without GPUs, devices that do not exist), the data's sizes (a batch
-larger than a rank's shard, an eval split smaller than the job, a model
-sequence shorter than the samples), the filesystem (directories the run
-cannot write) and the checkpoint to resume (another model, world size or
-batch size), and raises them all together as one `ConfigError`. The dataset
-sizes come from `clorch.data.tasks.split_size`, without building the data.
-The ranks receive the plan and trust it.
+Every way of starting a run comes through here once: `clorch-train` (its Hydra
+job, and every combination of a sweep before the sweep starts), `clorch.run_local`,
+and each rank of an outside launcher (torchrun, srun, submitit), which has no
+launching process of its own to check for it. `plan_or_errors(cfg, run_dir)`
+makes relative paths absolute against the directory the user ran from,
+resolves interpolations (one that does not resolve is an error naming its
+key), checks the config against the schemas (clorch.config.checks), and adds
+the errors that need the machine (nccl without GPUs, devices that do not
+exist), the data's sizes (a batch larger than a rank's shard, an eval split
+smaller than the job, a model sequence shorter than the samples), the
+filesystem (directories the run cannot write) and the checkpoint to resume
+(another model, world size or batch size, clorch.config.resume): all of them
+at once. The dataset sizes come from `clorch.data.tasks.split_size`, without
+building the data.
+
+The ranks receive the plan (`Plan.to_dict()` in their launch arguments, or a
+plan file with its digest under `launcher=torchrun`) and do not check it again;
+`for_world_size` adapts the step arithmetic when an elastic rendezvous formed
+another world size than the plan's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError, checked_partial, complete, reused_dir_errors
+from clorch.config.paths import with_absolute_paths
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch._files import unwritable
 
@@ -62,7 +74,46 @@ class Plan:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "Plan":
+        """The plan `to_dict` wrote (trusted: it was checked when it was made)."""
         return cls(**{**values, "config": TrainConfig.from_dict(dict(values["config"]))})
+
+    def digest(self) -> str:
+        """sha256 of the plan's plain values: equal plans, equal digests."""
+        return _digest(self.to_dict())
+
+
+def _digest(values: Mapping[str, Any]) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_plan(plan: Plan, path: Path) -> None:
+    """Write the plan and its digest for ranks started by another process (torchrun's agent)."""
+    import json
+
+    from clorch._files import write_text_atomic
+
+    write_text_atomic(path, json.dumps({"plan": plan.to_dict(), "sha256": plan.digest()}))
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan `write_plan` wrote, unchecked but for its digest.
+
+    Raises:
+        ValueError: the file is not a plan, or was changed after it was written.
+    """
+    import json
+
+    try:
+        record = json.loads(Path(path).read_text())
+        plan = Plan.from_dict(record["plan"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a launch plan clorch wrote ({exc})") from None
+    if plan.digest() != record.get("sha256"):
+        raise ValueError(f"{path}: the launch plan was changed after clorch checked it (its digest differs)")
+    return plan
 
 
 def _backend(cfg: Any) -> str | None:
@@ -260,7 +311,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     sections it reads are valid, so that every error is reported in one go.
     """
     from clorch.data.tasks import split_size
-    from clorch.engine.resume_check import resume_errors
+    from clorch.config.resume import resume_errors
 
     world = sizes = None
     if external is not None and complete(cfg, "top"):
@@ -305,20 +356,114 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
 
 def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
                    run_dir: str | os.PathLike | None = None,
-                   external: Any = None) -> tuple[Plan | None, list[str]]:
+                   external: Any = None, base: str | os.PathLike | None = None) -> tuple[Plan | None, list[str]]:
     """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
 
-    `external` (a clorch.launch.external.ExternalRank) places the ranks as another
-    launcher (torchrun, srun) did, instead of the launcher config and this machine.
+    Args:
+        cfg: a composed config (Hydra's, or clorch.config.composer's), or a TrainConfig.
+        run_dir: the run directory, checked for being writable (None: not checked).
+        external: a clorch.launch.external.ExternalRank: place the ranks as another launcher
+            (torchrun, srun) did, instead of the launcher config and this machine.
+        base: make relative paths absolute against this directory first (a Hydra job passes
+            the one the user ran clorch-train from); None checks them as written, relative to
+            the current directory (`absolute` makes the plan's paths absolute afterwards).
     """
     if isinstance(cfg, TrainConfig):
         typed, problems = cfg, []
     else:
-        typed, problems = checked_partial(cfg)
+        try:
+            values = cfg if base is None else with_absolute_paths(cfg, base)
+        except ConfigError as exc:  # an interpolation that does not resolve
+            return None, exc.errors
+        typed, problems = checked_partial(values)
     if typed is None:
         return None, problems
     plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external)
     return (None, problems) if problems else (plan, [])
+
+
+def absolute(plan: Plan, base: str | os.PathLike) -> Plan:
+    """The plan with its config's relative paths made absolute against `base` (no new checks:
+    a path names the same file either way from `base`)."""
+    from dataclasses import replace
+
+    return replace(plan, config=TrainConfig.from_dict(with_absolute_paths(plan.config.to_dict(), base)))
+
+
+def config_key(cfg: DictConfig | Mapping[str, Any], base: str | os.PathLike | None = None) -> str | None:
+    """A digest of the composed config as the door reads it (None: it does not resolve).
+
+    Equal for the same composed config wherever it was composed, so that a sweep's jobs
+    find the plans checked for them before the sweep started.
+    """
+    try:
+        return _digest(with_absolute_paths(cfg, os.getcwd() if base is None else base))
+    except ConfigError:
+        return None
+
+
+def run_dir_errors(plan: Plan, run_dir: str | os.PathLike) -> list[str]:
+    """The checks of a plan made without a run directory that need one: the directory is
+    writable, a reused one holds no other run's step checkpoints, and the checkpoint a
+    resume would take from it fits."""
+    from clorch.config.resume import resume_errors
+
+    run_dir = Path(run_dir)
+    return _path_errors(plan.config, run_dir) + resume_errors(plan.config, plan.world_size, run_dir)
+
+
+def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> tuple[Plan, list[str]]:
+    """The plan as ranks that an elastic rendezvous gathered `world_size` strong run it.
+
+    The config was checked when the plan was made; only what depends on the world
+    size is computed (and checked: the shard against the batch, the eval split against
+    the ranks, the checkpoint to resume) again. The same plan when the size is the plan's.
+    """
+    from dataclasses import replace
+
+    from clorch.config.resume import resume_errors
+
+    if world_size == plan.world_size:
+        return plan, []
+    cfg = plan.config
+    errors = _data_errors(cfg, plan.train_size, plan.eval_size, world_size)
+    errors += resume_errors(cfg, world_size, run_dir)
+    shard, per_epoch, total = plan_steps(cfg, plan.train_size, world_size)
+    return replace(plan, world_size=world_size, shard_size=shard, steps_per_epoch=per_epoch,
+                   total_steps=total), errors
+
+
+@contextlib.contextmanager
+def run_errors_as_config_errors() -> Iterator[None]:
+    """Report, as config errors naming their key, what stops a run at its start that a
+    setting explains: another live job holding the checkpoint directory (checkpoint.dir).
+
+    Raises:
+        ConfigError: in place of clorch.checkpoint.locks.DirectoryInUse.
+    """
+    from clorch.checkpoint.locks import DirectoryInUse
+
+    try:
+        yield
+    except DirectoryInUse as exc:
+        raise ConfigError([f"checkpoint.dir: {exc}"]) from None
+
+
+def plan_overrides(overrides: list[str], run_dir: str | os.PathLike | None = None) -> Plan:
+    """Compose `overrides` as clorch-train would (Hydra keys aside) and resolve the plan.
+
+    Raises:
+        ConfigError: every composition and config error, together.
+    """
+    from clorch.config.preflight import compose_once
+
+    cfg, errors = compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
+    if cfg is not None:
+        plan, found = plan_or_errors(cfg, run_dir)
+        errors += [e for e in found if e not in errors]
+    if errors:
+        raise ConfigError(errors)
+    return plan
 
 
 def resolve_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
@@ -327,17 +472,18 @@ def resolve_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
 
 def resolve(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
-            run_dir: str | os.PathLike | None = None) -> Plan:
+            run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Plan:
     """Check `cfg` and resolve it on this machine into the launch plan.
 
     Args:
         cfg: a composed config, or an already checked TrainConfig.
         run_dir: the run directory, checked for being writable (None: not checked).
+        base: the directory relative paths are relative to (default: the current one).
 
     Raises:
         ConfigError: every config, machine, data, path and resume error found, together.
     """
-    plan, problems = plan_or_errors(cfg, run_dir)
+    plan, problems = plan_or_errors(cfg, run_dir, base=base)
     if problems:
         raise ConfigError(problems)
     return plan

@@ -71,18 +71,11 @@ def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None =
         ConfigError: every config error at once (nothing is launched).
         ValueError: a bad precision name.
     """
-    from clorch.config.checks import ConfigError
-    from clorch.config.preflight import compose_once
+    from clorch.config.plan import plan_overrides, run_errors_as_config_errors
     from clorch.engine.outputs import new_run_dir
-    from clorch.engine.resolve import plan_or_errors
     from clorch.engine.run import execute
 
-    cfg, errors = compose_once(overrides_for(devices, nproc_per_node, recipe, overrides))
-    plan = None
-    if cfg is not None:
-        plan, found = plan_or_errors(cfg, run_dir)
-        errors += [e for e in found if e not in errors]
-    if errors:
-        raise ConfigError(errors)
+    plan = plan_overrides(overrides_for(devices, nproc_per_node, recipe, overrides), run_dir)
     directory = Path(run_dir) if run_dir is not None else new_run_dir()
-    return execute(plan, directory, progress=progress, echo=progress != "off")
+    with run_errors_as_config_errors():
+        return execute(plan, directory, progress=progress, echo=progress != "off")

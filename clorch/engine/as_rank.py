@@ -1,7 +1,8 @@
-"""`clorch-train` as one rank of a job torchrun, srun or submitit started (see clorch.launch.external).
+"""`clorch-train` as one rank of a job torchrun, srun or submitit started (see clorch.launch.external),
+and the ranks of `launcher=torchrun` (`main`, which receive the launch plan).
 
-Every process composes and checks the config itself (a config error is printed
-once per node, by local rank 0), joins the job's process group from the
+Under an outside launcher every process composes and checks the config itself
+(a config error is printed once per node, by local rank 0), joins the job's process group from the
 launcher's variables and trains as its rank; nothing is spawned. The run
 directory must be the same path on every node (a shared filesystem, as for
 checkpoints): `outputs/<launcher>-<run id>` unless `hydra.run.dir` names one.
@@ -26,18 +27,6 @@ from clorch.config.checks import ConfigError
 REPORT_GRACE_S = 10.0
 
 
-def rank0_result_path(run_dir: Path, launching_pid: int | None = None) -> Path:
-    """Where rank 0 under launcher=torchrun leaves its result for the process that launched it.
-
-    The name holds that process's host and pid: with several nodes sharing the run
-    directory, only rank 0's own node finds it and writes the summary.
-    """
-    import socket
-
-    pid = os.getpid() if launching_pid is None else launching_pid
-    return run_dir / f".rank0_result-{socket.gethostname()}-{pid}.json"
-
-
 def run_dir_for(rank: Any, overrides: list[str]) -> Path:
     """`hydra.run.dir` if an override sets it, else outputs/<launcher>-<run id>."""
     for item in overrides:
@@ -59,12 +48,6 @@ def _report_errors(errors: list[str], rank: Any, always: bool = False) -> int:
         # this exit makes the launcher end every rank of the node.
         time.sleep(REPORT_GRACE_S)
     return EXIT_STATUS
-
-
-def _compose(overrides: list[str]) -> tuple[Any, list[str]]:
-    from clorch.config.preflight import compose_once
-
-    return compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
 
 
 def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> dict[str, Any] | None:
@@ -91,27 +74,38 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> di
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
     """Compose, check, and train as this rank; returns the exit status."""
-    cfg, errors = _compose(overrides)
+    from clorch.config.preflight import compose_once
+
+    cfg, errors = compose_once([o for o in overrides
+                                if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is None:
         return _report_errors(errors, rank)
     return train_as_rank(cfg, run_dir_for(rank, overrides), rank, errors)
 
 
-def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = ()) -> int:
+def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = (),
+                  base: str | None = None) -> int:
     """Check the composed config and train as this rank; returns the exit status.
 
     The Hydra job calls it directly when it runs as one task of a submitit job
-    (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir`.
+    (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir` and the
+    directory the user ran from as `base` (relative paths are relative to it).
     """
-    from clorch.engine.resolve import plan_or_errors
-    from clorch.env import restart_count
+    from clorch.config.plan import plan_or_errors
 
-    # Every rank checks the same (read-only) things, so that an error stops all of them
-    # before any waits for the others in the process group.
-    plan, found = plan_or_errors(cfg, run_dir, external=rank)
+    # No launching process of clorch's checked this job: every rank is an entry of its own
+    # and checks the same (read-only) things, so that an error stops all of them before any
+    # waits for the others in the process group.
+    plan, found = plan_or_errors(cfg, run_dir, external=rank, base=base)
     errors = [*errors, *(e for e in found if e not in errors)]
     if errors:
         return _report_errors(errors, rank)
+    return _run_checked(plan, run_dir, rank)
+
+
+def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
+    """Train as this rank from a checked plan; rank 0 writes the run's outputs."""
+    from clorch.env import restart_count
     if rank.env.rank == 0:
         from clorch.engine.run import write_start
 
@@ -120,6 +114,7 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
               flush=True)
     start = time.perf_counter()
     try:
+        from clorch.config.plan import run_errors_as_config_errors
         from clorch.engine.footprint import using_run_dir
         from clorch.engine.run import owning_checkpoint_dir
 
@@ -128,7 +123,7 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
         holding = owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}") \
             if rank.env.rank == 0 else contextlib.nullcontext()
         using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
-        with using, holding:
+        with run_errors_as_config_errors(), using, holding:
             result = _train(plan, run_dir, rank)
     except ConfigError as exc:
         return _report_errors(exc.errors, rank, always=True)
@@ -149,35 +144,38 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
     return 0
 
 
-def _plan_from_file(config_path: Path, run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
-    import yaml
+def _plan_from_file(plan_path: Path, run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
+    """The plan the launching process checked and wrote, for the world the rendezvous formed."""
+    from clorch.config.plan import for_world_size, read_plan
 
-    from clorch.engine.resolve import plan_or_errors
-
-    values = yaml.safe_load(config_path.read_text())
-    return plan_or_errors(values, None, external=rank)
+    try:
+        plan = read_plan(plan_path)
+    except ValueError as exc:
+        return None, [str(exc)]
+    return for_world_size(plan, rank.env.world_size, run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m clorch.engine.as_rank --config FILE --run-dir DIR [--worker M:F]`: a rank
+    """`python -m clorch.engine.as_rank --plan FILE --run-dir DIR [--worker M:F]`: a rank
     under `launcher=torchrun`.
 
-    The launching process checked the config and wrote it (config.yaml); each rank
-    plans again with the world size the rendezvous produced.
+    The launching process checked the config and wrote its plan (clorch.config.plan.write_plan);
+    each rank reads it, checks its digest, and adapts only the step arithmetic when the
+    rendezvous formed another world size (an elastic nnodes range).
     """
     import argparse
 
     from clorch.launch.external import detect
 
     parser = argparse.ArgumentParser(prog="python -m clorch.engine.as_rank")
-    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--plan", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--worker", default=None, help="module:function (default: the engine's worker)")
     options = parser.parse_args(argv)
     rank = detect()
     if rank is None:
         parser.error("run it under torchrun (launcher=torchrun does): no RANK/TORCHELASTIC_RUN_ID")
-    plan, errors = _plan_from_file(options.config, options.run_dir, rank)
+    plan, errors = _plan_from_file(options.plan, options.run_dir, rank)
     if errors:
         return _report_errors(errors, rank)
     try:
@@ -186,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:  # the launching process puts it into summary.json
-        from clorch.engine.outputs import write_json
+        from clorch.engine.outputs import rank0_result_path, write_json
 
         from clorch.env import restart_count
 

@@ -15,7 +15,7 @@ import torch
 from clorch.config.schema import TrainConfig
 from clorch.engine.components import Components
 from clorch.engine.loop import LoopState
-from clorch.engine.resume_check import RECORD_KEY, run_record
+from clorch.config.resume import RECORD_KEY, run_record
 from clorch.env import restart_count as env_restart_count
 
 

@@ -63,7 +63,7 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data`."""
     from clorch.data.tasks import build_task
-    from clorch.engine.resolve import data_kwargs
+    from clorch.config.plan import data_kwargs
 
     kwargs = data_kwargs(cfg)
     train = build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs)
@@ -80,7 +80,7 @@ def build_model_for(cfg: TrainConfig) -> nn.Module:
     """`build_raw_model` sized from the data's config alone, without building the data
     (the launch plan sizes the model this way, on the meta device)."""
     from clorch.data.tasks import model_sizes
-    from clorch.engine.resolve import data_kwargs
+    from clorch.config.plan import data_kwargs
 
     return _model_from(cfg, model_sizes(cfg.data.name, **data_kwargs(cfg)))
 

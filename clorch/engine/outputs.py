@@ -340,3 +340,15 @@ def _draw(out: Path, train: list[tuple[int, float]], evals: dict[str, list[tuple
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def rank0_result_path(run_dir: Path, launching_pid: int | None = None) -> Path:
+    """Where rank 0 under launcher=torchrun leaves its result for the process that launched it.
+
+    The name holds that process's host and pid: with several nodes sharing the run
+    directory, only rank 0's own node finds it and writes the summary.
+    """
+    import socket
+
+    pid = os.getpid() if launching_pid is None else launching_pid
+    return run_dir / f".rank0_result-{socket.gethostname()}-{pid}.json"

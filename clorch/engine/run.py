@@ -1,28 +1,27 @@
-"""Run one job from a composed config: validate, resolve, launch, follow, report.
+"""Run one job from its launch plan: launch, follow, report.
 
 This is the launching process's side (the ranks run `clorch.engine.worker`).
-`execute(cfg, run_dir)` is what `clorch-train` (inside its Hydra job) and
-`clorch.run_local` call; it resolves the config once into a launch plan
-(clorch.engine.resolve) unless it is given one.
+`execute(plan, run_dir)` is what `clorch-train` (inside its Hydra job) and
+`clorch.run_local` call with the plan `clorch.config.plan` made of the config.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import yaml
-from omegaconf import DictConfig
 
 from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics, write_json
 from clorch._files import write_text_atomic
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.progress import Progress
-from clorch.engine.resolve import Plan, resolve
+from clorch.config.plan import Plan
 
 POLL_S = 0.25
 WORKER = "clorch.engine.worker:main"
@@ -143,14 +142,13 @@ def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})
 
 
-def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
+def execute(plan: Plan, run_dir: str | Path, *,
             progress: str | None = None, echo: bool = True, worker: str = WORKER) -> dict[str, Any]:
-    """Check and resolve the config (unless given a plan), launch the ranks, wait, and
-    write the run's outputs into `run_dir`.
+    """Launch the ranks of a checked plan, wait, and write the run's outputs into `run_dir`.
 
     Args:
-        cfg: the composed config (Hydra's, or `clorch.config.composer`'s), or the plan
-            `clorch.engine.resolve.resolve(cfg, run_dir)` made of it.
+        plan: the launch plan `clorch.config.plan.resolve(cfg, run_dir)` made of a config
+            (checking happens there, once; the engine builds and runs what it is given).
         run_dir: the run directory (created if missing).
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
         echo: print the one-line description of where the job runs.
@@ -161,12 +159,15 @@ def execute(cfg: DictConfig | Mapping[str, Any] | Plan, run_dir: str | Path, *,
          "run_dir": str, "summary": summary.json's content, "plan": the launch plan}.
 
     Raises:
-        ConfigError: every config error, before anything starts.
+        TypeError: `plan` is not a Plan (compose and resolve a config first).
+        DirectoryInUse: another live job holds the checkpoint directory.
     """
     from clorch.engine.footprint import using_run_dir
 
+    if not isinstance(plan, Plan):
+        raise TypeError(f"execute() takes the Plan clorch.config.plan.resolve(cfg, run_dir) returns, "
+                        f"got {type(plan).__name__}")
     run_dir = Path(run_dir).resolve()
-    plan = cfg if isinstance(cfg, Plan) else resolve(cfg, run_dir)
     # In use while the run lives: a launch refused meanwhile never takes this run's files back.
     with using_run_dir(run_dir), owning_checkpoint_dir(plan, run_dir):
         return _execute(plan, run_dir, progress, echo, worker)
@@ -180,20 +181,17 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> 
     `job_id(plan)`: the nodes of one multi-node job) share it.
 
     Raises:
-        ConfigError: another live job holds it (its pid, host, job and run directory named).
+        DirectoryInUse: another live job holds it (its pid, host, job and run directory named);
+            `clorch.config.plan.run_errors_as_config_errors` reports it as checkpoint.dir's error.
     """
     if plan.config.checkpoint.policy == "none":
         yield
         return
-    from clorch.checkpoint.locks import DirectoryInUse, DirectoryLock
-    from clorch.config.checks import ConfigError
+    from clorch.checkpoint.locks import DirectoryLock
     from clorch.engine.checkpoints import checkpoint_dir
 
     job = job_id(plan) if job is None else job
-    try:
-        lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}, job).acquire()
-    except DirectoryInUse as exc:
-        raise ConfigError([f"checkpoint.dir: {exc}"]) from None
+    lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}, job).acquire()
     try:
         yield
     finally:
@@ -243,11 +241,15 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from clorch.engine.as_rank import rank0_result_path
+    from clorch.engine.outputs import rank0_result_path
+    from clorch.config.plan import write_plan
     from clorch.launch.torchrun import TorchrunError, run_torchrun
 
+    # This node's plan, for the ranks its agent starts (nodes sharing run_dir write their own).
+    plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.json"
+    write_plan(plan, plan_path)
     try:
-        run_torchrun(plan.config.launcher, plan.nproc_per_node, run_dir / "config.yaml", run_dir, worker)
+        run_torchrun(plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker)
         status = {"state": "succeeded"}
     except TorchrunError as exc:
         status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}
@@ -256,6 +258,8 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         # raises this; the run is recorded as interrupted, as under clorch's launcher.
         signum = getattr(exc, "sigval", None) or getattr(exc, "signum")
         status = {"state": "interrupted", "interrupted_by": Interrupted(int(signum)).signal_name}
+    finally:
+        plan_path.unlink(missing_ok=True)
     # Rank 0 left its result for the process whose agent started it: that node writes the summary.
     result = rank0_result_path(run_dir)
     if result.is_file():

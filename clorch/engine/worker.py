@@ -1,6 +1,6 @@
 """The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` carries the launch plan (`clorch.engine.resolve.Plan.to_dict()`:
+`ctx["args"]` carries the launch plan (`clorch.config.plan.Plan.to_dict()`:
 the checked config, world size, planned steps) and the run directory; the
 ranks trust the plan. Each rank builds its components, resumes if asked,
 trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
@@ -23,7 +23,7 @@ from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
-from clorch.engine.resolve import Plan
+from clorch.config.plan import Plan
 
 
 def weights_digest(model: torch.nn.Module) -> str:

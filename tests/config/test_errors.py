@@ -8,7 +8,7 @@ import clorch
 from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
 from clorch.config.preflight import compose_once, hydra_overrides, preflight
 from clorch.config.targets import check_target
-from clorch.engine.resolve import resolve, resolve_errors
+from clorch.config.plan import resolve, resolve_errors
 
 pytestmark = pytest.mark.timeout(120)
 

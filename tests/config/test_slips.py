@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clorch.config.preflight import preflight
-from clorch.engine.resolve import resolve_errors
+from clorch.config.plan import resolve_errors
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)

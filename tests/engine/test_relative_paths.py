@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clorch.engine.paths import with_absolute_paths
+from clorch.config.paths import with_absolute_paths
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,6 +12,7 @@ import pytest
 import clorch.checkpoint
 from clorch.config import ConfigError, TrainConfig, compose
 from clorch.config.schema import CheckpointConfig
+from clorch.config.plan import resolve
 from clorch.engine import checkpoints, run
 from clorch.engine.progress import Progress
 
@@ -106,13 +107,13 @@ def test_follow_stops_the_ranks_when_following_fails():
     assert job.stopped
 
 
-def test_execute_refuses_a_run_dir_holding_another_runs_checkpoints(tmp_path, monkeypatch):
+def test_the_plan_refuses_a_run_dir_holding_another_runs_checkpoints(tmp_path, monkeypatch):
     monkeypatch.delenv("CLORCH_RESTART_COUNT", raising=False)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "step_00000002.ckpt").write_text("{}")
     cfg = compose(["+recipe=cpu_smoke", "checkpoint=periodic", "checkpoint.every_n_steps=2"])
     with pytest.raises(ConfigError) as info:
-        run.execute(cfg, tmp_path, progress="off", echo=False)
+        run.execute(resolve(cfg, tmp_path), tmp_path, progress="off", echo=False)
     assert info.value.errors == [
         f"checkpoint.dir={tmp_path / 'checkpoints'} already holds checkpoints (step_00000002.ckpt); "
         "pass checkpoint.resume=latest to continue that run, or choose an empty directory"]

@@ -1,0 +1,109 @@
+"""The front door: one check per run in every entry mode; ranks receive the plan, unchecked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clorch.config import compose
+from clorch.config.plan import Plan, for_world_size, read_plan, resolve, write_plan
+
+pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[2]
+
+# Counts the door's config checks in the launching process, then runs clorch-train or run_local.
+_COUNTING = textwrap.dedent("""
+    import json, sys
+    import clorch.config.plan as door
+    calls = []
+    original = door.checked_partial
+    def counted(values):
+        calls.append(1)
+        return original(values)
+    door.checked_partial = counted
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "cli":
+        from clorch.cli import train_main
+        code = train_main(args)
+    else:
+        import clorch
+        clorch.run_local(recipe="cpu_smoke", max_steps=2, progress="off", **json.loads(args[0]))
+        code = 0
+    print("CHECKS", len(calls), "EXIT", code)
+""")
+
+
+def _count(tmp_path: Path, mode: str, *args: str) -> tuple[int, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", _COUNTING, mode, *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=280)
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("CHECKS")]
+    assert line, done.stdout + done.stderr
+    _, checks, _, code = line[-1].split()
+    return int(checks), int(code), done.stdout + done.stderr
+
+
+def test_a_single_run_is_checked_once(tmp_path):
+    checks, code, out = _count(tmp_path, "cli", "+recipe=cpu_smoke", "max_steps=2")
+    assert (checks, code) == (1, 0), out
+
+
+def test_a_sweep_checks_each_run_once(tmp_path):
+    checks, code, out = _count(tmp_path, "cli", "-m", "+recipe=cpu_smoke", "max_steps=2", "seed=1,2")
+    assert (checks, code) == (2, 0), out
+    assert len(list((tmp_path / "multirun").glob("*/*/[01]/summary.json"))) == 2
+
+
+def test_launcher_torchrun_checks_once_and_its_ranks_read_the_plan(tmp_path):
+    checks, code, out = _count(tmp_path, "cli", "+recipe=cpu_smoke", "max_steps=2", "launcher=torchrun",
+                               "launcher.rdzv_endpoint=127.0.0.1:0")
+    assert (checks, code) == (1, 0), out
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    assert not list(run_dir.glob(".plan-*.json"))  # the plan file is gone with the job
+
+
+def test_run_local_checks_once(tmp_path):
+    checks, code, out = _count(tmp_path, "run_local", json.dumps({}))
+    assert (checks, code) == (1, 0), out
+
+
+def test_execute_takes_only_a_plan(tmp_path):
+    from clorch.engine.run import execute
+
+    with pytest.raises(TypeError, match="takes the Plan"):
+        execute(compose(["+recipe=cpu_smoke"]), tmp_path)
+
+
+def test_a_plan_file_round_trips_and_refuses_an_edit(tmp_path):
+    plan = resolve(compose(["+recipe=cpu_smoke"]))
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    assert read_plan(path) == plan and read_plan(path).digest() == plan.digest()
+    record = json.loads(path.read_text())
+    record["plan"]["config"]["optim"]["lr"] = 1.0
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="changed after clorch checked it"):
+        read_plan(path)
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="not a launch plan"):
+        read_plan(path)
+
+
+def test_another_world_size_changes_only_the_step_arithmetic():
+    plan = resolve(compose(["+recipe=cpu_smoke", "data.sample_count=256", "batch_size=8"]))
+    same, errors = for_world_size(plan, plan.world_size)
+    assert same is plan and errors == []
+    wider, errors = for_world_size(plan, 2 * plan.world_size)
+    assert errors == []
+    assert wider.shard_size == plan.shard_size // 2 and wider.world_size == 2 * plan.world_size
+    assert wider.config == plan.config and isinstance(wider, Plan)
+    _, errors = for_world_size(plan, 200)  # a shard of 1 or 2 samples: smaller than the batch
+    assert any("batch_size=8 is larger than a rank's shard" in e for e in errors), errors
