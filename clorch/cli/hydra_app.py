@@ -84,15 +84,10 @@ def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
     Raises:
         ConfigError: every error found.
     """
-    from clorch.config.plan import config_key, resolve, run_dir_errors
+    from clorch.config.plan import check_run_dir, config_key, resolve
 
     plan = CHECKED.pop(config_key(cfg, base), None)
-    if plan is None:
-        return resolve(cfg, run_dir, base=base)
-    errors = run_dir_errors(plan, run_dir)
-    if errors:
-        raise ConfigError(errors)
-    return plan
+    return resolve(cfg, run_dir, base=base) if plan is None else check_run_dir(plan, run_dir)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)

@@ -24,7 +24,6 @@ another world size than the plan's.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,10 +31,13 @@ from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig
 
-from clorch.config.checks import ConfigError, checked_partial, complete, reused_dir_errors
+from clorch.config.checks import ConfigError, checked_partial, complete
+from clorch.config.model_spec import data_kwargs
 from clorch.config.paths import with_absolute_paths
-from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
-from clorch._files import unwritable
+from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, local_ranks, memory_errors,
+                                       min_nodes, model_errors, node_errors, path_errors, plan_steps,
+                                       rank_count_errors, schedule_errors, top_backend)
+from clorch.config.schema import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -116,194 +118,6 @@ def read_plan(path: Path) -> Plan:
     return plan
 
 
-def _backend(cfg: Any) -> str | None:
-    """The top-level backend, also when another top-level key has an error (so that an
-    unusable backend is still reported beside it)."""
-    backend = cfg.backend if complete(cfg, "top") else getattr(cfg, "raw", {}).get("backend")
-    return backend if backend in BACKENDS else None
-
-
-def _ranks(launcher: Any, backend: str, problems: list[str]) -> tuple[int, list[int] | None, str]:
-    from clorch.launch.gpus import resolve_ranks
-
-    nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
-    devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
-    before = len(problems)
-    count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
-    for i in range(before, len(problems)):  # the launcher names its arguments bare, in Python
-        text = problems[i].replace("devices=None", "launcher.devices=null")
-        problems[i] = f"launcher.{text}" if text.startswith(("devices", "nproc")) \
-            else f"backend={backend}: {text}"
-    if cuda is None:
-        return count, None, name or "gloo"
-    return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"
-
-
-def min_nodes(nnodes: int | str) -> int:
-    """The smallest node count of `launcher.nnodes` (N, or "MIN:MAX" for torchrun)."""
-    try:
-        return int(str(nnodes).split(":")[0])
-    except ValueError:
-        return 1  # reported by the config checks
-
-
-def data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The data section's keys other than `name`: the task builder's keyword arguments."""
-    return {k: v for k, v in asdict(cfg.data).items() if k != "name"}
-
-
-def _drop_last(cfg: Any) -> bool | None:
-    """sampler.drop_last, also from a sampler section that has errors in its other keys."""
-    if cfg.sampler is not None:
-        return cfg.sampler.drop_last
-    value = (getattr(cfg, "raw", {}).get("sampler") or {}).get("drop_last")
-    return value if isinstance(value, bool) else None
-
-
-def plan_steps(cfg: TrainConfig, size: int, world: int) -> tuple[int, int, int]:
-    """(samples per rank per epoch, optimizer steps per epoch, steps in the run).
-
-    A step takes batch_size * accumulation of the rank's samples; the epoch's last
-    step takes what is left, so an epoch is ceil(shard / (batch_size * accumulation)) steps.
-    """
-    shard = size // world if _drop_last(cfg) else math.ceil(size / world)
-    steps_per_epoch = max(1, math.ceil(shard / (cfg.batch_size * cfg.accumulation)))
-    return shard, steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch
-
-
-def _data_errors(cfg: TrainConfig, train: int, held_out: int, world: int) -> list[str]:
-    errors = []
-    shard = plan_steps(cfg, train, world)[0]
-    if cfg.batch_size > shard:
-        errors.append(f"batch_size={cfg.batch_size} is larger than a rank's shard: "
-                      f"{train} training samples over {world} ranks give {shard} per rank "
-                      f"(use batch_size <= {shard}, more data, or fewer ranks)")
-    if held_out < world:
-        errors.append(f"data={cfg.data.name}: the eval split has {held_out} sample(s), fewer than "
-                      f"the job's {world} ranks (every rank evaluates at least one): raise "
-                      f"data.sample_count or data.eval_fraction, or use fewer ranks")
-    return errors
-
-
-def _model_errors(cfg: TrainConfig) -> list[str]:
-    """A GPT sized smaller than the data's samples or vocabulary."""
-    from clorch.data.tasks import model_sizes
-
-    if not isinstance(cfg.model, GPTConfig):
-        return []
-    needed = model_sizes(cfg.data.name, **data_kwargs(cfg))
-    errors = []
-    for key in ("seq_len", "vocab_size"):
-        value = getattr(cfg.model, key)
-        if value is not None and key in needed and value < needed[key]:
-            errors.append(f"model.{key}={value} is smaller than data={cfg.data.name}'s "
-                          f"{needed[key]}: use model.{key} >= {needed[key]}, or null (the data's)")
-    return errors
-
-
-RANKS_PER_CPU = 4  # more CPU ranks than this per core is a typo, not a plan
-# Bytes a parameter costs during training: fp32 weight, gradient, two AdamW moments.
-TRAINING_BYTES_PER_PARAMETER = 16
-
-
-def _rank_count_errors(nproc: int, backend: str) -> list[str]:
-    """CPU ranks far beyond this machine's cores (GPU ranks are checked against the GPUs)."""
-    cores = os.cpu_count() or 1
-    if backend == "gloo" and nproc > RANKS_PER_CPU * cores:
-        return [f"launcher.nproc_per_node={nproc} is far more ranks than this machine's {cores} CPU "
-                f"core(s) can run (at most {RANKS_PER_CPU * cores}, {RANKS_PER_CPU} per core)"]
-    return []
-
-
-def _node_errors(launcher: Any) -> list[str]:
-    """The local launcher's node layout, checked as `launch()` will check it (names prefixed)."""
-    if launcher.name != "local":
-        return []
-    from clorch.launch.config import check_nodes
-
-    problems: list[str] = []
-    check_nodes({"nnodes": launcher.nnodes, "node_rank": launcher.node_rank,
-                 "master_addr": launcher.master_addr, "master_port": launcher.master_port}, problems)
-    return [f"launcher.{p}".replace("got None", "got null") for p in problems]
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available now (Linux: MemAvailable), or None where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
-    """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory.
-    Sized on the meta device (no memory allocated). GPU memory is not checked here: asking
-    for it would start CUDA in the launching process; a rank reports CUDA's own out-of-memory."""
-    import torch
-
-    from clorch.engine.components import build_model_for
-
-    if backend == "nccl":
-        return []
-    try:
-        with torch.device("meta"):
-            params = sum(p.numel() for p in build_model_for(cfg).parameters())
-    except Exception:  # a user model that cannot be built on the meta device: not checked here
-        return []
-    need, have = params * TRAINING_BYTES_PER_PARAMETER * ranks_here, _available_memory()
-    if have is None or need <= have:
-        return []
-    return [f"model={cfg.model.name}: {params:,} parameters need about {need / 2**30:.1f} GiB to train "
-            f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state, per rank), "
-            f"more than the memory available for {ranks_here} rank(s) ({have / 2**30:.1f} GiB)"]
-
-
-def _schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
-    schedule = cfg.schedule
-    if schedule.name == "cosine" and total <= schedule.warmup_steps:
-        return [f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
-                f"{total} optimizer steps for schedule=cosine"]
-    return []
-
-
-def _path_errors(cfg: TrainConfig, run_dir: Path | None) -> list[str]:
-    """Directories the run would write and cannot (probed by creating a file)."""
-    ckpt, errors = cfg.checkpoint, []
-    targets = []
-    if run_dir is not None:
-        targets.append(("the run directory", run_dir))
-    if ckpt.policy != "none":
-        directory = Path(ckpt.dir).expanduser() if ckpt.dir else None
-        if directory is not None:
-            targets.append((f"checkpoint.dir={ckpt.dir}", directory))
-        if ckpt.path is not None:
-            targets.append((f"checkpoint.path={ckpt.path}", Path(ckpt.path).expanduser().parent))
-    for what, directory in targets:
-        problem = unwritable(directory)
-        if problem:
-            errors.append(f"{what}: cannot write there ({problem}); choose a writable location")
-    if run_dir is not None and ckpt.dir is None and ckpt.policy == "periodic" and ckpt.resume == "none":
-        # A reused run directory must not mix two runs' step checkpoints.
-        errors += reused_dir_errors("checkpoint.dir", run_dir / "checkpoints")
-    return errors
-
-
-def _external_ranks(cfg: Any, external: Any, problems: list[str]) -> tuple[int, list[int] | None, str]:
-    """Ranks as the external launcher placed them: this node's count, this rank's device."""
-    from clorch.distributed.groups import resolve_backend
-
-    try:
-        backend = resolve_backend(cfg.backend)
-    except ValueError as exc:
-        problems.append(f"backend={cfg.backend}: {exc}")
-        backend = "gloo"
-    devices = [external.env.local_rank] if backend == "nccl" else None
-    return external.env.local_world_size, devices, backend
-
-
 def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
@@ -315,35 +129,35 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
 
     world = sizes = None
     if external is not None and complete(cfg, "top"):
-        nproc, devices, backend = _external_ranks(cfg, external, problems)
+        nproc, devices, backend = external_ranks(cfg, external, problems)
         world = external.env.world_size
-    elif complete(cfg, "launcher") and _backend(cfg) is not None:
-        nproc, devices, backend = _ranks(cfg.launcher, _backend(cfg), problems)
+    elif complete(cfg, "launcher") and top_backend(cfg) is not None:
+        nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
-        problems += _rank_count_errors(nproc, backend) + _node_errors(cfg.launcher)
+        problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
     if complete(cfg, "top", "data"):
         try:
             kwargs = data_kwargs(cfg)
             sizes = (split_size(cfg.data.name, "train", cfg.seed, **kwargs),
                      split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
             if complete(cfg, "model"):
-                problems += _model_errors(cfg)
+                problems += model_errors(cfg)
                 if world is not None and not problems and external is None:
                     # (not for another launcher's ranks: free memory differs from rank to rank,
                     # and a check that stops some ranks only leaves the others waiting)
-                    problems += _memory_errors(cfg, nproc, backend)
+                    problems += memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
             message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
             if not any(p.startswith("data.path") for p in problems) or "data.path" not in message:
                 problems.append(message)  # (a missing data.path is reported once, by the checks)
     if complete(cfg, "checkpoint"):
-        problems += _path_errors(cfg, run_dir)
-    if world is None or sizes is None or _drop_last(cfg) is None:
+        problems += path_errors(cfg, run_dir)
+    if world is None or sizes is None or drop_last(cfg) is None:
         return None
-    problems += _data_errors(cfg, *sizes, world)
+    problems += data_errors(cfg, *sizes, world)
     shard, per_epoch, total = plan_steps(cfg, sizes[0], world)
     if complete(cfg, "schedule"):
-        problems += _schedule_errors(cfg, total)
+        problems += schedule_errors(cfg, total)
     if complete(cfg, "checkpoint", "model", "data", "optim"):
         problems += resume_errors(cfg, world, run_dir)
     if problems:
@@ -409,7 +223,19 @@ def run_dir_errors(plan: Plan, run_dir: str | os.PathLike) -> list[str]:
     from clorch.config.resume import resume_errors
 
     run_dir = Path(run_dir)
-    return _path_errors(plan.config, run_dir) + resume_errors(plan.config, plan.world_size, run_dir)
+    return path_errors(plan.config, run_dir) + resume_errors(plan.config, plan.world_size, run_dir)
+
+
+def check_run_dir(plan: Plan, run_dir: str | os.PathLike) -> Plan:
+    """`plan`, once `run_dir_errors` finds nothing.
+
+    Raises:
+        ConfigError: every run-directory error.
+    """
+    errors = run_dir_errors(plan, run_dir)
+    if errors:
+        raise ConfigError(errors)
+    return plan
 
 
 def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> tuple[Plan, list[str]]:
@@ -426,7 +252,7 @@ def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> 
     if world_size == plan.world_size:
         return plan, []
     cfg = plan.config
-    errors = _data_errors(cfg, plan.train_size, plan.eval_size, world_size)
+    errors = data_errors(cfg, plan.train_size, plan.eval_size, world_size)
     errors += resume_errors(cfg, world_size, run_dir)
     shard, per_epoch, total = plan_steps(cfg, plan.train_size, world_size)
     return replace(plan, world_size=world_size, shard_size=shard, steps_per_epoch=per_epoch,

@@ -63,7 +63,7 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data`."""
     from clorch.data.tasks import build_task
-    from clorch.config.plan import data_kwargs
+    from clorch.config.model_spec import data_kwargs
 
     kwargs = data_kwargs(cfg)
     train = build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs)
@@ -73,49 +73,9 @@ def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`."""
-    return _model_from(cfg, task.model_kwargs())
+    from clorch.config.model_spec import build_model_for
 
-
-def build_model_for(cfg: TrainConfig) -> nn.Module:
-    """`build_raw_model` sized from the data's config alone, without building the data
-    (the launch plan sizes the model this way, on the meta device)."""
-    from clorch.data.tasks import model_sizes
-    from clorch.config.plan import data_kwargs
-
-    return _model_from(cfg, model_sizes(cfg.data.name, **data_kwargs(cfg)))
-
-
-def _model_from(cfg: TrainConfig, data_sizes: dict[str, Any]) -> nn.Module:
-    from clorch.models import build_model
-
-    model = cfg.model
-    # Sizes the config leaves null come from the data; set ones win (e.g. a
-    # padded vocab_size of 50304 over byte tokens, for a GPT-2 shape).
-    given = model.kwargs if isinstance(model, TargetModelConfig) \
-        else {k: v for k, v in asdict(model).items() if k != "name"}
-    given = {k: v for k, v in given.items() if v is not None}
-    torch.manual_seed(cfg.seed)  # identical weights on every rank and in every run
-    if isinstance(model, TargetModelConfig):
-        from clorch.config.targets import resolve_target
-
-        target = resolve_target(model.target)
-        return target(**{**_accepted(target, data_sizes), **given})
-    spec = {**data_sizes, **given}
-    return build_model(model.name, **spec)
-
-
-def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The data's sizes (in_features, vocab_size, ...) that `target` takes as keyword
-    arguments: a model of your own gets those it names, and no others."""
-    import inspect
-
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # no signature to read (some builtins): give none
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(sizes)
-    return {k: v for k, v in sizes.items() if k in params}
+    return build_model_for(cfg, task.model_kwargs())
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -1,0 +1,70 @@
+"""The model a config names, and the data sizes it is given: one rule for the plan and the ranks.
+
+The launch plan sizes the model on the meta device (its memory check) and the
+ranks build it for training from the same call, so the two cannot disagree
+about which arguments a model receives.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict
+from typing import Any, Callable
+
+from clorch.config.schema import TargetModelConfig, TrainConfig
+
+
+def data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The data section's keys other than `name`: the task builder's keyword arguments."""
+    return {k: v for k, v in asdict(cfg.data).items() if k != "name"}
+
+
+def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """(what builds the model, its keyword arguments) for `cfg.model` and the data's sizes.
+
+    Sizes the config leaves null come from the data; set ones win (e.g. a padded
+    vocab_size of 50304 over byte tokens, for a GPT-2 shape). A model of your own
+    (`model._target_`) gets only the data sizes its signature names.
+    """
+    model = cfg.model
+    given = model.kwargs if isinstance(model, TargetModelConfig) \
+        else {k: v for k, v in asdict(model).items() if k != "name"}
+    given = {k: v for k, v in given.items() if v is not None}
+    if isinstance(model, TargetModelConfig):
+        from clorch.config.targets import resolve_target
+
+        target = resolve_target(model.target)
+        return target, {**_accepted(target, data_sizes), **given}
+    from clorch.models import build_model  # lazy: clorch.models imports torch
+
+    return (lambda **kwargs: build_model(model.name, **kwargs)), {**data_sizes, **given}
+
+
+def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) -> Any:
+    """The model of `cfg.model`, initialized from `cfg.seed` (identical on every rank and run).
+
+    Args:
+        data_sizes: the data's sizes (a task's `model_kwargs()`); None reads them from the
+            data's config without building the data (clorch.data.tasks.model_sizes).
+    """
+    import torch  # lazy: the config package is imported by clorch-train --help
+
+    if data_sizes is None:
+        from clorch.data.tasks import model_sizes
+
+        data_sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))
+    build, kwargs = model_call(cfg, data_sizes)
+    torch.manual_seed(cfg.seed)
+    return build(**kwargs)
+
+
+def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The data's sizes (in_features, vocab_size, ...) that `target` takes as keyword
+    arguments: a model of your own gets those it names, and no others."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # no signature to read (some builtins): give none
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(sizes)
+    return {k: v for k, v in sizes.items() if k in params}
