@@ -21,17 +21,21 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
-from clorch.amp.scaler import GradScaler
-from clorch.data.arithmetic import ArithmeticTask
-from clorch.data.sampler import DistributedSampler
-from clorch.data.synthetic import SyntheticRegression
-from clorch.data.text import ByteTextTask
-from clorch.launch.config import MAX_SECONDS as YEAR
-from clorch.launch.launcher import launch
-from clorch.models.gpt import GPTConfig as GPTArchitecture
-from clorch.models.mlp import MLP
-from clorch.nn.parallel import ddp as _ddp
+from clorch.config.source_defaults import source_constant, source_default
 from clorch.precision import DTYPE_NAMES
+
+# The classes whose defaults the config takes, named by module and name: their defaults are
+# read from the source (clorch.config.source_defaults), so composing a config imports no torch.
+GradScaler = ("clorch.amp.scaler", "GradScaler")
+DistributedSampler = ("clorch.data.sampler", "DistributedSampler")
+DistributedDataParallel = ("clorch.nn.parallel.ddp", "DistributedDataParallel")
+MLP = ("clorch.models.mlp", "MLP")
+GPTArchitecture = ("clorch.models.gpt", "GPTConfig")
+SyntheticRegression = ("clorch.data.synthetic", "SyntheticRegression")
+ArithmeticTask = ("clorch.data.arithmetic", "ArithmeticTask")
+ByteTextTask = ("clorch.data.text", "ByteTextTask")
+launch = ("clorch.launch.launcher", "launch")
+YEAR = source_constant("clorch.launch.config", "MAX_SECONDS")  # longer waits are mistakes
 
 
 def rule(**metadata: Any) -> dict[str, Any]:
@@ -39,8 +43,11 @@ def rule(**metadata: Any) -> dict[str, Any]:
     return metadata
 
 
-def default_of(owner: Callable[..., Any] | type, name: str) -> Any:
-    """The default of argument `name` of `owner` (a function, a class's __init__ or a dataclass)."""
+def default_of(owner: tuple[str, str] | Callable[..., Any] | type, name: str) -> Any:
+    """The default of argument `name` of `owner` (a function, a class's __init__ or a dataclass;
+    given as (module, name), it is read from the source without importing the module)."""
+    if isinstance(owner, tuple):
+        return source_default(*owner, name)
     if dataclasses.is_dataclass(owner):
         return {f.name: f.default for f in dataclasses.fields(owner)}[name]
     return inspect.signature(owner).parameters[name].default
@@ -98,19 +105,19 @@ class SamplerConfig:
 class DDPConfig:
     """clorch.nn.parallel.DistributedDataParallel settings."""
 
-    bucket_cap_mb: float = field(default=_ddp.DEFAULT_BUCKET_CAP_MB, metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
-    first_bucket_cap_mb: float = field(default=default_of(_ddp.DistributedDataParallel, "first_bucket_cap_mb"),
+    bucket_cap_mb: float = field(default=source_constant("clorch.nn.parallel.ddp", "DEFAULT_BUCKET_CAP_MB"), metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
+    first_bucket_cap_mb: float = field(default=default_of(DistributedDataParallel, "first_bucket_cap_mb"),
                                        metadata=rule(gt=0, unit="MiB"))  # first bucket: starts communication early, MiB
-    broadcast_buffers: bool = default_of(_ddp.DistributedDataParallel, "broadcast_buffers")  # broadcast rank 0's buffers before each forward
+    broadcast_buffers: bool = default_of(DistributedDataParallel, "broadcast_buffers")  # broadcast rank 0's buffers before each forward
     # dtype gradient buckets travel in; null: the gradients' own
     reduce_dtype: ReduceDtype = None
     # keep .grad in the buckets across zero_grad(set_to_none=True): backward accumulates in place
-    gradient_as_bucket_view: bool = default_of(_ddp.DistributedDataParallel, "gradient_as_bucket_view")
+    gradient_as_bucket_view: bool = default_of(DistributedDataParallel, "gradient_as_bucket_view")
     # step each bucket's parameters as soon as its all-reduce is done, overlapping the optimizer
     # step with communication (same numerics; not with precision=fp16)
     step_in_backward: bool = False
     # CUDA: copy new gradients into their bucket on a side stream, one copy per full bucket
-    overlap_grad_copies: bool = default_of(_ddp.DistributedDataParallel, "overlap_grad_copies")
+    overlap_grad_copies: bool = default_of(DistributedDataParallel, "overlap_grad_copies")
 
 
 @dataclass
