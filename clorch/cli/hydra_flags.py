@@ -10,7 +10,7 @@ short flags before anything else reads the command line.
 from __future__ import annotations
 
 MULTIRUN = ("-m", "--multirun")  # a sweep
-# Flags that only print something that is not the job's config: no preflight, no launch.
+# Flags that only print something that is not the job's config: no checks, no launch.
 PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
 # Flags that would compose or load something other than clorch's config, unchecked (another
 # primary config may declare Hydra callbacks; a rerun file is a pickle): refused.

@@ -59,7 +59,7 @@ def train_main(argv: list[str] | None = None) -> int:
         external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) \
             else detect_external()
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
-        from clorch.config.preflight import grammar_errors
+        from clorch.config.overrides import grammar_errors
 
         print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
         return EXIT_CONFIG
@@ -86,7 +86,7 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
 def _check_and_run(args: list[str], flags: set[str]) -> int:
     """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
     from clorch.cli.hydra_app import CHECKED, remember_plan
-    from clorch.config.preflight import hydra_overrides, preflight
+    from clorch.config.overrides import hydra_overrides, check_overrides
 
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
@@ -95,7 +95,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error; a sweep's jobs then take the plans made here). A
         # single run is composed by Hydra and checked once, in its job.
-        errors = preflight(overrides, remember_plan)
+        errors = check_overrides(overrides, remember_plan)
         if errors:
             print_config_errors(errors)
             return EXIT_CONFIG
@@ -125,7 +125,7 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
     Composing them is safe: recipes may set no Hydra key (clorch.config.composer).
     """
     from clorch.cli.hydra_keys import touches_hydra
-    from clorch.config.preflight import grammar_errors, preflight
+    from clorch.config.overrides import grammar_errors, check_overrides
     from clorch.config.plan import resolve_errors
 
     if flags & set(OTHER_CONFIG):
@@ -133,14 +133,14 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
     overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
     try:
         overrides = rewrite_recipe_overrides(overrides)
-        return preflight(overrides, resolve_errors)
+        return check_overrides(overrides, resolve_errors)
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
         return grammar_errors(overrides) or [str(exc)]
 
 
 def split_errors(overrides: list[str]) -> list[str]:
     """The errors found without composing (bad group choices, recipe files, grammar)."""
-    from clorch.config.preflight import grammar_errors, split_overrides
+    from clorch.config.overrides import grammar_errors, split_overrides
 
     try:
         return split_overrides(overrides)[1]

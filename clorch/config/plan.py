@@ -281,7 +281,7 @@ def plan_overrides(overrides: list[str], run_dir: str | os.PathLike | None = Non
     Raises:
         ConfigError: every composition and config error, together.
     """
-    from clorch.config.preflight import compose_once
+    from clorch.config.overrides import compose_once
 
     cfg, errors = compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is not None:

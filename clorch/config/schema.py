@@ -1,17 +1,20 @@
 """The typed config: one dataclass per config group option, and `TrainConfig` holding them all.
 
-These dataclasses are the single source of every default. `clorch.config.store`
-registers each option with Hydra's ConfigStore (so `optim=sgd` selects
-`SGDConfig()`'s values), `clorch.config.checks` validates a composed config
-against them, and `TrainConfig.from_dict` turns the validated config into the
-object the engine and the ranks read (`cfg.optim.lr`, not `cfg["optim"]["lr"]`).
+These dataclasses are the single source of every default. `conf/` holds one
+YAML file per option written from them (`clorch.config.conf_files`: `optim=sgd`
+composes `conf/optim/sgd.yaml`, which is `SGDConfig()`'s values),
+`clorch.config.checks` validates a composed config against them, and
+`TrainConfig.from_dict` turns the validated config into the object the engine
+and the ranks read (`cfg.optim.lr`, not `cfg["optim"]["lr"]`).
 
 A field's comment says what it does and its unit; `rule(...)` metadata holds
 the ranges the validator checks, and `Literal` annotations the allowed values.
 An option carries only its own keys: `sgd` has no `betas`, `constant` no
 `min_lr_ratio`. Where a key configures a clorch class, its default is read
 from that class (`GPTConfig`, `MLP`, `GradScaler`, `DistributedSampler`,
-`DistributedDataParallel`), so the config and the library cannot disagree.
+`DistributedDataParallel`, the data tasks, `launch`), so the config and the
+library cannot disagree; it is read from the class's source, not by importing
+it (clorch.config.source_defaults), so that composing a config imports no torch.
 """
 
 from __future__ import annotations
@@ -253,12 +256,12 @@ class LocalLauncherConfig:
     name: Literal["local"] = "local"
     nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node; auto: one per GPU, or 2 on CPU
     devices: Optional[list[int]] = None  # CUDA device indices, one per local rank, e.g. [0,1]
-    timeout: Optional[float] = field(default=None, metadata=rule(gt=0, le=YEAR, unit="seconds"))  # whole-job limit; null: none
-    nnodes: int = field(default=1, metadata=rule(ge=1))  # nodes in the job
-    node_rank: int = field(default=0, metadata=rule(ge=0))  # this node's index
-    master_addr: str = "127.0.0.1"  # rendezvous host
-    master_port: Optional[int] = field(default=None, metadata=rule(ge=1, le=65535))  # null picks a free port
-    max_restarts: int = field(default=0, metadata=rule(ge=0))  # restart a failed job, resuming from latest
+    timeout: Optional[float] = field(default=default_of(launch, "timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # whole-job limit; null: none
+    nnodes: int = field(default=default_of(launch, "nnodes"), metadata=rule(ge=1))  # nodes in the job
+    node_rank: int = field(default=default_of(launch, "node_rank"), metadata=rule(ge=0))  # this node's index
+    master_addr: str = default_of(launch, "master_addr")  # rendezvous host
+    master_port: Optional[int] = field(default=default_of(launch, "master_port"), metadata=rule(ge=1, le=65535))  # null picks a free port
+    max_restarts: int = field(default=default_of(launch, "max_restarts"), metadata=rule(ge=0))  # restart a failed job, resuming from latest
     rdzv_timeout: float = field(default=default_of(launch, "rdzv_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # nnodes > 1: wait this long for the other nodes
     collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
 

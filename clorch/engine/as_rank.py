@@ -74,7 +74,7 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> di
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
     """Compose, check, and train as this rank; returns the exit status."""
-    from clorch.config.preflight import compose_once
+    from clorch.config.overrides import compose_once
 
     cfg, errors = compose_once([o for o in overrides
                                 if not o.partition("=")[0].lstrip("+~").startswith("hydra")])

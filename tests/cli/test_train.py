@@ -108,14 +108,14 @@ def test_user_recipe_by_path_and_by_directory(tmp_path, monkeypatch, capsys):
     assert "lr: 0.05" in capsys.readouterr().out
 
 
-def test_user_recipe_by_path_passes_the_preflight_checks(tmp_path):
+def test_user_recipe_by_path_passes_the_checks_before_launch(tmp_path):
     # The launch path (not --cfg): the rewritten `recipe=file_<stem>` must be an allowed option.
     from clorch.config.composer import rewrite_recipe_overrides
-    from clorch.config.preflight import preflight
+    from clorch.config.overrides import check_overrides
 
     mine = tmp_path / "wide.yaml"
     mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\nbatch_size: 8\n")
-    assert preflight(rewrite_recipe_overrides([f"+recipe={mine}", "max_steps=3"])) == []
+    assert check_overrides(rewrite_recipe_overrides([f"+recipe={mine}", "max_steps=3"])) == []
 
 
 def test_version_names_clorch_torch_and_hydra(capsys):

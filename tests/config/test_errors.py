@@ -6,7 +6,7 @@ import pytest
 
 import clorch
 from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
-from clorch.config.preflight import compose_once, hydra_overrides, preflight
+from clorch.config.overrides import compose_once, hydra_overrides, check_overrides
 from clorch.config.targets import check_target
 from clorch.config.plan import resolve, resolve_errors
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _errors(*overrides: str) -> list[str]:
-    return preflight(list(overrides), resolve_errors)
+    return check_overrides(list(overrides), resolve_errors)
 
 
 def _has(errors: list[str], *parts: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch.config.preflight import preflight
+from clorch.config.overrides import check_overrides
 from clorch.config.plan import resolve_errors
 from tests.clirunner import run_clorch_train
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _errors(*overrides: str) -> list[str]:
-    return preflight(list(overrides), resolve_errors)
+    return check_overrides(list(overrides), resolve_errors)
 
 
 def _has(errors: list[str], *parts: str) -> bool:

@@ -43,7 +43,7 @@ def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
 def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) -> dict[str, Any]:
     """`clorch.run_local(run_dir=run_dir, **kwargs)` (progress off unless given) whose last rank fails once."""
     from clorch.config.checks import ConfigError
-    from clorch.config.preflight import compose_once
+    from clorch.config.overrides import compose_once
     from clorch.engine.api import overrides_for
     from clorch.config.plan import resolve
     from clorch.engine.run import execute

@@ -4,7 +4,7 @@ Hydra stops at the first unknown group option or key. clorch instead checks
 every group choice (`precision=fp8`) and the chosen recipe's own defaults
 entries up front, and gives value overrides to Hydra as `++key=value`, so an
 unknown key reaches the schema check and is reported (with the closest known
-key) together with every other error. `preflight` composes each combination
+key) together with every other error. `check_overrides` composes each combination
 of a sweep (`-m`), up to a limit, and checks it the same way.
 """
 
@@ -125,7 +125,7 @@ def grammar_errors(overrides: Iterable[str]) -> list[str]:
     return errors
 
 
-def preflight(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None,
+def check_overrides(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None,
               max_combinations: int = MAX_COMBINATIONS) -> list[str]:
     """Every error in the config these overrides compose to (all sweep combinations).
 
