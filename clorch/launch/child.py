@@ -95,6 +95,12 @@ def _write_result(log_dir: Path, rank: int, result: Any) -> None:
               f"({type(result).__name__}: {exc}); it is not stored", file=sys.stderr)
 
 
+# How a rank joins its process group: clorch.distributed's lifecycle (device binding, timeouts,
+# a restarted job's fresh store). Named, not imported: clorch.distributed sits above the launcher
+# (it re-exports `launch`), so the launcher reaches it only inside the rank, by this name.
+GROUP_OPENER = "clorch.distributed.groups:process_group"
+
+
 def _call(fn: Any, backend: str, args: Any) -> Any:
     ctx = {
         "rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]),
@@ -106,9 +112,7 @@ def _call(fn: Any, backend: str, args: Any) -> Any:
     # Imported here, not at the top: a rank started without a backend never imports torch.
     import torch.distributed as dist
 
-    from clorch.distributed import process_group
-
-    with process_group(backend=backend):
+    with resolve_target(GROUP_OPENER)(backend=backend):
         ctx["backend"] = str(dist.get_backend())
         ctx["process_group"] = dist.group.WORLD
         return fn(ctx)
