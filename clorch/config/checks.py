@@ -23,7 +23,7 @@ from clorch.config.fields import check_section, did_you_mean, non_finite
 from clorch.config.targets import check_target, find_targets, resolve_target, trusted_module_errors
 from clorch.env import restart_count
 
-MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt"}
+MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt", "tokens": "gpt"}
 
 
 EXIT_STATUS = 2
@@ -174,6 +174,9 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
             errors.append("data.path is required for data=text: name a UTF-8 file")
         elif not Path(data.path).expanduser().is_file():
             errors.append(f"data.path={data.path!r} does not exist or is not a file")
+    if isinstance(data, schema.TokensDataConfig) and data.train_path is None:
+        errors.append("data.train_path is required for data=tokens: name a token file "
+                      "(nanoGPT's train.bin, or an llm.c .bin)")
     if cfg.checkpoint is not None and cfg.launcher is not None:
         errors += _checkpoint_errors(cfg.checkpoint, cfg.launcher)
     if isinstance(cfg.launcher, schema.TorchrunLauncherConfig):

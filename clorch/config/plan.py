@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -36,7 +37,8 @@ from clorch.config.model_spec import data_kwargs
 from clorch.config.paths import with_absolute_paths
 from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, local_ranks, memory_errors,
                                        min_nodes, model_errors, node_errors, path_errors, plan_steps,
-                                       rank_count_errors, schedule_errors, top_backend)
+                                       rank_count_errors, schedule_errors, token_file_errors,
+                                       top_backend)
 from clorch.config.schema import TrainConfig
 
 
@@ -141,14 +143,15 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
             sizes = (split_size(cfg.data.name, "train", cfg.seed, **kwargs),
                      split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
             if complete(cfg, "model"):
-                problems += model_errors(cfg)
+                problems += model_errors(cfg) + token_file_errors(cfg)
                 if world is not None and not problems and external is None:
                     # (not for another launcher's ranks: free memory differs from rank to rank,
                     # and a check that stops some ranks only leaves the others waiting)
                     problems += memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
             message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
-            if not any(p.startswith("data.path") for p in problems) or "data.path" not in message:
+            named = set(re.findall(r"data\.\w+", message))
+            if not any(p.split("=")[0].split(" ")[0] in named for p in problems):
                 problems.append(message)  # (a missing data.path is reported once, by the checks)
     if complete(cfg, "checkpoint"):
         problems += path_errors(cfg, run_dir)

@@ -97,6 +97,26 @@ def model_errors(cfg: TrainConfig) -> list[str]:
     return errors
 
 
+def token_file_errors(cfg: TrainConfig) -> list[str]:
+    """data=tokens: an id at or above data.vocab_size in a token file (which would index past
+    the model's embedding on some rank, mid-run). Reads each file once, in chunks."""
+    from clorch.data.tokens import largest_token
+
+    data = cfg.data
+    if data.name != "tokens":
+        return []
+    errors = []
+    for key in ("train_path", "eval_path"):
+        path = getattr(data, key)
+        if path is None:
+            continue
+        largest = largest_token(path, data.dtype, data.header)
+        if largest >= data.vocab_size:
+            errors.append(f"data.{key}={path!r} holds token id {largest}, not below data.vocab_size="
+                          f"{data.vocab_size}: set data.vocab_size > {largest} (or check data.dtype)")
+    return errors
+
+
 RANKS_PER_CPU = 4  # more CPU ranks than this per core is a typo, not a plan
 # Bytes a parameter costs during training: fp32 weight, gradient, two AdamW moments.
 TRAINING_BYTES_PER_PARAMETER = 16

@@ -37,6 +37,7 @@ GPTArchitecture = ("clorch.models.gpt", "GPTConfig")
 SyntheticRegression = ("clorch.data.synthetic", "SyntheticRegression")
 ArithmeticTask = ("clorch.data.arithmetic", "ArithmeticTask")
 ByteTextTask = ("clorch.data.text", "ByteTextTask")
+TokenFiles = ("clorch.data.tokens", "TokenFileTask")
 launch = ("clorch.launch.launcher", "launch")
 YEAR = source_constant("clorch.launch.config", "MAX_SECONDS")  # longer waits are mistakes
 
@@ -207,6 +208,21 @@ class TextDataConfig:
     eval_fraction: float = field(default=default_of(ByteTextTask, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail of the file
 
 
+@dataclass
+class TokensDataConfig:
+    """Language modelling over token files: nanoGPT's train.bin/val.bin, or llm.c's .bin files."""
+
+    name: Literal["tokens"] = "tokens"
+    train_path: Optional[str] = None  # the training tokens (required)
+    eval_path: Optional[str] = None  # the held-out tokens; null holds out the train file's last eval_fraction
+    seq_len: int = field(default=default_of(TokenFiles, "seq_len"), metadata=rule(ge=1))  # tokens per sample (the model's seq_len follows)
+    vocab_size: int = field(default=default_of(TokenFiles, "vocab_size"), metadata=rule(ge=1))  # the model's vocabulary; every id must be below it
+    dtype: Literal["uint16", "uint32"] = default_of(TokenFiles, "dtype")  # token width of a headerless file
+    header: Literal["auto", "none", "llmc"] = default_of(TokenFiles, "header")  # auto: llm.c's 256-int32 header when its magic is there
+    sample_count: Optional[int] = field(default=default_of(TokenFiles, "sample_count"), metadata=rule(ge=1))  # windows; null: every non-overlapping window
+    eval_fraction: float = field(default=default_of(TokenFiles, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail without eval_path
+
+
 # --- optimizer and schedule -------------------------------------------------------------------
 @dataclass
 class AdamWConfig:
@@ -325,7 +341,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
                    "periodic": CheckpointConfig(policy="periodic", every_n_steps=50)},
     "model": {"mlp": MLPConfig(), "gpt": GPTConfig()},
     "data": {"synthetic": SyntheticDataConfig(), "arithmetic": ArithmeticDataConfig(),
-             "text": TextDataConfig()},
+             "text": TextDataConfig(), "tokens": TokensDataConfig()},
     "optim": {"adamw": AdamWConfig(), "sgd": SGDConfig()},
     "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
     "launcher": {"local": LocalLauncherConfig(), "torchrun": TorchrunLauncherConfig()},
@@ -353,7 +369,7 @@ def option_schemas(group: str) -> dict[str, type]:
 # --- the whole config, as the engine reads it ---------------------------------------------------
 PrecisionOption = Union[FP32Config, BF16Config, FP16Config]
 ModelOption = Union[MLPConfig, GPTConfig, TargetModelConfig]
-DataOption = Union[SyntheticDataConfig, ArithmeticDataConfig, TextDataConfig]
+DataOption = Union[SyntheticDataConfig, ArithmeticDataConfig, TextDataConfig, TokensDataConfig]
 OptimOption = Union[AdamWConfig, SGDConfig]
 ScheduleOption = Union[ConstantScheduleConfig, CosineScheduleConfig]
 

@@ -15,12 +15,14 @@ from clorch.data.arithmetic import ArithmeticTask
 from clorch.data.base import SPLITS, Task, TaskSizes, finalize_metrics
 from clorch.data.synthetic import SyntheticRegression
 from clorch.data.text import ByteTextTask
+from clorch.data.tokens import TokenFileTask
 
 __all__ = ["SPLITS", "TASK_NAMES", "Task", "build_task", "finalize_metrics", "model_sizes",
            "split_size"]
 
 _CLASSES: dict[str, type] = {
     "synthetic": SyntheticRegression, "arithmetic": ArithmeticTask, "text": ByteTextTask,
+    "tokens": TokenFileTask,
 }
 TASK_NAMES = tuple(_CLASSES)
 

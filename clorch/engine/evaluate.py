@@ -54,4 +54,6 @@ def evaluate(parts: Components) -> dict[str, float]:
     packed = torch.stack([sums[k] for k in keys])
     if is_initialized() and parts.world_size > 1:
         all_reduce(packed, op="sum")
-    return finalize_metrics(dict(zip(keys, packed.cpu())))
+    metrics = finalize_metrics(dict(zip(keys, packed.cpu())))
+    derived = getattr(parts.eval_task, "derived_metrics", None)  # e.g. perplexity from the exact loss
+    return {**metrics, **derived(metrics)} if derived is not None else metrics

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 RECIPES = tuple(sorted(p.name[:-len(".yaml")] for p in recipes_dir().iterdir() if p.name.endswith(".yaml")))
 # Options that need a partner in another group to be valid on their own.
 PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt"],
+            ("data", "tokens"): ["model=gpt"],
             ("model", "gpt"): ["data=arithmetic"], ("checkpoint", "periodic"): [],
             ("backend", "nccl"): [],
             ("model", "custom"): ["++model._target_=torch.nn.Linear"]}  # custom is your own class
@@ -62,6 +63,9 @@ def test_every_group_option_composes_and_validates(group, tmp_path):
             sample = tmp_path / "t.txt"
             sample.write_text("héllo wörld, " * 200)
             overrides.append(f"data.path={sample}")
+        if (group, option) == ("data", "tokens"):
+            (tmp_path / "train.bin").write_bytes(bytes(4096))  # 2048 uint16 zeros
+            overrides.append(f"data.train_path={tmp_path / 'train.bin'}")
         if (group, option) == ("model", "mlp"):
             overrides.append("data=synthetic")
         cfg = compose(overrides)

@@ -18,7 +18,7 @@ from clorch.config.source_defaults import source_constant, source_default
 ROOT = Path(__file__).resolve().parents[2]
 OWNERS = [schema.GradScaler, schema.DistributedSampler, schema.DistributedDataParallel, schema.MLP,
           schema.GPTArchitecture, schema.SyntheticRegression, schema.ArithmeticTask, schema.ByteTextTask,
-          schema.launch]
+          schema.TokenFiles, schema.launch]
 
 
 def _imported(module: str, name: str):

@@ -11,6 +11,7 @@ from clorch.data.arithmetic import ArithmeticTask, decode
 from clorch.data.tasks import Task, build_task, finalize_metrics
 from clorch.data.synthetic import SyntheticRegression
 from clorch.data.text import ByteTextTask
+from clorch.data.tokens import TokenFileTask
 from clorch.models import build_model
 
 pytestmark = pytest.mark.timeout(60)
@@ -189,7 +190,7 @@ def test_text_file_errors_name_path_and_size(tmp_path):
 
 
 @pytest.mark.parametrize("name, kwargs, error, text", [
-    ("images", {}, ValueError, "task name must be one of synthetic, arithmetic, text, got 'images'"),
+    ("images", {}, ValueError, "task name must be one of synthetic, arithmetic, text, tokens, got 'images'"),
     ("synthetic", {"samples": 3}, TypeError, "build_task('synthetic') got unknown argument(s) 'samples'"),
     ("synthetic", {"split": "test"}, ValueError, "synthetic.split must be one of train, eval, got 'test'"),
     ("synthetic", {"seed": -1}, ValueError, "synthetic.seed must be a non-negative int, got -1"),
@@ -211,7 +212,7 @@ def test_finalize_metrics_needs_a_count():
         finalize_metrics({"loss_sum": torch.tensor(1.0), "count": 0})
 
 
-@pytest.mark.parametrize("cls", [SyntheticRegression, ArithmeticTask, ByteTextTask])
+@pytest.mark.parametrize("cls", [SyntheticRegression, ArithmeticTask, ByteTextTask, TokenFileTask])
 def test_sizes_takes_the_defaults_of_the_constructor(cls):
     """`sizes()` answers for the task built with the same arguments, defaults included."""
     import inspect
@@ -223,7 +224,8 @@ def test_sizes_takes_the_defaults_of_the_constructor(cls):
 
 @pytest.mark.parametrize("cls, schema", [(SyntheticRegression, "SyntheticDataConfig"),
                                          (ArithmeticTask, "ArithmeticDataConfig"),
-                                         (ByteTextTask, "TextDataConfig")])
+                                         (ByteTextTask, "TextDataConfig"),
+                                         (TokenFileTask, "TokensDataConfig")])
 def test_the_config_defaults_are_the_tasks_own(cls, schema):
     """data=<task> with no other setting builds the task its own defaults build."""
     import dataclasses
@@ -233,6 +235,6 @@ def test_the_config_defaults_are_the_tasks_own(cls, schema):
 
     config = getattr(schemas, schema)()
     own = inspect.signature(cls.__init__).parameters
-    shared = [f.name for f in dataclasses.fields(config) if f.name in own and f.name != "path"]
+    shared = [f.name for f in dataclasses.fields(config) if f.name in own and not f.name.endswith("path")]
     assert shared, schema
     assert {k: getattr(config, k) for k in shared} == {k: own[k].default for k in shared}
