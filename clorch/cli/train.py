@@ -100,6 +100,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
             print_config_errors(errors)
             return EXIT_CONFIG
     if flags & set(PRINT_CONFIG):
+        _print_trusted()
         return run_hydra(args, EXIT_CONFIG)
     try:
         extra, created, footprint = run_dir.launch_overrides(args, multirun)
@@ -117,6 +118,15 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
         run_dir.remove_refused(footprint, refused=bool(OUTCOME.refused))
         run_dir.remove_if_empty(created)
         OUTCOME.is_sweep = False
+
+
+def _print_trusted() -> None:
+    """Above a printed config: the modules trusted for `_target_`, as YAML comments (as config.yaml has)."""
+    from clorch.config.targets import trusted_modules
+
+    for where, names in trusted_modules().items():
+        if names:
+            print(f"# trusted modules ({where}): {', '.join(names)}")
 
 
 def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:

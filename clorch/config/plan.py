@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -40,6 +40,7 @@ from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, l
                                        rank_count_errors, schedule_errors, token_file_errors,
                                        top_backend)
 from clorch.config.schema import TrainConfig
+from clorch.config.targets import trusted_modules
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Plan:
     shard_size: int              # samples per rank per epoch
     steps_per_epoch: int         # optimizer steps per epoch
     total_steps: int             # optimizer steps in the run
+    # the modules the person running the job trusted for `_target_`, by where each was named
+    # (CLORCH_TRUSTED_MODULES, installed packages' entry points, register_target_prefix)
+    trusted_modules: dict[str, list[str]] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for the user: where and how the job runs."""
@@ -168,7 +172,8 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     return Plan(config=cfg, backend=backend, nproc_per_node=nproc, devices=devices,
                 world_size=world, device_type="cuda" if backend == "nccl" else "cpu",
                 train_size=sizes[0], eval_size=sizes[1], shard_size=shard,
-                steps_per_epoch=per_epoch, total_steps=total)
+                steps_per_epoch=per_epoch, total_steps=total,
+                trusted_modules={k: v for k, v in trusted_modules().items() if v})
 
 
 def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,

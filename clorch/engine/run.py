@@ -109,10 +109,16 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
         "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
         "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
         "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
+        "trusted_modules": plan.trusted_modules,
     }
     if status.get("interrupted_by"):
         summary["interrupted_by"] = status["interrupted_by"]
     return summary
+
+
+def trusted_comment(trusted: Mapping[str, list[str]]) -> str:
+    """YAML comment lines naming the modules trusted for `_target_` (empty when none were)."""
+    return "".join(f"# trusted modules ({where}): {', '.join(names)}\n" for where, names in trusted.items())
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) -> bool:
@@ -137,7 +143,8 @@ def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # Atomic: under launcher=torchrun every node writes it, while other nodes' ranks may read it.
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
+    write_text_atomic(run_dir / "config.yaml", trusted_comment(plan.trusted_modules)
+                      + yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
     shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
     write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})
 

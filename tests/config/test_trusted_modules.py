@@ -4,6 +4,8 @@ the working directory is importable for them, as with `python -m`."""
 
 from __future__ import annotations
 
+import json
+
 import os
 import textwrap
 from pathlib import Path
@@ -85,8 +87,18 @@ def test_a_trusted_model_from_the_working_directory_trains_on_two_ranks(tmp_path
                             env=_env(**{TRUSTED_VARIABLE: "my_project"}))
     assert done.returncode == 0, done.stderr
     assert "succeeded" in done.stderr + done.stdout
-    config = yaml.safe_load((root / "run" / "config.yaml").read_text())
+    text = (root / "run" / "config.yaml").read_text()
+    config = yaml.safe_load(text)
     assert config["model"] == {"_target_": "my_project.models.Net", "width": 8}
+    # Who trusted what is part of the run's record.
+    assert text.startswith(f"# trusted modules ({TRUSTED_VARIABLE}): my_project\n")
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    assert summary["trusted_modules"] == {TRUSTED_VARIABLE: ["my_project"]}
+    printed = run_clorch_train(["+recipe=cpu_smoke", "model._target_=my_project.models.Net", "--cfg", "job"],
+                               cwd=root, env=_env(**{TRUSTED_VARIABLE: "my_project"}))
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.startswith(f"# trusted modules ({TRUSTED_VARIABLE}): my_project\n")
+    assert yaml.safe_load(printed.stdout)["model"]["_target_"] == "my_project.models.Net"
 
 
 def test_a_recipe_naming_a_target_selects_the_custom_option(tmp_path):
