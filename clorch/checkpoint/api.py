@@ -299,6 +299,10 @@ def _check_fit(path: Path, body: dict, tensors: dict, model, optimizer, sampler,
                              f"{body['world_size']} and this job has {world_size}")
         if saved[rank] is None:
             raise ValueError(f"sampler was given, but checkpoint {path} holds no sampler state for rank {rank}")
+        problem = sampler.state_problem(saved[rank]) if callable(getattr(sampler, "state_problem", None)) \
+            else None
+        if problem is not None:  # a state no sampler of this kind writes: the metadata is corrupt
+            raise CheckpointError(f"checkpoint metadata {path} is corrupt: field 'samplers[{rank}]' {problem}")
         if callable(getattr(sampler, "check_state_dict", None)):
             sampler.check_state_dict(saved[rank])
 

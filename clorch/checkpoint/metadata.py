@@ -190,7 +190,7 @@ def _check_archive(path: Path, archive: Any, version: int) -> None:
         algorithm, blocks_key, digest_key = "sha256", "block_sha256", "sha256"
     else:
         algorithm, blocks_key, digest_key = archive["hash"], "block_digests", "digest"
-        if algorithm not in _HEX_DIGEST:
+        if not isinstance(algorithm, str) or algorithm not in _HEX_DIGEST:
             raise _malformed(path, "archive.hash", algorithm, f"one of {sorted(_HEX_DIGEST)}")
     pattern = _HEX_DIGEST[algorithm]
     blocks = -(-archive["bytes"] // archive["block_bytes"])
@@ -229,6 +229,9 @@ def validate(path: Path, body: dict[str, Any]) -> None:
     if not isinstance(contents, dict) or any(not isinstance(contents.get(k), bool) for k in _COMPONENTS):
         raise _malformed(path, "contents", contents, f"a dict of {list(_COMPONENTS)} to true/false")
     _check_list(path, "samplers", body["samplers"], body["world_size"])
+    for rank, state in enumerate(body["samplers"]):
+        if state is not None and not isinstance(state, dict):
+            raise _malformed(path, f"samplers[{rank}]", state, "null or a dict (a sampler's state_dict)")
     _check_list(path, "rng", body["rng"], body["world_size"])
     for rank, state in enumerate(body["rng"]):
         problem = rng_state_problem(state)

@@ -87,7 +87,8 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
                           f"{name}={saved.get(name)}; a resumed run continues in the same steps "
                           f"and epochs, so keep {name}={saved.get(name)}")
     for name in ("model", "data"):
-        diff = _differences(saved.get(name) or {}, now[name], f"{name}.")
+        recorded = saved.get(name)
+        diff = _differences(recorded if isinstance(recorded, dict) else {}, now[name], f"{name}.")
         if diff:
             errors.append(f"{key}: the checkpoint holds another {name}: {', '.join(diff)}; "
                           f"resume with the {name} it was trained with")

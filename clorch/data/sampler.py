@@ -235,6 +235,26 @@ class DistributedSampler(TorchDistributedSampler):
                 "num_replicas": self.num_replicas, "dataset_size": self.dataset_size,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "consumed": self._consumed}
 
+    @staticmethod
+    def state_problem(state: Any) -> str | None:
+        """What makes `state` no state this class writes (a wrong key or type), or None.
+
+        A checkpoint reader calls it to tell a corrupt or crafted state (a format error)
+        from a real sampler's state that does not fit this sampler (`check_state_dict`).
+        """
+        if not isinstance(state, dict):
+            return f"is {type(state).__name__}, not a dict"
+        if set(state) != set(_STATE_KEYS):
+            return f"has keys {sorted(map(str, state))}, not {sorted(_STATE_KEYS)}"
+        for key in _STATE_KEYS:
+            value, boolean = state[key], key in ("shuffle", "drop_last")
+            if boolean and not isinstance(value, bool):
+                return f"has {key}={value!r}, not true or false"
+            least = 1 if key == "num_replicas" else 0
+            if not boolean and (type(value) is not int or value < least):
+                return f"has {key}={value!r}, not an int >= {least}"
+        return None
+
     def check_state_dict(self, state: Any) -> None:
         """Raise the error `load_state_dict(state)` would raise, without changing anything.
 

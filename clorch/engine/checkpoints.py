@@ -118,6 +118,7 @@ def restore(parts: Components, path: Path) -> LoopState:
 
     saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
                             scaler=parts.scaler)
+    _check_training_state(path, saved, parts.world_size)
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
         parts.scheduler.load_state_dict(scheduler_state)
@@ -129,6 +130,37 @@ def restore(parts: Components, path: Path) -> LoopState:
                      window_steps=int(saved.get("window_steps", 0)),
                      window_samples=int(saved.get("window_samples", 0)),
                      resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
+
+
+def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
+    """The engine's own fields of a checkpoint's state, as `save` writes them.
+
+    The metadata's checksum proves only that the file is as written; a crafted or foreign
+    state with odd types is refused here, naming the field, rather than failing mid-resume.
+
+    Raises:
+        CheckpointError: the first field that is not what `save` writes.
+    """
+    from clorch.checkpoint import CheckpointError
+
+    def count(value: Any) -> bool:
+        return type(value) is int and value >= 0
+
+    rules = {"step": (count, "an int >= 0"), "epoch": (count, "an int >= 0"),
+             "window_steps": (lambda v: v is None or count(v), "an int >= 0"),
+             "window_samples": (lambda v: v is None or count(v), "an int >= 0"),
+             "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
+             "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
+             "window_loss": (lambda v: v is None or (isinstance(v, list) and len(v) == world_size and all(
+                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
+                 f"null or a list of {world_size} numbers (one per rank)")}
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path}: its state is {type(saved).__name__}, not a dict")
+    for key, (fits, allowed) in rules.items():
+        value = saved.get(key) if key not in ("step", "epoch") else saved.get(key, "missing")
+        if not fits(value):
+            raise CheckpointError(f"checkpoint {path} is not one clorch's engine wrote: state field "
+                                  f"{key!r} is {value!r:.80}, expected {allowed}")
 
 
 def _run_dir_of(path: Path) -> str | None:
