@@ -177,6 +177,8 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     if isinstance(data, schema.TokensDataConfig) and data.train_path is None:
         errors.append("data.train_path is required for data=tokens: name a token file "
                       "(nanoGPT's train.bin, or an llm.c .bin)")
+    if cfg.preflight is not None:
+        errors += cfg.preflight.errors()
     if cfg.checkpoint is not None and cfg.launcher is not None:
         errors += _checkpoint_errors(cfg.checkpoint, cfg.launcher)
     if isinstance(cfg.launcher, schema.TorchrunLauncherConfig):

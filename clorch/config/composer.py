@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from clorch.config.schema import CUSTOM, TARGET_GROUPS
+from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options
 
 RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
@@ -97,6 +97,9 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
             _recipe_keys[name] = (where, set(_dotted_keys(node)))
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
             _select_custom(node)
+            for section, key in SHORTHAND.items():  # `preflight: only` is `preflight: {mode: only}`
+                if section in node and not isinstance(node[section], dict):
+                    node[section] = {key: node[section]}
             if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
                 del node["hydra"]
                 errors.append(f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "
@@ -221,7 +224,22 @@ def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
         if sep and key.lstrip("+~") == "recipe" and _is_path(value):
             item = f"{key}={register_recipe_path(value)}"
         rewritten.append(item)
-    return with_custom(rewritten)
+    return with_custom(with_shorthand(rewritten))
+
+
+def with_shorthand(overrides: list[str]) -> list[str]:
+    """`preflight=only` becomes `preflight.mode=only` (clorch.config.schema.SHORTHAND): the
+    section's one key given as its value. A choice of the group's option (`preflight=default`)
+    stays as it is."""
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section = key.lstrip("+")
+        if sep and section in SHORTHAND and not key.startswith("~") \
+                and value not in _group_options(section):
+            item = f"{key}.{SHORTHAND[section]}={value}"
+        out.append(item)
+    return out
 
 
 def _key(override: str) -> str:

@@ -45,6 +45,8 @@ def _literals(annotation: Any) -> tuple[Any, ...]:
 
 
 def _matches(value: Any, annotation: Any) -> bool:
+    if annotation is Any:
+        return True
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return any(value == a and type(value) is type(a) for a in typing.get_args(annotation))

@@ -58,6 +58,7 @@ class Plan:
     shard_size: int              # samples per rank per epoch
     steps_per_epoch: int         # optimizer steps per epoch
     total_steps: int             # optimizer steps in the run
+    preflight: str = "false"     # "false", "true" (check the machines, then train) or "only"
     # the modules the person running the job trusted for `_target_`, by where each was named
     # (CLORCH_TRUSTED_MODULES, installed packages' entry points, register_target_prefix)
     trusted_modules: dict[str, list[str]] = field(default_factory=dict)
@@ -71,7 +72,14 @@ class Plan:
                  else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)")
         amp = get_precision(self.config.precision.name).describe(self.device_type)
         nodes = f" x {self.world_size // self.nproc_per_node} nodes" if self.world_size > self.nproc_per_node else ""
-        return (f"clorch: running {where}{nodes}, {amp}; "
+        if self.preflight == "only":
+            return f"clorch: preflight only, {where}{nodes}: checking the machines, no training"
+        first = ""
+        if self.preflight == "true":
+            chosen = self.config.preflight.mode_for(nodes=1) == "true"  # set, not implied by the nodes
+            first = "preflight first" + ("" if chosen else " (the default on more than one node; "
+                                         "preflight=false skips it)") + ", then "
+        return (f"clorch: running {where}{nodes}, {amp}; {first}"
                 f"{self.total_steps} steps of {self.steps_per_epoch} per epoch")
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,6 +181,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
                 world_size=world, device_type="cuda" if backend == "nccl" else "cpu",
                 train_size=sizes[0], eval_size=sizes[1], shard_size=shard,
                 steps_per_epoch=per_epoch, total_steps=total,
+                preflight=cfg.preflight.mode_for(nodes=max(1, world // max(1, nproc))),
                 trusted_modules={k: v for k, v in trusted_modules().items() if v})
 
 

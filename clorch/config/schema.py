@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from clorch.config.source_defaults import source_constant, source_default
 from clorch.precision import DTYPE_NAMES
+from clorch.preflight.options import PreflightConfig
 
 # The classes whose defaults the config takes, named by module and name: their defaults are
 # read from the source (clorch.config.source_defaults), so composing a config imports no torch.
@@ -346,6 +347,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
     "launcher": {"local": LocalLauncherConfig(), "torchrun": TorchrunLauncherConfig()},
     "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True)},
+    "preflight": {"default": PreflightConfig()},
 }
 """Config group -> option name -> that option's values (an instance of its schema)."""
 
@@ -356,6 +358,10 @@ CUSTOM = "custom"
 TARGET_GROUPS = ("model",)
 """Groups whose section may name the user's own class with `_target_`: setting it selects the
 option `custom` (no built-in keys), so the section holds just the target and its arguments."""
+
+SHORTHAND = {"preflight": "mode"}
+"""Sections whose one key may be given as the section's value: `preflight=only` (or a recipe's
+`preflight: only`) is `preflight.mode=only`, as a user of the option expects to write it."""
 
 SELECTOR = {"checkpoint": "policy"}
 """The key that names a group's option inside it ("name" unless listed here; ddp has one option)."""
@@ -388,6 +394,7 @@ class TrainConfig(TopConfig):
     schedule: ScheduleOption = field(default_factory=ConstantScheduleConfig)
     launcher: Union[LocalLauncherConfig, TorchrunLauncherConfig] = field(default_factory=LocalLauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":

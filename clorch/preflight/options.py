@@ -8,9 +8,9 @@ any process starts. `PreflightConfig.errors()` lists every bad value at once;
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-MODES = ("false", "true", "only")
+MODES = ("auto", "false", "true", "only")
 DISK_CHECKS = ("host_leaders", "all", "none")
 
 # Defaults that depend on where the preflight runs (a config is composed before the device is known).
@@ -21,7 +21,7 @@ GPU_MATMUL_SIZE = 8192  # bf16 on a data-centre GPU: ~1 ms, long enough to reach
 
 
 def normalize_mode(mode: Any) -> str:
-    """"false" | "true" | "only" from a bool or one of those strings (any case).
+    """"auto" | "false" | "true" | "only" from a bool or one of those strings (any case).
 
     Raises:
         ValueError: anything else, naming the value and the choices.
@@ -37,7 +37,7 @@ def normalize_mode(mode: Any) -> str:
 class PreflightConfig:
     """How the preflight checks the job's machines before training."""
 
-    mode: Any = "false"  # "false": no preflight; "true": check, then train; "only": check and stop (a bool is accepted)
+    mode: Union[bool, str] = "auto"  # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
     slow_ratio: float = 0.8  # a rank below this fraction of the median GEMM TFLOP/s or disk MB/s fails; 0 turns it off
     timeout_s: float = 30.0  # seconds each wait may take: arrival, each collective, the exchange of results
     allreduce_sizes_mb: Optional[list[int]] = None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
@@ -77,8 +77,17 @@ class PreflightConfig:
 
     @property
     def run_mode(self) -> str:
-        """The mode as one of "false", "true", "only"."""
-        return normalize_mode(self.mode)
+        """The mode as one of "false", "true", "only", for a job on one node."""
+        return self.mode_for(nodes=1)
+
+    def mode_for(self, nodes: int) -> str:
+        """The mode as one of "false", "true", "only" for a job on `nodes` nodes: "auto" checks
+        the machines of a job that spans more than one node, where a bad node is the common
+        cause of a hang at the start."""
+        mode = normalize_mode(self.mode)
+        if mode == "auto":
+            return "true" if nodes > 1 else "false"
+        return mode
 
     def sizes_mb(self, on_gpu: bool) -> list[int]:
         """The all-reduce sizes in MiB, the device's default when none were given."""

@@ -49,13 +49,13 @@ def test_recipes_set_what_their_names_say():
     assert (smoke.backend, smoke.launcher.nproc_per_node) == ("gloo", 2)
 
 
-def test_groups_match_the_issue():
+def test_the_config_groups():
     assert set(config_groups()) == {"backend", "precision", "sampler", "ddp", "checkpoint", "model",
-                                    "data", "optim", "schedule", "launcher", "logger"}
+                                    "data", "optim", "schedule", "launcher", "logger", "preflight"}
 
 
 @pytest.mark.parametrize("group", ["backend", "precision", "sampler", "ddp", "checkpoint", "model",
-                                   "data", "optim", "schedule", "launcher", "logger"])
+                                   "data", "optim", "schedule", "launcher", "logger", "preflight"])
 def test_every_group_option_composes_and_validates(group, tmp_path):
     for option in group_options(group):
         overrides = [f"{group}={option}", *PARTNERS.get((group, option), [])]

@@ -30,7 +30,7 @@ def test_every_bad_value_is_reported_at_once():
         cfg.validate()
     lines = str(info.value).splitlines()
     assert lines == [
-        "preflight.mode must be one of false, true, only (or a bool), got 'maybe'",
+        "preflight.mode must be one of auto, false, true, only (or a bool), got 'maybe'",
         "preflight.slow_ratio must be a fraction in [0, 1) (0 turns the comparison off), got 1.5",
         "preflight.timeout_s must be > 0 (seconds), got 0",
         "preflight.allreduce_iters must be an int > 0 (timed all-reduces per size), got 0",
