@@ -23,6 +23,9 @@ from clorch.launch.external import detect as detect_external
 def report(result: dict[str, Any]) -> None:
     """Print how a run ended (one line; a failure's traceback after it) and record it."""
     summary, status = result["summary"], result["status"]
+    if "preflight" in summary and (summary["status"] == "preflight_failed" or not summary["steps"]):
+        _report_preflight(result)
+        return
     if summary["status"] == "succeeded" and not summary["final"]:  # another node than rank 0's
         print(f"clorch-train: succeeded; this node's ranks finished, rank 0's node writes the metrics; "
               f"logs in {result['run_dir']}")
@@ -45,6 +48,21 @@ def report(result: dict[str, Any]) -> None:
     if error.get("traceback"):
         print(error["traceback"], file=sys.stderr)
     OUTCOME.failed.append(result["run_dir"])
+
+
+def _report_preflight(result: dict[str, Any]) -> None:
+    """preflight=only, or a preflight that failed: the table, then the verdict (and each failure)."""
+    summary, run_dir = result["summary"], result["run_dir"]
+    preflight = summary["preflight"]
+    print(preflight["table"])
+    if preflight["passed"]:
+        print(f"clorch-train: preflight passed on {summary['world_size']} rank(s) in "
+              f"{preflight['elapsed_s']:.1f} s; preflight.json in {run_dir}")
+        return
+    print(f"clorch-train: preflight failed, nothing was trained; preflight.json in {run_dir}", file=sys.stderr)
+    for line in preflight["failures"]:
+        print(f"  - {line}", file=sys.stderr)
+    OUTCOME.failed.append(run_dir)
 
 
 def _report_interrupted(result: dict[str, Any]) -> None:

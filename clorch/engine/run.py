@@ -113,6 +113,10 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
     }
     if status.get("interrupted_by"):
         summary["interrupted_by"] = status["interrupted_by"]
+    if rank0.get("preflight"):  # the machines' check ran first (preflight=true or only)
+        summary["preflight"] = rank0["preflight"]
+        if summary["status"] == "succeeded" and not rank0["preflight"]["passed"]:
+            summary["status"] = "preflight_failed"
     return summary
 
 

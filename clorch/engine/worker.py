@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from clorch.config.schema import TrainConfig
-from clorch.engine import checkpoints
+from clorch.engine import checkpoints, preflight
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
@@ -170,6 +170,11 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         hooks_class: what runs after each optimizer step (a subclass adds to it).
     """
     cfg, total = plan.config, plan.total_steps
+    rank = int(ctx.get("rank", 0))
+    checked = preflight.run_first(plan, run_dir, checkpoints.checkpoint_dir(cfg, run_dir)
+                                  if cfg.checkpoint.policy != "none" else None, rank)
+    if preflight.stops_here(plan, checked):  # failed, or preflight=only: nothing is built
+        return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
     parts = build_components(cfg, ctx, total)
     state, resumed_from, history = _start(cfg, parts, run_dir, total)
     writer = None
@@ -199,4 +204,5 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
             "resumed_run_dir": earlier,
             "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
             "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
-            "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model)}
+            "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model),
+            "preflight": preflight.summary_of(checked) if checked is not None else None}
