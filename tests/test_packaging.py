@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,3 +57,16 @@ def test_the_wheel_ships_conf_and_recipes(tmp_path):
                  "clorch/conf/checkpoint/periodic.yaml", "clorch/recipes/ddp_bf16.yaml"):
         assert name in names, f"{name} missing from {wheel.name}"
     assert not any(n.startswith(("conf/", "recipes/")) for n in names)
+
+
+@pytest.mark.timeout(120)
+def test_a_checkout_on_pythonpath_finds_conf_and_recipes(tmp_path):
+    """As CI and the GPU scripts run clorch: from this checkout, not from an install of it
+    (clorch/conf and clorch/recipes link to the top-level folders)."""
+    code = ("import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+            "import clorch; from clorch.config import compose\n"
+            "assert clorch.__file__.startswith(sys.argv[1]), clorch.__file__\n"
+            "print(compose(['+recipe=ddp_fp16']).precision.name)")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=100, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "fp16", done.stderr
