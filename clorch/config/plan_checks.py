@@ -164,9 +164,12 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
 
     if backend == "nccl":
         return []
+    from clorch.data.tasks import model_sizes
+
     try:
+        sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))  # on the host: a task may draw samples
         with torch.device("meta"):
-            params = sum(p.numel() for p in build_model_for(cfg).parameters())
+            params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
     except Exception:  # a user model that cannot be built on the meta device: not checked here
         return []
     need, have = params * TRAINING_BYTES_PER_PARAMETER * ranks_here, _available_memory()

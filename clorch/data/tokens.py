@@ -163,11 +163,13 @@ class TokenFileTask:
         self.split, self.seq_len, self.vocab_size = split, seq_len, vocab_size
         self.tokens_per_sample = seq_len
         last_start = stop - start - seq_len - 1
+        # numpy, not tensors: the windows are read from the memory map on the host (a token file
+        # is often larger than a GPU), so nothing here is moved to the device with the task.
         if sample_count is None:
-            self.starts = torch.arange(0, last_start + 1, seq_len)
+            self.starts = np.arange(0, last_start + 1, seq_len)
         else:
             stream = generator(seed, _TRAIN if split == "train" else _EVAL)
-            self.starts = torch.randint(0, last_start + 1, (sample_count,), generator=stream)
+            self.starts = torch.randint(0, last_start + 1, (sample_count,), generator=stream).numpy()
         self._offsets = np.arange(seq_len + 1)
 
     @classmethod
@@ -185,12 +187,12 @@ class TokenFileTask:
         return TaskSizes(sample_count, {"vocab_size": vocab_size, "seq_len": seq_len})
 
     def __len__(self) -> int:
-        return self.starts.numel()
+        return len(self.starts)
 
     def batch(self, indices: torch.Tensor | list[int]) -> dict[str, torch.Tensor]:
         """`{"input": (B, seq_len), "target": (B, seq_len)}` int64 token ids, target shifted by one."""
-        idx = as_index(indices, self.starts.device, len(self))
-        rows = self.starts[idx].numpy()[:, None] + self._offsets  # reads only these windows
+        idx = as_index(indices, None, len(self)).cpu().numpy()
+        rows = self.starts[idx][:, None] + self._offsets  # reads only these windows
         windows = torch.from_numpy(self.tokens[rows].astype(np.int64))
         return {"input": windows[:, :-1], "target": windows[:, 1:]}
 

@@ -22,8 +22,13 @@ from clorch.engine.outputs import announce
 def _estimate(plan: Plan) -> dict[str, Any]:
     """What training this model keeps per parameter: fp32 weights (autocast computes in
     bf16/fp16 from fp32 weights), the gradients beside them, and the optimizer's buffers."""
+    from clorch.config.model_spec import data_kwargs
+    from clorch.data.tasks import model_sizes
+
+    cfg = plan.config
+    sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))  # on the host: a task may draw samples
     with torch.device("meta"):
-        params = sum(p.numel() for p in build_model_for(plan.config).parameters())
+        params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
     optim = plan.config.optim
     states = 2 if isinstance(optim, AdamWConfig) else (1 if getattr(optim, "momentum", 0) else 0)
     return {"model_params": params, "bytes_per_param": 4.0, "optimizer_states": states}

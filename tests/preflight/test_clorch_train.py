@@ -58,3 +58,12 @@ def test_auto_checks_the_machines_of_a_job_on_more_than_one_node():
     off = resolve(compose(["+recipe=cpu_smoke", "launcher.nnodes=2", "launcher.master_port=29999",
                            "preflight=false"]))
     assert off.preflight == "false"
+
+
+def test_the_estimate_sizes_a_gpt_whose_data_draws_its_samples(tmp_path):
+    """The model is counted on the meta device, its data's sizes on the host (arithmetic draws pairs)."""
+    done = run_clorch_train(["+recipe=gpt_bf16", "preflight=only", "preflight.slow_ratio=0",
+                             "logger.progress=off", "hydra.run.dir=run"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    estimate = json.loads((tmp_path / "run" / "preflight.json").read_text())["estimate"]
+    assert estimate["model_params"] > 100_000, estimate
