@@ -31,29 +31,35 @@ Usage (from the repository root):
 The report: (1) counts of intra-clorch imports; (2) strongly connected
 components (Tarjan) of more than one module over the executing edges (module
 and lazy), each with the edges inside it (file:line, module or lazy), a
-shortest cycle, and whether it is still a cycle on module-level edges alone;
+shortest cycle through each of them, and whether it is still a cycle on module-level edges alone;
 (3) package-level cycles, modules collapsed to clorch.X, with the edges behind
-each direction. `--check` looks at module-level edges only (plus parent edges
+each direction; (4) the strings that name a clorch module ("clorch.x:worker",
+an importlib table, a _target_), which run-time imports the graph cannot see,
+each marked `!` with the module or package cycle it would close if it were an
+import. `--check` looks at module-level edges only (plus parent edges
 with `--with-parents`), so a test can call it:
 
     subprocess.run([sys.executable, "scripts/import_graph.py", "--check"]).returncode == 0
 
 `--pulls` always follows parent-package edges (that is what Python runs).
-Imports made through importlib.import_module() with a computed name are not
-seen.
+Strings naming modules (part 4) are never edges: not in the cycles, not in
+`--check`, not in `--pulls`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT_PACKAGE = "clorch"
-MODULE, LAZY, TYPING, PARENT = "module", "lazy", "typing", "parent"
+MODULE, LAZY, TYPING = "module", "lazy", "typing"
+NAMED = "named"  # a string naming a clorch module ("clorch.x" or "clorch.x:fn"): not an import
+NAME_PATTERN = re.compile(r"clorch(\.\w+)+(:\w+)?")
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,23 @@ def parent_packages(target: str, importer: str) -> list[str]:
     return [p for p in parents if not (importer == p or importer.startswith(p + "."))]
 
 
+def named_modules(module: str, path: Path, rel: str, modules: dict[str, Path]) -> list[Edge]:
+    """Edges (kind NAMED) for the strings in one file that name another clorch module.
+
+    These are the imports the graph cannot see: importlib.import_module() on a name
+    from a table, a launch target "clorch.x:worker", a Hydra _target_.
+    """
+    edges = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if NAME_PATTERN.fullmatch(node.value):
+                target = longest_known_prefix(node.value.split(":")[0], modules)
+                # "clorch.conf", "clorch.ckpt": no module past the root package, so not a name
+                if target not in (None, ROOT_PACKAGE, module):
+                    edges.append(Edge(module, target, rel, node.lineno, NAMED))
+    return edges
+
+
 # --- the whole graph ----------------------------------------------------------------------
 
 
@@ -240,6 +263,7 @@ def build_graph(
     statements = 0
     for module, path in modules.items():
         rel = str(path.relative_to(repo))
+        edges.extend(named_modules(module, path, rel, modules))
         for node, kind in collect_imports(path):
             if isinstance(node, ast.ImportFrom):
                 targets = resolve_from(node, module, modules)
@@ -320,17 +344,6 @@ def cyclic_components(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted((c for c in tarjan(graph) if len(c) > 1), key=lambda c: (-len(c), c))
 
 
-def shortest_cycle(graph: dict[str, set[str]], nodes: list[str]) -> list[str]:
-    """A shortest cycle inside `nodes` (first node repeated at the end), by BFS from each."""
-    inside = set(nodes)
-    best: list[str] = []
-    for start in nodes:
-        path = shortest_path(graph, start, start, inside)
-        if path and (not best or len(path) < len(best)):
-            best = path
-    return best
-
-
 def cycles_through_edges(graph: dict[str, set[str]], nodes: list[str]) -> list[list[str]]:
     """For each edge u -> v inside `nodes`, a shortest cycle through it; duplicates dropped."""
     inside = set(nodes)
@@ -404,7 +417,7 @@ def edges_within(edges: list[Edge], nodes: set[str], key=lambda name: name) -> l
 def print_counts(edges: list[Edge], statements: int) -> None:
     """Part (1): how many imports, and of which kinds."""
     print("== (1) intra-clorch imports")
-    direct = [e for e in edges if not e.parent]
+    direct = [e for e in edges if not e.parent and e.kind != NAMED]
     print(f"  import statements naming a clorch module: {statements}")
     print(f"  resolved edges (module imports): {len(direct)}")
     for kind, label in ((MODULE, "at module level"), (LAZY, "inside function bodies"),
@@ -453,9 +466,29 @@ def cycle_state(cycle: list[str], eager: dict[str, set[str]]) -> str:
     return "lazy: " + ", ".join(lazy) if lazy else "module-level"
 
 
+def print_named(edges: list[Edge]) -> None:
+    """Part (4): strings naming clorch modules, and the cycles they would close if imported."""
+    named = [e for e in edges if e.kind == NAMED]
+    print(f"\n== (4) clorch modules named by string (run-time imports the graph does not see): "
+          f"{len(named)}")
+    running = adjacency(edges, {MODULE, LAZY})
+    packages: dict[str, set[str]] = {}
+    for src, dst in package_edges([e for e in edges if e.kind in (MODULE, LAZY)]):
+        packages.setdefault(src, set()).add(dst)
+    for edge in sorted(named, key=lambda e: (e.src, e.line)):
+        back = shortest_path(running, edge.dst, edge.src)
+        src_pkg, dst_pkg = package_of(edge.src), package_of(edge.dst)
+        pkg_back = shortest_path(packages, dst_pkg, src_pkg) if src_pkg != dst_pkg else []
+        print_edge(edge, indent="  ! " if back or pkg_back else "    ")
+        if back:
+            print(f"      would close the module cycle {' -> '.join([edge.src, *back])}")
+        if pkg_back:
+            print(f"      would close the package cycle {' -> '.join([src_pkg, *pkg_back])}")
+
+
 def print_package_cycles(edges: list[Edge]) -> None:
     """Part (3): cycles between clorch.X packages, with the module edges of each direction."""
-    running = [e for e in edges if e.kind != TYPING]
+    running = [e for e in edges if e.kind in (MODULE, LAZY)]
     grouped = package_edges(running)
     graph: dict[str, set[str]] = {}
     for src, dst in grouped:
@@ -564,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         eager = adjacency(edges, {MODULE})
         for component in cyclic_components(eager):
-            print("module-level import cycle: " + " -> ".join(shortest_cycle(eager, component)))
+            for cycle in cycles_through_edges(eager, component):
+                print("module-level import cycle: " + " -> ".join(cycle))
         return 1 if has_module_level_cycle(edges) else 0
     if args.pulls:
         print_pulls(edges, externals, args.pulls, args.root)
@@ -574,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     print_counts(edges, statements)
     print_components(edges)
     print_package_cycles(edges)
+    print_named(edges)
     return 0
 
 
