@@ -260,7 +260,8 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.json"
     write_plan(plan, plan_path)
     try:
-        run_torchrun(plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker)
+        run_torchrun(plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker,
+                     entry="clorch.engine.as_rank")
         status = {"state": "succeeded"}
     except TorchrunError as exc:
         status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}

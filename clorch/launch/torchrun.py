@@ -44,12 +44,13 @@ def _describe_failure(exc: BaseException) -> str:
 
 
 def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: Path,
-                 worker: str | None = None) -> dict[int, Any]:
+                 worker: str | None = None, *, entry: str) -> dict[int, Any]:
     """Run this node's part of the job under torch's elastic agent; block until it ends.
 
     Every node of the job must call it with the same rdzv_endpoint and rdzv_id. Its
-    ranks run `python -m clorch.engine.as_rank --plan PLAN_PATH`: the launch plan this
-    node's launching process checked and wrote (clorch.config.plan.write_plan).
+    ranks run `python -m ENTRY --plan PLAN_PATH --run-dir RUN_DIR [--worker WORKER]`
+    (the engine passes clorch.engine.as_rank, and the launch plan this node's launching
+    process checked and wrote with clorch.config.plan.write_plan).
 
     Raises:
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
@@ -66,7 +67,7 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
                           rdzv_timeout=timeout, max_restarts=launcher.max_restarts,
                           start_method="spawn")
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
-    args = ["-u", "-m", "clorch.engine.as_rank", "--plan", str(plan_path), "--run-dir", str(run_dir)]
+    args = ["-u", "-m", entry, "--plan", str(plan_path), "--run-dir", str(run_dir)]
     if worker is not None:
         args += ["--worker", worker]
     watcher = _JoinWatcher(launcher.rdzv_endpoint, launcher.rdzv_id)
