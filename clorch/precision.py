@@ -4,7 +4,9 @@ Each mode (`fp32`, `bf16`, `fp16`) says which torch dtype it computes in,
 whether the forward runs under autocast and whether a `GradScaler` runs. The
 config's `precision.name` and `ddp.reduce_dtype` choices, `clorch.amp`'s
 string dtypes and `DistributedDataParallel(reduce_dtype=...)` all read it, so
-a name accepted in one place is accepted in all of them.
+a name accepted in one place is accepted in all of them. A row says what a
+mode means; `clorch.amp.MixedPrecision` is the runtime object built from one
+(autocast, scaler, backward and optimizer step on a device).
 
 Importing this module does not import torch: composing and checking a config
 must stay fast and work where torch is not importable, so modes name their

@@ -9,10 +9,13 @@
 
 What clorch adds: the found-inf flag is all-reduced (max) across every rank of
 the initialized group, so every rank skips the same steps (torch's scaler
-decides per rank); unscaling uses the fused multi-tensor kernel, and over
-DDP's flat buckets when `DistributedDataParallel.optimizer_step` drives it;
+decides per rank); unscaling uses the fused multi-tensor kernel, and
+`unscale_flat_` unscales gradients through the flat buffers that hold them
+(DDP's buckets: `DistributedDataParallel.optimizer_step` calls it);
 `skipped_steps` and `last_step_skipped` count overflows. `clorch.amp.step`
 (and `optimizer_step`) is the short path: step then update.
+`clorch.amp.MixedPrecision` holds a scaler together with autocast, backward
+and the step, for a training loop that should not wire them by hand.
 
 The scale lives in a tensor on the gradients' device. Two ways to step:
 
@@ -142,22 +145,72 @@ class GradScaler:
         """
         if not self.enabled:
             return
-        stage = self._stages.get(id(optimizer), _READY)
-        if stage == _UNSCALED:
-            raise ScalerStateError("unscale_() has already been called on this optimizer since the "
-                                   "last update(); call it at most once per step")
-        if stage == _STEPPED:
-            raise ScalerStateError("unscale_() is being called after step(); call update() first")
+        self._check_unscalable(optimizer, "unscale_")
         self._unscale(optimizer, self._grad_groups(optimizer))
 
-    def _unscale_flat_(self, optimizer: torch.optim.Optimizer, flats: list[torch.Tensor]) -> None:
-        """DDP's shortcut: `optimizer`'s gradients are exactly views of `flats` (a few buffers)."""
-        if not self.enabled or self._stages.get(id(optimizer), _READY) != _READY:
+    def unscale_flat_(self, optimizer: torch.optim.Optimizer, flats: list[torch.Tensor] | tuple) -> None:
+        """`unscale_(optimizer)` over the flat buffers that hold its gradients, one kernel per buffer.
+
+        For gradients that are views of a few large buffers, as DDP's buckets
+        are (`DistributedDataParallel.optimizer_step` calls it when every
+        gradient of the optimizer views a bucket): the gradients are read and
+        divided through `flats`, never one by one. Every element of `flats`
+        is divided by the scale and checked for inf/nan, so the caller must
+        make sure that `flats` covers every gradient of `optimizer` (a
+        gradient outside them would stay scaled, and its overflow unseen) and
+        holds nothing else that must keep its value (padding and zeros are
+        harmless). `optimizer.param_groups` is not read.
+
+        torch.amp.GradScaler.unscale_'s rules otherwise: call it at most once
+        per optimizer per step, after the backward and before `step()`, which
+        then does not unscale again (and, like `unscale_`, not after
+        `step()` until `update()`). A pass-through when the scaler is
+        disabled. Local: no collective and no host sync (the found-inf
+        flags are all-reduced by `step()`).
+
+        Args:
+            optimizer: the optimizer whose gradients `flats` hold; its
+                found-inf flags are recorded under it for `step()`.
+            flats: floating tensors (a list or tuple) holding every gradient
+                of `optimizer`.
+
+        Raises:
+            TypeError: flats is not a list or tuple of floating tensors.
+            ScalerStateError: the gradients were already unscaled since the
+                last update() (by unscale_() or unscale_flat_()), or step()
+                was called since.
+        """
+        if not isinstance(flats, (list, tuple)) or not all(
+                isinstance(flat, torch.Tensor) and flat.is_floating_point() for flat in flats):
+            raise TypeError(f"flats must be a list or tuple of floating tensors, got {flats!r:.200}")
+        if not self.enabled:
             return
+        self._check_unscalable(optimizer, "unscale_flat_")
         groups: dict[tuple, list[torch.Tensor]] = {}
         for flat in flats:
             groups.setdefault((flat.device, flat.dtype), []).append(flat)
         self._unscale(optimizer, groups)
+
+    def is_unscaled(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `optimizer`'s gradients of this step are already unscaled. Local.
+
+        True after `unscale_`, `unscale_flat_` or `step` for it since the last
+        `update()` (so `step()` will not unscale them again, and another
+        unscale raises); False before, and always when the scaler is disabled.
+        """
+        return self.enabled and self._stages.get(id(optimizer), _READY) != _READY
+
+    def _check_unscalable(self, optimizer: torch.optim.Optimizer, caller: str) -> None:
+        stage = self._stages.get(id(optimizer), _READY)
+        if stage == _UNSCALED:
+            if caller == "unscale_":
+                raise ScalerStateError("unscale_() has already been called on this optimizer since the "
+                                       "last update(); call it at most once per step")
+            raise ScalerStateError(f"{caller}(): this optimizer's gradients were already unscaled since "
+                                   "the last update() (by unscale_() or unscale_flat_()); unscale them "
+                                   "at most once per step")
+        if stage == _STEPPED:
+            raise ScalerStateError(f"{caller}() is being called after step(); call update() first")
 
     def _unscale(self, optimizer: torch.optim.Optimizer, groups: dict[tuple, list[torch.Tensor]]) -> None:
         found_by_device = self._found.setdefault(id(optimizer), {})

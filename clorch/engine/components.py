@@ -7,7 +7,7 @@ when world_size > 1.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from typing import Any, Mapping
 
 import torch
@@ -20,23 +20,47 @@ from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleC
 @dataclass
 class Components:
     """One rank's training objects. `model` is the DDP wrapper; `raw_model` is what it wraps,
-    before torch.compile (checkpoints and evaluation use it)."""
+    before torch.compile (checkpoints and evaluation use it).
+
+    `precision` (a `clorch.amp.MixedPrecision`) owns autocast, the loss scaler,
+    backward and the optimizer step; `scaler` and `autocast_dtype` read it.
+    Made without `precision`, it is built from the older keyword pair
+    `scaler=` (a GradScaler or None) and `autocast_dtype=` (None: fp32), which
+    code building Components by hand may still pass.
+
+    Raises:
+        ValueError: `precision` and a `scaler`/`autocast_dtype` that disagrees
+            with it were both given, or the pair names no precision mode.
+    """
 
     model: Any                      # clorch.nn.parallel.DistributedDataParallel
     raw_model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any                  # torch.optim.lr_scheduler.LRScheduler
-    scaler: Any                     # clorch.amp.GradScaler, or None without fp16
     task: Any                       # training split (clorch.data.tasks.Task)
     eval_task: Any                  # held-out split
     sampler: Any                    # clorch.data.DistributedSampler
     device: torch.device
-    autocast_dtype: torch.dtype | None  # None: no autocast (fp32)
     batch_size: int                 # samples per micro-batch per rank
     accumulation: int               # micro-batches per optimizer step
+    precision: Any = None           # clorch.amp.MixedPrecision (None: built from scaler/autocast_dtype)
     rank: int = 0
     world_size: int = 1
     cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
+    # Init-only: the pair `precision` replaced, for callers that still build Components from it.
+    scaler: InitVar[Any] = None
+    autocast_dtype: InitVar[Any] = None
+
+    def __post_init__(self, scaler: Any, autocast_dtype: torch.dtype | None) -> None:
+        if self.precision is None:
+            self.precision = _precision_from(self.device, autocast_dtype, scaler)
+            return
+        # dataclasses.replace() passes the pair read back from `precision`: that agrees.
+        if (scaler is not None and scaler is not self.precision.scaler) or \
+                (autocast_dtype is not None and autocast_dtype != self.precision.autocast_dtype):
+            raise ValueError("Components takes precision, or the older scaler and autocast_dtype, not both "
+                             f"(got precision={self.precision!r}, scaler={scaler!r}, "
+                             f"autocast_dtype={autocast_dtype!r})")
 
     @property
     def pin_memory(self) -> bool:
@@ -44,11 +68,31 @@ class Components:
         return self.device.type == "cuda"
 
     def autocast(self):
-        """The autocast context for forward passes (a pass-through for fp32)."""
-        from clorch.amp import autocast
+        """The autocast context for forward passes (a pass-through for fp32): `precision.autocast()`."""
+        return self.precision.autocast()
 
-        dtype = self.autocast_dtype
-        return autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+# Read-only views of `precision`, set after @dataclass made `scaler` and `autocast_dtype` init-only
+# arguments (as class attributes in the body they would be taken for the arguments' defaults).
+Components.scaler = property(  # type: ignore[assignment]
+    lambda self: self.precision.scaler,
+    doc="The loss scaler (clorch.amp.GradScaler), or None without fp16: `precision.scaler`. "
+        "Checkpoints save and restore it.")
+Components.autocast_dtype = property(  # type: ignore[assignment]
+    lambda self: self.precision.autocast_dtype,
+    doc="The dtype forward passes run in, or None for fp32 (no autocast): `precision.autocast_dtype`.")
+
+
+def _precision_from(device: torch.device, autocast_dtype: torch.dtype | None, scaler: Any) -> Any:
+    """The MixedPrecision of the older pair: fp32 without an autocast dtype, else the dtype's mode."""
+    from clorch.amp import MixedPrecision
+    from clorch.precision import PRECISIONS
+
+    modes = [mode for mode in PRECISIONS.values() if mode.autocast_dtype() == autocast_dtype]
+    if not modes:
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype!r}")
+    # An fp16 pair without a scaler ran fp16 autocast unscaled: keep that (scaler=False).
+    return MixedPrecision(modes[0], device, scaler=False if scaler is None else scaler)
 
 
 def _device(ctx: Mapping[str, Any]) -> torch.device:
@@ -97,15 +141,19 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
     return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps)
 
 
-def _scaler(cfg: TrainConfig, device: torch.device) -> Any:
-    precision = cfg.precision
-    if not isinstance(precision, FP16Config) or not precision.scaler.enabled:
-        return None
-    from clorch.amp import GradScaler
+def _precision(cfg: TrainConfig, device: torch.device) -> Any:
+    """The MixedPrecision of `cfg.precision` on `device`; fp16's scaler from `precision.scaler`."""
+    from clorch.amp import MixedPrecision
 
+    precision = cfg.precision
+    if not isinstance(precision, FP16Config):
+        return MixedPrecision(precision.name, device)
     scaling = precision.scaler
-    return GradScaler(device.type, init_scale=scaling.initial_scale, growth_factor=scaling.growth_factor,
-                      backoff_factor=scaling.backoff_factor, growth_interval=scaling.growth_interval)
+    if not scaling.enabled:  # the config checks refuse it; built as asked: fp16 autocast, unscaled
+        return MixedPrecision(precision.name, device, scaler=False)
+    return MixedPrecision(precision.name, device, scaler={
+        "init_scale": scaling.initial_scale, "growth_factor": scaling.growth_factor,
+        "backoff_factor": scaling.backoff_factor, "growth_interval": scaling.growth_interval})
 
 
 def compile_mode_arg(mode: str) -> str | None:
@@ -120,8 +168,8 @@ def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
     """Build task, model (on the rank's device, compiled if asked, DDP-wrapped), optimizer,
-    schedule, scaler and sampler from a checked config. `total_steps` is the plan's
-    (the cosine schedule's length).
+    schedule, precision (autocast and scaler) and sampler from a checked config.
+    `total_steps` is the plan's (the cosine schedule's length).
 
     Every rank must call it: wrapping in DDP is a synchronization point (it checks
     parameter signatures and broadcasts rank 0's weights; see DistributedDataParallel).
@@ -131,7 +179,6 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     """
     from clorch.data import DistributedSampler
     from clorch.nn.parallel import DistributedDataParallel
-    from clorch.precision import get_precision
 
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
@@ -158,9 +205,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                                  seed=cfg.seed if sampling.seed is None else sampling.seed,
                                  shuffle=sampling.shuffle, drop_last=sampling.drop_last)
     return Components(model=model, raw_model=raw, optimizer=optimizer,
-                      scheduler=_scheduler(cfg, optimizer, total_steps), scaler=_scaler(cfg, device),
+                      scheduler=_scheduler(cfg, optimizer, total_steps), precision=_precision(cfg, device),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
-                      autocast_dtype=get_precision(cfg.precision.name).autocast_dtype(),
                       batch_size=cfg.batch_size, accumulation=cfg.accumulation,
                       rank=rank, world_size=world,
                       cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device))

@@ -45,10 +45,13 @@ def to_device(batch: Mapping[str, torch.Tensor], device: torch.device, pin: bool
 def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
     """Forward and backward each micro-batch, then step optimizer, scaler and schedule.
 
-    Every rank must call it with the same number of micro-batches: the last
-    backward is a synchronization point (DDP's gradient all-reduce) and so is
-    `optimizer_step` with a scaler (its found-inf all-reduce). All micro-batches
-    but the last run under `no_sync`, so gradients are reduced once per step.
+    `parts.precision` runs the forwards under its autocast, the backwards
+    (scaled for fp16) and the step (unscale, skip on overflow, update the
+    scale). Every rank must call it with the same number of micro-batches: the
+    last backward is a synchronization point (DDP's gradient all-reduce) and
+    so is the step with a scaler (its found-inf all-reduce; see
+    `MixedPrecision.optimizer_step`). All micro-batches but the last run under
+    `no_sync`, so gradients are reduced once per step.
 
     Raises:
         ValueError: `micro_batches` is empty, or holds more than one batch while
@@ -56,8 +59,7 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     """
     if not micro_batches:
         raise ValueError("micro_batches must hold at least one batch, got none")
-    from clorch.amp import backward
-
+    precision = parts.precision
     count = len(micro_batches)
     if parts.cuda_graphs:
         if count > 1:
@@ -74,11 +76,12 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
         samples += next(iter(batch.values())).size(0)
         last = i == count - 1
         with (contextlib.nullcontext() if last else parts.model.no_sync()):
-            with parts.autocast():
+            with precision.autocast():
                 loss = parts.task.loss(parts.model, batch) / count
-            backward(parts.scaler, loss)
+            precision.backward(loss)
         total += loss.detach().float()
-    stepped = parts.model.optimizer_step(parts.optimizer, parts.scaler)
+    # Through DDP's optimizer_step: it unscales the flat buckets at once and zeroes the gradients.
+    stepped = precision.optimizer_step(parts.optimizer, model=parts.model)
     parts.scheduler.step()
     return StepResult(loss=total, stepped=stepped, samples=samples)
 

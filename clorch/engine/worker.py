@@ -76,8 +76,7 @@ class StepHooks:
         samples_per_s = state.window_samples * parts.world_size / elapsed
         record = {"kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss,
                   "lr": parts.scheduler.get_last_lr()[0],
-                  "loss_scale": parts.scaler.get_scale() if parts.scaler is not None else None,
-                  "skipped_steps": parts.scaler.skipped_steps if parts.scaler is not None else 0,
+                  "loss_scale": parts.precision.scale, "skipped_steps": parts.precision.skipped_steps,
                   "samples_per_s": samples_per_s}
         if self.tokens:
             record["tokens_per_s"] = samples_per_s * self.tokens

@@ -98,3 +98,34 @@ def test_config_keys_reach_the_ddp_model_and_the_task():
                            "data.digits=2", "data.sample_count=256", "schedule.warmup_steps=2"]))
     parts = build_components(gpt.config, {"rank": 0, "world_size": 1}, gpt.total_steps)
     assert parts.task.compile_loss == "default" and parts.eval_task.compile_loss is False
+
+
+def test_components_precision_from_the_config_and_from_the_older_pair():
+    """precision=fp16 builds a MixedPrecision whose scaler takes precision.scaler's settings;
+    `scaler` and `autocast_dtype` read it; Components built from the older pair still work."""
+    import dataclasses
+
+    from clorch.amp import GradScaler, MixedPrecision
+    from clorch.engine.components import Components
+
+    c = _components("precision=fp16", "precision.scaler.initial_scale=128.0",
+                    "precision.scaler.growth_interval=7")
+    assert isinstance(c.precision, MixedPrecision) and c.precision.name == "fp16"
+    assert c.scaler is c.precision.scaler and c.scaler.get_scale() == 128.0 and c.scaler.growth_interval == 7
+    assert c.autocast_dtype == torch.float16
+    result = train_step(c, [c.task.batch(torch.arange(4))])
+    assert result.stepped is True and c.precision.skipped_steps == 0
+    assert dataclasses.replace(c, cuda_graphs=True).precision is c.precision
+    fp32 = _components()
+    assert fp32.precision.name == "fp32" and fp32.scaler is None and fp32.autocast_dtype is None
+    fields = {f.name: getattr(fp32, f.name) for f in dataclasses.fields(Components) if f.name != "precision"}
+    older = Components(**fields, scaler=None, autocast_dtype=torch.bfloat16)
+    assert older.precision.name == "bf16" and older.scaler is None
+    scaler = GradScaler("cpu")
+    older = Components(**fields, scaler=scaler, autocast_dtype=torch.float16)
+    assert older.precision.name == "fp16" and older.scaler is scaler
+    assert Components(**fields).precision.name == "fp32"
+    with pytest.raises(ValueError, match="Components takes precision, or the older scaler and autocast_dtype"):
+        Components(**fields, precision=fp32.precision, autocast_dtype=torch.bfloat16)
+    with pytest.raises(AttributeError):
+        fp32.scaler = scaler

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from clorch.amp.mixed_precision import MixedPrecision
 from clorch.amp.scaler import GradScaler
 from clorch.distributed.groups import check_group_joined, is_initialized, world_size
 from clorch.nn.parallel.comm_hooks import HookReducer
@@ -305,10 +306,27 @@ class DistributedDataParallel(TorchDDPInterface):
         """Step the optimizer (through `scaler`: step and update) and zero the gradients.
 
         Call it on every rank after each synchronized backward; the averages
-        are already in `.grad`. With a scaler it is a collective (the scaler's
-        found-inf all-reduce) and, unless the optimizer is fused on CUDA (the
-        skip then stays on the device), one host read; without one it is local. For the optimizer handed to `step_in_backward`, backward
+        are already in `.grad`. With a scaler it is a collective: the
+        scaler's found-inf all-reduce, which every rank must reach once per
+        step (with gloo it blocks until every rank has; with NCCL it is
+        ordered on the current stream), then, unless the optimizer is fused
+        Adam or AdamW on CUDA (the skip then stays on the device), one host
+        read of the flag, which waits for the all-reduce. Without a scaler it
+        is local. For the optimizer handed to `step_in_backward`, backward
         already stepped: this only zeroes the gradients.
+
+        With a clorch `GradScaler` and an optimizer that holds exactly this
+        model's trainable parameters, the gradients are unscaled through the
+        buckets they view (`GradScaler.unscale_flat_`), unless they were
+        already unscaled this step (`scaler.unscale_(optimizer)` before
+        clipping, say).
+
+        Args:
+            optimizer: the optimizer to step.
+            scaler: None; a `clorch.amp.GradScaler` (or any scaler with
+                torch.amp.GradScaler's `step` and `update`); or a
+                `clorch.amp.MixedPrecision`, whose scaler is used (none for
+                fp32 and bf16).
 
         Returns:
             True when the optimizer stepped, False when the scaler skipped it
@@ -318,7 +336,12 @@ class DistributedDataParallel(TorchDDPInterface):
             TypeError: optimizer has no step(), or scaler has no step().
             ValueError: no synchronized backward ran since the last step, or
                 a scaler with an optimizer that steps in backward.
+            ScalerStateError: the scaler already stepped this optimizer since its last update().
+            RuntimeError: the found-inf all-reduce failed (a rank died, the group timed
+                out: the backend's RuntimeError or DistBackendError).
         """
+        if isinstance(scaler, MixedPrecision):
+            scaler = scaler.scaler
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if scaler is not None and not callable(getattr(scaler, "step", None)):
@@ -335,9 +358,10 @@ class DistributedDataParallel(TorchDDPInterface):
             optimizer.step()
             stepped = True
         else:
-            if reducer is not None and isinstance(scaler, GradScaler) and self._optimizer_covers(optimizer):
+            if (reducer is not None and isinstance(scaler, GradScaler) and not scaler.is_unscaled(optimizer)
+                    and self._optimizer_covers(optimizer)):
                 # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
-                scaler._unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
+                scaler.unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
             stepped = scaler.step(optimizer)  # a device tensor when the scaler decided on the device
             scaler.update()
         if reducer is not None:
