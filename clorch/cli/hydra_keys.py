@@ -36,7 +36,7 @@ ALLOWED_CHOICES = {
 # What clorch (and Hydra, for clorch) writes into a run or sweep directory.
 RUN_FILES = {".hydra", "config.yaml", "env.json", "logs", "metrics.jsonl", "events.jsonl", "summary.json", "checkpoints",
              "loss.png", "clorch-train.log", "tensorboard", ".submitit", "multirun.yaml",
-             "sweep_summary.csv", "sweep_summary.md"}
+             "sweep_summary.csv", "sweep_summary.md", "preflight.json"}
 
 
 def _parts(arg: str) -> tuple[str, str, bool]:
@@ -93,8 +93,9 @@ def _foreign(directory: Path) -> list[str]:
     """Entries of an existing directory that clorch did not write (numbered trial dirs are ours)."""
     return sorted(p.name for p in directory.iterdir()
                   if p.name not in RUN_FILES and not p.name.isdigit()
-                  # (.clorch-probe-*: another launch checking, a moment ago, that it can write here)
-                  and not p.name.startswith((".rank0_result", ".clorch-probe-")))
+                  # (.clorch-probe-*: another launch checking, a moment ago, that it can write here;
+                  # .plan-*: the launch plan of a node running launcher=torchrun)
+                  and not p.name.startswith((".rank0_result", ".clorch-probe-", ".plan-")))
 
 
 def directory_error(key: str, value: str) -> str | None:
