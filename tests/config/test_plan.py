@@ -17,9 +17,10 @@ from clorch.config.plan import Plan, for_world_size, read_plan, resolve, write_p
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
 
-# Counts the door's config checks in the launching process, then runs clorch-train or run_local.
+# Counts the door's config checks in the launching process while it runs each command in turn
+# (clorch-train's train_main, or run_local), one interpreter for all of them.
 _COUNTING = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import clorch.config.plan as door
     calls = []
     original = door.checked_partial
@@ -27,52 +28,51 @@ _COUNTING = textwrap.dedent("""
         calls.append(1)
         return original(values)
     door.checked_partial = counted
-    mode, args = sys.argv[1], sys.argv[2:]
-    if mode == "cli":
-        from clorch.cli import train_main
-        code = train_main(args)
-    else:
-        import clorch
-        clorch.run_local(recipe="cpu_smoke", max_steps=2, progress="off", **json.loads(args[0]))
-        code = 0
-    print("CHECKS", len(calls), "EXIT", code)
+    for mode, args, where in json.loads(sys.argv[1]):
+        os.makedirs(where, exist_ok=True)
+        os.chdir(where)
+        calls.clear()
+        if mode == "cli":
+            from clorch.cli import train_main
+            code = train_main(args)
+        else:
+            import clorch
+            clorch.run_local(recipe="cpu_smoke", max_steps=2, progress="off")
+            code = 0
+        print("CHECKS", where, len(calls), code, flush=True)
 """)
 
 
-def _count(tmp_path: Path, mode: str, *args: str) -> tuple[int, int, str]:
+def _count(tmp_path: Path, commands: dict[str, tuple[str, list[str]]]) -> dict[str, tuple[int, int]]:
+    """{name: (checks, exit status)} for each command, run in tmp_path/name."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", _COUNTING, mode, *args], cwd=tmp_path, env=env,
+    plan = [(mode, args, str(tmp_path / name)) for name, (mode, args) in commands.items()]
+    done = subprocess.run([sys.executable, "-c", _COUNTING, json.dumps(plan)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=280)
-    line = [ln for ln in done.stdout.splitlines() if ln.startswith("CHECKS")]
-    assert line, done.stdout + done.stderr
-    _, checks, _, code = line[-1].split()
-    return int(checks), int(code), done.stdout + done.stderr
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("CHECKS"):
+            _, where, checks, code = line.split()
+            found[Path(where).name] = (int(checks), int(code))
+    assert set(found) == set(commands), done.stdout + done.stderr
+    return found
 
 
-def test_a_single_run_is_checked_once(tmp_path):
-    checks, code, out = _count(tmp_path, "cli", "+recipe=cpu_smoke", "max_steps=2")
-    assert (checks, code) == (1, 0), out
-
-
-def test_a_sweep_checks_each_run_once(tmp_path):
-    checks, code, out = _count(tmp_path, "cli", "-m", "+recipe=cpu_smoke", "max_steps=2", "seed=1,2")
-    assert (checks, code) == (2, 0), out
-    assert len(list((tmp_path / "multirun").glob("*/*/[01]/summary.json"))) == 2
-
-
-def test_launcher_torchrun_checks_once_and_its_ranks_read_the_plan(tmp_path):
-    checks, code, out = _count(tmp_path, "cli", "+recipe=cpu_smoke", "max_steps=2", "launcher=torchrun",
-                               "launcher.rdzv_endpoint=127.0.0.1:0")
-    assert (checks, code) == (1, 0), out
-    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+def test_every_entry_mode_checks_the_config_once(tmp_path):
+    counted = _count(tmp_path, {
+        "single": ("cli", ["+recipe=cpu_smoke", "max_steps=2"]),
+        "sweep": ("cli", ["-m", "+recipe=cpu_smoke", "max_steps=2", "seed=1,2"]),
+        "torchrun": ("cli", ["+recipe=cpu_smoke", "max_steps=2", "launcher=torchrun",
+                             "launcher.rdzv_endpoint=127.0.0.1:0"]),
+        "run_local": ("run_local", []),
+    })
+    # A sweep's jobs take the plans checked before it started; torchrun's ranks read the plan file.
+    assert counted == {"single": (1, 0), "sweep": (2, 0), "torchrun": (1, 0), "run_local": (1, 0)}
+    assert len(list((tmp_path / "sweep" / "multirun").glob("*/*/[01]/summary.json"))) == 2
+    (run_dir,) = list((tmp_path / "torchrun" / "outputs").glob("*/*"))
     assert not list(run_dir.glob(".plan-*.json"))  # the plan file is gone with the job
-
-
-def test_run_local_checks_once(tmp_path):
-    checks, code, out = _count(tmp_path, "run_local", json.dumps({}))
-    assert (checks, code) == (1, 0), out
 
 
 def test_execute_takes_only_a_plan(tmp_path):

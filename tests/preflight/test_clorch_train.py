@@ -13,19 +13,22 @@ from tests.clirunner import run_clorch_train
 pytestmark = pytest.mark.timeout(240)
 
 
-def _run(tmp_path, *args):
-    done = run_clorch_train(["+recipe=cpu_smoke", "logger.progress=off", "hydra.run.dir=run", *args], tmp_path)
+def _run(tmp_path, *args, recipe="cpu_smoke"):
+    done = run_clorch_train([f"+recipe={recipe}", "logger.progress=off", "hydra.run.dir=run", *args], tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     return done, summary
 
 
 def test_preflight_only_checks_and_exits_0_with_the_table(tmp_path):
-    done, summary = _run(tmp_path, "preflight=only", "preflight.slow_ratio=0")
+    # A GPT on arithmetic: the model is counted on the meta device, its data's sizes on the host
+    # (the task draws its pairs).
+    done, summary = _run(tmp_path, "preflight=only", "preflight.slow_ratio=0", recipe="gpt_bf16")
     assert done.returncode == 0, done.stderr
     assert "clorch: preflight only, 2 CPU rank(s)" in done.stdout
     assert "GEMM TFLOP/s" in done.stdout and "preflight passed on 2 rank(s)" in done.stdout
     assert summary["status"] == "succeeded" and summary["steps"] == 0
     assert summary["preflight"]["passed"] and len(summary["preflight"]["ranks"]) == 2
+    assert summary["preflight"]["estimate"]["model_params"] > 100_000
     record = json.loads((tmp_path / "run" / "preflight.json").read_text())
     assert record["passed"] and record["table"] == summary["preflight"]["table"]
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or "train" not in \
@@ -59,11 +62,3 @@ def test_auto_checks_the_machines_of_a_job_on_more_than_one_node():
                            "preflight=false"]))
     assert off.preflight == "false"
 
-
-def test_the_estimate_sizes_a_gpt_whose_data_draws_its_samples(tmp_path):
-    """The model is counted on the meta device, its data's sizes on the host (arithmetic draws pairs)."""
-    done = run_clorch_train(["+recipe=gpt_bf16", "preflight=only", "preflight.slow_ratio=0",
-                             "logger.progress=off", "hydra.run.dir=run"], tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    estimate = json.loads((tmp_path / "run" / "preflight.json").read_text())["estimate"]
-    assert estimate["model_params"] > 100_000, estimate
