@@ -18,13 +18,11 @@ import os
 
 import numpy as np
 import torch
-from torch import nn
 
 from clorch.data.base import (
-    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, count_like,
-    generator,
+    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, generator,
 )
-from clorch.data.text import lm_per_sample_loss
+from clorch.data.text import ByteTextTask
 
 _TRAIN, _EVAL = 3, 4
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
@@ -196,15 +194,9 @@ class TokenFileTask:
         windows = torch.from_numpy(self.tokens[rows].astype(np.int64))
         return {"input": windows[:, :-1], "target": windows[:, 1:]}
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) over the batch."""
-        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=self.compile_loss).mean()
-
-    @torch.no_grad()
-    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`loss_sum` (per-window mean cross-entropy, summed) and `count`, 0-d float64."""
-        per_sample = lm_per_sample_loss(model(batch["input"]), batch["target"])
-        return {"loss_sum": per_sample.sum(dtype=torch.float64), "count": count_like(per_sample)}
+    # Next-token cross-entropy, in training and summed for an exact eval: the byte-level task's own.
+    loss = ByteTextTask.loss
+    eval_sums = ByteTextTask.eval_sums
 
     @staticmethod
     def derived_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -66,17 +66,23 @@ def _running_with(text: str) -> list[int]:
     return found
 
 
+def _two_nodes(args: list[str], cwd: Path) -> list[str]:
+    """Start `args` twice, as two nodes; both must exit 0. Returns their outputs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=200)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    return outputs
+
+
 def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
     """Two `clorch-train launcher=torchrun` processes as two nodes, one rank each, sharing a run directory."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "data.sample_count=64", "launcher=torchrun",
             "launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={_endpoint()}",
             "launcher.rdzv_id=two", f"hydra.run.dir={run_dir}", "preflight=false"]  # the machines' check, the default on more than one node, is tested in tests/preflight
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(2)]
-    outputs = [node.communicate(timeout=200)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs
+    _two_nodes(args, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["launcher"] == "torchrun"
     local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, progress="off")
@@ -89,11 +95,7 @@ def test_two_nodes_run_preflight_only_and_check_each_other(tmp_path):
     args = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "launcher=torchrun", "launcher.nnodes=2",
             "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={_endpoint()}", "launcher.rdzv_id=pf",
             f"hydra.run.dir={run_dir}", "preflight=only", "preflight.slow_ratio=0"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(2)]
-    outputs = [node.communicate(timeout=200)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs
+    outputs = _two_nodes(args, tmp_path)
     record = json.loads((run_dir / "preflight.json").read_text())
     assert record["passed"] and [row["rank"] for row in record["ranks"]] == [0, 1]
     assert "preflight passed on 2 rank(s)" in "".join(outputs)
