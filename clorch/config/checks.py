@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import inspect
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,8 +18,11 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import schema
-from clorch.config.fields import check_section, did_you_mean, non_finite
-from clorch.config.targets import check_target, find_targets, resolve_target, trusted_module_errors
+from clorch.config.fields import check_section, did_you_mean
+from clorch.config import user_code
+from clorch.config.targets import check_target, find_targets, trusted_module_errors
+from clorch.config.user_code import TARGET_KEYS, target_section_errors
+from clorch.trackers import missing_extras
 from clorch.env import restart_count
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt", "tokens": "gpt"}
@@ -84,8 +86,8 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
                           if group in cfg else f"{group} is missing: choose one of "
                           f"{', '.join(sorted(schema.OPTIONS[group]))} ({group}=OPTION)")
             return
-        if group == "model" and "_target_" in values:
-            errors += _user_model_errors(values)
+        if group in schema.TARGET_SCHEMAS and "_target_" in values:
+            errors += target_section_errors(group, values)
             return
         if group in schema.TARGET_GROUPS and values.get("name") == schema.CUSTOM:
             errors.append(f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
@@ -121,41 +123,20 @@ def _group_keys_named(key: str) -> list[str]:
             if any(key in {f.name for f in dataclasses.fields(type(o))} for o in options.values())]
 
 
-def _user_model_errors(values: Mapping[str, Any]) -> list[str]:
-    """A model with `_target_`: its other keys are the target's keyword arguments.
-
-    `name` is ignored; null values are left out (the data fills its sizes), as
-    clorch.engine.components.build_raw_model does.
-    """
-    errors = [f"model.{k} must be a finite number, got {v!r}" for k, v in values.items() if non_finite(v)]
-    target = values["_target_"]
-    if check_target("model._target_", target):
-        return errors  # reported by _target_errors
-    try:
-        parameters = inspect.signature(resolve_target(target)).parameters.values()
-    except (TypeError, ValueError):
-        return errors  # no signature to check against (a builtin)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return errors
-    names = [p.name for p in parameters
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    for key, value in values.items():
-        if key not in ("_target_", "name") and value is not None and key not in names:
-            errors.append(f"model.{key}={value!r} is not an argument of model._target_={target}; "
-                          f"its arguments: {', '.join(names)} (remove it with ~model.{key})")
-    return errors
-
-
-def _target_errors(cfg: Mapping[str, Any]) -> list[str]:
-    """The allow-list for model._target_; a `_target_` anywhere else is an error."""
-    errors = trusted_module_errors()
+def _target_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
+    """(the allow-list's errors for the `_target_` keys clorch honours, and an error for a
+    `_target_` anywhere else; the groups whose target was refused, which are never imported)."""
+    errors, refused = trusted_module_errors(), set()
     for where, target in find_targets(cfg):
-        if where == "model._target_":
-            errors += check_target(where, target)
+        if where in TARGET_KEYS:
+            found = check_target(where, target)
+            errors += found
+            if found:
+                refused.add(where.split(".")[0])
         else:
-            errors.append(f"{where} is not supported: only model._target_ is honoured "
+            errors.append(f"{where} is not supported: only {', '.join(TARGET_KEYS)} are honoured "
                           f"(got {where}={target!r}; remove it)")
-    return errors
+    return errors, refused
 
 
 def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
@@ -197,6 +178,9 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
                       f"at every forward, so gradients cannot accumulate over micro-batches (got "
                       f"accumulation={cfg.accumulation}): use accumulation=1, or compile_mode=default or "
                       "max-autotune-no-cudagraphs")
+    errors += user_code.cross_errors(cfg)
+    if cfg.logger is not None:
+        errors += [f"logger.trackers: {e}" for e in missing_extras(cfg.logger.trackers)]
     if cfg.logger is not None and cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
         errors.append("logger=tensorboard needs the tensorboard package: "
                       "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "
@@ -335,10 +319,9 @@ def checked_partial(cfg: DictConfig | Mapping[str, Any]) -> tuple[Any, list[str]
     except ConfigError as exc:
         return None, exc.errors
     errors, bad = _group_errors(values)
-    target_errors = _target_errors(values)
-    if target_errors:
-        errors += target_errors
-        bad.add("model")  # a refused _target_ is never imported
+    target_errors, refused = _target_errors(values)
+    errors += target_errors
+    bad |= refused  # a refused _target_ is never imported
     typed = partial_config(values, bad)
     errors += _cross_errors(typed)
     return typed, errors

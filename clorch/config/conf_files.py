@@ -28,6 +28,8 @@ import yaml
 
 from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
 
+CUSTOM_EXAMPLES = {"model": "my_pkg.Net", "data": "my_pkg.data.Shapes", "loss": "my_pkg.losses.focal",
+                   "step": "my_pkg.train.step"}
 TOP = "top"  # conf/top.yaml, first in config.yaml's defaults list
 _EDIT_HINT = "# Written from {where}: edit that dataclass, then run python -m clorch.config.conf_files"
 
@@ -44,9 +46,9 @@ def rendered() -> dict[str, str]:
             files[f"{group}/{name}.yaml"] = _render(values)
     for group in TARGET_GROUPS:
         files[f"{group}/{CUSTOM}.yaml"] = (
-            f"# Your own class: {group}._target_=my_pkg.Net plus its keyword arguments selects this\n"
-            f"# option (a target outside clorch, torch.nn and torch.optim must be trusted with\n"
-            f"# CLORCH_TRUSTED_MODULES). It has no keys of its own.\nname: {CUSTOM}\n")
+            f"# Your own code: {group}._target_={CUSTOM_EXAMPLES[group]} plus its keyword arguments\n"
+            f"# selects this option (a target outside clorch, torch.nn and torch.optim must be trusted\n"
+            f"# with CLORCH_TRUSTED_MODULES). It has no keys of its own.\nname: {CUSTOM}\n")
     return files
 
 

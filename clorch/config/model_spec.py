@@ -11,12 +11,8 @@ import inspect
 from dataclasses import asdict
 from typing import Any, Callable
 
-from clorch.config.schema import TargetModelConfig, TrainConfig
-
-
-def data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The data section's keys other than `name`: the task builder's keyword arguments."""
-    return {k: v for k, v in asdict(cfg.data).items() if k != "name"}
+from clorch.config.data_spec import data_kwargs, model_sizes_of
+from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
 
 
 def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -28,7 +24,7 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
     """
     model = cfg.model
     given = model.kwargs if isinstance(model, TargetModelConfig) \
-        else {k: v for k, v in asdict(model).items() if k != "name"}
+        else {k: v for k, v in asdict(model).items() if k != "name" and k not in MODEL_LOAD_KEYS}
     given = {k: v for k, v in given.items() if v is not None}
     if isinstance(model, TargetModelConfig):
         from clorch.config.targets import resolve_target
@@ -45,14 +41,12 @@ def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) 
 
     Args:
         data_sizes: the data's sizes (a task's `model_kwargs()`); None reads them from the
-            data's config without building the data (clorch.data.tasks.model_sizes).
+            data's config (clorch.config.data_spec.model_sizes_of).
     """
     import torch  # lazy: the config package is imported by clorch-train --help
 
     if data_sizes is None:
-        from clorch.data.tasks import model_sizes
-
-        data_sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))
+        data_sizes = model_sizes_of(cfg)
     build, kwargs = model_call(cfg, data_sizes)
     torch.manual_seed(cfg.seed)
     return build(**kwargs)

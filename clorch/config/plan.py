@@ -33,7 +33,8 @@ from typing import Any, Iterator, Mapping
 from omegaconf import DictConfig
 
 from clorch.config.checks import ConfigError, checked_partial, complete
-from clorch.config.model_spec import data_kwargs
+from clorch.config.data_spec import is_user_data, split_sizes
+from clorch.config.user_checks import init_from_errors, user_data_errors
 from clorch.config.paths import with_absolute_paths
 from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, local_ranks, memory_errors,
                                        min_nodes, model_errors, node_errors, path_errors, plan_steps,
@@ -132,13 +133,23 @@ def read_plan(path: Path) -> Plan:
     return plan
 
 
+def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
+    """The data's own error as a config error, unless the checks already named its key."""
+    if is_user_data(cfg):
+        return [f"data._target_={cfg.data.target}: {exc}"]
+    message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
+    named = set(re.findall(r"data\.\w+", message))
+    if any(p.split("=")[0].split(" ")[0] in named for p in problems):
+        return []  # (a missing data.path is reported once, by the checks)
+    return [message]
+
+
 def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
     `cfg` may be a `Partial` (some sections have errors): each check runs when the
     sections it reads are valid, so that every error is reported in one go.
     """
-    from clorch.data.tasks import split_size
     from clorch.config.resume import resume_errors
 
     world = sizes = None
@@ -151,20 +162,19 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
         problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
     if complete(cfg, "top", "data"):
         try:
-            kwargs = data_kwargs(cfg)
-            sizes = (split_size(cfg.data.name, "train", cfg.seed, **kwargs),
-                     split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
+            sizes = split_sizes(cfg)
             if complete(cfg, "model"):
-                problems += model_errors(cfg) + token_file_errors(cfg)
+                problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
+                if complete(cfg, "loss", "step"):
+                    problems += user_data_errors(cfg)
                 if world is not None and not problems and external is None:
                     # (not for another launcher's ranks: free memory differs from rank to rank,
                     # and a check that stops some ranks only leaves the others waiting)
                     problems += memory_errors(cfg, nproc, backend)
         except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
-            message = f"data={cfg.data.name}: {exc}".replace("text.path", "data.path")
-            named = set(re.findall(r"data\.\w+", message))
-            if not any(p.split("=")[0].split(" ")[0] in named for p in problems):
-                problems.append(message)  # (a missing data.path is reported once, by the checks)
+            problems += _data_error(cfg, exc, problems)
+        except Exception as exc:  # a dataset of yours raised while being built
+            problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
     if complete(cfg, "checkpoint"):
         problems += path_errors(cfg, run_dir)
     if world is None or sizes is None or drop_last(cfg) is None:

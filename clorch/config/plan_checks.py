@@ -13,7 +13,7 @@ from typing import Any
 
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
-from clorch.config.model_spec import data_kwargs
+from clorch.config.data_spec import model_sizes_of
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 
 
@@ -83,11 +83,9 @@ def data_errors(cfg: TrainConfig, train: int, held_out: int, world: int) -> list
 
 def model_errors(cfg: TrainConfig) -> list[str]:
     """A GPT sized smaller than the data's samples or vocabulary."""
-    from clorch.data.tasks import model_sizes
-
     if not isinstance(cfg.model, GPTConfig):
         return []
-    needed = model_sizes(cfg.data.name, **data_kwargs(cfg))
+    needed = model_sizes_of(cfg)
     errors = []
     for key in ("seq_len", "vocab_size"):
         value = getattr(cfg.model, key)
@@ -164,10 +162,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
 
     if backend == "nccl":
         return []
-    from clorch.data.tasks import model_sizes
-
     try:
-        sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))  # on the host: a task may draw samples
+        sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
             params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
     except Exception:  # a user model that cannot be built on the meta device: not checked here

@@ -135,6 +135,7 @@ class CheckpointConfig:
     every_n_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # periodic: steps between checkpoints
     keep_last: int = field(default=2, metadata=rule(ge=1))  # periodic: how many step checkpoints to keep
     resume: str = "none"  # none | latest (newest in dir) | a checkpoint file
+    export: Literal["none", "safetensors"] = "none"  # safetensors: the final weights as model.safetensors in the run directory
 
 
 # --- model ------------------------------------------------------------------------------------
@@ -145,6 +146,8 @@ class MLPConfig:
     name: Literal["mlp"] = "mlp"
     hidden_features: int = field(default=default_of(MLP, "hidden_features"), metadata=rule(ge=1))  # hidden width
     depth: int = field(default=default_of(MLP, "depth"), metadata=rule(ge=1))  # Linear layers
+    init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
 
 
 def _gpt_default(name: str) -> Any:
@@ -165,15 +168,24 @@ class GPTConfig:
     bias: bool = _gpt_default("bias")  # biases in linear layers and layer norms
     vocab_size: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's (256 bytes)
     seq_len: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's
+    init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
+
+
+MODEL_LOAD_KEYS = ("init_from", "init_strict")
+"""Keys of every model section that clorch reads (never passed to the model's class)."""
 
 
 @dataclass
 class TargetModelConfig:
-    """A model named by `model._target_` (allow-listed); its other keys are keyword arguments."""
+    """A model named by `model._target_` (allow-listed); its other keys are keyword arguments
+    (but `init_from` and `init_strict`, which clorch reads as for the built-in models)."""
 
     target: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     name: str = "custom"
+    init_from: Optional[str] = None  # start from these weights (see MLPConfig.init_from)
+    init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -222,6 +234,54 @@ class TokensDataConfig:
     header: Literal["auto", "none", "llmc"] = default_of(TokenFiles, "header")  # auto: llm.c's 256-int32 header when its magic is there
     sample_count: Optional[int] = field(default=default_of(TokenFiles, "sample_count"), metadata=rule(ge=1))  # windows; null: every non-overlapping window
     eval_fraction: float = field(default=default_of(TokenFiles, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail without eval_path
+
+
+@dataclass
+class TargetDataConfig:
+    """Your own map-style torch Dataset, named by `data._target_` (trusted like a model).
+
+    The section's keys below are clorch's (how the data is split and loaded); every
+    other key is a keyword argument of the dataset's class.
+    """
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = "custom"
+    eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out tail when the class takes no `split` argument
+    collate_fn: Optional[dict[str, Any]] = None  # {_target_: my_pkg.collate}: merges items into a batch; null: torch's default_collate
+    num_workers: int = field(default=0, metadata=rule(ge=0))  # DataLoader worker processes per rank; 0 loads in the rank
+    pin_memory: Optional[bool] = None  # page-locked host batches; null: on CUDA
+    persistent_workers: bool = False  # keep the workers between epochs (num_workers > 0)
+    prefetch_factor: Optional[int] = field(default=None, metadata=rule(ge=1))  # batches each worker loads ahead; null: torch's (2)
+
+
+DATA_LOADER_KEYS = tuple(f.name for f in dataclasses.fields(TargetDataConfig)
+                         if f.name not in ("target", "kwargs", "name"))
+"""Keys of a `data._target_` section that clorch reads; the others go to the dataset's class."""
+
+
+# --- loss and step ----------------------------------------------------------------------------
+@dataclass
+class LossConfig:
+    """The training loss: the data's own (auto), or a torch loss applied to model(input) and the target."""
+
+    name: Literal["auto", "cross_entropy", "mse"] = "auto"  # auto: the built-in data's loss; cross_entropy: integer class targets (eval adds accuracy)
+
+
+@dataclass
+class StepConfig:
+    """How a batch becomes a loss: auto runs model(input) and the loss; step._target_ names your own."""
+
+    name: Literal["auto"] = "auto"  # auto: model(input), then the loss on (output, target)
+
+
+@dataclass
+class TargetFunctionConfig:
+    """A function named by `loss._target_` or `step._target_`; its other keys are keyword arguments."""
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = "custom"
 
 
 # --- optimizer and schedule -------------------------------------------------------------------
@@ -300,13 +360,20 @@ class TorchrunLauncherConfig:
     collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
 
 
+TRACKERS = ("mlflow", "wandb")
+
+
 @dataclass
 class LoggerConfig:
-    """metrics.jsonl from rank 0 (always written); TensorBoard event files optionally."""
+    """metrics.jsonl from rank 0 (always written); TensorBoard event files and experiment trackers optionally."""
 
-    name: Literal["jsonl", "tensorboard"] = "jsonl"
+    name: Literal["jsonl", "tensorboard", "mlflow", "wandb"] = "jsonl"
     tensorboard: bool = False  # also write TensorBoard event files (needs the tensorboard extra)
     progress: Literal["auto", "bar", "lines", "off"] = "auto"  # auto: a bar on a terminal, else lines
+    trackers: list[Literal[TRACKERS]] = field(default_factory=list)  # experiment trackers the run's metrics go to: mlflow, wandb
+    experiment: str = "clorch"  # the MLflow experiment, and the W&B project
+    tracking_uri: Optional[str] = None  # MLflow's store or server; null: a file store mlruns/ beside the run directories
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # W&B: auto is online when logged in, else offline
 
 
 # --- the top level ----------------------------------------------------------------------------
@@ -346,8 +413,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "optim": {"adamw": AdamWConfig(), "sgd": SGDConfig()},
     "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
     "launcher": {"local": LocalLauncherConfig(), "torchrun": TorchrunLauncherConfig()},
-    "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True)},
+    "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True),
+               "mlflow": LoggerConfig(name="mlflow", trackers=["mlflow"]),
+               "wandb": LoggerConfig(name="wandb", trackers=["wandb"])},
     "preflight": {"default": PreflightConfig()},
+    "loss": {"auto": LossConfig(), "cross_entropy": LossConfig(name="cross_entropy"), "mse": LossConfig(name="mse")},
+    "step": {"auto": StepConfig()},
 }
 """Config group -> option name -> that option's values (an instance of its schema)."""
 
@@ -355,11 +426,12 @@ BACKENDS = ("auto", "gloo", "nccl")
 """The `backend` group's options: each sets the top-level `backend` key."""
 
 CUSTOM = "custom"
-TARGET_GROUPS = ("model",)
-"""Groups whose section may name the user's own class with `_target_`: setting it selects the
-option `custom` (no built-in keys), so the section holds just the target and its arguments."""
+TARGET_GROUPS = ("model", "data", "loss", "step")
+"""Groups whose section may name the user's own class or function with `_target_`: setting it
+selects the option `custom` (no built-in keys), so the section holds just the target and its
+arguments (and, for model and data, the keys clorch reads: MODEL_LOAD_KEYS, DATA_LOADER_KEYS)."""
 
-SHORTHAND = {"preflight": "mode"}
+SHORTHAND = {"preflight": "mode", "loss": "name"}
 """Sections whose one key may be given as the section's value: `preflight=only` (or a recipe's
 `preflight: only`) is `preflight.mode=only`, as a user of the option expects to write it."""
 
@@ -375,7 +447,7 @@ def option_schemas(group: str) -> dict[str, type]:
 # --- the whole config, as the engine reads it ---------------------------------------------------
 PrecisionOption = Union[FP32Config, BF16Config, FP16Config]
 ModelOption = Union[MLPConfig, GPTConfig, TargetModelConfig]
-DataOption = Union[SyntheticDataConfig, ArithmeticDataConfig, TextDataConfig, TokensDataConfig]
+DataOption = Union[SyntheticDataConfig, ArithmeticDataConfig, TextDataConfig, TokensDataConfig, TargetDataConfig]
 OptimOption = Union[AdamWConfig, SGDConfig]
 ScheduleOption = Union[ConstantScheduleConfig, CosineScheduleConfig]
 
@@ -395,6 +467,8 @@ class TrainConfig(TopConfig):
     launcher: Union[LocalLauncherConfig, TorchrunLauncherConfig] = field(default_factory=LocalLauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    loss: Union[LossConfig, TargetFunctionConfig] = field(default_factory=LossConfig)
+    step: Union[StepConfig, TargetFunctionConfig] = field(default_factory=StepConfig)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
@@ -410,18 +484,34 @@ class TrainConfig(TopConfig):
     def to_dict(self) -> dict[str, Any]:
         """Plain containers again (what `from_dict` takes; `_target_` for a target model)."""
         out = dataclasses.asdict(self)
-        if isinstance(self.model, TargetModelConfig):
-            out["model"] = {"_target_": self.model.target, **self.model.kwargs}
+        for group in TARGET_GROUPS:
+            section = getattr(self, group)
+            if hasattr(section, "target"):
+                own = {k: v for k, v in dataclasses.asdict(section).items()
+                       if k not in ("target", "kwargs", "name")}
+                out[group] = {"_target_": section.target, **section.kwargs, **own}
         return out
 
 
+TARGET_SCHEMAS = {"model": TargetModelConfig, "data": TargetDataConfig, "loss": TargetFunctionConfig,
+                  "step": TargetFunctionConfig}
+"""The schema of a group's section when it names `_target_`."""
+
+
+def target_section(group: str, values: dict[str, Any]) -> Any:
+    """A `_target_` section as its dataclass: clorch's own keys as fields, the rest as kwargs."""
+    cls = TARGET_SCHEMAS[group]
+    own = {f.name for f in dataclasses.fields(cls)} - {"target", "kwargs", "name"}
+    kwargs = {k: v for k, v in values.items() if k not in ("_target_", "name") and k not in own}
+    return cls(target=values["_target_"], kwargs=kwargs, **{k: v for k, v in values.items() if k in own})
+
+
 def section_from_dict(group: str, values: dict[str, Any]) -> Any:
-    """One group's validated values as its option's dataclass (TargetModelConfig for `_target_`)."""
-    if group == "model" and "_target_" in values:
-        kwargs = {k: v for k, v in values.items() if k not in ("_target_", "name")}
-        return TargetModelConfig(target=values["_target_"], kwargs=kwargs)
+    """One group's validated values as its option's dataclass (a TARGET_SCHEMAS one for `_target_`)."""
+    if group in TARGET_SCHEMAS and "_target_" in values:
+        return target_section(group, values)
     options = OPTIONS[group]
-    values = {k: v for k, v in values.items() if k != "_target_"}  # only model's is honoured
+    values = {k: v for k, v in values.items() if k != "_target_"}  # reported by the checks elsewhere
     selector = SELECTOR.get(group, "name")
     sample = next(iter(options.values()))
     cls = type(options[values[selector]]) if hasattr(sample, selector) else type(sample)

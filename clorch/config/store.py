@@ -11,10 +11,10 @@ from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS
 
 
 def group_options(group: str) -> list[str]:
-    """The options of a config group (sorted)."""
+    """The options of a config group (sorted; `custom`, your own code, last)."""
     if group == "backend":
         return sorted(BACKENDS)
-    return sorted([*OPTIONS[group], *([CUSTOM] if group in TARGET_GROUPS else [])])
+    return [*sorted(OPTIONS[group]), *([CUSTOM] if group in TARGET_GROUPS else [])]
 
 
 def config_groups() -> list[str]:

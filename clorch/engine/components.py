@@ -104,22 +104,29 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
         else torch.device("cpu")
 
 
-def build_tasks(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The train and eval splits of `cfg.data`."""
-    from clorch.data.tasks import build_task
-    from clorch.config.model_spec import data_kwargs
+def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
+    """The train and eval splits of `cfg.data` (a dataset of yours loads for `device_type`)."""
+    from clorch.config.data_spec import build_splits
 
-    kwargs = data_kwargs(cfg)
-    train = build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs)
-    held_out = build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs)
-    return train, held_out
+    return build_splits(cfg, device_type)
 
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
-    """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`."""
+    """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`, then from the
+    weights of `model.init_from` when it names a file.
+
+    Raises:
+        ValueError: the init_from file does not fit the model (the plan checks it first).
+    """
     from clorch.config.model_spec import build_model_for
 
-    return build_model_for(cfg, task.model_kwargs())
+    model = build_model_for(cfg, task.model_kwargs())
+    path = getattr(cfg.model, "init_from", None)
+    if path is not None:
+        from clorch.checkpoint.weights import load_weights
+
+        load_weights(model, path, strict=cfg.model.init_strict)
+    return model
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -182,7 +189,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
 
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
-    task, eval_task = build_tasks(cfg)
+    task, eval_task = build_tasks(cfg, device.type)
     from clorch.data.placement import place_task
 
     for split in (task, eval_task):

@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 
 from clorch.engine.components import Components
-from clorch.engine.loop import to_device
+from clorch.engine.loop import micro_batches, to_device
 
 
 def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
     indices = torch.arange(parts.rank, len(parts.eval_task), parts.world_size)
     sums: dict[str, torch.Tensor] = {}
-    for start in range(0, indices.numel(), parts.batch_size):
-        batch = to_device(parts.eval_task.batch(indices[start:start + parts.batch_size]), parts.device,
-                          parts.pin_memory)
+    index_batches = [indices[start:start + parts.batch_size]
+                     for start in range(0, indices.numel(), parts.batch_size)]
+    for batch in micro_batches(parts.eval_task, index_batches):
+        batch = to_device(batch, parts.device, parts.pin_memory)
         with parts.autocast():
             part = parts.eval_task.eval_sums(parts.raw_model, batch)
         for key, value in part.items():

@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from clorch.data.user import batch_size_of
 from clorch.engine.components import Components, build_components
 
-__all__ = ["Components", "StepResult", "build_components", "to_device", "train_step", "fit"]
+__all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_device", "train_step", "fit"]
 
 
 @dataclass
@@ -30,16 +31,40 @@ class StepResult:
     samples: int         # samples this rank trained on in the step
 
 
-def to_device(batch: Mapping[str, torch.Tensor], device: torch.device, pin: bool) -> dict[str, torch.Tensor]:
-    """Move a batch to `device` without blocking the host (host tensors pinned first when `pin`).
+def to_device(batch: Any, device: torch.device, pin: bool) -> Any:
+    """Move a batch's tensors to `device` without blocking the host (host tensors pinned first
+    when `pin`); a batch is a tensor, or a dict, tuple or list of them (nested), as a
+    collate function makes it.
 
     A batch gathered from a task already on the device (`clorch.data.placement`)
     is passed through as it is.
     """
     if device.type == "cpu":
-        return dict(batch)
-    return {k: v if v.device.type != "cpu" else (v.pin_memory() if pin else v).to(device, non_blocking=True)
-            for k, v in batch.items()}
+        return dict(batch) if isinstance(batch, Mapping) else batch
+    return _moved(batch, device, pin)
+
+
+def _moved(value: Any, device: torch.device, pin: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            return value
+        return (value.pin_memory() if pin and not value.is_pinned() else value).to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {k: _moved(v, device, pin) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple keeps its type
+        return type(value)(*(_moved(v, device, pin) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, device, pin) for v in value)
+    return value
+
+
+def micro_batches(task: Any, index_batches: Sequence[Any], epoch: int = 0) -> Iterator[Any]:
+    """The task's batches at each index list in turn: through its own loader (a dataset of
+    yours: torch's DataLoader and its workers) when it has one, else gathered here."""
+    iterate = getattr(task, "iterate", None)
+    if iterate is not None:
+        return iterate(index_batches, epoch)
+    return (task.batch(ix) for ix in index_batches)
 
 
 def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
@@ -73,7 +98,7 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     samples = 0
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, parts.device, parts.pin_memory)
-        samples += next(iter(batch.values())).size(0)
+        samples += batch_size_of(batch)
         last = i == count - 1
         with (contextlib.nullcontext() if last else parts.model.no_sync()):
             with precision.autocast():
@@ -123,8 +148,10 @@ def fit(parts: Components, total_steps: int, state: LoopState,
         if not state.resumed:
             parts.sampler.set_epoch(state.epoch)
         state.resumed = False
-        for micro_indices in _step_chunks(parts.sampler.sample_indices(), per_step, parts.batch_size):
-            result = train_step(parts, [parts.task.batch(ix) for ix in micro_indices])
+        steps = _step_chunks(parts.sampler.sample_indices(), per_step, parts.batch_size)
+        batches = micro_batches(parts.task, [ix for micro in steps for ix in micro], state.epoch)
+        for micro_indices in steps:
+            result = train_step(parts, [next(batches) for _ in micro_indices])
             parts.sampler.advance(sum(len(ix) for ix in micro_indices))
             state.step += 1
             loss = result.loss

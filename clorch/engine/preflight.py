@@ -22,11 +22,10 @@ from clorch.engine.outputs import announce
 def _estimate(plan: Plan) -> dict[str, Any]:
     """What training this model keeps per parameter: fp32 weights (autocast computes in
     bf16/fp16 from fp32 weights), the gradients beside them, and the optimizer's buffers."""
-    from clorch.config.model_spec import data_kwargs
-    from clorch.data.tasks import model_sizes
+    from clorch.config.data_spec import model_sizes_of
 
     cfg = plan.config
-    sizes = model_sizes(cfg.data.name, **data_kwargs(cfg))  # on the host: a task may draw samples
+    sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
     optim = plan.config.optim

@@ -109,7 +109,7 @@ def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: floa
         "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
         "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
         "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
-        "trusted_modules": plan.trusted_modules,
+        "trusted_modules": plan.trusted_modules, "exported": rank0.get("exported"),
     }
     if status.get("interrupted_by"):
         summary["interrupted_by"] = status["interrupted_by"]

@@ -35,6 +35,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+EXPORT_FILE = "model.safetensors"  # checkpoint.export=safetensors, in the run directory
+
+
 class StepHooks:
     """What happens after each optimizer step: log, evaluate, checkpoint."""
 
@@ -188,6 +191,7 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         final_eval = hooks.eval(state)
         if cfg.checkpoint.policy in ("final", "periodic"):
             checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
+        exported = _export(cfg, parts, run_dir)
     finally:
         if writer is not None:
             writer.close()
@@ -204,4 +208,14 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
             "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
             "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
             "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model),
-            "preflight": preflight.summary_of(checked) if checked is not None else None}
+            "preflight": preflight.summary_of(checked) if checked is not None else None,
+            "exported": exported}
+
+
+def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
+    """Rank 0 writes the final weights for other tools (checkpoint.export); the path, or None."""
+    if cfg.checkpoint.export != "safetensors" or parts.rank != 0:
+        return None
+    from clorch.checkpoint.weights import save_safetensors
+
+    return str(save_safetensors(parts.raw_model, run_dir / EXPORT_FILE))

@@ -51,7 +51,7 @@ def test_recipes_set_what_their_names_say():
 
 def test_the_config_groups():
     assert set(config_groups()) == {"backend", "precision", "sampler", "ddp", "checkpoint", "model",
-                                    "data", "optim", "schedule", "launcher", "logger", "preflight"}
+                                    "data", "optim", "schedule", "launcher", "logger", "preflight", "loss", "step"}
 
 
 @pytest.mark.parametrize("group", ["backend", "precision", "sampler", "ddp", "checkpoint", "model",
