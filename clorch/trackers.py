@@ -6,20 +6,21 @@ the run's end through `finish`:
 
     mlflow   MlflowClient with an explicit run id (two runs in one process never share
              the fluent API's global run). The store is `tracking_uri`, else a local one
-             beside the run directories (`default_tracking_uri`): `mlflow ui
-             --backend-store-uri file:///.../outputs/mlruns` shows it (with
-             MLFLOW_ALLOW_FILE_STORE=true, see there).
+             beside outputs/ and multirun/ (`default_tracking_uri`):
+             `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri ./mlruns` shows it.
     wandb    wandb.init(mode=...): "offline" writes RUN_DIR/wandb/offline-run-*/ (upload
              later with `wandb sync RUN_DIR/wandb/offline-run-*`), "online" needs a login,
              "auto" is online when an API key is found (`resolve_wandb_mode`).
 
-Who calls: one process of the job, rank 0 (or the launching process that follows
-rank 0's metrics.jsonl); nothing here is a collective, no other rank waits on it.
+Who calls: one process of the job (clorch.engine.tracking says which: the launching
+process that follows rank 0's metrics.jsonl, or rank 0 once it has trained); nothing
+here is a collective, no rank waits on it.
 
 Failure isolation: a tracker whose call raises (a server down, a bad URI, a
 missing login) logs one warning naming the tracker and the error and is off for
 the rest of the run; `start`, `log` and `finish` never raise, so training goes on.
-A tracker's calls are synchronous: a slow server slows rank 0 at each record.
+A tracker's calls are synchronous: a slow server slows the process that calls it,
+never a training step.
 
 The packages are optional extras (`pip install 'clorch[mlflow]'`, `'clorch[wandb]'`):
 this module imports the standard library only; `missing_extras` checks them
@@ -91,11 +92,12 @@ def record_metrics(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
 
 
 def default_tracking_uri(run_dir: Path) -> str:
-    """The MLflow store for runs that name none: `mlruns/` beside the run directories.
+    """The MLflow store for runs that name none: `mlruns/` beside outputs/ and multirun/.
 
-    The store is in the first ancestor of `run_dir` named outputs/ or multirun/
+    The store is beside the first ancestor of `run_dir` named outputs/ or multirun/
     (Hydra's default roots), so every run and sweep job of a project lands in one
-    store; elsewhere in `run_dir`'s parent.
+    store; elsewhere in `run_dir`'s parent. Beside the roots, not in them: the store
+    holds copies of config.yaml and summary.json, which `clorch-runs` would list as runs.
 
     Why a file store ("file:///abs/path/mlruns"): it is the only store that
     mlflow-skinny runs without a server and without more packages. The SQLite
@@ -106,8 +108,19 @@ def default_tracking_uri(run_dir: Path) -> str:
     and MlflowClient, need it set as well).
     """
     run_dir = Path(run_dir).resolve()
-    root = next((p for p in run_dir.parents if p.name in HYDRA_ROOTS), run_dir.parent)
+    root = next((p.parent for p in run_dir.parents if p.name in HYDRA_ROOTS), run_dir.parent)
     return (root / "mlruns").as_uri()
+
+
+def run_name(run_dir: Path) -> str:
+    """The run's name in the trackers: its path below outputs/ or multirun/ ("2026-12-03/10-00-00",
+    a sweep's job "2026-12-03/10-00-00/3"), elsewhere the directory's own name.
+
+    The name says where the run directory is, as `clorch-runs ls` shows it (less the root).
+    """
+    run_dir = Path(run_dir).resolve()
+    root = next((p for p in run_dir.parents if p.name in HYDRA_ROOTS), None)
+    return run_dir.relative_to(root).as_posix() if root is not None else run_dir.name
 
 
 def missing_extras(names: Sequence[str]) -> list[str]:
@@ -210,6 +223,14 @@ class _Isolated:
             self.disabled = True
             logger.warning("%s tracker: %s failed (%s: %s); it is off for the rest of this run, "
                            "training goes on", self.name, what, type(exc).__name__, exc)
+        except KeyboardInterrupt:  # Ctrl-C, or clorch's Interrupted (SIGTERM, SIGHUP): the caller ends the run
+            if what == "start":
+                # Half open, and what made it slow (a server that does not answer) would make its
+                # later calls as slow while the interrupted run writes its outputs. A cut-short log
+                # or finish is called again instead (clorch.engine.tracking.TrackerFeed).
+                self.disabled = True
+                logger.warning("%s tracker: start interrupted; it is off for the rest of this run", self.name)
+            raise
 
     def start(self, params: dict[str, Any]) -> None:
         self._guard("start", self._start, params)

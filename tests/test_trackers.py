@@ -16,6 +16,7 @@ import pytest
 from clorch import trackers
 from clorch.trackers import (
     MLflowTracker, build_trackers, default_tracking_uri, flatten, missing_extras, resolve_wandb_mode,
+    run_name,
 )
 
 CONFIG = {"optim": {"name": "adamw", "lr": 0.003, "betas": [0.9, 0.95]}, "batch_size": 32,
@@ -51,11 +52,18 @@ def test_flatten_joins_keys_with_dots():
 
 
 def test_default_tracking_uri_is_beside_the_run_directories(tmp_path):
-    assert default_tracking_uri(tmp_path / "outputs" / "d" / "t") == (tmp_path / "outputs" / "mlruns").as_uri()
+    # Runs and sweep jobs share one store, beside outputs/ and multirun/ (not in them).
+    assert default_tracking_uri(tmp_path / "outputs" / "d" / "t") == (tmp_path / "mlruns").as_uri()
     sweep_job = tmp_path / "multirun" / "d" / "t" / "3"
-    assert default_tracking_uri(sweep_job) == (tmp_path / "multirun" / "mlruns").as_uri()
+    assert default_tracking_uri(sweep_job) == (tmp_path / "mlruns").as_uri()
     assert default_tracking_uri(tmp_path / "runs" / "r1") == (tmp_path / "runs" / "mlruns").as_uri()
     assert default_tracking_uri(tmp_path / "outputs").startswith("file:///")
+
+
+def test_run_name_is_the_path_below_the_root(tmp_path):
+    assert run_name(tmp_path / "outputs" / "2026-12-03" / "10-00-00") == "2026-12-03/10-00-00"
+    assert run_name(tmp_path / "multirun" / "2026-12-03" / "10-00-00" / "3") == "2026-12-03/10-00-00/3"
+    assert run_name(tmp_path / "runs" / "r1") == "r1"
 
 
 def test_missing_extras_names_the_pip_line(monkeypatch):
@@ -174,6 +182,25 @@ def test_a_failure_midway_turns_the_tracker_off(tmp_path, monkeypatch, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "mlflow tracker: log failed (ConnectionError: server went away); it is off for the rest of this "
         "run, training goes on"]
+
+
+@pytest.mark.timeout(10)
+def test_an_interrupted_start_turns_the_tracker_off_an_interrupted_log_does_not(tmp_path, monkeypatch, caplog):
+    (tracker,) = build_trackers(["mlflow"], _run_dir(tmp_path), **_kwargs())
+
+    def interrupted(*args):
+        raise KeyboardInterrupt  # what clorch's Interrupted (SIGINT, SIGTERM, SIGHUP) is
+
+    monkeypatch.setattr(tracker, "_log", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tracker.log(RECORDS[0])
+    assert not tracker.disabled  # the record is sent again with the next call
+    monkeypatch.setattr(tracker, "_start", interrupted)
+    with caplog.at_level(logging.WARNING, logger="clorch.trackers"), pytest.raises(KeyboardInterrupt):
+        tracker.start(CONFIG)
+    assert tracker.disabled
+    assert [r.getMessage() for r in caplog.records] == [
+        "mlflow tracker: start interrupted; it is off for the rest of this run"]
 
 
 @pytest.fixture

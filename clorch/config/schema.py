@@ -372,7 +372,7 @@ class LoggerConfig:
     progress: Literal["auto", "bar", "lines", "off"] = "auto"  # auto: a bar on a terminal, else lines
     trackers: list[Literal[TRACKERS]] = field(default_factory=list)  # experiment trackers the run's metrics go to: mlflow, wandb
     experiment: str = "clorch"  # the MLflow experiment, and the W&B project
-    tracking_uri: Optional[str] = None  # MLflow's store or server; null: a file store mlruns/ beside the run directories
+    tracking_uri: Optional[str] = None  # MLflow's store or server; null: a file store mlruns/ beside outputs/ and multirun/
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # W&B: auto is online when logged in, else offline
 
 
@@ -486,9 +486,10 @@ class TrainConfig(TopConfig):
         out = dataclasses.asdict(self)
         for group in TARGET_GROUPS:
             section = getattr(self, group)
-            if hasattr(section, "target"):
+            if hasattr(section, "target"):  # clorch's own keys only where they differ from the default
+                defaults = {f.name: f.default for f in dataclasses.fields(section)}
                 own = {k: v for k, v in dataclasses.asdict(section).items()
-                       if k not in ("target", "kwargs", "name")}
+                       if k not in ("target", "kwargs", "name") and v != defaults[k]}
                 out[group] = {"_target_": section.target, **section.kwargs, **own}
         return out
 

@@ -7,8 +7,10 @@ launcher's variables and trains as its rank; nothing is spawned. The run
 directory must be the same path on every node (a shared filesystem, as for
 checkpoints): `outputs/<launcher>-<run id>` unless `hydra.run.dir` names one.
 Rank 0 writes config.yaml, env.json (which launcher ran the job), metrics.jsonl
-and summary.json. A restart by the agent (torchrun --max-restarts) resumes
-from the latest checkpoint in that directory, as clorch's own restarts do.
+and summary.json, then sends the run to its experiment trackers (logger.trackers;
+a job that succeeded only: the launcher ends a failing job's ranks first). A restart
+by the agent (torchrun --max-restarts) resumes from the latest checkpoint in that
+directory, as clorch's own restarts do.
 A failing rank exits non-zero; the external launcher then ends the others.
 """
 
@@ -141,6 +143,10 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
         summary["launcher"] = rank.launcher
         write_summary(run_dir, summary, plot=False)
         print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
+        from clorch.engine.tracking import feed_at_end
+
+        # After training, from metrics.jsonl: no tracker call ever waits inside a training step.
+        feed_at_end(plan, run_dir, summary["status"])
     return 0
 
 

@@ -7,6 +7,11 @@ progress=off. Events (events.jsonl: a resume, a restart) appear as
 `clorch: ...` lines. A run resumed from another run's checkpoint starts
 metrics.jsonl with that run's records (its announcement says how many): those
 are not shown again.
+
+`poll()` also returns the records it read, each once (carried-over ones
+included, steps already returned before a restart rewrote the file left out):
+the launching process forwards them to the run's experiment trackers
+(clorch.engine.tracking), so metrics.jsonl is parsed in one place.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ def _sized_terminal(stream: Any) -> bool:
 
 
 class Progress:
-    """Follows metrics.jsonl; call `poll()` periodically and `close()` at the end."""
+    """Follows metrics.jsonl; call `poll()` periodically and `close()` at the end.
+
+    With mode "off" nothing is shown, but the files are still read (`poll` returns the records).
+    """
 
     def __init__(self, metrics_path: Path, total_steps: int, mode: str = "auto", stream: Any = None):
         self.path, self.total = metrics_path, total_steps
@@ -68,20 +76,19 @@ class Progress:
         self._offset += used
         return values
 
-    def _new_records(self, values: list[Any]) -> list[dict[str, Any]]:
-        """The records of `values` to show."""
+    def _new_records(self, values: list[Any]) -> list[tuple[dict[str, Any], bool]]:
+        """The records of `values` not returned before, each with whether it is carried over."""
         records = []
         for record in values:
             self._index += 1
-            if self._index <= self._carried:
-                continue  # announced as carried over, not trained now
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 continue
             kind = record.get("kind", "train")
             if record["step"] <= self._skip_until.get(kind, -1):
-                continue
+                continue  # returned before the restart rewrote the file
             self._shown[kind] = max(self._shown.get(kind, -1), record["step"])
-            records.append(record)
+            # Announced as carried over from an earlier run: part of this run's history, not trained now.
+            records.append((record, self._index <= self._carried))
         return records
 
     def _at_line_start(self, f: Any) -> bool:
@@ -91,10 +98,12 @@ class Progress:
         f.seek(self._offset - 1)
         return f.read(1) == b"\n"
 
-    def poll(self) -> None:
-        """Show the records written since the last call."""
-        if self.mode == "off":
-            return
+    def poll(self) -> list[dict[str, Any]]:
+        """Show the events and records written since the last call; return those records.
+
+        The records carried over from an earlier run are returned but not shown; after
+        a restart rewrote metrics.jsonl, the steps returned before are not returned again.
+        """
         messages = self._new_events()
         values = self._read_records()
         # Events again: a resume announces its carried records before writing them, so
@@ -102,10 +111,15 @@ class Progress:
         messages += self._new_events()
         for message in messages:
             self.note(message)
-        for record in self._new_records(values):
-            self._show(record)
+        records = self._new_records(values)
+        for record, carried in records:
+            if not carried:
+                self._show(record)
+        return [record for record, _ in records]
 
     def _show(self, record: dict[str, Any]) -> None:
+        if self.mode == "off":
+            return
         if self._bar is not None:
             self._bar.update(max(0, record["step"] - self._bar.n))
             shown = {k: f"{v:.4g}" for k, v in record.items()
@@ -143,10 +157,12 @@ class Progress:
                 self._carried = event["carried_records"]
         return [str(v["message"]) for v in events]
 
-    def close(self) -> None:
-        self.poll()
+    def close(self) -> list[dict[str, Any]]:
+        """Show and return what is left to read (as `poll`), and close the bar."""
+        records = self.poll()
         if self._bar is not None:
             self._bar.close()
+        return records
 
 
 def _json_lines(data: bytes) -> tuple[list[Any], int]:

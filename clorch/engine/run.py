@@ -3,6 +3,8 @@
 This is the launching process's side (the ranks run `clorch.engine.worker`).
 `execute(plan, run_dir)` is what `clorch-train` (inside its Hydra job) and
 `clorch.run_local` call with the plan `clorch.config.plan` made of the config.
+The run's experiment trackers (logger.trackers) are fed from here, from rank 0's
+metrics.jsonl (clorch.engine.tracking), never from the ranks' training step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics,
 from clorch._files import write_text_atomic
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.progress import Progress
+from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.config.plan import Plan
 
 POLL_S = 0.25
@@ -40,26 +43,30 @@ def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
                   collective_timeout=launcher.collective_timeout)
 
 
-def _follow(job: Any, progress: Progress) -> dict[str, Any]:
-    """Wait for the job, showing progress.
+def _follow(job: Any, progress: Progress, feed: TrackerFeed = NO_TRACKERS) -> dict[str, Any]:
+    """Wait for the job, showing progress and forwarding each new metrics record to `feed`'s
+    trackers (started here; the caller finishes them once the run's outputs are written).
 
     Anything that ends the wait early (Ctrl-C, an error while showing progress)
     stops the ranks before re-raising, so none keeps running unwatched.
     """
     restarts_shown, limit = 0, job.config["max_restarts"]
     try:
+        # While the ranks start (importing torch takes them longer): the records wait in
+        # metrics.jsonl meanwhile, and a signal during a slow start still stops the ranks.
+        feed.start()
         while True:
             try:
                 status = job.wait(timeout=POLL_S)
                 break
             except TimeoutError:
                 restarts_shown = _announce_restarts(job.status(), restarts_shown, limit, progress)
-                progress.poll()
+                feed.log(progress.poll())
     except BaseException:
         job.stop()
         raise
     finally:
-        progress.close()
+        feed.log(progress.close())  # the records written since the last poll
     return status
 
 
@@ -236,14 +243,23 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
         return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
     job = _launch(plan, run_dir, worker)
     mode = progress or plan.config.logger.progress
+    # Node 0's launching process hosts rank 0, which writes metrics.jsonl (the launcher's layout,
+    # SLURM's included, decides which node that is).
+    feed = tracker_feed(plan, run_dir) if job.config["node_rank"] == 0 else NO_TRACKERS
     try:
-        status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode))
+        status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode), feed)
     except Interrupted as exc:  # _follow stopped the ranks; record the run as interrupted
         status = {**job.status(), "state": "interrupted", "interrupted_by": exc.signal_name}
     summary = summarize(status, run_dir, plan, time.perf_counter() - start)
     write_summary(run_dir, summary)
+    feed.finish(summary["status"], run_dir)
     logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
     return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary, "plan": plan}
+
+
+def _one_node(nnodes: int | str) -> bool:
+    """Whether torchrun's `nnodes` (N, or "MIN:MAX") allows one node only."""
+    return str(nnodes).rpartition(":")[2].strip() == "1"
 
 
 def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> dict[str, Any]:
@@ -283,4 +299,6 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     summary["launcher"] = "torchrun"
     if status.get("results") or status["state"] != "succeeded":
         write_summary(run_dir, summary)
+    if status.get("results") or _one_node(plan.config.launcher.nnodes):
+        feed_at_end(plan, run_dir, summary["status"])  # torch's agent held this process until now
     return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary, "plan": plan}

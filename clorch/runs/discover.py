@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 from clorch.runs.records import Run, is_run_dir, is_sweep_dir
 
 DEFAULT_ROOTS = ("outputs", "multirun")
-_SKIPPED = {"logs", "checkpoints"}
+_SKIPPED = {"logs", "checkpoints", "mlruns", "wandb"}  # the trackers' stores hold copies of a run's files
 
 
 class UsageError(ValueError):

@@ -90,7 +90,7 @@ def test_help_lists_recipes_and_groups(capsys):
     # Recipes registered from a file path earlier in this process are listed too.
     assert {"cpu_smoke", "ddp_bf16", "ddp_fp16", "ddp_fp32", "gpt_bf16"} <= set(recipes[8:].split(", "))
     for group in ("precision: bf16, fp16, fp32", "checkpoint: final, none, periodic",
-                  "data: arithmetic, synthetic, text", "backend: auto, gloo, nccl"):
+                  "data: arithmetic, custom, synthetic, text", "backend: auto, gloo, nccl"):
         assert group in out
 
 

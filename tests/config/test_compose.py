@@ -18,7 +18,14 @@ PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt
             ("data", "tokens"): ["model=gpt"],
             ("model", "gpt"): ["data=arithmetic"], ("checkpoint", "periodic"): [],
             ("backend", "nccl"): [],
-            ("model", "custom"): ["++model._target_=torch.nn.Linear"]}  # custom is your own class
+            ("model", "custom"): ["++model._target_=torch.nn.Linear"],  # custom is your own class
+            ("data", "custom"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp", "loss=cross_entropy"],
+            ("loss", "cross_entropy"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
+            ("loss", "mse"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
+            ("loss", "custom"): ["++loss._target_=torch.nn.functional.cross_entropy",
+                                 "++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
+            ("step", "custom"): ["++step._target_=clorch.data.datasets.classification_step",
+                                 "++data._target_=clorch.data.datasets.Blobs", "model=mlp"]}
 
 
 def test_shipped_recipes_are_all_there():

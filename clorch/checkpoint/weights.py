@@ -1,0 +1,357 @@
+"""Model weights alone: read them from a file, check they fit a model, load them, export them.
+
+`read_weights` takes three kinds of file and tells them apart by content:
+
+    clorch checkpoint   the metadata file `save_checkpoint` wrote (JSON declaring
+                        format "clorch-checkpoint"); its archive is verified block
+                        by block before the model's tensors are taken from it
+    safetensors         by the name's `.safetensors` suffix, or by its header (an
+                        8-byte little-endian length, then a JSON object)
+    torch state dict    anything else, by `torch.load(weights_only=True)`: a
+                        state dict, or a dict holding one under "model" or "state_dict"
+
+Only tensors are read: no kind runs code from the file. A `module.` prefix on
+every key (torch DDP's state dict) is stripped, whatever the kind.
+
+`fit_errors` compares names and shapes only, so it works on a model built on
+the `meta` device, before any process starts; `load_weights` then copies the
+weights into a real model. `save_safetensors` exports a model's weights.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from clorch._files import create_exclusive
+from clorch.checkpoint import archive, atomic, metadata
+from clorch.checkpoint.errors import CheckpointError
+from clorch.nn.parallel.ddp import unwrap_model
+
+KINDS = ("a clorch checkpoint (the path given to save_checkpoint)",
+         "a torch.save'd state_dict (alone, or under a 'model' or 'state_dict' key)",
+         "a .safetensors file")
+"""The kinds of file `read_weights` accepts, as its errors name them."""
+
+_ACCEPTED = "it must be " + ", ".join(KINDS[:-1]) + " or " + KINDS[-1]
+_DDP_PREFIX = "module."
+_SHOWN = 5  # names listed per message; the count says how many there are in all
+_HEAD_BYTES = 16
+
+
+class WeightsFileNotFoundError(FileNotFoundError, ValueError):
+    """No file at the path given for weights: also a ValueError, so config checks collect it.
+
+    (`io.UnsupportedOperation` is likewise both an OSError and a ValueError.)
+    """
+
+
+def _as_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    return Path(path)
+
+
+def _head(path: Path) -> tuple[bytes, int]:
+    """The first bytes of `path` and its size; refuses what is not a regular file (a FIFO never blocks)."""
+    try:
+        fd = atomic.open_regular(path, "weights file")
+    except FileNotFoundError:
+        raise WeightsFileNotFoundError(f"no weights file at {path}") from None
+    except CheckpointError as exc:  # a directory, a FIFO, a device: never read
+        raise ValueError(str(exc)) from None
+    try:
+        return os.pread(fd, _HEAD_BYTES, 0), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _is_safetensors(path: Path, head: bytes, size: int) -> bool:
+    if path.suffix == ".safetensors":
+        return True
+    header_bytes = int.from_bytes(head[:8], "little")
+    return head[8:9] == b"{" and 2 <= header_bytes <= size - 8
+
+
+def _strip_ddp_prefix(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if weights and all(name.startswith(_DDP_PREFIX) for name in weights):
+        return {name[len(_DDP_PREFIX):]: tensor for name, tensor in weights.items()}
+    return weights
+
+
+def _read_clorch(path: Path) -> dict[str, torch.Tensor]:
+    # clorch.checkpoint.load_checkpoint would also restore RNG states and is collective:
+    # only its verified read is wanted here.
+    try:
+        body = metadata.read(path)
+        tensors = archive.read_archive(metadata.archive_path(path, body), body["archive"], path)
+    except CheckpointError as exc:
+        raise ValueError(f"cannot read the weights of clorch checkpoint {path}: {exc}") from exc
+    if not isinstance(tensors, dict) or not _is_state_dict(tensors.get("model")):
+        raise ValueError(f"cannot read the weights of clorch checkpoint {path}: its archive holds no "
+                         "'model' state dict of tensors")
+    return dict(tensors["model"])
+
+
+def _safetensors(path: Path, doing: str) -> Any:
+    """The `safetensors` package with its `torch` module, or ImportError saying how to install it."""
+    try:
+        # Imported here: it is optional; without it the two other kinds still load.
+        import safetensors.torch
+    except ImportError as exc:
+        raise ImportError(f"{doing} {path} needs the safetensors package: pip install safetensors") from exc
+    return safetensors
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    st = _safetensors(path, "reading")
+    try:
+        return st.torch.load_file(path, device="cpu")
+    except st.SafetensorError as exc:
+        raise ValueError(f"{path} is not a readable safetensors file ({exc}): {_ACCEPTED}") from None
+
+
+def _torch_load_reason(exc: Exception) -> str:
+    """One line out of torch.load's error; its weights_only message is a page long."""
+    text = str(exc).strip()
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip().split(". ", 1)[0]
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
+
+
+def _read_torch(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, MemoryError):
+        raise
+    except Exception as exc:  # arbitrary bytes make torch.load raise nearly any type; none ran code
+        hint = ""
+        if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in str(exc):
+            hint = (" (it holds pickled objects, not only tensors: a whole model saved with "
+                    "torch.save(model)? save model.state_dict() instead)")
+        raise ValueError(f"{path} is not a file of model weights: torch.load(weights_only=True) failed "
+                         f"with {_torch_load_reason(exc)}{hint}; {_ACCEPTED}") from None
+    return _state_dict_in(path, loaded)
+
+
+def _is_state_dict(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in value.items())
+
+
+def _state_dict_in(path: Path, loaded: Any) -> dict[str, torch.Tensor]:
+    """`loaded` itself when it is a state dict, else the one state dict under "model" or "state_dict"."""
+    if _is_state_dict(loaded):
+        return dict(loaded)
+    held = [key for key in ("model", "state_dict") if isinstance(loaded, Mapping)
+            and _is_state_dict(loaded.get(key))]
+    if len(held) > 1:
+        raise ValueError(f"{path} holds a state dict under both 'model' and 'state_dict': "
+                         "which one is the model's is ambiguous; save the one you mean alone")
+    if held:
+        return dict(loaded[held[0]])
+    what = f"a dict with keys {_listed([str(k) for k in loaded])}" if isinstance(loaded, Mapping) \
+        else f"a {type(loaded).__name__}"
+    raise ValueError(f"{path} is a torch.save file holding {what}, not a state dict of tensors: {_ACCEPTED}")
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model weights held in a file, on the CPU, by parameter and buffer name.
+
+    Local: not collective, any rank may call it. The file's dtypes are kept.
+    Tensors of a clorch checkpoint map its (verified) archive file rather than
+    being copied into memory; clone them to change them.
+
+    Args:
+        path: a clorch checkpoint, a torch.save'd state dict (alone or under a
+            "model" or "state_dict" key), or a safetensors file (see the module docstring).
+
+    Returns:
+        The state dict, without the `module.` prefix torch DDP puts on every key.
+
+    Raises:
+        WeightsFileNotFoundError: nothing at `path` (both a FileNotFoundError and a ValueError).
+        ValueError: `path` is not a regular file, is none of the three kinds, holds
+            pickled objects, or is a clorch checkpoint failing its integrity checks.
+        ImportError: a safetensors file, without the safetensors package installed.
+        TypeError: `path` is not a str or os.PathLike.
+    """
+    path = _as_path(path)
+    head, size = _head(path)
+    if _is_safetensors(path, head, size):
+        weights = _read_safetensors(path)
+    elif head.lstrip()[:1] == b"{":  # JSON: only clorch's metadata among the three kinds
+        if not metadata.is_checkpoint(path):
+            raise ValueError(f"{path} is a JSON file but not a clorch checkpoint: {_ACCEPTED}")
+        weights = _read_clorch(path)
+    else:
+        weights = _read_torch(path)
+    return _strip_ddp_prefix(weights)
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+
+
+def _shape_errors(key: str, expected: Mapping[str, Any], weights: Mapping[str, Any]) -> list[str]:
+    not_tensors = [f"{name} ({type(value).__name__})" for name, value in weights.items()
+                   if not isinstance(value, torch.Tensor)]
+    shapes = [f"{name} (file {tuple(value.shape)}, model {tuple(expected[name].shape)})"
+              for name, value in weights.items()
+              if name in expected and isinstance(value, torch.Tensor)
+              and isinstance(expected[name], torch.Tensor) and value.shape != expected[name].shape]
+    errors = []
+    if not_tensors:
+        errors.append(f"{key}: {len(not_tensors)} value(s) in the file are not tensors: {_listed(not_tensors)}")
+    if shapes:
+        errors.append(f"{key}: {len(shapes)} tensor(s) have another shape in the file than in the model: "
+                      f"{_listed(shapes)}")
+    return errors
+
+
+def fit_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], strict: bool = True,
+               key: str = "model.init_from") -> list[str]:
+    """Why `weights` would not load into `model`, one message per kind of problem (none: it fits).
+
+    Only names and shapes are compared, so `model` may be on the `meta`
+    device. As with torch's `load_state_dict`, `strict=False` ignores missing
+    and unexpected keys; shape mismatches are reported either way, and so is a
+    file that shares no key with the model (a non-strict load of it would
+    load nothing). Each message starts with `key`, lists up to five names and
+    says how many there are; none names the file (the caller knows it).
+
+    Args:
+        model: the model to load into (a DDP wrapper is looked through).
+        weights: a state dict, e.g. from `read_weights`.
+        strict: whether every model key must be in `weights` and every key of
+            `weights` in the model.
+        key: the config key the messages start with.
+
+    Raises:
+        TypeError: `model` is not an nn.Module, or `weights` not a mapping.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights must be a mapping of names to tensors, got {type(weights).__name__}")
+    expected = unwrap_model(model).state_dict()
+    missing = [name for name in expected if name not in weights]
+    unexpected = [str(name) for name in weights if name not in expected]
+    errors = []
+    if strict and missing:
+        errors.append(f"{key}: {len(missing)} key(s) of the model are missing from the file: {_listed(missing)}")
+    if strict and unexpected:
+        errors.append(f"{key}: {len(unexpected)} key(s) in the file are not in the model: {_listed(unexpected)}")
+    if not strict and expected and len(missing) == len(expected):
+        errors.append(f"{key}: none of the file's {len(weights)} key(s) is a key of the model, so a "
+                      f"non-strict load would load nothing: the file has {_listed(unexpected) or 'no keys'}; "
+                      f"the model has {_listed(missing)}")
+    return errors + _shape_errors(key, expected, weights)
+
+
+def load_weights(model: torch.nn.Module, path: str | os.PathLike, strict: bool = True,
+                 key: str = "model.init_from") -> None:
+    """Copy the weights in `path` into `model`, in place, all or nothing.
+
+    Local: not collective; each rank that calls it reads the file itself.
+    Everything is checked (`fit_errors`) before the model changes. The model
+    keeps its devices and dtypes: each tensor of the file is cast to its own.
+
+    Args:
+        model: the model (a DDP wrapper is looked through); not on the meta device.
+        path: a file `read_weights` accepts.
+        strict: as for torch's `load_state_dict`; shapes must match either way.
+        key: the config key error messages start with.
+
+    Raises:
+        ValueError: the weights do not fit (every problem, one per line), the
+            model is on the meta device, or `path` cannot be read (see `read_weights`).
+        WeightsFileNotFoundError, ImportError, TypeError: as for `read_weights` and `fit_errors`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    module = unwrap_model(model)
+    own = module.state_dict()
+    on_meta = [name for name, value in own.items() if isinstance(value, torch.Tensor) and value.is_meta]
+    if on_meta:
+        raise ValueError(f"{key}: load_weights needs a model with storage, but {len(on_meta)} of its tensors "
+                         f"are on the meta device ({_listed(on_meta)}): materialize it first, "
+                         "e.g. model.to_empty(device=...)")
+    weights = read_weights(path)
+    errors = fit_errors(model, weights, strict=strict, key=key)
+    if errors:
+        raise ValueError(f"{key}: the weights in {path} do not fit the model:\n" + "\n".join(errors))
+    # The model's dtypes win (a float32 file into a bfloat16 model); load_state_dict copies
+    # into the model's own tensors, so their devices stay.
+    cast = {name: value.to(own[name].dtype)
+            if isinstance(own.get(name), torch.Tensor) and value.dtype != own[name].dtype else value
+            for name, value in weights.items()}
+    module.load_state_dict(cast, strict=strict)
+
+
+def _tensors_to_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    tensors, storages = {}, set()
+    for name, value in module.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"save_safetensors saves tensors only, but the model's state_dict()[{name!r}] "
+                            f"is a {type(value).__name__}")
+        if value.is_meta:
+            raise ValueError(f"save_safetensors needs a model with values, but {name} is on the meta device")
+        value = value.detach().cpu().contiguous()
+        storage = value.untyped_storage().data_ptr()
+        if storage in storages:  # tied weights: safetensors refuses two names on one storage
+            value = value.clone()
+        storages.add(storage)
+        tensors[name] = value
+    return tensors
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_safetensors(model: torch.nn.Module, path: str | os.PathLike) -> Path:
+    """Write the model's state dict to `path` as safetensors, atomically; return the path.
+
+    Local: not collective (call it on one rank). Written under a temporary
+    name beside `path` (its directory is created), fsynced, then renamed onto
+    it: a reader sees the previous file or the complete new one, never a part.
+
+    Tied weights (one storage under several names, e.g. a GPT's embedding and
+    output matrices) are written once per name, each its own copy, because
+    safetensors refuses shared tensors: any reader (`read_weights`,
+    `safetensors.torch.load_file`) gets back every name of `model.state_dict()`
+    as an independent tensor, at the cost of the duplicates' bytes. Loading
+    them into a tied model writes the same values into the shared storage.
+
+    Raises:
+        TypeError: `path` is not a str or os.PathLike, or the state dict holds a non-tensor.
+        ValueError: the model is on the meta device.
+        ImportError: the safetensors package is not installed.
+        OSError: the write, fsync or rename failed (the temporary is removed).
+    """
+    path = _as_path(path)
+    tensors = _tensors_to_save(unwrap_model(model))
+    st = _safetensors(path, "writing")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = create_exclusive(path.parent, f".{path.name}.", ".tmp", 0o644)
+    os.close(fd)  # save_file writes by name; streaming to it spares a whole in-memory copy of the file
+    try:
+        # "format": "pt" is what Hugging Face loaders expect of a torch-made file.
+        st.torch.save_file(tensors, temporary, metadata={"format": "pt"})
+        _fsync_file(temporary)
+        atomic.commit(temporary, path)
+    except BaseException:
+        atomic.remove_quietly(temporary)
+        raise
+    return path
