@@ -256,6 +256,8 @@ def with_custom(overrides: list[str]) -> list[str]:
     out = list(overrides)
     for group in TARGET_GROUPS:
         if not any(_key(o) == f"{group}._target_" and not o.startswith("~") for o in overrides):
+            if _recipe_names_target(out, group) and not any(_key(o) == group for o in out):
+                out = _added_keys(out, group)  # the recipe's custom section takes the keys given
             continue
         if not any(_key(o) == group for o in overrides):
             out.insert(0, f"{group}={CUSTOM}")
@@ -263,12 +265,23 @@ def with_custom(overrides: list[str]) -> list[str]:
             given = {_key(o) for o in out if not o.startswith("~")}
             out = [o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.")
                                           and _key(o) not in given)]
-            # the custom option has no keys of its own: each one given is added to it
-            out = [f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.")
-                   else o for o in out]
+            out = _added_keys(out, group)
             at = next(i for i, o in enumerate(out) if _key(o) == f"{group}._target_") + 1
             out[at:at] = [f"~{k}" for k in _recipe_keys_for_builtin(out, group) if k not in given]
     return out
+
+
+def _added_keys(overrides: list[str], group: str) -> list[str]:
+    """`GROUP.KEY=V` as `++GROUP.KEY=V`: the custom option has no keys of its own, so each one
+    given is added to it."""
+    return [f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.")
+            else o for o in overrides]
+
+
+def _recipe_names_target(overrides: list[str], group: str) -> bool:
+    """Whether a recipe the overrides choose names `GROUP._target_`."""
+    names = (o.partition("=")[2] for o in overrides if _key(o) == "recipe" and not o.startswith("~"))
+    return any(f"{group}._target_" in _recipe_keys.get(name, ("", set()))[1] for name in names)
 
 
 def _recipe_keys_for_builtin(overrides: list[str], group: str) -> list[str]:
