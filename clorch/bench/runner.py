@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import clorch.distributed as cd
+from clorch.bench import runner_dataset
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
 from clorch.config.schema import COMPILE_MODES
@@ -84,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="torch.compile mode for both loops (the engine's compile_mode)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--data", choices=("tensor", "dataset"), default="tensor",
+                   help="tensor: one fixed token tensor; dataset: the same tokens as a map-style torch "
+                        "Dataset through a DataLoader on both sides (data._target_'s path)")
+    p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
     p.add_argument("--gpu-sample-ms", type=int, default=200,
                    help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
@@ -177,7 +182,12 @@ def worker(ctx: dict) -> dict:
     task = RandomTokens(samples, config.seq_len, config.vocab_size)
     tokens_per_step = opts["batch_size"] * config.seq_len
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
-        runners = {"plain": _plain_runner(plain_model, task, opts, device)}
+        if opts["data"] == "dataset":
+            dataset = runner_dataset.TokenWindows(task.data)
+            runners = {"plain": runner_dataset.plain_runner(plain_model, dataset, opts, device)}
+            task = runner_dataset.clorch_task(dataset, opts, device)
+        else:
+            runners = {"plain": _plain_runner(plain_model, task, opts, device)}
         runners["clorch"], writer = _clorch_runner(clorch_model, task, opts, device, Path(tmp))
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
@@ -204,6 +214,7 @@ def report(result: dict, opts: dict) -> str:
             for name in ("plain", "clorch")]
     head = (f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
             f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
+            f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
             f"({opts['compile_mode']}), "
             f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
@@ -217,7 +228,7 @@ def _check(opts: dict, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before anything starts (argparse's exit code 2)."""
     errors = [f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
               for name, low in (("batch_size", 1), ("steps", 1), ("rounds", 1), ("warmup", 0),
-                                ("log_every", 1), ("gpu_sample_ms", 0))
+                                ("log_every", 1), ("gpu_sample_ms", 0), ("num_workers", 0))
               if opts[name] < low]
     if not opts["peak_tflops"] > 0:
         errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")

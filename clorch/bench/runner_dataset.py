@@ -1,0 +1,79 @@
+"""`clorch-bench runner --data dataset`: the same token windows as a map-style torch Dataset.
+
+Both loops read `(input, target)` items through torch's `DataLoader` with the same settings
+(`--num-workers`, pinned memory on CUDA, persistent workers with workers): the plain loop
+with a shuffling DataLoader as a user writes one, clorch through `data._target_`'s path
+(`clorch.data.user.DatasetTask`, fed by clorch's DistributedSampler). So the ratio
+measures what clorch adds to a user's own dataset, not the data path's speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+class TokenWindows(Dataset):
+    """Item i is (tokens[i, :-1], tokens[i, 1:]) of a fixed (samples, seq_len + 1) tensor."""
+
+    def __init__(self, data: torch.Tensor):
+        self.data = data
+
+    def __len__(self) -> int:
+        return self.data.size(0)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = self.data[index]
+        return row[:-1], row[1:]
+
+
+def lm_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, as `loss._target_` would name it for a language model."""
+    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
+
+
+def loader_settings(opts: dict, device: torch.device) -> dict[str, Any]:
+    workers = opts["num_workers"]
+    return {"num_workers": workers, "pin_memory": device.type == "cuda", "persistent_workers": workers > 0}
+
+
+def clorch_task(dataset: TokenWindows, opts: dict, device: torch.device) -> Any:
+    """The dataset as clorch-train's `data._target_` path reads it."""
+    from clorch.data.user import DatasetTask
+
+    task = DatasetTask(dataset, loss=lm_loss, seed=1, **loader_settings(opts, device))
+    task.tokens_per_sample = dataset.data.size(1) - 1
+    return task
+
+
+def plain_runner(model: torch.nn.Module, dataset: TokenWindows, opts: dict, device: torch.device):
+    """A hand-written loop over a shuffling DataLoader: autocast, forward, loss, backward, step."""
+    from clorch.engine.components import compile_mode_arg
+    from clorch.optim import build_optimizer
+
+    compiled = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
+    optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
+    loader = DataLoader(dataset, batch_size=opts["batch_size"], shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(1), **loader_settings(opts, device))
+    batches = iter(loader)
+
+    def run(steps: int) -> None:
+        nonlocal batches
+        for _ in range(steps):
+            try:
+                inputs, targets = next(batches)
+            except StopIteration:  # a new epoch
+                batches = iter(loader)
+                inputs, targets = next(batches)
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = lm_loss(compiled(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
