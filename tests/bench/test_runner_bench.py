@@ -26,3 +26,13 @@ def test_tiny_run_on_cpu_reports_both_loops(capsys):
     ratio = float(out.split("ratio clorch/plain tokens/s:")[1].split()[0])
     assert ratio > 0
     assert "GPU clock" not in out and "GPU during" not in out  # nothing to sample on CPU
+
+
+@pytest.mark.timeout(150)
+def test_the_dataset_path_runs_both_loops_through_a_dataloader(capsys):
+    code = runner.main(["--device", "cpu", "--preset", "tiny", "--batch-size", "2", "--rounds", "2",
+                        "--steps", "2", "--warmup", "1", "--data", "dataset", "--num-workers", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "data=dataset (1 workers)" in out and " clorch | " in out
+    assert float(out.split("ratio clorch/plain tokens/s:")[1].split()[0]) > 0
