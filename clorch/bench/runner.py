@@ -214,8 +214,8 @@ def report(result: dict, opts: dict) -> str:
             for name in ("plain", "clorch")]
     head = (f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
             f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
-            f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
             f"({opts['compile_mode']}), "
+            f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
             f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
