@@ -127,9 +127,9 @@ def model_sizes_of(cfg: TrainConfig) -> dict[str, Any]:
     """The sizes the data gives the model (in_features, vocab_size, ...; a dataset of yours: those
     of its `model_kwargs()` method, if it has one)."""
     if is_user_data(cfg):
-        from clorch.data.user import DatasetTask  # lazy: clorch.data imports torch
+        from clorch.data.user import dataset_model_kwargs  # lazy: clorch.data imports torch
 
-        return DatasetTask(user_datasets(cfg.data)[0], loss="mse").model_kwargs()
+        return dataset_model_kwargs(user_datasets(cfg.data)[0])
     from clorch.data.tasks import model_sizes  # lazy: clorch.data imports torch
 
     return model_sizes(cfg.data.name, **data_kwargs(cfg))

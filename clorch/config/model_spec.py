@@ -7,11 +7,11 @@ about which arguments a model receives.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict
 from typing import Any, Callable
 
 from clorch.config.data_spec import data_kwargs, model_sizes_of
+from clorch.config.user_code import takes
 from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
 
 
@@ -55,10 +55,4 @@ def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) 
 def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
     """The data's sizes (in_features, vocab_size, ...) that `target` takes as keyword
     arguments: a model of your own gets those it names, and no others."""
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # no signature to read (some builtins): give none
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(sizes)
-    return {k: v for k, v in sizes.items() if k in params}
+    return {k: v for k, v in sizes.items() if takes(target, k)}

@@ -47,6 +47,14 @@ def check_map_style(dataset: Any, where: str = "data._target_") -> None:
                         "it must be a map-style torch.utils.data.Dataset")
 
 
+def dataset_model_kwargs(dataset: Any) -> dict:
+    """A dataset's `model_kwargs()` (also through the Subset `hold_out` makes), else {}."""
+    offered = getattr(dataset, "model_kwargs", None)
+    if offered is None and isinstance(dataset, Subset):
+        offered = getattr(dataset.dataset, "model_kwargs", None)
+    return dict(offered()) if callable(offered) else {}
+
+
 def hold_out(dataset: Dataset, eval_fraction: float) -> tuple[Dataset, Dataset]:
     """(train, eval): the dataset's last `eval_fraction` held out (at least one sample each).
 
@@ -160,10 +168,7 @@ class DatasetTask:
 
     def model_kwargs(self) -> dict:
         """The dataset's own `model_kwargs()` when it has one (sizes for a built-in model), else {}."""
-        offered = getattr(self.dataset, "model_kwargs", None)
-        if offered is None and isinstance(self.dataset, Subset):
-            offered = getattr(self.dataset.dataset, "model_kwargs", None)
-        return dict(offered()) if callable(offered) else {}
+        return dataset_model_kwargs(self.dataset)
 
     def _loss_and_metrics(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         if self.step is not None:
