@@ -4,10 +4,16 @@ Same model (GPT-2 small by default: 12 layers, d_model 768, 12 heads, sequence
 1024, vocabulary 50304, ~124M parameters), same data (random tokens, one fixed
 tensor), bf16 autocast, fused AdamW, batch 16 x 1024 tokens a step.
 
-* plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`.
-* clorch: `clorch.engine.loop.fit` with clorch's DDP (world size 1 over nccl),
+* plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`;
+  with `--nproc` above 1 the model is wrapped in torch's DistributedDataParallel, as a
+  torch DDP script does.
+* clorch: `clorch.engine.loop.fit` with clorch's DDP (nccl, or gloo on CPU),
   DistributedSampler, clorch.amp.autocast and the engine's metrics hooks
   (metrics.jsonl every `--log-every` steps).
+
+`--nproc N` runs both loops on N ranks (one GPU each, or N CPU processes); tokens/s
+counts every rank's tokens, and the timings are rank 0's (the gradient all-reduce keeps
+the ranks in step).
 
 Blocks of `--steps` steps alternate between the two (A B, B A, ...) after a
 warm-up; reported: median tokens/s, the ratio clorch/plain (goal >= 0.98) and
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import clorch.distributed as cd
 from clorch.bench import runner_dataset
@@ -89,10 +96,19 @@ def parser() -> argparse.ArgumentParser:
                    help="tensor: one fixed token tensor; dataset: the same tokens as a map-style torch "
                         "Dataset through a DataLoader on both sides (data._target_'s path)")
     p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP")
     p.add_argument("--gpu-sample-ms", type=int, default=200,
                    help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
     return p
+
+
+def _torch_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The plain side's model as a torch DDP script wraps it (unwrapped on one rank)."""
+    if cd.world_size() == 1:
+        return model
+    return TorchDDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def _models(opts: dict, device: torch.device):
@@ -111,7 +127,7 @@ def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
 
     compiled = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(1 + cd.rank())  # each rank its own draws
     state = {"step": 0}
 
     def run(steps: int) -> None:
@@ -174,20 +190,21 @@ def _time_block(run, steps: int, device: torch.device) -> float:
 
 
 def worker(ctx: dict) -> dict:
-    """Run both loops interleaved on this rank's device (world size 1) and return the results."""
+    """Run both loops interleaved on this rank's device and return the results (every rank calls it)."""
     opts = ctx["args"]
     device = cd.device() if opts["device"] == "cuda" else torch.device("cpu")
     config, plain_model, clorch_model = _models(opts, device)
+    plain_net = _torch_ddp(plain_model, device)
     samples = max(64, opts["batch_size"] * 8)
     task = RandomTokens(samples, config.seq_len, config.vocab_size)
-    tokens_per_step = opts["batch_size"] * config.seq_len
+    tokens_per_step = opts["batch_size"] * config.seq_len * cd.world_size()
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
         if opts["data"] == "dataset":
             dataset = runner_dataset.TokenWindows(task.data)
-            runners = {"plain": runner_dataset.plain_runner(plain_model, dataset, opts, device)}
+            runners = {"plain": runner_dataset.plain_runner(plain_net, dataset, opts, device)}
             task = runner_dataset.clorch_task(dataset, opts, device)
         else:
-            runners = {"plain": _plain_runner(plain_model, task, opts, device)}
+            runners = {"plain": _plain_runner(plain_net, task, opts, device)}
         runners["clorch"], writer = _clorch_runner(clorch_model, task, opts, device, Path(tmp))
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
@@ -202,8 +219,9 @@ def worker(ctx: dict) -> dict:
         metrics_lines = sum(1 for _ in open(Path(tmp) / "metrics.jsonl"))
     flops = plain_model.flops_per_token()
     tps = {name: median(v) for name, v in samples_s.items()}
+    peak = opts["peak_tflops"] * 1e12 * cd.world_size()
     return {"tokens_per_s": tps, "samples": samples_s, "ratio": tps["clorch"] / tps["plain"],
-            "mfu": {n: t * flops / (opts["peak_tflops"] * 1e12) for n, t in tps.items()},
+            "mfu": {n: t * flops / peak for n, t in tps.items()}, "world_size": cd.world_size(),
             "params": plain_model.num_parameters(), "metrics_lines": metrics_lines,
             "gpu": monitor.summary(), "gpu_problem": monitor.problem,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
@@ -216,7 +234,7 @@ def report(result: dict, opts: dict) -> str:
             f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
             f"({opts['compile_mode']}), "
             f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
-            f"{result['device']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
+            f"{result['device']} x {result['world_size']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
@@ -228,12 +246,15 @@ def _check(opts: dict, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before anything starts (argparse's exit code 2)."""
     errors = [f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
               for name, low in (("batch_size", 1), ("steps", 1), ("rounds", 1), ("warmup", 0),
-                                ("log_every", 1), ("gpu_sample_ms", 0), ("num_workers", 0))
+                                ("log_every", 1), ("gpu_sample_ms", 0), ("num_workers", 0),
+                                ("nproc", 1))
               if opts[name] < low]
     if not opts["peak_tflops"] > 0:
         errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")
     if opts["device"] == "cuda" and not torch.cuda.is_available():
         errors.append("--device cuda: no CUDA device here (HINT: --device cpu --preset tiny for a smoke run)")
+    elif opts["device"] == "cuda" and opts["nproc"] > torch.cuda.device_count():
+        errors.append(f"--nproc {opts['nproc']}: only {torch.cuda.device_count()} CUDA device(s) here")
     if errors:
         p.error("; ".join(errors))
 
@@ -247,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             print(report(worker({"args": opts}), opts))
         return 0
     backend = "nccl" if opts["device"] == "cuda" else "gloo"
-    job = cd.launch("clorch.bench.runner:worker", nproc_per_node=1, backend=backend, args=opts,
-                    devices=[0] if backend == "nccl" else None)
+    job = cd.launch("clorch.bench.runner:worker", nproc_per_node=opts["nproc"], backend=backend,
+                    args=opts, devices=list(range(opts["nproc"])) if backend == "nccl" else None)
     status = job.wait()
     if status["state"] != "succeeded":
         print(f"benchmark failed: {status}\n{cd.job_logs(job, 0)['stderr']}", file=sys.stderr)

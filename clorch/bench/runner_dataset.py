@@ -13,7 +13,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import clorch.distributed as cd
+from clorch.data.user import DatasetTask
+from clorch.engine.components import compile_mode_arg
+from clorch.optim import build_optimizer
 
 
 class TokenWindows(Dataset):
@@ -42,30 +47,37 @@ def loader_settings(opts: dict, device: torch.device) -> dict[str, Any]:
 
 def clorch_task(dataset: TokenWindows, opts: dict, device: torch.device) -> Any:
     """The dataset as clorch-train's `data._target_` path reads it."""
-    from clorch.data.user import DatasetTask
-
     task = DatasetTask(dataset, loss=lm_loss, seed=1, **loader_settings(opts, device))
     task.tokens_per_sample = dataset.data.size(1) - 1
     return task
 
 
 def plain_runner(model: torch.nn.Module, dataset: TokenWindows, opts: dict, device: torch.device):
-    """A hand-written loop over a shuffling DataLoader: autocast, forward, loss, backward, step."""
-    from clorch.engine.components import compile_mode_arg
-    from clorch.optim import build_optimizer
+    """A hand-written loop over a shuffling DataLoader: autocast, forward, loss, backward, step.
 
+    On more than one rank it is a torch DDP script: `model` comes wrapped in torch's
+    DistributedDataParallel, and batches come through torch's DistributedSampler.
+    """
     compiled = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
-    loader = DataLoader(dataset, batch_size=opts["batch_size"], shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(1), **loader_settings(opts, device))
-    batches = iter(loader)
+    if cd.world_size() > 1:
+        sampler = DistributedSampler(dataset, shuffle=True, seed=1, drop_last=True)
+        order = {"sampler": sampler}
+    else:
+        sampler, order = None, {"shuffle": True, "generator": torch.Generator().manual_seed(1)}
+    loader = DataLoader(dataset, batch_size=opts["batch_size"], drop_last=True, **order,
+                        **loader_settings(opts, device))
+    batches, epoch = iter(loader), 0
 
     def run(steps: int) -> None:
-        nonlocal batches
+        nonlocal batches, epoch
         for _ in range(steps):
             try:
                 inputs, targets = next(batches)
             except StopIteration:  # a new epoch
+                epoch += 1
+                if sampler is not None:
+                    sampler.set_epoch(epoch)
                 batches = iter(loader)
                 inputs, targets = next(batches)
             inputs = inputs.to(device, non_blocking=True)

@@ -1,4 +1,4 @@
-"""`clorch-bench runner`: argument errors, and a tiny smoke run of both loops on one gloo rank."""
+"""`clorch-bench runner`: argument errors, and tiny smoke runs of both loops on gloo ranks."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from clorch.bench import runner
 
 def test_every_bad_argument_is_reported_at_once(capsys):
     with pytest.raises(SystemExit) as exc:
-        runner.main(["--device", "cpu", "--batch-size", "0", "--rounds", "0", "--peak-tflops", "-1"])
+        runner.main(["--device", "cpu", "--batch-size", "0", "--rounds", "0", "--peak-tflops", "-1",
+                     "--nproc", "0"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--batch-size must be >= 1, got 0" in err and "--rounds must be >= 1, got 0" in err
-    assert "--peak-tflops must be > 0, got -1.0" in err
+    assert "--peak-tflops must be > 0, got -1.0" in err and "--nproc must be >= 1, got 0" in err
 
 
 @pytest.mark.timeout(150)
@@ -29,10 +30,11 @@ def test_tiny_run_on_cpu_reports_both_loops(capsys):
 
 
 @pytest.mark.timeout(150)
-def test_the_dataset_path_runs_both_loops_through_a_dataloader(capsys):
+def test_the_dataset_path_runs_both_loops_through_a_dataloader_on_two_ranks(capsys):
     code = runner.main(["--device", "cpu", "--preset", "tiny", "--batch-size", "2", "--rounds", "2",
-                        "--steps", "2", "--warmup", "1", "--data", "dataset", "--num-workers", "1"])
+                        "--steps", "2", "--warmup", "1", "--data", "dataset", "--num-workers", "1",
+                        "--nproc", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "data=dataset (1 workers)" in out and " clorch | " in out
+    assert "data=dataset (1 workers), cpu x 2;" in out and " clorch | " in out
     assert float(out.split("ratio clorch/plain tokens/s:")[1].split()[0]) > 0
