@@ -4,7 +4,7 @@
     clorch-train +recipe=ddp_bf16 optim.lr=3e-4   a recipe plus overrides
     clorch-train -m +recipe=ddp_bf16 optim.lr=1e-3,3e-4   a sweep
     clorch-train --help                           recipes, groups and the default config
-    clorch-train +recipe=ddp_bf16 --cfg job       the composed config, checked like a run
+    clorch-train +recipe=ddp_bf16 --cfg job       the composed config, checked without torch
     clorch-train --version                        clorch's, torch's and Hydra's versions
 
 Each run gets a directory of its own, outputs/DATE/TIME (TIME-1, TIME-2, ...

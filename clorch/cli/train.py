@@ -87,6 +87,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
     from clorch.cli.hydra_app import CHECKED, remember_plan
     from clorch.config.overrides import hydra_overrides, check_overrides
+    from clorch.config.plan import config_errors
 
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
@@ -94,8 +95,9 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error; a sweep's jobs then take the plans made here). A
-        # single run is composed by Hydra and checked once, in its job.
-        errors = check_overrides(overrides, remember_plan)
+        # single run is composed by Hydra and checked once, in its job. A printed config
+        # gets the checks that import no torch (clorch.config.plan.config_errors).
+        errors = check_overrides(overrides, config_errors if flags & set(PRINT_CONFIG) else remember_plan)
         if errors:
             print_config_errors(errors)
             return EXIT_CONFIG

@@ -144,11 +144,14 @@ def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
     return [message]
 
 
-def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None) -> Plan | None:
+def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None,
+           sized: bool = True) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
     `cfg` may be a `Partial` (some sections have errors): each check runs when the
-    sections it reads are valid, so that every error is reported in one go.
+    sections it reads are valid, so that every error is reported in one go. With
+    `sized=False` only the checks that import no torch run (no data, model or resume
+    checks) and no plan is made.
     """
     from clorch.config.resume import resume_errors
 
@@ -160,7 +163,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
         nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
         problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
-    if complete(cfg, "top", "data"):
+    if sized and complete(cfg, "top", "data"):
         try:
             sizes = split_sizes(cfg)
             if complete(cfg, "model"):
@@ -177,6 +180,8 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
             problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
     if complete(cfg, "checkpoint"):
         problems += path_errors(cfg, run_dir)
+    if not sized:
+        return None
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
     problems += data_errors(cfg, *sizes, world)
@@ -221,6 +226,25 @@ def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
         return None, problems
     plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external)
     return (None, problems) if problems else (plan, [])
+
+
+def config_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """The errors found without torch and without building the data (what `--cfg job` checks).
+
+    The config's own checks (keys, types, ranges, group choices, cross-key rules, the
+    trust of every `_target_`), the ranks and devices on this machine and the paths.
+    The data's sizes, the model against the data and the machine's memory, a forward
+    pass of your own model and loss, `model.init_from` and the checkpoint to resume are
+    left to `plan_or_errors`, which every run calls.
+    """
+    try:
+        values = with_absolute_paths(cfg, os.getcwd())
+    except ConfigError as exc:  # an interpolation that does not resolve
+        return exc.errors
+    typed, problems = checked_partial(values)
+    if typed is not None:
+        _build(typed, None, problems, sized=False)
+    return problems
 
 
 def absolute(plan: Plan, base: str | os.PathLike) -> Plan:
