@@ -16,6 +16,7 @@ def __getattr__(name: str) -> Any:
     signature and docstring for help(), inspect and IDEs.
     """
     if name == "run_local":
+        # lazy: clorch.engine.api imports Hydra, kept out of `import clorch` (see above)
         from clorch.engine.api import run_local
 
         globals()["run_local"] = run_local  # later lookups skip this hook

@@ -48,6 +48,7 @@ class Precision:
 
     def torch_dtype(self):
         """The torch dtype, e.g. `torch.bfloat16` (imports torch)."""
+        # lazy: keeps torch out of clorch-train's start
         import torch
 
         return getattr(torch, self.dtype_name)

@@ -269,12 +269,13 @@ class MLflowTracker(_Isolated):
         return {"MLFLOW_ALLOW_FILE_STORE": "true"} if self.tracking_uri.startswith("file:") else {}
 
     def _start(self, params: dict[str, Any]) -> None:
-        from mlflow import MlflowClient  # the extras are optional and slow to import (about 1.5 s)
+        from mlflow import MlflowClient  # lazy: mlflow is optional and slow to import (about 1.5 s)
 
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         run = self._client.create_run(self._experiment_id(), run_name=self.run_name,
                                       tags={"clorch.run_dir": str(self.run_dir.resolve())})
         self.run_id = run.info.run_id
+        # lazy: mlflow is optional (clorch[mlflow])
         from mlflow.entities import Param
 
         flat = [Param(_key(k), _param_value(v)) for k, v in flatten(params).items() if v is not None]
@@ -294,6 +295,7 @@ class MLflowTracker(_Isolated):
             return found.experiment_id
 
     def _log(self, record: dict[str, Any]) -> None:
+        # lazy: mlflow is optional (clorch[mlflow])
         from mlflow.entities import Metric
 
         step, numbers = record_metrics(record)
@@ -316,6 +318,7 @@ def _key(name: str) -> str:
 
 
 def _param_value(value: Any) -> str:
+    # lazy: mlflow is optional (clorch[mlflow])
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH  # the client's own limit (6000 in 3.x)
 
     text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
@@ -348,7 +351,7 @@ class WandbTracker(_Isolated):
         return env
 
     def _start(self, params: dict[str, Any]) -> None:
-        import wandb  # the extras are optional and slow to import (about 1.5 s)
+        import wandb  # lazy: wandb is optional and slow to import (about 1.5 s)
 
         self.run = wandb.init(project=self.project, name=self.run_name, dir=str(self.run_dir),
                               config=params, mode=self.mode, reinit="create_new")

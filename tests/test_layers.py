@@ -31,3 +31,59 @@ def test_nothing_below_the_engine_imports_it():
         text = path.read_text()
         assert not re.search(r"^\s*(from|import) clorch\.engine\b", text, re.M), path
         assert not re.search(r"^\s*import clorch\s*$", text, re.M), path
+
+
+def _imports_in_functions(tree):
+    """(import node, its try-handlers' names) for every import inside a function body."""
+    import ast
+
+    found = []
+
+    def visit(node, in_function, handlers):
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            caught = handlers
+            if isinstance(node, ast.Try) and child in node.body:
+                caught = handlers + [ast.unparse(h.type) for h in node.handlers if h.type is not None]
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, caught))
+            visit(child, inside, caught)
+
+    visit(tree, False, [])
+    return found
+
+
+def _has_reason(lines, index):
+    """A `# lazy:` comment on the import's line, or above it and the imports just before it."""
+    if "# lazy:" in lines[index]:
+        return True
+    index -= 1
+    while index >= 0 and lines[index].strip().startswith(("from ", "import ")):
+        index -= 1
+    return index >= 0 and lines[index].strip().startswith("# lazy:")
+
+
+def test_every_lazy_import_says_why_and_only_modules_without_torch_have_them():
+    """An import inside a function is an optional package's fallback (`except ImportError`) or
+    keeps torch (or Hydra) out of a command's start, with a `# lazy:` line saying so; a
+    module that imports torch itself has nothing to keep out, so it imports at the top."""
+    import ast
+
+    problems = []
+    for path in sorted((ROOT / "clorch").rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        lines = text.splitlines()
+        torch_at_top = any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "torch" for a in n.names)
+                           or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "torch"
+                           for n in tree.body)
+        where = path.relative_to(ROOT)
+        for node, caught in _imports_in_functions(tree):
+            if any("ImportError" in c for c in caught):
+                continue  # a fallback for an optional package
+            if torch_at_top:
+                problems.append(f"{where}:{node.lineno}: a lazy import in a module that imports torch")
+                continue
+            if not _has_reason(lines, node.lineno - 1):
+                problems.append(f"{where}:{node.lineno}: a lazy import without a '# lazy:' reason")
+    assert not problems, "\n".join(problems)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, human_bytes, median
+from clorch.distributed import collectives
 
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B ... 256 MiB
 
@@ -118,8 +119,6 @@ def wrapper_time(buf: torch.Tensor, calls: int = 20000, repeats: int = 7) -> flo
 
     Measured on this rank alone; no communication happens while it runs.
     """
-    from clorch.distributed import collectives
-
     real = collectives.dist
     collectives.dist = _StubCollectives()  # type: ignore[assignment]
     try:

@@ -45,6 +45,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -53,6 +54,7 @@ import clorch.distributed as cd
 from clorch.bench import ddp_models
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, interleave, median, ratio
+from clorch.bench.trace import profile_step
 from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
 
@@ -200,10 +202,6 @@ def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str
 
 def _traces(candidates: dict, directory: str, rank: int) -> str:
     """Profile one step of each traced candidate (every rank, same order); rank 0's figures as a table."""
-    from pathlib import Path
-
-    from clorch.bench.trace import profile_step
-
     rows = []
     for name in (name for name in TRACED if name in candidates):
         path = Path(directory) / f"rank{rank}-{name.replace(' ', '_')}.json.gz"

@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 
 from clorch.bench.runner import PRESETS, RandomTokens
+from clorch.models import GPT, GPTConfig
+from clorch.optim import build_optimizer
 
 # --model choice -> clorch.bench.runner.PRESETS key ("mlp" has no preset).
 GPT_MODELS = {"gpt2-small": "gpt2-small", "gpt-tiny": "tiny"}
@@ -65,9 +67,6 @@ def _mlp_workload(args: dict, rank: int, device: torch.device) -> Workload:
 
 
 def _gpt_workload(args: dict, rank: int, device: torch.device) -> Workload:
-    from clorch.models import GPT, GPTConfig
-    from clorch.optim import build_optimizer
-
     config = GPTConfig(**PRESETS[GPT_MODELS[args["model"]]])
     torch.manual_seed(0)
     model = GPT(config).to(device)

@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from clorch.bench.stats import format_table, interleave, median, ratio
+from clorch.env import with_multicast_off
+from clorch.launch import launch
 
 
 def _first_all_reduce(rank: int, stamp_dir: str) -> None:
+    # lazy: keeps torch out of clorch-bench's start
     import torch
 
+    # lazy: clorch.distributed imports torch, kept out of clorch-bench's start
     from clorch.distributed import all_reduce
 
     all_reduce(torch.randn(1024))
@@ -40,6 +44,7 @@ def worker(ctx: dict[str, Any]) -> None:
 
 def _torchrun_worker(stamp_dir: str) -> None:
     """The torchrun entry point: the same work, joining the group from the environment."""
+    # lazy: clorch.distributed imports torch, kept out of clorch-bench's start
     from clorch.distributed import process_group, rank
 
     with process_group(backend="gloo"):
@@ -52,8 +57,6 @@ def _elapsed(start: float, stamp_dir: Path, nproc: int) -> float:
 
 
 def _run_clorch(nproc: int) -> float:
-    from clorch.launch import launch
-
     work = Path(tempfile.mkdtemp(prefix="clorch-bench-launch-"))
     try:
         start = time.time()
@@ -68,8 +71,6 @@ def _run_clorch(nproc: int) -> float:
 
 
 def _run_torchrun(nproc: int) -> float:
-    from clorch.env import with_multicast_off
-
     work = Path(tempfile.mkdtemp(prefix="clorch-bench-torchrun-"))
     try:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -1,8 +1,9 @@
 """`clorch-bench runner`: clorch's training loop against a hand-written PyTorch loop.
 
 Same model (GPT-2 small by default: 12 layers, d_model 768, 12 heads, sequence
-1024, vocabulary 50304, ~124M parameters), same data (random tokens, one fixed
-tensor), bf16 autocast, fused AdamW, batch 16 x 1024 tokens a step.
+1024, vocabulary 50304, ~124M parameters), same data (random tokens: one fixed tensor,
+or with `--data dataset` a token file read through a map-style Dataset), bf16
+autocast, fused AdamW, batch 16 x 1024 tokens a step.
 
 * plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`;
   with `--nproc` above 1 the model is wrapped in torch's DistributedDataParallel, as a
@@ -43,8 +44,18 @@ import clorch.distributed as cd
 from clorch.bench import runner_dataset
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
-from clorch.config.schema import COMPILE_MODES
-from clorch.engine.components import compile_mode_arg, replays_cuda_graphs
+from clorch.config.schema import COMPILE_MODES, TrainConfig
+from clorch.data import DistributedSampler
+from clorch.data.base import as_index
+from clorch.data.placement import place_task
+from clorch.data.text import lm_per_sample_loss
+from clorch.engine.components import Components, compile_mode_arg, replays_cuda_graphs
+from clorch.engine.loop import LoopState, fit
+from clorch.engine.outputs import MetricsWriter
+from clorch.engine.worker import StepHooks
+from clorch.models import GPT, GPTConfig
+from clorch.nn.parallel import DistributedDataParallel
+from clorch.optim import build_optimizer, build_scheduler
 
 PRESETS = {
     "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
@@ -67,14 +78,10 @@ class RandomTokens:
         return self.data.size(0)
 
     def batch(self, indices) -> dict[str, torch.Tensor]:
-        from clorch.data.base import as_index
-
         rows = self.data[as_index(indices, self.data.device)]
         return {"input": rows[:, :-1], "target": rows[:, 1:]}
 
     def loss(self, model, batch) -> torch.Tensor:
-        from clorch.data.text import lm_per_sample_loss
-
         if not self.compile_loss:  # the plain loop's loss, as a user writes it
             return F.cross_entropy(model(batch["input"]).flatten(0, 1), batch["target"].flatten())
         return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=self.compile_loss).mean()
@@ -93,8 +100,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch.compile mode for both loops (the engine's compile_mode)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--data", choices=("tensor", "dataset"), default="tensor",
-                   help="tensor: one fixed token tensor; dataset: the same tokens as a map-style torch "
-                        "Dataset through a DataLoader on both sides (data._target_'s path)")
+                   help="tensor: one fixed token tensor; dataset: the same tokens in a token file (uint16, "
+                        "as nanoGPT writes one), read by a map-style torch Dataset through a DataLoader on "
+                        "both sides (data._target_'s path)")
     p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP")
@@ -112,8 +120,6 @@ def _torch_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 
 def _models(opts: dict, device: torch.device):
-    from clorch.models import GPT, GPTConfig
-
     config = GPTConfig(**PRESETS[opts["preset"]])
     torch.manual_seed(0)
     plain = GPT(config).to(device)
@@ -123,8 +129,6 @@ def _models(opts: dict, device: torch.device):
 
 
 def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
-    from clorch.optim import build_optimizer
-
     compiled = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
     gen = torch.Generator().manual_seed(1 + cd.rank())  # each rank its own draws
@@ -146,17 +150,6 @@ def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
 
 
 def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, run_dir: Path):
-    from clorch.config.schema import TrainConfig
-    from clorch.data import DistributedSampler
-    from clorch.engine.components import Components
-    from clorch.engine.loop import LoopState, fit
-    from clorch.engine.outputs import MetricsWriter
-    from clorch.engine.worker import StepHooks
-    from clorch.nn.parallel import DistributedDataParallel
-    from clorch.optim import build_optimizer, build_scheduler
-
-    from clorch.data.placement import place_task
-
     task = copy.copy(task)  # the plain loop keeps the host copy; the engine places its own
     place_task(task, device)
     task.compile_loss = opts["compile"] and opts["compile_mode"]  # as the engine does with compile: true
@@ -200,7 +193,7 @@ def worker(ctx: dict) -> dict:
     tokens_per_step = opts["batch_size"] * config.seq_len * cd.world_size()
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
         if opts["data"] == "dataset":
-            dataset = runner_dataset.TokenWindows(task.data)
+            dataset = runner_dataset.TokenWindows.written(task.data, Path(tmp) / f"tokens-{cd.rank()}.bin")
             runners = {"plain": runner_dataset.plain_runner(plain_net, dataset, opts, device)}
             task = runner_dataset.clorch_task(dataset, opts, device)
         else:

@@ -1,6 +1,7 @@
 """`clorch-bench runner --data dataset`: the same token windows as a map-style torch Dataset.
 
-Both loops read `(input, target)` items through torch's `DataLoader` with the same settings
+The windows are read from a token file as nanoGPT's `prepare.py` writes one (uint16 token
+ids, no header), through a memory map, as a user's own Dataset over such a file does. Both loops read `(input, target)` items through torch's `DataLoader` with the same settings
 (`--num-workers`, pinned memory on CUDA, persistent workers with workers): the plain loop
 with a shuffling DataLoader as a user writes one, clorch through `data._target_`'s path
 (`clorch.data.user.DatasetTask`, fed by clorch's DistributedSampler). So the ratio
@@ -9,8 +10,10 @@ measures what clorch adds to a user's own dataset, not the data path's speed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -22,16 +25,29 @@ from clorch.optim import build_optimizer
 
 
 class TokenWindows(Dataset):
-    """Item i is (tokens[i, :-1], tokens[i, 1:]) of a fixed (samples, seq_len + 1) tensor."""
+    """Item i is window i of a uint16 token file: (tokens[i*w : i*w + w-1], the same shifted by one),
+    w = seq_len + 1, read through a memory map."""
 
-    def __init__(self, data: torch.Tensor):
-        self.data = data
+    def __init__(self, path: str | os.PathLike, seq_len: int):
+        self.path, self.window = str(path), seq_len + 1
+        self.tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
+
+    @classmethod
+    def written(cls, data: torch.Tensor, path: str | os.PathLike) -> "TokenWindows":
+        """Write `data` ((samples, seq_len + 1) token ids below 65536) as a token file; open it."""
+        data.to(torch.int32).numpy().astype(np.uint16).tofile(path)
+        return cls(path, data.size(1) - 1)
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.window - 1
 
     def __len__(self) -> int:
-        return self.data.size(0)
+        return len(self.tokens) // self.window
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        row = self.data[index]
+        start = index * self.window
+        row = torch.from_numpy(self.tokens[start:start + self.window].astype(np.int64))
         return row[:-1], row[1:]
 
 
@@ -48,7 +64,7 @@ def loader_settings(opts: dict, device: torch.device) -> dict[str, Any]:
 def clorch_task(dataset: TokenWindows, opts: dict, device: torch.device) -> Any:
     """The dataset as clorch-train's `data._target_` path reads it."""
     task = DatasetTask(dataset, loss=lm_loss, seed=1, **loader_settings(opts, device))
-    task.tokens_per_sample = dataset.data.size(1) - 1
+    task.tokens_per_sample = dataset.tokens_per_sample
     return task
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 COMM_MARKERS = ("nccl", "allreduce", "all_reduce")
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # trace categories that occupy the device
@@ -80,8 +81,6 @@ def profile_step(run_step: Callable[[], object], path: Path) -> dict[str, float]
     Local to the calling rank, but `run_step` usually holds collectives: every
     rank must profile the same step.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)

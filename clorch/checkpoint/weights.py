@@ -25,6 +25,7 @@ import pickle
 from pathlib import Path
 from typing import Any, Mapping
 
+import safetensors.torch
 import torch
 
 from clorch._files import create_exclusive
@@ -97,21 +98,10 @@ def _read_clorch(path: Path) -> dict[str, torch.Tensor]:
     return dict(tensors["model"])
 
 
-def _safetensors(path: Path, doing: str) -> Any:
-    """The `safetensors` package with its `torch` module, or ImportError saying how to install it."""
-    try:
-        # Imported here: it is optional; without it the two other kinds still load.
-        import safetensors.torch
-    except ImportError as exc:
-        raise ImportError(f"{doing} {path} needs the safetensors package: pip install safetensors") from exc
-    return safetensors
-
-
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    st = _safetensors(path, "reading")
     try:
-        return st.torch.load_file(path, device="cpu")
-    except st.SafetensorError as exc:
+        return safetensors.torch.load_file(path, device="cpu")
+    except safetensors.SafetensorError as exc:
         raise ValueError(f"{path} is not a readable safetensors file ({exc}): {_ACCEPTED}") from None
 
 
@@ -337,18 +327,16 @@ def save_safetensors(model: torch.nn.Module, path: str | os.PathLike) -> Path:
     Raises:
         TypeError: `path` is not a str or os.PathLike, or the state dict holds a non-tensor.
         ValueError: the model is on the meta device.
-        ImportError: the safetensors package is not installed.
         OSError: the write, fsync or rename failed (the temporary is removed).
     """
     path = _as_path(path)
     tensors = _tensors_to_save(unwrap_model(model))
-    st = _safetensors(path, "writing")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = create_exclusive(path.parent, f".{path.name}.", ".tmp", 0o644)
     os.close(fd)  # save_file writes by name; streaming to it spares a whole in-memory copy of the file
     try:
         # "format": "pt" is what Hugging Face loaders expect of a torch-made file.
-        st.torch.save_file(tensors, temporary, metadata={"format": "pt"})
+        safetensors.torch.save_file(tensors, temporary, metadata={"format": "pt"})
         _fsync_file(temporary)
         atomic.commit(temporary, path)
     except BaseException:

@@ -7,16 +7,28 @@ Hydra calls `_train` once per run with the composed config; it runs the job
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_original_cwd
 from omegaconf import DictConfig
 
 from clorch.cli.outcome import EXIT_FAILED, OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
+from clorch.config.plan import (absolute, check_run_dir, config_key, plan_or_errors, resolve,
+                                run_errors_as_config_errors)
+from clorch.engine.as_rank import train_as_rank
+from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
+from clorch.engine.outputs import write_json
+from clorch.engine.run import describe_error, execute
+from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
 
 
@@ -39,7 +51,6 @@ def report(result: dict[str, Any]) -> None:
     if summary["status"] == "interrupted":
         _report_interrupted(result)
         return
-    from clorch.engine.run import describe_error
 
     error = status.get("error") or {}
     what = describe_error({**error, "rank": status.get("failed_rank")}, failed="failed first")
@@ -66,10 +77,6 @@ def _report_preflight(result: dict[str, Any]) -> None:
 
 
 def _report_interrupted(result: dict[str, Any]) -> None:
-    import signal
-
-    from clorch.engine.interrupts import resume_hint
-
     summary, run_dir, cfg = result["summary"], Path(result["run_dir"]), result["plan"].config
     step = (summary.get("final") or {}).get("step", 0)
     print(f"clorch-train: interrupted by {summary['interrupted_by']} after step {step} of "
@@ -85,10 +92,6 @@ CHECKED: dict[str, Any] = {}
 
 def remember_plan(cfg: DictConfig) -> list[str]:
     """Check one config of a sweep (every error), keeping its plan for the job that runs it."""
-    import os
-
-    from clorch.config.plan import absolute, config_key, plan_or_errors
-
     plan, errors = plan_or_errors(cfg)
     if plan is not None:  # the job may run elsewhere (hydra.job.chdir): its paths made absolute
         CHECKED[config_key(cfg)] = absolute(plan, os.getcwd())
@@ -102,8 +105,6 @@ def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
     Raises:
         ConfigError: every error found.
     """
-    from clorch.config.plan import check_run_dir, config_key, resolve
-
     plan = CHECKED.pop(config_key(cfg, base), None)
     return resolve(cfg, run_dir, base=base) if plan is None else check_run_dir(plan, run_dir)
 
@@ -111,21 +112,11 @@ def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
 def _train(cfg: DictConfig) -> None:
     """The Hydra job: one multi-rank run in Hydra's output directory."""
-    # Lazy: the engine imports torch; Hydra's --help and --cfg job never call this function.
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.utils import get_original_cwd
-
-    from clorch.config.plan import run_errors_as_config_errors
-    from clorch.engine.outputs import write_json
-    from clorch.engine.run import execute
-
     run_dir = HydraConfig.get().runtime.output_dir
     base = get_original_cwd()  # relative paths are the user's: hydra.job.chdir may have moved us
     try:
         external = detect_external()
         if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
-            from clorch.engine.as_rank import train_as_rank
-
             if train_as_rank(cfg, Path(run_dir), external, base=base) != 0:
                 OUTCOME.failed.append(run_dir)
             return
@@ -140,18 +131,12 @@ def _train(cfg: DictConfig) -> None:
     report(result)
     if result["summary"]["status"] == "interrupted" and OUTCOME.is_sweep:
         # A sweep ends with its interrupted job: Hydra would otherwise start the next one.
-        from clorch.engine.interrupts import Interrupted
 
         raise Interrupted(OUTCOME.interrupted_by)
 
 
 def run_hydra(args: list[str], config_status: int) -> int:
     """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from clorch.engine.interrupts import Interrupted, interrupts_raise
-    from clorch.engine.sweep import last_statuses
-
     GlobalHydra.instance().clear()  # the checks may have composed in-process
     OUTCOME.start()
     last_statuses.clear()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from clorch.engine.footprint import Footprint
+from clorch.config.composer import format_value
+from clorch.engine.footprint import Footprint
+from clorch.engine.outputs import new_run_dir
 
 
 def sets(args: list[str], *keys: str) -> bool:
@@ -40,11 +40,6 @@ def launch_overrides(args: list[str], multirun: bool) -> tuple[list[str], Path |
     Raises:
         OSError: outputs/ (or multirun/) cannot be made in the current directory.
     """
-    # Lazy: engine.footprint and engine.outputs import torch; --help and --cfg job never get here.
-    from clorch.config.composer import format_value
-    from clorch.engine.footprint import Footprint
-    from clorch.engine.outputs import new_run_dir
-
     out, created = [], None
     key, layout = ("hydra.sweep.dir", "multirun") if multirun else ("hydra.run.dir", "outputs")
     if not sets(args, key):

@@ -11,25 +11,29 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 
+import hydra
+
+from clorch._version import __version__
 from clorch.cli import run_dir
-from clorch.cli.hydra_app import run_hydra
+from clorch.cli.hydra_app import CHECKED, remember_plan, run_hydra
 from clorch.cli.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set,
                                     flags_first, whole_flags)
+from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import EXIT_STATUS as EXIT_CONFIG, print_config_errors
 from clorch.config.composer import rewrite_recipe_overrides
+from clorch.config.overrides import check_overrides, grammar_errors, hydra_overrides, split_overrides
+from clorch.config.plan import config_errors, resolve_errors
+from clorch.config.targets import trusted_modules
+from clorch.engine.as_rank import run_as_rank
+from clorch.launch.child import exit_without_finalizing
 from clorch.launch.external import detect as detect_external
 
 
 def _versions() -> str:
     """One line with clorch's, torch's and Hydra's versions (read without importing torch)."""
-    from importlib import metadata
-
-    import hydra
-
-    from clorch._version import __version__
-
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -59,13 +63,9 @@ def train_main(argv: list[str] | None = None) -> int:
         external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) \
             else detect_external()
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
-        from clorch.config.overrides import grammar_errors
-
         print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
         return EXIT_CONFIG
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
-        from clorch.engine.as_rank import run_as_rank
-
         OUTCOME.as_rank = True
         return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(PRINT_ONLY):
@@ -75,8 +75,6 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:
     """Flags, Hydra keys and output directories clorch-train refuses, before composing anything."""
-    from clorch.cli.hydra_keys import hydra_key_errors
-
     return flag_errors + hydra_key_errors(args) + [
         f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
         "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
@@ -85,10 +83,6 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
 
 def _check_and_run(args: list[str], flags: set[str]) -> int:
     """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
-    from clorch.cli.hydra_app import CHECKED, remember_plan
-    from clorch.config.overrides import hydra_overrides, check_overrides
-    from clorch.config.plan import config_errors
-
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
     CHECKED.clear()
@@ -124,8 +118,6 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
 
 def _print_trusted() -> None:
     """Above a printed config: the modules trusted for `_target_`, as YAML comments (as config.yaml has)."""
-    from clorch.config.targets import trusted_modules
-
     for where, names in trusted_modules().items():
         if names:
             print(f"# trusted modules ({where}): {', '.join(names)}")
@@ -136,10 +128,6 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
 
     Composing them is safe: recipes may set no Hydra key (clorch.config.composer).
     """
-    from clorch.cli.hydra_keys import touches_hydra
-    from clorch.config.overrides import grammar_errors, check_overrides
-    from clorch.config.plan import resolve_errors
-
     if flags & set(OTHER_CONFIG):
         return []  # the user meant another config: clorch's errors would be beside the point
     overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
@@ -152,8 +140,6 @@ def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
 
 def split_errors(overrides: list[str]) -> list[str]:
     """The errors found without composing (bad group choices, recipe files, grammar)."""
-    from clorch.config.overrides import grammar_errors, split_overrides
-
     try:
         return split_overrides(overrides)[1]
     except Exception as exc:  # Hydra's grammar error: name each override it refuses
@@ -163,7 +149,5 @@ def split_errors(overrides: list[str]) -> list[str]:
 def main() -> None:
     code = train_main()
     if OUTCOME.as_rank:
-        from clorch.launch.child import exit_without_finalizing
-
         exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization
     sys.exit(code)

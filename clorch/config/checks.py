@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import schema
-from clorch.config.fields import check_section, did_you_mean
 from clorch.config import user_code
+from clorch.config.fields import check_section, did_you_mean
 from clorch.config.targets import check_target, find_targets, trusted_module_errors
 from clorch.config.user_code import TARGET_KEYS, target_section_errors
-from clorch.trackers import missing_extras
 from clorch.env import restart_count
+from clorch.trackers import missing_extras
 
 MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt", "tokens": "gpt"}
 
@@ -34,8 +35,6 @@ EXIT_STATUS = 2
 
 def print_config_errors(errors: list[str]) -> None:
     """Print every config error to stderr, as `clorch-train` reports them."""
-    import sys
-
     print(f"clorch-train: {len(errors)} config error(s); nothing was launched:", file=sys.stderr)
     for error in errors:
         print(f"  - {error}", file=sys.stderr)
@@ -258,6 +257,7 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     """
     if restart_count() > 0:
         return []
+    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
     from clorch.checkpoint.policy import step_checkpoints
 
     found = sorted(path.name for _, path in step_checkpoints(Path(directory).expanduser()))

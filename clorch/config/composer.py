@@ -25,6 +25,10 @@ from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import yaml
+from hydra import compose as hydra_compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
@@ -80,8 +84,6 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
 
 
 def _store_recipe(name: str, path: Path | Traversable, where: str | None = None) -> None:
-    from hydra.core.config_store import ConfigStore
-
     where = where or f"recipe {name} ({path})"
     try:
         node = _read_mapping(path.read_text())
@@ -127,8 +129,6 @@ def _read_mapping(text: str) -> Any:
     Read with PyYAML first: OmegaConf would turn a plain line of text into a
     mapping with that line as its only key.
     """
-    import yaml
-
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         return {} if data is None else data
@@ -327,10 +327,6 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         ValueError: a recipe file that does not exist.
         hydra.errors.HydraException: an unknown group option or key (Hydra's message).
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     overrides = rewrite_recipe_overrides(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):

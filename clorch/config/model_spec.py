@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable
 
-from clorch.config.data_spec import data_kwargs, model_sizes_of
-from clorch.config.user_code import takes
+from clorch.config.data_spec import model_sizes_of
 from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
+from clorch.config.targets import resolve_target
+from clorch.config.user_code import takes
 
 
 def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -27,8 +28,6 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
         else {k: v for k, v in asdict(model).items() if k != "name" and k not in MODEL_LOAD_KEYS}
     given = {k: v for k, v in given.items() if v is not None}
     if isinstance(model, TargetModelConfig):
-        from clorch.config.targets import resolve_target
-
         target = resolve_target(model.target)
         return target, {**_accepted(target, data_sizes), **given}
     from clorch.models import build_model  # lazy: clorch.models imports torch

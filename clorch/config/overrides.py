@@ -10,13 +10,17 @@ of a sweep (`-m`), up to a limit, and checks it the same way.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from typing import Callable, Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from clorch.config.composer import (compose, config_groups, group_options, _is_path, name_recipe_in_errors,
-                                    recipe_errors)
+from clorch.config.checks import check_config
+from clorch.config.composer import (_is_path, compose, config_groups, group_options, name_recipe_in_errors,
+                                    recipe_errors, registered_name)
+from clorch.config.schema import CUSTOM, TARGET_GROUPS
 
 MAX_COMBINATIONS = 64
 
@@ -28,15 +32,11 @@ def _choices(override) -> list[str]:
 
 
 def _close(value: str, allowed: list[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
     return f"did you mean {close[0]}? " if close else ""
 
 
 def _recipe_name(value: str) -> str:
-    from clorch.config.composer import registered_name
-
     return registered_name(value)
 
 
@@ -45,8 +45,6 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
 
     Hydra's own keys (hydra.*) are left out: they do not reach the job's config.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     groups = set(config_groups()) | {"recipe"}
     forms, errors = [], _recipe_slips(parsed)
@@ -112,8 +110,6 @@ def hydra_overrides(args: Iterable[str]) -> list[str]:
 
 def grammar_errors(overrides: Iterable[str]) -> list[str]:
     """One error for each override Hydra's override grammar refuses, naming the override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     errors = []
     for override in overrides:
         try:
@@ -135,8 +131,6 @@ def check_overrides(overrides: Iterable[str], extra: Callable[[DictConfig], list
             only the config's own checks run.
         max_combinations: check at most this many sweep combinations.
     """
-    from clorch.config.checks import check_config
-
     overrides = list(overrides)
     try:
         forms, errors = split_overrides(overrides)
@@ -177,8 +171,6 @@ def compose_once(overrides: Iterable[str]) -> tuple[DictConfig | None, list[str]
 def _listed(group: str, allowed: list[str]) -> str:
     """A group's options for a message: `custom` is chosen by naming `GROUP._target_`, so it is
     said that way."""
-    from clorch.config.schema import CUSTOM, TARGET_GROUPS
-
     if group not in TARGET_GROUPS:
         return ", ".join(allowed)
     return (f"{', '.join(o for o in allowed if o != CUSTOM)}, or your own class with "

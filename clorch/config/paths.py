@@ -7,6 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
+from clorch.config.checks import to_plain
+
 
 # Config keys that name files or directories, resolved against the directory the user ran from.
 PATH_KEYS = (("data", "path"), ("data", "train_path"), ("data", "eval_path"), ("checkpoint", "dir"), ("checkpoint", "path"), ("checkpoint", "resume"))
@@ -23,10 +27,6 @@ def with_absolute_paths(cfg: Any, base: str | os.PathLike) -> dict[str, Any]:
     Raises:
         ConfigError: an interpolation does not resolve (the message names its key).
     """
-    from omegaconf import DictConfig
-
-    from clorch.config.checks import to_plain
-
     values = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
     for section, key in PATH_KEYS:
         node = values.get(section)

@@ -24,24 +24,30 @@ another world size than the plan's.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig
 
+from clorch._files import write_text_atomic
 from clorch.config.checks import ConfigError, checked_partial, complete
 from clorch.config.data_spec import is_user_data, split_sizes
-from clorch.config.user_checks import init_from_errors, user_data_errors
+from clorch.config.overrides import compose_once
 from clorch.config.paths import with_absolute_paths
 from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, local_ranks, memory_errors,
                                        min_nodes, model_errors, node_errors, path_errors, plan_steps,
                                        rank_count_errors, schedule_errors, token_file_errors,
                                        top_backend)
+from clorch.config.resume import resume_errors
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
+from clorch.config.user_checks import init_from_errors, user_data_errors
+from clorch.precision import get_precision
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,6 @@ class Plan:
 
     def describe(self) -> str:
         """One line for the user: where and how the job runs."""
-        from clorch.precision import get_precision
-
         where = (f"{self.nproc_per_node} CUDA rank(s) on devices {self.devices} over {self.backend}"
                  if self.device_type == "cuda"
                  else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)")
@@ -100,18 +104,11 @@ class Plan:
 
 
 def _digest(values: Mapping[str, Any]) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def write_plan(plan: Plan, path: Path) -> None:
     """Write the plan and its digest for ranks started by another process (torchrun's agent)."""
-    import json
-
-    from clorch._files import write_text_atomic
-
     write_text_atomic(path, json.dumps({"plan": plan.to_dict(), "sha256": plan.digest()}))
 
 
@@ -121,8 +118,6 @@ def read_plan(path: Path) -> Plan:
     Raises:
         ValueError: the file is not a plan, or was changed after it was written.
     """
-    import json
-
     try:
         record = json.loads(Path(path).read_text())
         plan = Plan.from_dict(record["plan"])
@@ -153,8 +148,6 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
     `sized=False` only the checks that import no torch run (no data, model or resume
     checks) and no plan is made.
     """
-    from clorch.config.resume import resume_errors
-
     world = sizes = None
     if external is not None and complete(cfg, "top"):
         nproc, devices, backend = external_ranks(cfg, external, problems)
@@ -250,8 +243,6 @@ def config_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 def absolute(plan: Plan, base: str | os.PathLike) -> Plan:
     """The plan with its config's relative paths made absolute against `base` (no new checks:
     a path names the same file either way from `base`)."""
-    from dataclasses import replace
-
     return replace(plan, config=TrainConfig.from_dict(with_absolute_paths(plan.config.to_dict(), base)))
 
 
@@ -271,8 +262,6 @@ def run_dir_errors(plan: Plan, run_dir: str | os.PathLike) -> list[str]:
     """The checks of a plan made without a run directory that need one: the directory is
     writable, a reused one holds no other run's step checkpoints, and the checkpoint a
     resume would take from it fits."""
-    from clorch.config.resume import resume_errors
-
     run_dir = Path(run_dir)
     return path_errors(plan.config, run_dir) + resume_errors(plan.config, plan.world_size, run_dir)
 
@@ -296,10 +285,6 @@ def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> 
     size is computed (and checked: the shard against the batch, the eval split against
     the ranks, the checkpoint to resume) again. The same plan when the size is the plan's.
     """
-    from dataclasses import replace
-
-    from clorch.config.resume import resume_errors
-
     if world_size == plan.world_size:
         return plan, []
     cfg = plan.config
@@ -318,6 +303,7 @@ def run_errors_as_config_errors() -> Iterator[None]:
     Raises:
         ConfigError: in place of clorch.checkpoint.locks.DirectoryInUse.
     """
+    # lazy: clorch.checkpoint.locks imports torch, kept out of clorch-train's start
     from clorch.checkpoint.locks import DirectoryInUse
 
     try:
@@ -332,8 +318,6 @@ def plan_overrides(overrides: list[str], run_dir: str | os.PathLike | None = Non
     Raises:
         ConfigError: every composition and config error, together.
     """
-    from clorch.config.overrides import compose_once
-
     cfg, errors = compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is not None:
         plan, found = plan_or_errors(cfg, run_dir)

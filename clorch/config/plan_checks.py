@@ -14,7 +14,10 @@ from typing import Any
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
 from clorch.config.data_spec import model_sizes_of
+from clorch.config.model_spec import build_model_for
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
+from clorch.launch.config import check_nodes
+from clorch.launch.gpus import resolve_ranks
 
 
 def top_backend(cfg: Any) -> str | None:
@@ -25,8 +28,6 @@ def top_backend(cfg: Any) -> str | None:
 
 
 def local_ranks(launcher: Any, backend: str, problems: list[str]) -> tuple[int, list[int] | None, str]:
-    from clorch.launch.gpus import resolve_ranks
-
     nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
     devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
     before = len(problems)
@@ -98,6 +99,7 @@ def model_errors(cfg: TrainConfig) -> list[str]:
 def token_file_errors(cfg: TrainConfig) -> list[str]:
     """data=tokens: an id at or above data.vocab_size in a token file (which would index past
     the model's embedding on some rank, mid-run). Reads each file once, in chunks."""
+    # lazy: clorch.data.tokens imports torch, kept out of clorch-train's start
     from clorch.data.tokens import largest_token
 
     data = cfg.data
@@ -133,7 +135,6 @@ def node_errors(launcher: Any) -> list[str]:
     """The local launcher's node layout, checked as `launch()` will check it (names prefixed)."""
     if launcher.name != "local":
         return []
-    from clorch.launch.config import check_nodes
 
     problems: list[str] = []
     check_nodes({"nnodes": launcher.nnodes, "node_rank": launcher.node_rank,
@@ -156,9 +157,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory.
     Sized on the meta device (no memory allocated). GPU memory is not checked here: asking
     for it would start CUDA in the launching process; a rank reports CUDA's own out-of-memory."""
+    # lazy: keeps torch out of clorch-train's start
     import torch
-
-    from clorch.config.model_spec import build_model_for
 
     if backend == "nccl":
         return []
@@ -208,6 +208,7 @@ def path_errors(cfg: TrainConfig, run_dir: Path | None) -> list[str]:
 
 def external_ranks(cfg: Any, external: Any, problems: list[str]) -> tuple[int, list[int] | None, str]:
     """Ranks as the external launcher placed them: this node's count, this rank's device."""
+    # lazy: clorch.distributed.groups imports torch, kept out of clorch-train's start
     from clorch.distributed.groups import resolve_backend
 
     try:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from clorch.config.schema import TargetModelConfig
 from clorch.env import restart_count
 
 RECORD_KEY = "run"
@@ -20,8 +21,6 @@ RECORD_KEY = "run"
 
 def run_record(cfg: Any, world_size: int) -> dict[str, Any]:
     """What a resumed run must keep: the model, the data, the batch and the world size."""
-    from clorch.config.schema import TargetModelConfig
-
     model = cfg.model
     model_values = {"_target_": model.target, **model.kwargs} \
         if isinstance(model, TargetModelConfig) else asdict(model)
@@ -36,6 +35,7 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
         return None
     if ckpt.resume != "latest":
         return Path(ckpt.resume).expanduser()
+    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
     from clorch.checkpoint.policy import step_checkpoints
 
     # The newest step checkpoint by name: its metadata is all this check reads. Rank 0
@@ -62,7 +62,9 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
     path = _candidate(cfg, run_dir)
     if path is None or not path.is_file():
         return []
+    # lazy: clorch.checkpoint.errors imports torch, kept out of clorch-train's start
     from clorch.checkpoint.errors import CheckpointError
+    # lazy: clorch.checkpoint.metadata imports torch, kept out of clorch-train's start
     from clorch.checkpoint.metadata import read
 
     key = f"checkpoint.resume={cfg.checkpoint.resume}"

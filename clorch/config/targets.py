@@ -25,6 +25,7 @@ import importlib
 import os
 import re
 import sys
+from importlib.metadata import entry_points
 from typing import Any, Iterator, Mapping
 
 DEFAULT_PREFIXES = ("clorch", "torch.optim", "torch.nn")
@@ -56,8 +57,6 @@ def _env_modules(environ: Mapping[str, str]) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _entry_point_modules() -> tuple[str, ...]:
     """Installed packages' declarations (read once: installing a package restarts no process)."""
-    from importlib.metadata import entry_points
-
     return tuple(ep.value.split(":")[0].strip() for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 

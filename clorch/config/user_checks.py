@@ -11,7 +11,6 @@ with every other error.
 from __future__ import annotations
 
 import traceback
-from typing import Any
 
 from clorch.config.data_spec import is_user_data, model_sizes_of, user_tasks
 from clorch.config.model_spec import build_model_for

@@ -22,7 +22,7 @@ import inspect
 from typing import Any, Mapping
 
 from clorch.config import schema
-from clorch.config.fields import check_section, non_finite
+from clorch.config.fields import check_section, did_you_mean, non_finite
 from clorch.config.targets import check_target, resolve_target
 
 # Target key -> the arguments clorch passes itself (positionally or by name).
@@ -85,8 +85,9 @@ def argument_errors(where: str, target_path: str, kwargs: Mapping[str, Any]) -> 
             errors.append(f"{section}.{key} is passed by clorch (it calls {_call_shape(where)}); "
                           f"remove it with ~{section}.{key}")
         elif key not in names:
+            free = [n for n in names if n not in passed]
             errors.append(f"{section}.{key}={value!r} is not an argument of {where}={target_path}; "
-                          f"its arguments: {', '.join(n for n in names if n not in passed) or 'none'} "
+                          f"{did_you_mean(key, free)}its arguments: {', '.join(free) or 'none'} "
                           f"(remove it with ~{section}.{key})")
     return errors
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, DistEnv, read_env
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, DistEnv, read_env, restart_count
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for NCCL; a hung rank is found within 10 minutes
@@ -160,8 +160,6 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
     range (nnodes=MIN:MAX) does not raise the healthy nodes' count, and such a
     start may then wait for its collective timeout before restarting again.
     """
-    from clorch.env import restart_count
-
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                           is_master=env.rank == 0 and not agent_hosts, timeout=timeout, multi_tenant=True)

@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from clorch.config.composer import format_value
+from clorch.config.plan import plan_overrides, run_errors_as_config_errors
+from clorch.engine.outputs import new_run_dir
+from clorch.engine.run import execute
+from clorch.precision import get_precision
 
 # Keyword arguments run_local takes as shorthands, and the config keys they set.
 SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_size": "batch_size",
@@ -14,8 +18,6 @@ SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_si
 
 
 def _precision(value: Any) -> str:
-    from clorch.precision import get_precision
-
     name = value.lstrip(":") if isinstance(value, str) else value
     return f"precision={get_precision(name).name}"
 
@@ -71,10 +73,6 @@ def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None =
         ConfigError: every config error at once (nothing is launched).
         ValueError: a bad precision name.
     """
-    from clorch.config.plan import plan_overrides, run_errors_as_config_errors
-    from clorch.engine.outputs import new_run_dir
-    from clorch.engine.run import execute
-
     plan = plan_overrides(overrides_for(devices, nproc_per_node, recipe, overrides), run_dir)
     directory = Path(run_dir) if run_dir is not None else new_run_dir()
     with run_errors_as_config_errors():

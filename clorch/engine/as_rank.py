@@ -16,6 +16,7 @@ A failing rank exits non-zero; the external launcher then ends the others.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -24,7 +25,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from clorch.config.checks import ConfigError
+from clorch.config.checks import ConfigError, EXIT_STATUS, print_config_errors
+from clorch.config.overrides import compose_once
+from clorch.config.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
+from clorch.engine.footprint import using_run_dir
+from clorch.engine.outputs import rank0_result_path, write_json
+from clorch.engine.run import owning_checkpoint_dir, summarize, write_start, write_summary
+from clorch.engine.tracking import feed_at_end
+from clorch.env import restart_count
+from clorch.launch.child import resolve_target
+from clorch.launch.external import detect, rank_environ
 
 REPORT_GRACE_S = 10.0
 
@@ -41,8 +51,6 @@ def run_dir_for(rank: Any, overrides: list[str]) -> Path:
 def _report_errors(errors: list[str], rank: Any, always: bool = False) -> int:
     """Print the config errors once per node (local rank 0, or this rank when `always`);
     return the exit status."""
-    from clorch.config.checks import EXIT_STATUS, print_config_errors
-
     if rank.env.local_rank == 0 or always:
         print_config_errors(errors)
     else:
@@ -55,9 +63,10 @@ def _report_errors(errors: list[str], rank: Any, always: bool = False) -> int:
 def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> dict[str, Any] | None:
     """Join the job's process group and train as this rank, with the engine's worker
     (or `worker`, "module:function" taking the launcher's context, as `execute(worker=)`)."""
+    # lazy: clorch.distributed imports torch, kept out of clorch-train's start
     from clorch.distributed import destroy_process_group, init_process_group
+    # lazy: clorch.engine.worker imports torch, kept out of clorch-train's start
     from clorch.engine.worker import train
-    from clorch.launch.external import rank_environ
 
     os.environ.update(rank_environ(rank))
     init_process_group(plan.backend, timeout=plan.config.launcher.collective_timeout)
@@ -67,7 +76,6 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> di
                "args": {"plan": plan.to_dict(), "run_dir": str(run_dir)}}
         if worker is None:
             return train(plan, run_dir, ctx)
-        from clorch.launch.child import resolve_target
 
         return resolve_target(worker)(ctx)
     finally:
@@ -76,8 +84,6 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> di
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
     """Compose, check, and train as this rank; returns the exit status."""
-    from clorch.config.overrides import compose_once
-
     cfg, errors = compose_once([o for o in overrides
                                 if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is None:
@@ -93,8 +99,6 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
     (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir` and the
     directory the user ran from as `base` (relative paths are relative to it).
     """
-    from clorch.config.plan import plan_or_errors
-
     # No launching process of clorch's checked this job: every rank is an entry of its own
     # and checks the same (read-only) things, so that an error stops all of them before any
     # waits for the others in the process group.
@@ -107,19 +111,12 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
 
 def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
     """Train as this rank from a checked plan; rank 0 writes the run's outputs."""
-    from clorch.env import restart_count
     if rank.env.rank == 0:
-        from clorch.engine.run import write_start
-
         write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
         print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"),
               flush=True)
     start = time.perf_counter()
     try:
-        from clorch.config.plan import run_errors_as_config_errors
-        from clorch.engine.footprint import using_run_dir
-        from clorch.engine.run import owning_checkpoint_dir
-
         # Rank 0 writes the checkpoints (save_checkpoint), so it alone holds the directory, for the
         # job (the launcher's job id): a restarted rank 0 of the same job takes it again.
         holding = owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}") \
@@ -135,15 +132,12 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
               f"(run directory {run_dir})", file=sys.stderr, flush=True)
         return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:
-        from clorch.engine.run import summarize, write_summary
-
         status = {"state": "succeeded", "results": [result], "failed_rank": None, "error": None,
                   "exit_codes": None, "attempts": [None] * (restart_count() + 1)}
         summary = summarize(status, run_dir, plan, time.perf_counter() - start)
         summary["launcher"] = rank.launcher
         write_summary(run_dir, summary, plot=False)
         print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
-        from clorch.engine.tracking import feed_at_end
 
         # After training, from metrics.jsonl: no tracker call ever waits inside a training step.
         feed_at_end(plan, run_dir, summary["status"])
@@ -152,8 +146,6 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
 
 def _plan_from_file(plan_path: Path, run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
     """The plan the launching process checked and wrote, for the world the rendezvous formed."""
-    from clorch.config.plan import for_world_size, read_plan
-
     try:
         plan = read_plan(plan_path)
     except ValueError as exc:
@@ -169,10 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     each rank reads it, checks its digest, and adapts only the step arithmetic when the
     rendezvous formed another world size (an elastic nnodes range).
     """
-    import argparse
-
-    from clorch.launch.external import detect
-
     parser = argparse.ArgumentParser(prog="python -m clorch.engine.as_rank")
     parser.add_argument("--plan", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path)
@@ -190,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1  # the launcher ends the other ranks
     if rank.env.rank == 0:  # the launching process puts it into summary.json
-        from clorch.engine.outputs import rank0_result_path, write_json
-
-        from clorch.env import restart_count
-
         # The elastic agent runs inside the launching process, which started this rank.
         write_json(rank0_result_path(options.run_dir, os.getppid()), {"result": result, "restarts": restart_count()})
     return 0

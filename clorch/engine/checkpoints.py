@@ -11,11 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from clorch.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, prune_checkpoints,
+                               save_checkpoint)
+from clorch.config.resume import RECORD_KEY, run_record
 from clorch.config.schema import TrainConfig
+from clorch.distributed import all_gather_into, is_initialized, rank, world_size
 from clorch.engine.components import Components
 from clorch.engine.loop import LoopState
-from clorch.config.resume import RECORD_KEY, run_record
 from clorch.env import restart_count as env_restart_count
 
 
@@ -47,8 +51,6 @@ def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     """
     resume = cfg.checkpoint.resume
     if restart_count() > 0 or resume == "latest":
-        from clorch.checkpoint import latest_checkpoint
-
         directory = checkpoint_dir(cfg, run_dir)
         latest = latest_checkpoint(directory) if directory.is_dir() else None
         if latest is not None or resume in ("latest", "none"):
@@ -68,10 +70,6 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     to resume, and the ones that load would wait forever on the others.
     Only rank 0 verifies the candidates (hashing each archive).
     """
-    import torch.distributed as dist
-
-    from clorch.distributed import is_initialized, rank, world_size
-
     path = resume_path(cfg, run_dir) if rank() == 0 else None
     if is_initialized() and world_size() > 1:
         box = [None if path is None else str(path)]
@@ -91,8 +89,6 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
         run_dir: the run directory writing it: a run resumed from the checkpoint
             starts its metrics.jsonl with that directory's records up to the step.
     """
-    from clorch.checkpoint import save_checkpoint
-
     path.parent.mkdir(parents=True, exist_ok=True)
     # The open logging window travels too, so the first metrics line after a
     # resume averages the same steps as an uninterrupted run's (one host read).
@@ -114,8 +110,6 @@ def restore(parts: Components, path: Path) -> LoopState:
     Raises:
         ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
     """
-    from clorch.checkpoint import load_checkpoint
-
     saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
                             scaler=parts.scaler)
     _check_training_state(path, saved, parts.world_size)
@@ -141,8 +135,6 @@ def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
     Raises:
         CheckpointError: the first field that is not what `save` writes.
     """
-    from clorch.checkpoint import CheckpointError
-
     def count(value: Any) -> bool:
         return type(value) is int and value >= 0
 
@@ -179,7 +171,6 @@ def _gather_window(parts: Components, state: LoopState) -> list[float] | None:
     """
     if state.window_loss is None:
         return None
-    from clorch.distributed import all_gather_into, is_initialized
 
     mine = state.window_loss.detach().float().reshape(1)
     if not is_initialized() or parts.world_size == 1:
@@ -197,6 +188,4 @@ def _scheduler_state(scheduler: Any) -> dict[str, Any]:
 
 def prune(cfg: TrainConfig, run_dir: Path) -> None:
     """Keep the newest `checkpoint.keep_last` step checkpoints. Rank 0 only."""
-    from clorch.checkpoint import prune_checkpoints
-
     prune_checkpoints(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)

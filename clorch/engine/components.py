@@ -7,14 +7,24 @@ when world_size > 1.
 
 from __future__ import annotations
 
-from dataclasses import InitVar, asdict, dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from clorch.amp import MixedPrecision
+from clorch.checkpoint.weights import load_weights
+from clorch.config.data_spec import build_splits
+from clorch.config.model_spec import build_model_for
 from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleConfig, FP16Config,
-                                  TargetModelConfig, TrainConfig)
+                                  TrainConfig)
+from clorch.data import DistributedSampler
+from clorch.data.placement import place_task
+from clorch.distributed import device, is_initialized
+from clorch.nn.parallel import DistributedDataParallel
+from clorch.optim import build_optimizer, build_scheduler
+from clorch.precision import PRECISIONS
 
 
 @dataclass
@@ -85,9 +95,6 @@ Components.autocast_dtype = property(  # type: ignore[assignment]
 
 def _precision_from(device: torch.device, autocast_dtype: torch.dtype | None, scaler: Any) -> Any:
     """The MixedPrecision of the older pair: fp32 without an autocast dtype, else the dtype's mode."""
-    from clorch.amp import MixedPrecision
-    from clorch.precision import PRECISIONS
-
     modes = [mode for mode in PRECISIONS.values() if mode.autocast_dtype() == autocast_dtype]
     if not modes:
         raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype!r}")
@@ -96,8 +103,6 @@ def _precision_from(device: torch.device, autocast_dtype: torch.dtype | None, sc
 
 
 def _device(ctx: Mapping[str, Any]) -> torch.device:
-    from clorch.distributed import device, is_initialized
-
     if is_initialized():
         return device()
     return torch.device("cuda", torch.cuda.current_device()) if ctx.get("backend") == "nccl" \
@@ -106,8 +111,6 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 
 def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data` (a dataset of yours loads for `device_type`)."""
-    from clorch.config.data_spec import build_splits
-
     return build_splits(cfg, device_type)
 
 
@@ -118,20 +121,14 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     Raises:
         ValueError: the init_from file does not fit the model (the plan checks it first).
     """
-    from clorch.config.model_spec import build_model_for
-
     model = build_model_for(cfg, task.model_kwargs())
     path = getattr(cfg.model, "init_from", None)
     if path is not None:
-        from clorch.checkpoint.weights import load_weights
-
         load_weights(model, path, strict=cfg.model.init_strict)
     return model
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    from clorch.optim import build_optimizer
-
     optim = cfg.optim
     extra = {"betas": tuple(optim.betas)} if isinstance(optim, AdamWConfig) else {"momentum": optim.momentum}
     return build_optimizer(optim.name, model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
@@ -139,8 +136,6 @@ def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    from clorch.optim import build_scheduler
-
     schedule = cfg.schedule
     if isinstance(schedule, CosineScheduleConfig):
         return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps,
@@ -150,8 +145,6 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> Any:
     """The MixedPrecision of `cfg.precision` on `device`; fp16's scaler from `precision.scaler`."""
-    from clorch.amp import MixedPrecision
-
     precision = cfg.precision
     if not isinstance(precision, FP16Config):
         return MixedPrecision(precision.name, device)
@@ -184,13 +177,9 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     Raises:
         ValueError, TypeError: the builders reject a setting (the checks catch most first).
     """
-    from clorch.data import DistributedSampler
-    from clorch.nn.parallel import DistributedDataParallel
-
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
     task, eval_task = build_tasks(cfg, device.type)
-    from clorch.data.placement import place_task
 
     for split in (task, eval_task):
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning

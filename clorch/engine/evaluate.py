@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from clorch.data.tasks import finalize_metrics
+from clorch.distributed import all_reduce, is_initialized
 from clorch.engine.components import Components
 from clorch.engine.loop import micro_batches, to_device
 
@@ -39,9 +41,6 @@ def evaluate(parts: Components) -> dict[str, float]:
     Raises:
         ValueError: the eval split has fewer samples than ranks.
     """
-    from clorch.data.tasks import finalize_metrics
-    from clorch.distributed import all_reduce, is_initialized
-
     if len(parts.eval_task) < parts.world_size:
         raise ValueError(f"the eval split has {len(parts.eval_task)} samples, fewer than the "
                          f"{parts.world_size} ranks: use more data")

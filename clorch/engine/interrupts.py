@@ -95,7 +95,9 @@ def interrupts_raise() -> Iterator[None]:
 
 def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str]) -> str:
     """One sentence: the command that resumes the interrupted run, or why there is none."""
+    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
     from clorch.checkpoint.policy import step_checkpoints
+    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
     from clorch.engine.checkpoints import checkpoint_dir
 
     if cfg.checkpoint.policy != "periodic":

@@ -142,6 +142,7 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
     Args:
         argv: the command line to record; None: the one `typed_command` holds, else `sys.argv`.
     """
+    # lazy: keeps torch out of clorch-train's start
     import torch
 
     cuda = torch.cuda.is_available()
@@ -205,6 +206,7 @@ class MetricsWriter:
         self._file = open(self.path, "a")
         self._tb = None
         if tensorboard_dir is not None:
+            # lazy: keeps torch out of clorch-train's start
             from torch.utils.tensorboard import SummaryWriter
 
             fresh = not Path(tensorboard_dir).exists()  # else it holds the history already
@@ -348,7 +350,5 @@ def rank0_result_path(run_dir: Path, launching_pid: int | None = None) -> Path:
     The name holds that process's host and pid: with several nodes sharing the run
     directory, only rank 0's own node finds it and writes the summary.
     """
-    import socket
-
     pid = os.getpid() if launching_pid is None else launching_pid
     return run_dir / f".rank0_result-{socket.gethostname()}-{pid}.json"

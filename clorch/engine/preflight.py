@@ -13,17 +13,17 @@ from typing import Any
 
 import torch
 
+from clorch.config.data_spec import model_sizes_of
 from clorch.config.model_spec import build_model_for
 from clorch.config.plan import Plan
 from clorch.config.schema import AdamWConfig
 from clorch.engine.outputs import announce
+from clorch.preflight import run_preflight
 
 
 def _estimate(plan: Plan) -> dict[str, Any]:
     """What training this model keeps per parameter: fp32 weights (autocast computes in
     bf16/fp16 from fp32 weights), the gradients beside them, and the optimizer's buffers."""
-    from clorch.config.data_spec import model_sizes_of
-
     cfg = plan.config
     sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
     with torch.device("meta"):
@@ -43,7 +43,6 @@ def run_first(plan: Plan, run_dir: Path, checkpoint_dir: Path | None, rank: int)
     """
     if plan.preflight == "false":
         return None
-    from clorch.preflight import run_preflight
 
     result = run_preflight(plan.config.preflight, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
                            **_estimate(plan))

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from clorch.engine.outputs import EVENTS
 
 
@@ -56,8 +58,6 @@ class Progress:
         self._index = 0  # the next record's position in the file
         self._bar = None
         if mode == "bar":
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total_steps, unit="step", file=self.stream, dynamic_ncols=True)
 
     def _read_records(self) -> list[Any]:

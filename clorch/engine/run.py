@@ -10,6 +10,7 @@ metrics.jsonl (clorch.engine.tracking), never from the ranks' training step.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -19,20 +20,21 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
-from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics, write_json
 from clorch._files import write_text_atomic
+from clorch.config.plan import Plan, write_plan
+from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted
+from clorch.engine.outputs import announce, env_record, plot_loss, rank0_result_path, read_metrics, write_json
 from clorch.engine.progress import Progress
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
-from clorch.config.plan import Plan
+from clorch.launch import launch
+from clorch.launch.torchrun import TorchrunError, run_torchrun
 
 POLL_S = 0.25
 WORKER = "clorch.engine.worker:main"
 
 
 def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
-    from clorch.launch import launch
-
     launcher = plan.config.launcher
     return launch(worker, nproc_per_node=plan.nproc_per_node, devices=plan.devices,
                   backend=plan.backend, timeout=launcher.timeout,
@@ -180,8 +182,6 @@ def execute(plan: Plan, run_dir: str | Path, *,
         TypeError: `plan` is not a Plan (compose and resolve a config first).
         DirectoryInUse: another live job holds the checkpoint directory.
     """
-    from clorch.engine.footprint import using_run_dir
-
     if not isinstance(plan, Plan):
         raise TypeError(f"execute() takes the Plan clorch.config.plan.resolve(cfg, run_dir) returns, "
                         f"got {type(plan).__name__}")
@@ -205,7 +205,9 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> 
     if plan.config.checkpoint.policy == "none":
         yield
         return
+    # lazy: clorch.checkpoint.locks imports torch, kept out of clorch-train's start
     from clorch.checkpoint.locks import DirectoryLock
+    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
     from clorch.engine.checkpoints import checkpoint_dir
 
     job = job_id(plan) if job is None else job
@@ -264,13 +266,8 @@ def _one_node(nnodes: int | str) -> bool:
 
 def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> dict[str, Any]:
     """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
-    import json
-
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    from clorch.engine.outputs import rank0_result_path
-    from clorch.config.plan import write_plan
-    from clorch.launch.torchrun import TorchrunError, run_torchrun
 
     # This node's plan, for the ranks its agent starts (nodes sharing run_dir write their own).
     plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.json"

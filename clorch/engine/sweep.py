@@ -20,8 +20,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt
 
@@ -44,7 +46,6 @@ def _overrides(job_dir: Path) -> dict[str, str]:
     path = job_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
         return {}
-    from omegaconf import OmegaConf
 
     return _as_dict(list(OmegaConf.load(path)))
 
@@ -52,9 +53,6 @@ def _overrides(job_dir: Path) -> dict[str, str]:
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     """Each job's overrides, in the order Hydra's basic sweeper runs them (job N is entry N);
     None under another sweeper, or when the sweep cannot be expanded here."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     sweeper = config.hydra.sweeper
     if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
         return None

@@ -17,13 +17,16 @@ from typing import Any, Mapping
 
 import torch
 
+from clorch.checkpoint import step_checkpoint_path
+from clorch.checkpoint.weights import save_safetensors
+from clorch.config.plan import Plan
 from clorch.config.schema import TrainConfig
+from clorch.distributed import all_reduce, is_initialized
 from clorch.engine import checkpoints, preflight
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
-from clorch.config.plan import Plan
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -56,8 +59,6 @@ class StepHooks:
         ckpt = cfg.checkpoint
         # The last step too, so that resume=latest after a finished run finds the end.
         if ckpt.policy == "periodic" and (step % ckpt.every_n_steps == 0 or step == self.total):
-            from clorch.checkpoint import step_checkpoint_path
-
             directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
             checkpoints.save(cfg, self.parts, step_checkpoint_path(directory, step), state, self.run_dir)
             if self.parts.rank == 0:
@@ -68,8 +69,6 @@ class StepHooks:
 
         Every rank must call it: one all_reduce (a host sync, only on logging steps).
         """
-        from clorch.distributed import all_reduce, is_initialized
-
         parts = self.parts
         window = state.window_loss.detach().clone().float()
         if is_initialized() and parts.world_size > 1:
@@ -216,6 +215,5 @@ def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
     """Rank 0 writes the final weights for other tools (checkpoint.export); the path, or None."""
     if cfg.checkpoint.export != "safetensors" or parts.rank != 0:
         return None
-    from clorch.checkpoint.weights import save_safetensors
 
     return str(save_safetensors(parts.raw_model, run_dir / EXPORT_FILE))

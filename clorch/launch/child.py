@@ -20,6 +20,7 @@ Nothing here imports torch before step 3, and nothing at all without a backend.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -109,7 +110,7 @@ def _call(fn: Any, backend: str, args: Any) -> Any:
     }
     if backend == "none":
         return fn(ctx)
-    # Imported here, not at the top: a rank started without a backend never imports torch.
+    # lazy: a rank started without a backend never imports torch
     import torch.distributed as dist
 
     with resolve_target(GROUP_OPENER)(backend=backend):
@@ -143,8 +144,6 @@ def exit_without_finalizing(code: int) -> None:
     SIGABRT) once in a few hundred runs, which turned a finished rank into a
     failed job. User atexit handlers (logging's flush among them) still run.
     """
-    import atexit
-
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -85,7 +85,7 @@ def _submitit_local(environ: Mapping[str, str]) -> ExternalRank | None:
     """A task of a job of submitit's local executor (hydra/launcher=submitit_local)."""
     if environ.get("SUBMITIT_EXECUTOR") != "local":
         return None
-    import submitit  # installed wherever a submitit job runs
+    import submitit  # lazy: submitit is optional (clorch[slurm]); installed wherever a submitit job runs
 
     job = submitit.JobEnvironment()
     if job.num_tasks <= job.num_nodes:  # one task per node: clorch's launcher runs the ranks

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -99,8 +100,6 @@ def launch(
 
 
 def _with_log_dir(config: LaunchConfig) -> LaunchConfig:
-    from dataclasses import replace
-
     if config.log_dir:
         try:
             Path(config.log_dir).mkdir(parents=True, exist_ok=True)

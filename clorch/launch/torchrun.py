@@ -16,8 +16,12 @@ rank, exit code and error file, if torch recorded one).
 from __future__ import annotations
 
 import os
+import pickle
+import socket
 import sys
 import threading
+from base64 import b64decode
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +59,11 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
     Raises:
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
     """
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.rendezvous.api import RendezvousError
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     low, high = _node_range(launcher.nnodes)
@@ -103,8 +110,7 @@ class _JoinWatcher(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        from datetime import timedelta
-
+        # lazy: keeps torch out of clorch-train's start
         import torch.distributed as dist
 
         host, _, port = self.endpoint.rpartition(":")
@@ -123,17 +129,12 @@ class _JoinWatcher(threading.Thread):
 
     def describe(self) -> str:
         if not self.joined:  # not read in time (a loaded machine, a short timeout): this node joined
-            import socket
-
             return f"1 node(s) joined ({socket.gethostname()}, this node); no other was seen"
         return f"{len(self.joined)} node(s) joined ({', '.join(self.joined)})"
 
 
 def _participants(raw: bytes) -> list[str] | None:
     """`host (pid N)` of each node in torch's pickled rendezvous state, or None if unreadable."""
-    import pickle
-    from base64 import b64decode
-
     try:
         state = pickle.loads(b64decode(raw))  # what torch's agents themselves store and load
         nodes = list(state.participants) + list(state.wait_list)

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
 import torch.distributed as dist
 
 from clorch._files import write_json_atomic

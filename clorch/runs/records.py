@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from clorch.launch.procs import pid_alive
+
 # The files whose presence makes a directory a run directory.
 MARKERS = ("env.json", "summary.json", "config.yaml", "metrics.jsonl", "logs/job.json")
 # What a sweep directory holds besides its numbered trials.
@@ -162,7 +164,6 @@ class Run:
         if host != socket.gethostname() or not isinstance(pid, int):
             return "unknown"  # a pid means nothing on another host
         # Imported here, for runs without a summary only: clorch.launch costs the listing ~0.1 s.
-        from clorch.launch.procs import pid_alive
 
         if pid_alive(pid):
             return "running"

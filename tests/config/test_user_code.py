@@ -77,6 +77,8 @@ def test_loss_and_step_mistakes_are_named():
     _one(_errors(*BLOBS, "loss=cross_entropy", "data.colour=3"),
          "data.colour=3 is not an argument of data._target_=clorch.data.datasets.Blobs",
          "its arguments: sample_count, features, classes, spread, seed")
+    _one(_errors(*BLOBS, "loss=cross_entropy", "data.featurs=3"),
+         "data.featurs=3 is not an argument", "did you mean features? its arguments:")
     _one(_errors(*BLOBS, "loss=cross_entropy", "data.num_workers=-1"), "data.num_workers must be >= 0, got -1")
     _one(_errors(*BLOBS, "loss=cross_entropy", "data.persistent_workers=true"),
          "data.persistent_workers=True needs worker processes")

@@ -18,9 +18,10 @@ from torch import nn
 
 from clorch.amp.mixed_precision import MixedPrecision
 from clorch.amp.scaler import GradScaler
-from clorch.distributed.groups import check_group_joined, is_initialized, world_size
+from clorch.distributed.groups import check_group_joined, world_size
 from clorch.nn.parallel.comm_hooks import HookReducer
 from clorch.nn.parallel.options import check_device_ids, check_process_group, check_unsupported
+from clorch.nn.parallel.overlap import BucketStepper
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
 from clorch.nn.parallel.torch_ddp import TorchDDPInterface, refuse_torch_internals
@@ -248,8 +249,6 @@ class DistributedDataParallel(TorchDDPInterface):
                 parameters, needs every parameter at once (LBFGS), or an
                 optimizer was already handed over.
         """
-        from clorch.nn.parallel.overlap import BucketStepper
-
         if isinstance(self._reducer, HookReducer):
             raise ValueError("step_in_backward() cannot be combined with register_comm_hook(): the "
                              "hook's Future, not clorch's all-reduce, completes each bucket")

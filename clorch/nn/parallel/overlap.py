@@ -28,6 +28,7 @@ import copy
 from typing import Sequence
 
 import torch
+from torch.optim.adam import adam
 
 from clorch.nn.parallel.buckets import Bucket, wait_for_reduction
 
@@ -139,7 +140,6 @@ class BucketStepper:
         lists = self._adam_lists(index)
         if lists is None:
             return False
-        from torch.optim.adam import adam
 
         for g, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in lists:
             group = main.param_groups[g]
