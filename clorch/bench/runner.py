@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import clorch.distributed as cd
+from clorch.amp import MixedPrecision
 from clorch.bench import runner_dataset
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
@@ -157,10 +158,11 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
     parts = Components(model=ddp, raw_model=model, optimizer=optimizer,
-                   scheduler=build_scheduler(optimizer, "constant"), scaler=None, task=task,
-                   eval_task=task, sampler=DistributedSampler(len(task), seed=1), device=device,
-                   autocast_dtype=torch.bfloat16, batch_size=opts["batch_size"], accumulation=1,
-                   cuda_graphs=replays_cuda_graphs(opts["compile"], opts["compile_mode"], device))
+                       scheduler=build_scheduler(optimizer, "constant"), task=task, eval_task=task,
+                       sampler=DistributedSampler(len(task), seed=1), device=device,
+                       precision=MixedPrecision("bf16", device), batch_size=opts["batch_size"],
+                       accumulation=1,
+                       cuda_graphs=replays_cuda_graphs(opts["compile"], opts["compile_mode"], device))
     cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     hooks = StepHooks(cfg, parts, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)

@@ -7,7 +7,7 @@ when world_size > 1.
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -24,7 +24,6 @@ from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
 from clorch.optim import build_optimizer, build_scheduler
-from clorch.precision import PRECISIONS
 
 
 @dataclass
@@ -34,13 +33,6 @@ class Components:
 
     `precision` (a `clorch.amp.MixedPrecision`) owns autocast, the loss scaler,
     backward and the optimizer step; `scaler` and `autocast_dtype` read it.
-    Made without `precision`, it is built from the older keyword pair
-    `scaler=` (a GradScaler or None) and `autocast_dtype=` (None: fp32), which
-    code building Components by hand may still pass.
-
-    Raises:
-        ValueError: `precision` and a `scaler`/`autocast_dtype` that disagrees
-            with it were both given, or the pair names no precision mode.
     """
 
     model: Any                      # clorch.nn.parallel.DistributedDataParallel
@@ -53,24 +45,21 @@ class Components:
     device: torch.device
     batch_size: int                 # samples per micro-batch per rank
     accumulation: int               # micro-batches per optimizer step
-    precision: Any = None           # clorch.amp.MixedPrecision (None: built from scaler/autocast_dtype)
+    precision: MixedPrecision
     rank: int = 0
     world_size: int = 1
     cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
-    # Init-only: the pair `precision` replaced, for callers that still build Components from it.
-    scaler: InitVar[Any] = None
-    autocast_dtype: InitVar[Any] = None
 
-    def __post_init__(self, scaler: Any, autocast_dtype: torch.dtype | None) -> None:
-        if self.precision is None:
-            self.precision = _precision_from(self.device, autocast_dtype, scaler)
-            return
-        # dataclasses.replace() passes the pair read back from `precision`: that agrees.
-        if (scaler is not None and scaler is not self.precision.scaler) or \
-                (autocast_dtype is not None and autocast_dtype != self.precision.autocast_dtype):
-            raise ValueError("Components takes precision, or the older scaler and autocast_dtype, not both "
-                             f"(got precision={self.precision!r}, scaler={scaler!r}, "
-                             f"autocast_dtype={autocast_dtype!r})")
+    @property
+    def scaler(self) -> Any:
+        """The loss scaler (clorch.amp.GradScaler), or None without fp16: `precision.scaler`.
+        Checkpoints save and restore it."""
+        return self.precision.scaler
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype forward passes run in, or None for fp32 (no autocast): `precision.autocast_dtype`."""
+        return self.precision.autocast_dtype
 
     @property
     def pin_memory(self) -> bool:
@@ -80,26 +69,6 @@ class Components:
     def autocast(self):
         """The autocast context for forward passes (a pass-through for fp32): `precision.autocast()`."""
         return self.precision.autocast()
-
-
-# Read-only views of `precision`, set after @dataclass made `scaler` and `autocast_dtype` init-only
-# arguments (as class attributes in the body they would be taken for the arguments' defaults).
-Components.scaler = property(  # type: ignore[assignment]
-    lambda self: self.precision.scaler,
-    doc="The loss scaler (clorch.amp.GradScaler), or None without fp16: `precision.scaler`. "
-        "Checkpoints save and restore it.")
-Components.autocast_dtype = property(  # type: ignore[assignment]
-    lambda self: self.precision.autocast_dtype,
-    doc="The dtype forward passes run in, or None for fp32 (no autocast): `precision.autocast_dtype`.")
-
-
-def _precision_from(device: torch.device, autocast_dtype: torch.dtype | None, scaler: Any) -> Any:
-    """The MixedPrecision of the older pair: fp32 without an autocast dtype, else the dtype's mode."""
-    modes = [mode for mode in PRECISIONS.values() if mode.autocast_dtype() == autocast_dtype]
-    if not modes:
-        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype!r}")
-    # An fp16 pair without a scaler ran fp16 autocast unscaled: keep that (scaler=False).
-    return MixedPrecision(modes[0], device, scaler=False if scaler is None else scaler)
 
 
 def _device(ctx: Mapping[str, Any]) -> torch.device:

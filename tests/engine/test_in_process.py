@@ -100,9 +100,9 @@ def test_config_keys_reach_the_ddp_model_and_the_task():
     assert parts.task.compile_loss == "default" and parts.eval_task.compile_loss is False
 
 
-def test_components_precision_from_the_config_and_from_the_older_pair():
+def test_components_take_one_precision_object():
     """precision=fp16 builds a MixedPrecision whose scaler takes precision.scaler's settings;
-    `scaler` and `autocast_dtype` read it; Components built from the older pair still work."""
+    `scaler` and `autocast_dtype` are read-only views of it."""
     import dataclasses
 
     from clorch.amp import GradScaler, MixedPrecision
@@ -119,13 +119,10 @@ def test_components_precision_from_the_config_and_from_the_older_pair():
     fp32 = _components()
     assert fp32.precision.name == "fp32" and fp32.scaler is None and fp32.autocast_dtype is None
     fields = {f.name: getattr(fp32, f.name) for f in dataclasses.fields(Components) if f.name != "precision"}
-    older = Components(**fields, scaler=None, autocast_dtype=torch.bfloat16)
-    assert older.precision.name == "bf16" and older.scaler is None
     scaler = GradScaler("cpu")
-    older = Components(**fields, scaler=scaler, autocast_dtype=torch.float16)
-    assert older.precision.name == "fp16" and older.scaler is scaler
-    assert Components(**fields).precision.name == "fp32"
-    with pytest.raises(ValueError, match="Components takes precision, or the older scaler and autocast_dtype"):
-        Components(**fields, precision=fp32.precision, autocast_dtype=torch.bfloat16)
+    made = Components(**fields, precision=MixedPrecision("fp16", "cpu", scaler=scaler))
+    assert made.precision.name == "fp16" and made.scaler is scaler and made.autocast_dtype == torch.float16
+    with pytest.raises(TypeError, match="precision"):
+        Components(**fields)  # the precision object is required: no older scaler/autocast_dtype pair
     with pytest.raises(AttributeError):
         fp32.scaler = scaler
