@@ -27,7 +27,8 @@ from clorch.config.plan import (absolute, check_run_dir, config_key, plan_or_err
 from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
-from clorch.engine.run import describe_error, execute
+from clorch.engine.run import execute
+from clorch.engine.summary import describe_error
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
 

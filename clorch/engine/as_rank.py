@@ -30,7 +30,8 @@ from clorch.config.overrides import compose_once
 from clorch.config.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.outputs import rank0_result_path, write_json
-from clorch.engine.run import owning_checkpoint_dir, summarize, write_start, write_summary
+from clorch.engine.run import owning_checkpoint_dir
+from clorch.engine.summary import summarize, write_start, write_summary
 from clorch.engine.tracking import feed_at_end
 from clorch.env import restart_count
 from clorch.launch.child import resolve_target

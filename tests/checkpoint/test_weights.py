@@ -133,13 +133,19 @@ def test_state_dict_under_both_keys_is_ambiguous(tmp_path):
         read_weights(path)
 
 
-def test_strict_refuses_missing_and_unexpected_keys_and_changes_nothing(tmp_path):
+def _one_missing_one_extra(tmp_path):
+    """(source, fresh, path): `path` holds source's weights less head.bias, plus extra.weight."""
     source, fresh = _random(_Net(), 1), _random(_Net(), 2)
     state = source.state_dict()
     del state["head.bias"]
     state["extra.weight"] = torch.randn(2, 2)
     path = tmp_path / "w.pt"
     torch.save(state, path)
+    return source, fresh, path
+
+
+def test_strict_refuses_missing_and_unexpected_keys_and_changes_nothing(tmp_path):
+    source, fresh, path = _one_missing_one_extra(tmp_path)
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(ValueError) as caught:
         load_weights(fresh, path)
@@ -151,12 +157,7 @@ def test_strict_refuses_missing_and_unexpected_keys_and_changes_nothing(tmp_path
 
 
 def test_non_strict_loads_what_is_there(tmp_path):
-    source, fresh = _random(_Net(), 1), _random(_Net(), 2)
-    state = source.state_dict()
-    del state["head.bias"]
-    state["extra.weight"] = torch.randn(2, 2)
-    path = tmp_path / "w.pt"
-    torch.save(state, path)
+    source, fresh, path = _one_missing_one_extra(tmp_path)
     kept = fresh.head.bias.detach().clone()
     load_weights(fresh, path, strict=False)
     assert torch.equal(fresh.fc.weight, source.fc.weight)
