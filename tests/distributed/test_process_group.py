@@ -54,7 +54,21 @@ def test_missing_environment_is_reported_by_init(monkeypatch):
     assert not cd.is_initialized()
 
 
-def _lifecycle(rank: int, world_size: int) -> dict:
+def _wait_until_all_left(meeting: str, rank: int, world_size: int) -> None:
+    """Meet outside any group: each rank notes that it left the first group and waits for the others
+    (else a fast rank could reach the old store, still open on the same port, before it closes)."""
+    import time
+    from pathlib import Path
+
+    Path(meeting, f"left_{rank}").touch()
+    deadline = time.monotonic() + 30
+    while not all(Path(meeting, f"left_{r}").exists() for r in range(world_size)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other ranks did not leave the first group within 30 s")
+        time.sleep(0.01)
+
+
+def _lifecycle(rank: int, world_size: int, meeting: str) -> dict:
     seen = {}
     try:
         with cd.process_group(backend="gloo", timeout=30):
@@ -66,6 +80,7 @@ def _lifecycle(rank: int, world_size: int) -> dict:
             raise KeyError("body failed")
     except KeyError:
         seen["after_error"] = cd.is_initialized()
+    _wait_until_all_left(meeting, rank, world_size)
     cd.init_process_group(backend="auto", timeout=30)  # again, on the same port: the group was freed
     seen["auto"] = cd.backend()
     cd.all_reduce(torch.ones(2))
@@ -74,8 +89,8 @@ def _lifecycle(rank: int, world_size: int) -> dict:
     return seen
 
 
-def test_lifecycle_destroys_on_error_and_refuses_double_init():
-    for seen in run_ranks(_lifecycle, 2, init_group=False):
+def test_lifecycle_destroys_on_error_and_refuses_double_init(tmp_path):
+    for seen in run_ranks(_lifecycle, 2, str(tmp_path), init_group=False):
         assert seen["inside"] is True
         assert "already initialized" in seen["twice"]
         assert seen["after_error"] is False
