@@ -18,31 +18,9 @@ from clorch.checkpoint.api import CheckpointError, verify_checkpoint
 from clorch.checkpoint.atomic import remove_quietly
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
+from clorch._checkpoint_names import step_checkpoint_path, step_checkpoints  # noqa: F401 (re-exported)
 
-_STEP_NAME = re.compile(r"step_(\d{8,})\.ckpt")
 _LEFTOVER_NAME = re.compile(r"\.?step_(\d{8,})\.ckpt\..+\.(tensors|tmp)")
-
-
-def step_checkpoint_path(directory: str | Path, step: int) -> Path:
-    """`directory / "step_00000100.ckpt"` for step 100 (zero-padded so names sort by step).
-
-    Raises:
-        TypeError / ValueError: step is not an int >= 0.
-    """
-    return Path(directory) / f"step_{_int_arg('step', step, 0):08d}.ckpt"
-
-
-def step_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of the committed-looking step checkpoints in `directory`, newest first.
-
-    Names only: nothing is read or verified (see `latest_checkpoint`).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _STEP_NAME.fullmatch(p.name)) and p.is_file()]
-    return sorted(found, reverse=True)
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

@@ -168,7 +168,6 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         WeightsFileNotFoundError: nothing at `path` (both a FileNotFoundError and a ValueError).
         ValueError: `path` is not a regular file, is none of the three kinds, holds
             pickled objects, or is a clorch checkpoint failing its integrity checks.
-        ImportError: a safetensors file, without the safetensors package installed.
         TypeError: `path` is not a str or os.PathLike.
     """
     path = _as_path(path)
@@ -262,7 +261,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike, strict: bool =
     Raises:
         ValueError: the weights do not fit (every problem, one per line), the
             model is on the meta device, or `path` cannot be read (see `read_weights`).
-        WeightsFileNotFoundError, ImportError, TypeError: as for `read_weights` and `fit_errors`.
+        WeightsFileNotFoundError, TypeError: as for `read_weights` and `fit_errors`.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

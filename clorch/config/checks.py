@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from clorch._checkpoint_names import step_checkpoints
 from clorch.config import schema
 from clorch.config import user_code
 from clorch.config.fields import check_section, did_you_mean
@@ -257,9 +258,6 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     """
     if restart_count() > 0:
         return []
-    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
-    from clorch.checkpoint.policy import step_checkpoints
-
     found = sorted(path.name for _, path in step_checkpoints(Path(directory).expanduser()))
     if not found:
         return []

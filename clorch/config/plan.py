@@ -195,7 +195,8 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
 
 def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
                    run_dir: str | os.PathLike | None = None,
-                   external: Any = None, base: str | os.PathLike | None = None) -> tuple[Plan | None, list[str]]:
+                   external: Any = None, base: str | os.PathLike | None = None,
+                   sized: bool = True) -> tuple[Plan | None, list[str]]:
     """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
 
     Args:
@@ -206,6 +207,8 @@ def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
         base: make relative paths absolute against this directory first (a Hydra job passes
             the one the user ran clorch-train from); None checks them as written, relative to
             the current directory (`absolute` makes the plan's paths absolute afterwards).
+        sized: False runs only the checks that import no torch (see `config_errors`) and
+            makes no plan.
     """
     if isinstance(cfg, TrainConfig):
         typed, problems = cfg, []
@@ -217,7 +220,7 @@ def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
         typed, problems = checked_partial(values)
     if typed is None:
         return None, problems
-    plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external)
+    plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized)
     return (None, problems) if problems else (plan, [])
 
 
@@ -230,14 +233,7 @@ def config_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     pass of your own model and loss, `model.init_from` and the checkpoint to resume are
     left to `plan_or_errors`, which every run calls.
     """
-    try:
-        values = with_absolute_paths(cfg, os.getcwd())
-    except ConfigError as exc:  # an interpolation that does not resolve
-        return exc.errors
-    typed, problems = checked_partial(values)
-    if typed is not None:
-        _build(typed, None, problems, sized=False)
-    return problems
+    return plan_or_errors(cfg, sized=False)[1]
 
 
 def absolute(plan: Plan, base: str | os.PathLike) -> Plan:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from clorch._checkpoint_names import step_checkpoints
 from clorch.config.schema import TargetModelConfig
 from clorch.env import restart_count
 
@@ -35,9 +36,6 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
         return None
     if ckpt.resume != "latest":
         return Path(ckpt.resume).expanduser()
-    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
-    from clorch.checkpoint.policy import step_checkpoints
-
     # The newest step checkpoint by name: its metadata is all this check reads. Rank 0
     # verifies the archive when it resumes (and falls back to an older one of the same run).
     directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)

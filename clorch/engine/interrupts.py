@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from clorch._checkpoint_names import step_checkpoints
+
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Overrides a resumed run must not repeat: it chooses its own directory and resumes from latest.
 _REPLACED = ("hydra.run.dir", "checkpoint.resume", "checkpoint.dir")
@@ -95,8 +97,6 @@ def interrupts_raise() -> Iterator[None]:
 
 def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str]) -> str:
     """One sentence: the command that resumes the interrupted run, or why there is none."""
-    # lazy: clorch.checkpoint.policy imports torch, kept out of clorch-train's start
-    from clorch.checkpoint.policy import step_checkpoints
     # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
     from clorch.engine.checkpoints import checkpoint_dir
 

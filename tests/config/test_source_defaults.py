@@ -86,10 +86,11 @@ def test_clorch_train_help_and_cfg_job_import_no_torch(tmp_path):
     import json
 
     commands = [["--help"], ["--version"], ["+recipe=ddp_fp16", "--help"], ["--cfg", "job"],
-                ["+recipe=gpt_bf16", "--cfg", "job"], ["data=tokens", "optim.lr=-1", "--cfg", "job"]]
+                ["+recipe=gpt_bf16", "--cfg", "job"], ["checkpoint=periodic", "checkpoint.dir=ckpt", "--cfg", "job"],
+                ["data=tokens", "optim.lr=-1", "--cfg", "job"]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", _BLOCKED, json.dumps(commands)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=100)
     exits = [line for line in done.stdout.splitlines() if line.startswith("EXIT")]
-    assert exits == ["EXIT 0 False"] * 5 + ["EXIT 2 False"], done.stdout + done.stderr
+    assert exits == ["EXIT 0 False"] * 6 + ["EXIT 2 False"], done.stdout + done.stderr
     assert "optim.lr must be > 0, got -1" in done.stderr and "data.train_path" in done.stderr
