@@ -32,7 +32,7 @@ class StepResult:
     samples: int         # samples this rank trained on in the step
     lr: float = 0.0      # the learning rate the step ran with (the first param group's)
     grad_norm: Any = None  # total 2-norm of the averaged, unscaled gradients before clipping
-                           # (0-d device tensor; None where backward stepped: step_in_backward)
+                           # (a 0-d device tensor; None: no parameter had a gradient)
 
 
 def to_device(batch: Any, device: torch.device, pin: bool) -> Any:

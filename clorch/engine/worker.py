@@ -50,7 +50,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def _mean_norm(state: LoopState) -> float | None:
     """The mean gradient norm of the window's steps (its finite ones; the same on every rank),
-    or None: no step measured one (step_in_backward) or every one overflowed (fp16)."""
+    or None: every one overflowed (fp16)."""
     if state.window_norm is None:
         return None
     count = state.window_norms.item()

@@ -40,13 +40,19 @@ def clip_grad_norm(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm:
 
     Returns:
         The total norm before clipping (a 0-d float32 tensor on the gradients'
-        device), or None where there is nothing to measure: backward stepped
-        already (`step_in_backward`) or no parameter has a gradient.
+        device), or None when no parameter has a gradient. Where backward
+        stepped already (`step_in_backward`) the norm is measured only.
+
+    Raises:
+        ValueError: `max_norm` with a model that steps in backward.
     """
     if getattr(model, "steps_in_backward", False):
-        return None
-    unscale = getattr(model, "unscale_gradients", None)
-    if unscale is not None:
+        # Backward stepped already (no scaler can be in play): the averages are still in .grad,
+        # to be measured, but too late to clip.
+        if max_norm is not None:
+            raise ValueError(f"grad_clip={max_norm} cannot clip gradients that backward already "
+                             "stepped (step_in_backward): clip with an ordinary step")
+    elif (unscale := getattr(model, "unscale_gradients", None)) is not None:
         unscale(optimizer, scaler)
     else:
         inner = getattr(scaler, "scaler", scaler)  # a MixedPrecision holds its scaler
