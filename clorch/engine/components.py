@@ -107,7 +107,10 @@ def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
                            fused=optim.fused, **extra)
 
 
-TRAINING_STREAM = 1  # derive_seed's stream of the draws made while training (dropout), per rank
+# derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,
+# rank + 1). Data streams are small numbers (and epochs); numpy's SeedSequence ignores trailing
+# zero words, so a rank of 0 as the last word would give rank 0 the stream (seed, TRAINING_STREAM).
+TRAINING_STREAM = 0x7EED_0001
 
 
 def seed_training_draws(seed: int, rank: int) -> None:
@@ -116,12 +119,17 @@ def seed_training_draws(seed: int, rank: int) -> None:
     Called after the model is built, which draws from `seed` itself on every
     rank alike: the weights are the same everywhere, while dropout masks and
     any other draw in the forward differ by rank (as nanoGPT's seed + rank),
-    from a stream of `seed` of its own (`derive_seed(seed, TRAINING_STREAM,
-    rank)`), so rank 1's draws never repeat a run's at seed + 1. Local.
+    from a stream of `seed` of its own (`training_seed(seed, rank)`), so
+    rank 1's draws never repeat a run's at seed + 1 nor a data stream. Local.
     Checkpoints hold each rank's generator states, so a resume continues
     the same streams.
     """
-    torch.manual_seed(derive_seed(seed, TRAINING_STREAM, rank))
+    torch.manual_seed(training_seed(seed, rank))
+
+
+def training_seed(seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s draws while training, derived from the run's `seed`."""
+    return derive_seed(seed, TRAINING_STREAM, rank + 1)
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

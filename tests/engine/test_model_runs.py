@@ -13,10 +13,9 @@ import torch
 import clorch
 from clorch.config import compose
 from clorch.config.plan import resolve
-from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into
 from clorch.engine.api import overrides_for
-from clorch.engine.components import TRAINING_STREAM, build_components
+from clorch.engine.components import build_components, training_seed
 from clorch.engine.evaluate import evaluate
 from clorch.engine.outputs import read_metrics, without_timing
 from clorch.engine.worker import weights_digest
@@ -63,7 +62,7 @@ def test_ranks_start_from_the_same_weights_and_draw_their_own_dropout(monkeypatc
     assert digest0 == digest1
     assert not torch.equal(masks[0], masks[1])
     for rank, mask in enumerate(masks):  # from the seed, by rank
-        torch.manual_seed(derive_seed(RUN["seed"], TRAINING_STREAM, rank))
+        torch.manual_seed(training_seed(RUN["seed"], rank))
         assert torch.equal(mask, torch.nn.functional.dropout(torch.ones(256), 0.2))
 
 
