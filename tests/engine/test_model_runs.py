@@ -17,6 +17,7 @@ from clorch.distributed import all_gather_into
 from clorch.engine.api import overrides_for
 from clorch.engine.components import build_components, training_seed
 from clorch.engine.evaluate import evaluate
+from clorch.engine.loop import train_step
 from clorch.engine.outputs import read_metrics, without_timing
 from clorch.engine.worker import weights_digest
 from clorch.optim import build_scheduler
@@ -45,25 +46,43 @@ def _metrics(result) -> list[dict]:
     return without_timing(read_metrics(Path(result["run_dir"]) / "metrics.jsonl"))
 
 
-def _draws(rank: int, world_size: int, overrides: list[str]) -> tuple[str, list[torch.Tensor]]:
+def _draws_then_eval(rank: int, world_size: int, overrides: list[str]) -> dict:
+    """One rank: its initial weights' digest and dropout mask (all-gathered), then a few steps
+    and an evaluation: its BatchNorm statistics, its state and the eval metrics."""
     plan = resolve(compose(overrides))
     parts = build_components(plan.config, {"rank": rank, "world_size": world_size}, plan.total_steps)
+    digest = weights_digest(parts.raw_model)
     mask = parts.raw_model.train().drop(torch.ones(256))
     masks = torch.empty(world_size, 256)
     all_gather_into(masks, mask.reshape(1, -1))
-    return weights_digest(parts.raw_model), list(masks)
+    indices = parts.sampler.sample_indices()
+    for step in range(3):
+        train_step(parts, [parts.task.batch(indices[step * 16:(step + 1) * 16])])
+    return {"digest": digest, "masks": list(masks), "eval": evaluate(parts),
+            "running_mean": parts.raw_model.norm.running_mean.clone(),
+            "state": {k: v.clone() for k, v in parts.raw_model.state_dict().items()}}
 
 
-def test_ranks_start_from_the_same_weights_and_draw_their_own_dropout(monkeypatch):
+def test_ranks_start_alike_draw_their_own_dropout_and_evaluate_rank_0s_buffers(monkeypatch):
+    """ddp.broadcast_buffers=false: each rank keeps its own BatchNorm statistics while training,
+    and eval still runs on rank 0's on every rank (the model a checkpoint and an export hold)."""
     for key, value in TRUST.items():
         monkeypatch.setenv(key, value)
-    overrides = _overrides({k: v for k, v in RUN.items() if not k.startswith("checkpoint")})
-    (digest0, masks), (digest1, _) = run_ranks(_draws, 2, overrides, timeout=120)
-    assert digest0 == digest1
+    overrides = _overrides({**{k: v for k, v in RUN.items() if not k.startswith("checkpoint")},
+                            "ddp.broadcast_buffers": False})
+    first, second = run_ranks(_draws_then_eval, 2, overrides, timeout=120)
+    assert first["digest"] == second["digest"]
+    masks = first["masks"]
     assert not torch.equal(masks[0], masks[1])
     for rank, mask in enumerate(masks):  # from the seed, by rank
         torch.manual_seed(training_seed(RUN["seed"], rank))
         assert torch.equal(mask, torch.nn.functional.dropout(torch.ones(256), 0.2))
+    assert not torch.equal(first["running_mean"], second["running_mean"])
+    assert first["eval"] == second["eval"]
+    plan = resolve(compose(overrides))
+    alone = build_components(plan.config, {"rank": 0, "world_size": 1}, plan.total_steps)
+    alone.raw_model.load_state_dict(first["state"])
+    assert evaluate(alone)["loss"] == pytest.approx(first["eval"]["loss"], rel=1e-6)
 
 
 @pytest.fixture(scope="module")
