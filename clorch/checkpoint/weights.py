@@ -11,7 +11,9 @@
                         state dict, or a dict holding one under "model" or "state_dict"
 
 Only tensors are read: no kind runs code from the file. A `module.` prefix on
-every key (torch DDP's state dict) is stripped, whatever the kind.
+every key (torch DDP's state dict) and an `_orig_mod.` prefix (a
+torch.compile'd model's, as in nanoGPT's checkpoints) are stripped, whatever
+the kind.
 
 `fit_errors` compares names and shapes only, so it works on a model built on
 the `meta` device, before any process starts; `load_weights` then copies the
@@ -39,7 +41,8 @@ KINDS = ("a clorch checkpoint (the path given to save_checkpoint)",
 """The kinds of file `read_weights` accepts, as its errors name them."""
 
 _ACCEPTED = "it must be " + ", ".join(KINDS[:-1]) + " or " + KINDS[-1]
-_DDP_PREFIX = "module."
+# DDP's (torch's and clorch's state_dict) and torch.compile's (nanoGPT's usual checkpoint).
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _SHOWN = 5  # names listed per message; the count says how many there are in all
 _HEAD_BYTES = 16
 
@@ -78,9 +81,14 @@ def _is_safetensors(path: Path, head: bytes, size: int) -> bool:
     return head[8:9] == b"{" and 2 <= header_bytes <= size - 8
 
 
-def _strip_ddp_prefix(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    if weights and all(name.startswith(_DDP_PREFIX) for name in weights):
-        return {name[len(_DDP_PREFIX):]: tensor for name, tensor in weights.items()}
+def _strip_wrapper_prefixes(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Without the prefix a wrapper put on every key, as often as one is there (DDP over a compiled model
+    gives `module._orig_mod.`)."""
+    while weights:
+        prefix = next((p for p in _WRAPPER_PREFIXES if all(name.startswith(p) for name in weights)), None)
+        if prefix is None:
+            break
+        weights = {name[len(prefix):]: tensor for name, tensor in weights.items()}
     return weights
 
 
@@ -162,7 +170,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             "model" or "state_dict" key), or a safetensors file (see the module docstring).
 
     Returns:
-        The state dict, without the `module.` prefix torch DDP puts on every key.
+        The state dict, without the `module.` prefix torch DDP puts on every key
+        and the `_orig_mod.` prefix of a torch.compile'd model.
 
     Raises:
         WeightsFileNotFoundError: nothing at `path` (both a FileNotFoundError and a ValueError).
@@ -180,7 +189,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         weights = _read_clorch(path)
     else:
         weights = _read_torch(path)
-    return _strip_ddp_prefix(weights)
+    return _strip_wrapper_prefixes(weights)
 
 
 def _listed(names: list[str]) -> str:

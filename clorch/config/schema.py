@@ -34,6 +34,7 @@ GradScaler = ("clorch.amp.scaler", "GradScaler")
 DistributedSampler = ("clorch.data.sampler", "DistributedSampler")
 DistributedDataParallel = ("clorch.nn.parallel.ddp", "DistributedDataParallel")
 MLP = ("clorch.models.mlp", "MLP")
+Optimizers = "clorch.optim"  # its constants: ADAMW_BETAS, SGD_MOMENTUM, DEFAULT_DECAY
 GPTArchitecture = ("clorch.models.gpt", "GPTConfig")
 SyntheticRegression = ("clorch.data.synthetic", "SyntheticRegression")
 ArithmeticTask = ("clorch.data.arithmetic", "ArithmeticTask")
@@ -59,6 +60,7 @@ def default_of(owner: tuple[str, str] | Callable[..., Any] | type, name: str) ->
 
 
 ReduceDtype = Literal[(None, *DTYPE_NAMES)]  # type: ignore[valid-type]
+Decay = Literal["matrices", "all"]  # clorch.optim.DECAY_RULES
 
 
 # --- precision -------------------------------------------------------------------------------
@@ -292,7 +294,11 @@ class AdamWConfig:
     name: Literal["adamw"] = "adamw"
     lr: float = field(default=3e-3, metadata=rule(gt=0))  # peak learning rate
     weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # decoupled weight decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95],  # moment decays
+    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    decay: Decay = source_constant(Optimizers, "DEFAULT_DECAY")
+    # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
+    grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
+    betas: list[float] = field(default_factory=lambda: list(source_constant(Optimizers, "ADAMW_BETAS")),  # moment decays
                                metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"))
     fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
@@ -304,7 +310,11 @@ class SGDConfig:
     name: Literal["sgd"] = "sgd"
     lr: float = field(default=1e-2, metadata=rule(gt=0))  # peak learning rate
     weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # L2 penalty
-    momentum: float = field(default=0.9, metadata=rule(ge=0, lt=1))  # momentum factor
+    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    decay: Decay = source_constant(Optimizers, "DEFAULT_DECAY")
+    # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
+    grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
+    momentum: float = field(default=source_constant(Optimizers, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1))  # momentum factor
     fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
 

@@ -99,6 +99,7 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
                                             "scheduler": _scheduler_state(parts.scheduler),
                                             "window_loss": window, "window_steps": state.window_steps,
                                             "window_samples": state.window_samples,
+                                            "window_norm": _window_norm(state),
                                             "run_dir": None if run_dir is None else str(run_dir)})
 
 
@@ -119,8 +120,12 @@ def restore(parts: Components, path: Path) -> LoopState:
     window = saved.get("window_loss")
     if window is not None:  # each rank continues its own window
         window = torch.tensor(window[parts.rank], dtype=torch.float32, device=parts.device)
+    norm = saved.get("window_norm")  # the same on every rank (the gradients are all-reduced)
+    norms = None if norm is None else [torch.tensor(float(x), dtype=torch.float32, device=parts.device)
+                                       for x in norm]
     return LoopState(step=int(saved["step"]), epoch=int(saved["epoch"]), resumed=True,
-                     window_loss=window,
+                     window_loss=window, window_norm=None if norms is None else norms[0],
+                     window_norms=None if norms is None else norms[1],
                      window_steps=int(saved.get("window_steps", 0)),
                      window_samples=int(saved.get("window_samples", 0)),
                      resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
@@ -143,6 +148,9 @@ def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
              "window_samples": (lambda v: v is None or count(v), "an int >= 0"),
              "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
              "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
+             "window_norm": (lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(
+                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
+                 "null or [sum, count] of the window's gradient norms"),
              "window_loss": (lambda v: v is None or (isinstance(v, list) and len(v) == world_size and all(
                  isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
                  f"null or a list of {world_size} numbers (one per rank)")}
@@ -178,6 +186,13 @@ def _gather_window(parts: Components, state: LoopState) -> list[float] | None:
     out = torch.empty(parts.world_size, dtype=torch.float32, device=mine.device)
     all_gather_into(out, mine)
     return out.tolist()
+
+
+def _window_norm(state: LoopState) -> list[float] | None:
+    """The open window's gradient-norm sum and count (one host read; local)."""
+    if state.window_norm is None:
+        return None
+    return [float(state.window_norm.item()), float(state.window_norms.item())]
 
 
 def _scheduler_state(scheduler: Any) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from clorch.config.model_spec import build_model_for
 from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleConfig, FP16Config,
                                   TrainConfig)
 from clorch.data import DistributedSampler
+from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.optim import build_optimizer, build_scheduler
+from clorch.optim import build_optimizer, build_scheduler, param_groups
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Components:
     rank: int = 0
     world_size: int = 1
     cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
+    grad_clip: float | None = None  # max total 2-norm of the gradients (optim.grad_clip); None: not clipped
 
     @property
     def scaler(self) -> Any:
@@ -100,8 +102,34 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     optim = cfg.optim
     extra = {"betas": tuple(optim.betas)} if isinstance(optim, AdamWConfig) else {"momentum": optim.momentum}
-    return build_optimizer(optim.name, model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+    groups = param_groups(model, optim.weight_decay, optim.decay)
+    return build_optimizer(optim.name, groups, lr=optim.lr, weight_decay=optim.weight_decay,
                            fused=optim.fused, **extra)
+
+
+# derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,
+# rank + 1). Data streams are small numbers (and epochs); numpy's SeedSequence ignores trailing
+# zero words, so a rank of 0 as the last word would give rank 0 the stream (seed, TRAINING_STREAM).
+TRAINING_STREAM = 0x7EED_0001
+
+
+def seed_training_draws(seed: int, rank: int) -> None:
+    """Seed torch's generators (CPU and every CUDA device) for the random draws of training.
+
+    Called after the model is built, which draws from `seed` itself on every
+    rank alike: the weights are the same everywhere, while dropout masks and
+    any other draw in the forward differ by rank (as nanoGPT's seed + rank),
+    from a stream of `seed` of its own (`training_seed(seed, rank)`), so
+    rank 1's draws never repeat a run's at seed + 1 nor a data stream. Local.
+    Checkpoints hold each rank's generator states, so a resume continues
+    the same streams.
+    """
+    torch.manual_seed(training_seed(seed, rank))
+
+
+def training_seed(seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s draws while training, derived from the run's `seed`."""
+    return derive_seed(seed, TRAINING_STREAM, rank + 1)
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
@@ -155,6 +183,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     if cfg.compile and hasattr(task, "compile_loss"):
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
     raw = build_raw_model(cfg, task).to(device)
+    seed_training_draws(cfg.seed, rank)
     inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
     ddp = cfg.ddp
     model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
@@ -163,6 +192,10 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                                     gradient_as_bucket_view=ddp.gradient_as_bucket_view,
                                     overlap_grad_copies=ddp.overlap_grad_copies)
     optimizer = _optimizer(cfg, raw)
+    if ddp.step_in_backward and cfg.optim.grad_clip is not None:
+        raise ValueError(f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: "
+                         "each bucket's parameters are stepped before the whole gradient's norm is known "
+                         "(set optim.grad_clip=null or ddp.step_in_backward=false)")
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)
     sampling = cfg.sampler
@@ -173,5 +206,5 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                       scheduler=_scheduler(cfg, optimizer, total_steps), precision=_precision(cfg, device),
                       task=task, eval_task=eval_task, sampler=sampler, device=device,
                       batch_size=cfg.batch_size, accumulation=cfg.accumulation,
-                      rank=rank, world_size=world,
+                      rank=rank, world_size=world, grad_clip=cfg.optim.grad_clip,
                       cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device))

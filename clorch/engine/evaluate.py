@@ -2,7 +2,10 @@
 
 Each rank evaluates the indices rank, rank + world_size, ... of the eval split
 (strided, no padding), so every sample is counted exactly once; the per-rank
-sums are all-reduced and divided once.
+sums are all-reduced and divided once. Every rank evaluates the same model:
+rank 0's, the one checkpoints and exports hold (its buffers, such as
+BatchNorm's running statistics, are lent to the other ranks for the while;
+`clorch.nn.parallel.buffers`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from clorch.data.tasks import finalize_metrics
 from clorch.distributed import all_reduce, is_initialized
 from clorch.engine.components import Components
 from clorch.engine.loop import micro_batches, to_device
+from clorch.nn.parallel.buffers import rank0_buffers
 
 
 def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
@@ -33,7 +37,8 @@ def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
 def evaluate(parts: Components) -> dict[str, float]:
     """The eval metrics (e.g. {"loss": ..., "exact": ...}) over the whole eval split.
 
-    Every rank must call it: it ends in one all_reduce of the sums (blocks
+    Every rank must call it: it starts with a broadcast of rank 0's buffers
+    (when the model has any) and ends in one all_reduce of the sums (blocks
     until all ranks arrive; raises what the collective raises). A rank with no
     eval samples (eval split smaller than world_size) would not know the metric
     names, so the split must hold at least world_size samples.
@@ -45,9 +50,11 @@ def evaluate(parts: Components) -> dict[str, float]:
         raise ValueError(f"the eval split has {len(parts.eval_task)} samples, fewer than the "
                          f"{parts.world_size} ranks: use more data")
     was_training = parts.raw_model.training
+    world = parts.world_size if is_initialized() else 1
     parts.raw_model.eval()
     try:
-        sums = _local_sums(parts)
+        with rank0_buffers(parts.raw_model, world):
+            sums = _local_sums(parts)
     finally:
         parts.raw_model.train(was_training)
     keys = sorted(sums)

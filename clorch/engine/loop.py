@@ -17,6 +17,7 @@ import torch
 
 from clorch.data.user import batch_size_of
 from clorch.engine.components import Components, build_components
+from clorch.nn.parallel.grad_norm import clip_grad_norm
 
 __all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_device", "train_step", "fit"]
 
@@ -29,6 +30,9 @@ class StepResult:
     stepped: Any         # False when the scaler skipped the update (fp16 overflow); a 0-d bool
                          # tensor when the scaler decided on the device (read it only when needed)
     samples: int         # samples this rank trained on in the step
+    lr: float = 0.0      # the learning rate the step ran with (the first param group's)
+    grad_norm: Any = None  # total 2-norm of the averaged, unscaled gradients before clipping
+                           # (a 0-d device tensor; None: no parameter had a gradient)
 
 
 def to_device(batch: Any, device: torch.device, pin: bool) -> Any:
@@ -76,7 +80,9 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     last backward is a synchronization point (DDP's gradient all-reduce) and
     so is the step with a scaler (its found-inf all-reduce; see
     `MixedPrecision.optimizer_step`). All micro-batches but the last run under
-    `no_sync`, so gradients are reduced once per step.
+    `no_sync`, so gradients are reduced once per step. Between the reduction and
+    the step the gradients are unscaled, measured and, with `parts.grad_clip`,
+    clipped to that total norm (`clorch.nn.parallel.grad_norm.clip_grad_norm`: local).
 
     Raises:
         ValueError: `micro_batches` is empty, or holds more than one batch while
@@ -105,10 +111,14 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
                 loss = parts.task.loss(parts.model, batch) / count
             precision.backward(loss)
         total += loss.detach().float()
-    # Through DDP's optimizer_step: it unscales the flat buckets at once and zeroes the gradients.
+    # After the all-reduce (the last backward) and unscaling, the same on every rank: the norm is
+    # logged, and clipped to optim.grad_clip when set.
+    grad_norm = clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision)
+    lr = parts.optimizer.param_groups[0]["lr"]  # before the schedule moves it on to the next step's
+    # Through DDP's optimizer_step: it steps (skipping an fp16 overflow) and zeroes the gradients.
     stepped = precision.optimizer_step(parts.optimizer, model=parts.model)
     parts.scheduler.step()
-    return StepResult(loss=total, stepped=stepped, samples=samples)
+    return StepResult(loss=total, stepped=stepped, samples=samples, lr=float(lr), grad_norm=grad_norm)
 
 
 @dataclass
@@ -119,12 +129,27 @@ class LoopState:
     epoch: int = 0
     resumed: bool = False            # the sampler's epoch is already set and partly consumed
     window_loss: Any = None          # device tensor: sum of step losses since the last log
+    window_norm: Any = None          # device tensors: sum and count of the finite gradient norms
+    window_norms: Any = None         #   since the last log (an fp16 overflow's inf is left out)
+    lr: float | None = None          # the learning rate of the last step
     window_steps: int = 0
     window_samples: int = 0
     window_start: float = field(default_factory=time.perf_counter)
     # On resume: the run directory that wrote the checkpoint, whose metrics.jsonl holds the
     # run's history up to `step` (None: a fresh start, or a checkpoint that does not say).
     resumed_run_dir: str | None = None
+
+
+def _add_norm(state: LoopState, norm: torch.Tensor | None) -> None:
+    """Add a step's gradient norm to the window, on the device (no host sync)."""
+    if norm is None:
+        return
+    finite = torch.isfinite(norm)
+    value, count = torch.where(finite, norm, torch.zeros_like(norm)).float(), finite.float()
+    if state.window_norm is None:
+        state.window_norm, state.window_norms = value, count
+    else:
+        state.window_norm, state.window_norms = state.window_norm + value, state.window_norms + count
 
 
 def _step_chunks(indices: Any, per_step: int, batch_size: int) -> list[list[Any]]:
@@ -158,6 +183,8 @@ def fit(parts: Components, total_steps: int, state: LoopState,
             state.window_loss = loss if state.window_loss is None else state.window_loss + loss
             state.window_steps += 1
             state.window_samples += result.samples
+            state.lr = result.lr
+            _add_norm(state, result.grad_norm)
             after_step(state, result)
             if state.step >= total_steps:
                 return state

@@ -30,12 +30,31 @@ from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of the model's state dict (names and exact bytes): equal iff the weights are."""
+    """SHA-256 of the model's state dict (names and exact bytes): equal iff the weights are.
+
+    Every entry counts: parameters and buffers of any dtype and shape (a 0-d
+    scalar, BatchNorm's int64 `num_batches_tracked`, bool masks); a tied
+    weight under each of its names; an entry that is not a tensor (a
+    module's `get_extra_state()`) by its repr.
+    """
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, value in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        if isinstance(value, torch.Tensor):
+            # reshape(-1): a 0-d tensor cannot be viewed as bytes; the bytes are the same either way.
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
     return digest.hexdigest()
+
+
+def _mean_norm(state: LoopState) -> float | None:
+    """The mean gradient norm of the window's steps (its finite ones; the same on every rank),
+    or None: every one overflowed (fp16)."""
+    if state.window_norm is None:
+        return None
+    count = state.window_norms.item()
+    return state.window_norm.item() / count if count else None
 
 
 EXPORT_FILE = "model.safetensors"  # checkpoint.export=safetensors, in the run directory
@@ -77,16 +96,19 @@ class StepHooks:
         elapsed = max(time.perf_counter() - state.window_start, 1e-9)
         samples_per_s = state.window_samples * parts.world_size / elapsed
         record = {"kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss,
-                  "lr": parts.scheduler.get_last_lr()[0],
+                  "grad_norm": _mean_norm(state),
+                  "lr": state.lr if state.lr is not None else parts.optimizer.param_groups[0]["lr"],
                   "loss_scale": parts.precision.scale, "skipped_steps": parts.precision.skipped_steps,
                   "samples_per_s": samples_per_s}
         if self.tokens:
             record["tokens_per_s"] = samples_per_s * self.tokens
         state.window_loss, state.window_steps, state.window_samples = None, 0, 0
+        state.window_norm = state.window_norms = None
         state.window_start = time.perf_counter()
         if self.writer is not None:
             self.writer.write(record)
-            print(f"step {state.step}/{self.total} epoch {state.epoch} loss {loss:.6g} "
+            norm = "" if record["grad_norm"] is None else f" grad_norm {record['grad_norm']:.4g}"
+            print(f"step {state.step}/{self.total} epoch {state.epoch} loss {loss:.6g}{norm} "
                   f"lr {record['lr']:.3g} {samples_per_s:,.0f} samples/s", flush=True)
 
     def eval(self, state: LoopState) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Models the recipes can name: `mlp` (a multilayer perceptron) and `gpt` (decoder-only).
+"""Models the recipes can name: `mlp` (a multilayer perceptron) and `gpt` (decoder-only);
+and `ResNet` (torchvision-style, BatchNorm) by target: `model._target_=clorch.models.resnet.ResNet`.
 
     >>> from clorch.models import build_model
     >>> model = build_model("gpt", n_layer=2, d_model=64, n_head=4)
@@ -12,8 +13,9 @@ from torch import nn
 
 from clorch.models.gpt import GPT, GPTConfig
 from clorch.models.mlp import MLP
+from clorch.models.resnet import ResNet
 
-__all__ = ["MLP", "GPT", "GPTConfig", "build_model", "MODEL_NAMES"]
+__all__ = ["MLP", "GPT", "GPTConfig", "ResNet", "build_model", "MODEL_NAMES"]
 
 MODEL_NAMES = ("mlp", "gpt")
 

@@ -1,7 +1,11 @@
 """Optimizers and learning-rate schedules, built by name from the config.
 
-    >>> optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
+    >>> groups = param_groups(model, weight_decay=0.1, decay="matrices")
+    >>> optimizer = build_optimizer("adamw", groups, lr=3e-4)
     >>> scheduler = build_scheduler(optimizer, "cosine", warmup_steps=100, total_steps=1000)
+
+The defaults here are the config's (`optim=adamw`, `optim=sgd`): the config
+reads them from this module's source, so the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -13,19 +17,36 @@ import torch
 
 from clorch.optim.schedule import SCHEDULES, WarmupCosine, build_scheduler
 
-__all__ = ["build_optimizer", "build_scheduler", "param_groups", "OPTIMIZERS", "SCHEDULES",
-           "WarmupCosine"]
+__all__ = ["build_optimizer", "build_scheduler", "param_groups", "OPTIMIZERS", "SCHEDULES", "DECAY_RULES",
+           "ADAMW_BETAS", "SGD_MOMENTUM", "WarmupCosine"]
 
 OPTIMIZERS = ("adamw", "sgd")
+ADAMW_BETAS = (0.9, 0.95)  # nanoGPT's and GPT-3's; torch's own default is (0.9, 0.999)
+SGD_MOMENTUM = 0.9         # torch's own default is 0 (plain SGD)
+DECAY_RULES = ("matrices", "all")
+DEFAULT_DECAY = "matrices"
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices and embeddings decay; biases and norm weights (1-D) do not.
+def param_groups(model: torch.nn.Module, weight_decay: float, decay: str = DEFAULT_DECAY) -> list[dict]:
+    """The trainable parameters of `model` as optimizer param groups, by which ones decay.
 
-    The GPT-2 / nanoGPT convention; pass the result to `build_optimizer` as `params`.
-    A tied weight appears once (`model.parameters()` removes duplicates).
+    decay="matrices" (nanoGPT's rule, GPT-2's and Hugging Face's in effect):
+    tensors of 2 or more dimensions (weight matrices, embeddings, convolution
+    kernels) decay; biases, norm weights, 1-d and 0-d parameters do not. Two
+    groups, matrices first. decay="all": one group, every parameter decays
+    (torch's `optimizer(model.parameters(), weight_decay=...)`).
+
+    Parameters keep `model.parameters()`'s order within a group; a tied or
+    shared weight appears once. Pass the result to `build_optimizer` as `params`.
+
+    Raises:
+        ValueError: `decay` is not one of DECAY_RULES.
     """
+    if decay not in DECAY_RULES:
+        raise ValueError(f"optim.decay must be one of {', '.join(DECAY_RULES)}, got {decay!r}")
     params = [p for p in model.parameters() if p.requires_grad]
+    if decay == "all":
+        return [{"params": params, "weight_decay": weight_decay}] if params else []
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -48,7 +69,7 @@ def _check_number(name: str, value: object, low: float, high: float | None = Non
 
 
 def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: float = 0.0,
-                    betas: tuple[float, float] = (0.9, 0.999), momentum: float = 0.0,
+                    betas: tuple[float, float] | None = None, momentum: float | None = None,
                     fused: bool | None = None) -> torch.optim.Optimizer:
     """Build "adamw" or "sgd" over `params` (tensors or param-group dicts).
 
@@ -56,9 +77,12 @@ def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: flo
         name: "adamw" or "sgd".
         params: the parameters (e.g. `model.parameters()`), or a list of param groups.
         lr: base learning rate, > 0.
-        weight_decay: decoupled (adamw) or L2 (sgd) weight decay, >= 0.
-        betas: adamw's two moment coefficients, each in [0, 1). Ignored by sgd.
-        momentum: sgd's momentum, >= 0. Ignored by adamw.
+        weight_decay: decoupled (adamw) or L2 (sgd) weight decay, >= 0; a param group's
+            own "weight_decay" (`param_groups`) wins.
+        betas: adamw's two moment coefficients, each in [0, 1); None is ADAMW_BETAS
+            (0.9, 0.95), the config's default. sgd warns when given them.
+        momentum: sgd's momentum, >= 0; None is SGD_MOMENTUM (0.9), the config's
+            default. adamw warns when given it.
         fused: use torch's fused implementation (one kernel for all parameters). None
             means "fused when every parameter is on CUDA", where it is fastest.
 
@@ -75,15 +99,17 @@ def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: flo
     if fused is None:
         fused = _all_cuda(groups)
     if name == "adamw":
+        if momentum is not None:
+            warnings.warn("optim 'adamw' ignores momentum (use betas)", stacklevel=2)
+        betas = ADAMW_BETAS if betas is None else betas
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {betas!r}")
         for i, beta in enumerate(betas):
             _check_number(f"betas[{i}]", beta, 0.0, 1.0)
-        if momentum != 0.0:
-            warnings.warn("optim 'adamw' ignores momentum (use betas)", stacklevel=2)
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                                  fused=fused)
-    _check_number("momentum", momentum, 0.0)
-    if tuple(betas) != (0.9, 0.999):
+    if betas is not None:
         warnings.warn("optim 'sgd' ignores betas (use momentum)", stacklevel=2)
+    momentum = SGD_MOMENTUM if momentum is None else momentum
+    _check_number("momentum", momentum, 0.0)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused)

@@ -357,16 +357,45 @@ class DistributedDataParallel(TorchDDPInterface):
             optimizer.step()
             stepped = True
         else:
-            if (reducer is not None and isinstance(scaler, GradScaler) and not scaler.is_unscaled(optimizer)
-                    and self._optimizer_covers(optimizer)):
-                # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
-                scaler.unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
+            self._unscale_flat(optimizer, scaler)
             stepped = scaler.step(optimizer)  # a device tensor when the scaler decided on the device
             scaler.update()
         if reducer is not None:
             reducer.committed = False
         optimizer.zero_grad(set_to_none=True)
         return stepped
+
+    def _unscale_flat(self, optimizer: torch.optim.Optimizer, scaler: Any) -> bool:
+        """Unscale through the buckets where every gradient of `optimizer` views one; whether it did."""
+        reducer = self._reducer
+        if (reducer is not None and isinstance(scaler, GradScaler) and not scaler.is_unscaled(optimizer)
+                and self._optimizer_covers(optimizer)):
+            # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
+            scaler.unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
+            return True
+        return False
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """Divide this step's gradients by the loss scale now, e.g. before clipping them.
+
+        Local (no collective, no host sync); at most once per step, after the
+        synchronized backward and before `optimizer_step` (which then does not
+        unscale again). Through the buckets where they hold every gradient of
+        `optimizer`, else `scaler.unscale_(optimizer)`. A no-op without a
+        scaler (`scaler` None, or a MixedPrecision without one).
+
+        Raises:
+            ScalerStateError: the gradients were already unscaled this step.
+        """
+        if isinstance(scaler, MixedPrecision):
+            scaler = scaler.scaler
+        if scaler is not None and not self._unscale_flat(optimizer, scaler):
+            scaler.unscale_(optimizer)
+
+    @property
+    def steps_in_backward(self) -> bool:
+        """Whether backward steps an optimizer (`step_in_backward`): `.grad` is then stepped already."""
+        return self._reducer is not None and self._reducer.stepper is not None
 
     def reduce_gradients(self) -> None:
         """Make sure `.grad` holds the average (kept for older code: backward already does it).
