@@ -72,6 +72,11 @@ def _fit(indices: list[int], replicas: int, drop_last: bool) -> list[int]:
     return indices + (indices * math.ceil(padding / n))[:padding]
 
 
+def _fit_length(n: int, replicas: int, drop_last: bool) -> int:
+    """len(_fit(range(n), replicas, drop_last)), without building the list."""
+    return n - n % replicas if drop_last or n == 0 else n + (-n % replicas)
+
+
 def accumulation_for(global_batch_size: int, batch_size: int, world_size: int) -> int:
     """The accumulation steps that keep `global_batch_size` = batch_size x world_size x accumulation.
 
@@ -369,13 +374,31 @@ class DistributedSampler(TorchDistributedSampler):
         """
         carried = self._carried if self._carried and self._carried[0] == self._epoch else None
         layout, offset = (carried[1], carried[2]) if carried else (self.num_replicas, 0)
-        full = len(self._global_indices(layout))
+        full = _fit_length(self.dataset_size, layout, self.drop_last)
         return {"epoch": self._epoch, "dataset_size": self.dataset_size, "seed": self.seed,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "layout_replicas": layout,
                 "position": min(full, offset + self._consumed * self.num_replicas)}
 
     def load_global_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the epoch of `global_state_dict()` on this sampler's world size and rank.
+
+        Raises:
+            TypeError / ValueError: see `check_global_state_dict`.
+        """
+        epoch, layout, position = self.check_global_state_dict(state)
+        self._epoch, self._consumed, self._resume_here = epoch, 0, True
+        # The same world size and a position on a rank boundary is the ordinary state.
+        self._carried = None if layout == self.num_replicas and position % layout == 0 else \
+            (epoch, layout, position)
+        if self._carried is None:
+            self._consumed = position // layout
+        self._cache = None
+
+    def check_global_state_dict(self, state: Any) -> tuple[int, int, int]:
+        """Raise what `load_global_state_dict(state)` would raise, changing nothing.
+
+        Returns:
+            (epoch, layout_replicas, position).
 
         Raises:
             TypeError: state is not a dict.
@@ -394,17 +417,11 @@ class DistributedSampler(TorchDistributedSampler):
             raise ValueError("sampler global state was saved by a different sampler: " + "; ".join(differs))
         epoch = _int_arg("sampler global state 'epoch'", state["epoch"], 0)
         layout = _int_arg("sampler global state 'layout_replicas'", state["layout_replicas"], 1)
-        full = len(_fit(list(range(self.dataset_size)), layout, self.drop_last))
+        full = _fit_length(self.dataset_size, layout, self.drop_last)
         position = state["position"]
         if type(position) is not int or not 0 <= position <= full:
             raise ValueError(f"sampler global state 'position' must be an int in [0, {full}], got {position!r}")
-        self._epoch, self._consumed, self._resume_here = epoch, 0, True
-        # The same world size and a position on a rank boundary is the ordinary state.
-        self._carried = None if layout == self.num_replicas and position % layout == 0 else \
-            (epoch, layout, position)
-        if self._carried is None:
-            self._consumed = position // layout
-        self._cache = None
+        return epoch, layout, position
 
     def __repr__(self) -> str:
         return (f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "

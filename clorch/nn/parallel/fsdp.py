@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -85,6 +85,14 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
                                 reduce_dtype=get_precision(reduce_dtype).torch_dtype())
 
 
+def _class_name(module: nn.Module) -> str:
+    """The module's own class name; a sharded module's class is FSDP's subclass `FSDP<name>` of it."""
+    cls = type(module)
+    if isinstance(module, FSDPModule):
+        cls = next(c for c in cls.__mro__[1:] if c is not FSDPModule and not issubclass(c, FSDPModule))
+    return cls.__name__
+
+
 def _parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -105,21 +113,21 @@ def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto
         ValueError: a named class occurs nowhere in the model (names the classes present).
     """
     if shard_modules == "auto":
-        names = {type(m).__name__ for m in model.modules()}
-        if type(model).__name__ == "GPT" and _GPT_BLOCK in names:
-            return [m for m in model.modules() if type(m).__name__ == _GPT_BLOCK]
+        names = {_class_name(m) for m in model.modules()}
+        if _class_name(model) == "GPT" and _GPT_BLOCK in names:
+            return [m for m in model.modules() if _class_name(m) == _GPT_BLOCK]
         chosen: list[nn.Module] = []
         _auto_collect(model, min_params, chosen)
         return chosen
     if isinstance(shard_modules, str) or not all(isinstance(n, str) for n in shard_modules):
         raise TypeError(f"shard_modules must be 'auto' or a list of class names, got {shard_modules!r}")
-    present = {type(m).__name__ for m in model.modules()}
+    present = {_class_name(m) for m in model.modules()}
     missing = [n for n in shard_modules if n not in present]
     if missing:
         raise ValueError(f"shard_modules names classes that are not in the model: {missing}; "
                          f"the model has {sorted(present)}")
     wanted = set(shard_modules)
-    return [m for m in model.modules() if m is not model and type(m).__name__ in wanted]
+    return [m for m in model.modules() if m is not model and _class_name(m) in wanted]
 
 
 def _auto_collect(module: nn.Module, min_params: int, chosen: list[nn.Module]) -> None:
@@ -182,7 +190,7 @@ def gpt_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
 
     None for other models: `materialize` then uses each module's `reset_parameters` only.
     """
-    return getattr(model, "_init_weights", None) if type(model).__name__ == "GPT" else None
+    return getattr(model, "_init_weights", None) if _class_name(model) == "GPT" else None
 
 
 def _module_seed(seed: int, name: str) -> int:
@@ -214,7 +222,9 @@ def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
 
     Local: no collective.
     """
+    ties = _shared_parameters(model)
     model.to_empty(device=device)
+    _retie(ties)
     for name, module in model.named_modules():
         own = dict(module.named_parameters(recurse=False))
         if not own or not (hasattr(module, "reset_parameters") or init_fn is not None):
@@ -226,6 +236,25 @@ def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
         for n, p in own.items():
             _fill(p, full[n].detach())
     return model
+
+
+def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Every parameter held by several modules (tied weights), as its (module, name) places."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
+
+
+def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
+    # `to_empty` gives each module a new tensor of its own, so an unsharded model's tied
+    # weights come apart (fully_shard keeps them tied); tie them again as they were.
+    for (first, first_name), *others in ties:
+        for module, name in others:
+            if module._parameters[name] is not first._parameters[first_name]:
+                module._parameters[name] = first._parameters[first_name]
 
 
 def _with_parameters(module: nn.Module, full: dict[str, nn.Parameter],
@@ -267,7 +296,7 @@ def apply_activation_checkpointing(model: nn.Module, module_classes: str | Seque
         ValueError: "auto" on a model without GPT blocks, or a named class not in the model.
     """
     if module_classes == "auto":
-        if type(model).__name__ != "GPT":
+        if _class_name(model) != "GPT":
             raise ValueError("apply_activation_checkpointing(module_classes='auto') knows only the built-in "
                              f"GPT's blocks; name your model's block classes, e.g. ['{_GPT_BLOCK}']")
         module_classes = [_GPT_BLOCK]
