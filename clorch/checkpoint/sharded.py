@@ -47,13 +47,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 
+import clorch.distributed as cdist
 from clorch._files import unique_token
 from clorch._version import __version__
 from clorch.checkpoint.atomic import commit, fsync_dir, write_durable
 from clorch.checkpoint.collective import agree, exchange
 from clorch.checkpoint.errors import CheckpointError
 from clorch.checkpoint.rng import capture_rng, restore_rng
-import clorch.distributed as cdist
 from clorch.nn.parallel.ddp import unwrap_model
 
 __all__ = ["MARKER", "latest_sharded_checkpoint", "load_sharded", "prune_sharded_checkpoints",

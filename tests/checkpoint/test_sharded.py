@@ -22,8 +22,14 @@ import torch
 
 import clorch.checkpoint.sharded as sharded
 from clorch.checkpoint.errors import CheckpointError
-from clorch.checkpoint.sharded import (MARKER, latest_sharded_checkpoint, load_sharded,
-                                       prune_sharded_checkpoints, save_sharded, sharded_step_path)
+from clorch.checkpoint.sharded import (
+    MARKER,
+    latest_sharded_checkpoint,
+    load_sharded,
+    prune_sharded_checkpoints,
+    save_sharded,
+    sharded_step_path,
+)
 from clorch.models.gpt import GPT, GPTConfig
 from tests.harness import RankFailure, run_ranks
 from tests.nn.fsdp_training import Run, build, full_weights, train, train_each

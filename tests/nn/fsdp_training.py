@@ -22,8 +22,13 @@ from clorch.checkpoint.sharded import load_sharded, save_sharded
 from clorch.data.sampler import DistributedSampler
 from clorch.models.gpt import GPT, GPTConfig
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import (apply_activation_checkpointing, clip_grad_norm_, gpt_init_fn,
-                                     materialize, shard_model)
+from clorch.nn.parallel.fsdp import (
+    apply_activation_checkpointing,
+    clip_grad_norm_,
+    gpt_init_fn,
+    materialize,
+    shard_model,
+)
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=32)
 SAMPLES = 52  # not a multiple of the global batch: the epoch's padding is exercised too
@@ -38,6 +43,8 @@ class Run:
     accumulation: int = 1
     precision: str = "fp32"
     checkpointing: bool = False
+    cpu_offload: bool = False
+    reshard_after_forward: bool = True
     config: GPTConfig = field(default_factory=lambda: CONFIG)
     save_at: int | None = None  # save a sharded checkpoint after this step ...
     save_to: str | None = None  # ... to this directory
@@ -55,7 +62,8 @@ def build(run: Run) -> torch.nn.Module:
     if run.checkpointing:
         apply_activation_checkpointing(model)
     if run.mode == "fsdp":
-        shard_model(model, precision=run.precision)
+        shard_model(model, precision=run.precision, cpu_offload=run.cpu_offload,
+                    reshard_after_forward=run.reshard_after_forward)
     materialize(model, "cpu", seed=MODEL_SEED, init_fn=gpt_init_fn(model))
     return DistributedDataParallel(model) if run.mode == "ddp" else model
 

@@ -18,9 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from clorch.nn.parallel.fsdp import (apply_activation_checkpointing, materialize, mixed_precision_policy,
-                                     sharded_modules)
 from clorch.models.gpt import GPT
+from clorch.nn.parallel.fsdp import apply_activation_checkpointing, materialize, mixed_precision_policy, sharded_modules
 from tests.harness import run_ranks
 from tests.nn.fsdp_training import CONFIG, Run, single, train_each
 
@@ -43,7 +42,8 @@ def _full_bytes(reference: dict) -> tuple[int, int]:
 def test_fsdp_matches_ddp_and_one_process_on_two_ranks_with_half_the_bytes():
     reference = single(Run(batch_size=8))  # the same global batch of 8 in one process
     runs = [Run(mode="fsdp"), Run(mode="ddp"), Run(mode="fsdp", checkpointing=True),
-            Run(mode="ddp", checkpointing=True), Run(mode="fsdp", precision="bf16")]
+            Run(mode="ddp", checkpointing=True), Run(mode="fsdp", cpu_offload=True),
+            Run(mode="fsdp", reshard_after_forward=False), Run(mode="fsdp", precision="bf16")]
     results = run_ranks(train_each, 2, runs, timeout=200)
     params, state = _full_bytes(reference)
     for rank_results in results:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
