@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from clorch.models.gpt import GPT
-from clorch.nn.parallel.fsdp import apply_activation_checkpointing, materialize, mixed_precision_policy, sharded_modules
+from clorch.nn.parallel.fsdp import (apply_activation_checkpointing, clip_grad_norm_, materialize,
+                                     mixed_precision_policy, shard_model, sharded_modules)
 from tests.harness import run_ranks
-from tests.nn.fsdp_training import CONFIG, Run, single, train_each
+from tests.nn.fsdp_training import CONFIG, Run, full_weights, single, train_each
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,13 +67,46 @@ def test_fsdp_matches_ddp_and_one_process_on_two_ranks_with_half_the_bytes():
 
 def test_fsdp_on_four_ranks_matches_one_process_with_a_quarter_of_the_bytes():
     reference = single(Run(batch_size=8))
-    results = run_ranks(train_each, 4, [Run(mode="fsdp", batch_size=2)], timeout=200)
+    own_reference = _own_model_training(0, 1)
+    results = run_ranks(_four_ranks, 4, timeout=200)
     params, state = _full_bytes(reference)
-    for [got] in results:
+    for got, own in results:
+        # Your own model, its blocks named by class; Linear(8, 2)'s 2 rows leave 2 ranks empty.
+        for name, value in own_reference.items():
+            assert torch.allclose(own[name], value, rtol=0, atol=1e-6), name
         assert got["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
         _close_weights(got["weights"], reference["weights"], WEIGHT_ATOL)
         # Dim 0 of every parameter here is a multiple of 4: no padding, exactly a quarter.
         assert (got["param_bytes"], got["state_bytes"]) == (params // 4, state // 4)
+
+
+def _own_model() -> nn.Module:
+    with torch.device("meta"):
+        return nn.Sequential(_OwnBlock(), _OwnBlock(), nn.Linear(8, 2))
+
+
+def _own_model_training(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    """3 SGD steps of a model of your own; a world of 1 is the unsharded reference, run here."""
+    model = _own_model()
+    if world_size > 1:
+        shard_model(model, shard_modules=["_OwnBlock"])
+    materialize(model, "cpu", seed=11)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 8, generator=generator), torch.randn(16, 2, generator=generator)
+    share = 16 // world_size
+    for _ in range(3):
+        mine = slice(rank * share, (rank + 1) * share)
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad()
+    return full_weights(model)
+
+
+def _four_ranks(rank: int, world_size: int) -> tuple[dict, dict]:
+    [gpt] = train_each(rank, world_size, [Run(mode="fsdp", batch_size=2)])
+    return gpt, _own_model_training(rank, world_size)
 
 
 class _OwnBlock(nn.Module):
@@ -119,6 +153,22 @@ def test_materialize_depends_on_the_seed_only_and_keeps_ties():
     # GPT-2's initialization, not Linear's default: std 0.02, residual projections smaller.
     assert abs(a.blocks[0].mlp.fc.weight.std().item() - 0.02) < 0.004
     assert a.blocks[0].mlp.proj.weight.std().item() < 0.015
+
+
+def test_materialize_refuses_parameters_it_cannot_initialize():
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.empty(3))
+            self.register_buffer("table", torch.empty(3))
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(3, 3), Bare())
+    with pytest.raises(ValueError, match=r"parameters of \['1 \(Bare\)'\].*pass init_fn="):
+        materialize(model, "cpu")
+    with pytest.warns(UserWarning, match=r"buffers of \['1 \(Bare\)'\]"):
+        materialize(model, "cpu", init_fn=lambda m: nn.init.ones_(m.scale) if isinstance(m, Bare) else None)
+    assert torch.equal(model[1].scale, torch.ones(3))
 
 
 def test_mixed_precision_policy_follows_clorch_precision_names():

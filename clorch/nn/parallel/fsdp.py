@@ -32,6 +32,7 @@ norm over the mesh when the gradients are sharded.
 from __future__ import annotations
 
 import functools
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -56,14 +57,19 @@ AUTO_MIN_PARAMS = 1_000_000
 _GPT_BLOCK = "Block"
 
 
-def device_mesh(device_type: str = "cpu") -> DeviceMesh:
-    """A 1-D mesh of every rank of the default process group ("cpu" for gloo, "cuda" for NCCL).
+def device_mesh(device_type: str | None = None) -> DeviceMesh:
+    """A 1-D mesh of every rank of the default process group.
+
+    Args:
+        device_type: "cpu" or "cuda"; default: "cuda" for an nccl group, else "cpu".
 
     Collective: every rank must call it. Raises RuntimeError outside a process group.
     """
     if not cdist.is_initialized():
         raise RuntimeError("device_mesh needs an initialized process group "
                            "(clorch.distributed.process_group() or torch.distributed.init_process_group)")
+    if device_type is None:
+        device_type = "cuda" if cdist.backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, (cdist.world_size(),))
 
 
@@ -100,7 +106,7 @@ def _parameter_count(module: nn.Module) -> int:
 
 def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto",
                     min_params: int = AUTO_MIN_PARAMS) -> list[nn.Module]:
-    """The submodules that get their own `fully_shard`, innermost last-registered first excluded.
+    """The submodules that get their own `fully_shard` (never the root, which `shard_model` adds).
 
     Args:
         shard_modules: "auto": the built-in GPT's blocks for a clorch GPT, else every
@@ -150,8 +156,7 @@ def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None,
     Apply `apply_activation_checkpointing` before this, as torch advises.
 
     Args:
-        mesh: the ranks to shard over; default: every rank (`device_mesh("cpu")` on a CPU
-            model, "cuda" otherwise).
+        mesh: the ranks to shard over; default: every rank (`device_mesh()`: CUDA under nccl).
         shard_modules, min_params: which submodules are a unit of their own (`sharded_modules`).
         reshard_after_forward: free the gathered parameters after each unit's forward and
             gather them again for backward (less memory, one more all-gather per unit).
@@ -170,9 +175,7 @@ def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None,
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     if mesh is None:
-        first = next(model.parameters(), None)
-        on_cuda = first is not None and first.device.type == "cuda"
-        mesh = device_mesh("cuda" if on_cuda else "cpu")
+        mesh = device_mesh()
     kwargs: dict[str, Any] = {"mesh": mesh}
     policy = mixed_precision_policy(precision, reduce_dtype)
     if policy is not None:
@@ -222,7 +225,16 @@ def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
         init_fn: called on each module after its `reset_parameters` (e.g. `gpt_init_fn(model)`).
 
     Local: no collective.
+
+    Raises:
+        ValueError: without `init_fn`, a module owns parameters but has no `reset_parameters`
+            (they would keep `to_empty`'s garbage); names the modules.
+
+    Warns:
+        UserWarning: a module without `reset_parameters` holds buffers, which `to_empty`
+            leaves uninitialized: fill them yourself.
     """
+    _check_initializable(model, init_fn)
     ties = _shared_parameters(model)
     model.to_empty(device=device)
     _retie(ties)
@@ -237,6 +249,23 @@ def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
         for n, p in own.items():
             _fill(p, full[n].detach())
     return model
+
+
+def _check_initializable(model: nn.Module, init_fn: Callable[[nn.Module], None] | None) -> None:
+    bare, buffers = [], []
+    for name, module in model.named_modules():
+        if hasattr(module, "reset_parameters"):
+            continue
+        if init_fn is None and any(True for _ in module.parameters(recurse=False)):
+            bare.append(f"{name or '(root)'} ({_class_name(module)})")
+        if any(True for _ in module.buffers(recurse=False)):
+            buffers.append(f"{name or '(root)'} ({_class_name(module)})")
+    if bare:
+        raise ValueError(f"materialize cannot initialize the parameters of {bare}: they have no "
+                         "reset_parameters(); pass init_fn=, a function of a module that fills its parameters")
+    if buffers:
+        warnings.warn(f"materialize leaves the buffers of {buffers} uninitialized (no reset_parameters()); "
+                      "fill them after materialize", stacklevel=3)
 
 
 def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
