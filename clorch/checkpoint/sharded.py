@@ -35,12 +35,14 @@ are local). A rank that fails makes every rank raise (`clorch.checkpoint.collect
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -70,6 +72,14 @@ def sharded_step_path(directory: str | Path, step: int) -> Path:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     return Path(directory) / f"step_{step:08d}.dcp"
+
+
+@contextlib.contextmanager
+def _one_process_is_intended() -> Iterator[None]:
+    """Outside a process group DCP saves and loads in one process, as meant here: no warning for it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _model_signature(model_state: dict[str, Any]) -> dict[str, list]:
@@ -198,7 +208,9 @@ def save_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
             error = exc
     temporary = Path(exchange(str(temporary), error, f"create {path}'s temporary", "save_sharded")[0])
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary)
+    with _one_process_is_intended():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary,
+                 no_dist=not cdist.is_initialized())
     body = {"format": FORMAT, "clorch_version": __version__, "torch_version": torch.__version__,
             "world_size": len(per_rank), "state": state, "has_optimizer": optimizer is not None,
             "signature": per_rank[0]["signature"], "sampler": per_rank[0]["sampler"],
@@ -259,7 +271,8 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     optimizers = [optimizer] if optimizer is not None else []
     model_state, optim_state = get_state_dict(model, optimizers)
     loaded = {"model": model_state, "optim": optim_state}
-    dcp.load(loaded, checkpoint_id=path)
+    with _one_process_is_intended():
+        dcp.load(loaded, checkpoint_id=path, no_dist=not cdist.is_initialized())
     set_state_dict(model, optimizers, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     if body["world_size"] == cdist.world_size():
         restore_rng(body["rng"][cdist.rank()])

@@ -130,7 +130,8 @@ def test_kill_9_during_a_sharded_save_leaves_the_previous_checkpoint_latest_and_
         with pytest.raises(CheckpointError, match="incomplete"):
             load_sharded(leftover, model=build(Run(mode="single")))
     model = build(Run(mode="single"))
-    assert load_sharded(first, model=model) == {"step": 1}
+    with pytest.warns(UserWarning, match="saved by world_size 2, this job has 1: RNG states not restored"):
+        assert load_sharded(first, model=model) == {"step": 1}
     expected = torch.load(tmp_path / "expected.pt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
     # The next save and prune take over; the interrupted leftover goes with the older steps.
