@@ -26,7 +26,9 @@ directory without `clorch.json` is refused as incomplete. Saving over an
 existing sharded checkpoint at the same path moves it aside first
 (`.<name>.<token>.old`, deleted after the commit): a kill between those two
 renames leaves the old one there, under its hidden name, not at `path`;
-step checkpoints have a path of their own and never meet this.
+step checkpoints have a path of their own and never meet this. A save that
+fails (a full disk, a dead rank) leaves its temporary behind; the next
+`prune_sharded_checkpoints` deletes it once a newer step is committed.
 
 Collectives: `save_sharded` and `load_sharded` are collective over the default
 process group (every rank calls them, in the same order; without a group they
@@ -184,7 +186,7 @@ def save_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
         state: JSON-serializable training state (step, epoch ...), returned by `load_sharded`.
 
     Raises:
-        TypeError: `state` is not JSON-serializable dict (on every rank).
+        TypeError: `state` is not a JSON-serializable dict (on every rank).
         CheckpointError: `path` holds something else than a sharded checkpoint, or the
             samplers' positions differ between ranks; nothing is committed.
         RuntimeError: the process group failed or a rank did not call it.

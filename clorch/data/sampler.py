@@ -34,7 +34,10 @@ remaining sample is seen once, and each run of G consecutive positions (one
 optimizer step of the uninterrupted run) is again one optimizer step, provided
 the new ranks keep the global batch (`accumulation_for`). Only the last,
 partial step of such an epoch may be padded (or dropped with `drop_last`)
-differently. Later epochs follow the new world size's own rule.
+differently. Later epochs follow the new world size's own rule. During such
+an epoch `len()` stays the new world size's full count (`remaining()` is
+exact) and `state_dict()` raises: its per-rank form cannot say where the
+epoch came from, so save `global_state_dict()` (sharded checkpoints do).
 """
 
 from __future__ import annotations
