@@ -43,8 +43,8 @@ import os
 import re
 import shutil
 import warnings
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch

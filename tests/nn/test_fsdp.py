@@ -19,8 +19,14 @@ import torch
 from torch import nn
 
 from clorch.models.gpt import GPT
-from clorch.nn.parallel.fsdp import (apply_activation_checkpointing, clip_grad_norm_, materialize,
-                                     mixed_precision_policy, shard_model, sharded_modules)
+from clorch.nn.parallel.fsdp import (
+    apply_activation_checkpointing,
+    clip_grad_norm_,
+    materialize,
+    mixed_precision_policy,
+    shard_model,
+    sharded_modules,
+)
 from tests.harness import run_ranks
 from tests.nn.fsdp_training import CONFIG, Run, full_weights, single, train_each
 
@@ -131,6 +137,8 @@ def test_choosing_modules_by_class_name_and_auto_threshold():
         sharded_modules(model, ["Block"])
     with pytest.raises(TypeError, match="shard_modules"):
         sharded_modules(model, "Block")
+    with pytest.raises(ValueError, match="min_params"):
+        sharded_modules(model, "auto", min_params=0)
     with pytest.raises(ValueError, match="name your model's block classes"):
         apply_activation_checkpointing(model)
     assert apply_activation_checkpointing(model, ["_OwnBlock"]) == 2
@@ -175,5 +183,7 @@ def test_mixed_precision_policy_follows_clorch_precision_names():
     assert mixed_precision_policy("fp32") is None
     policy = mixed_precision_policy("bf16")
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    policy = mixed_precision_policy("fp32", reduce_dtype="bf16")
+    assert (policy.param_dtype, policy.reduce_dtype) == (None, torch.bfloat16)
     with pytest.raises(ValueError, match="precision must be one of"):
         mixed_precision_policy("bf17")

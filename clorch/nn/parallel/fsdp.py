@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 import clorch.distributed as cdist
+from clorch._args import int_arg as _int_arg
 from clorch.precision import get_precision
 
 __all__ = ["AUTO_MIN_PARAMS", "apply_activation_checkpointing", "clip_grad_norm_", "device_mesh",
@@ -76,7 +77,8 @@ def device_mesh(device_type: str | None = None) -> DeviceMesh:
 def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") -> MixedPrecisionPolicy | None:
     """FSDP2's policy for a clorch precision name: compute in it, reduce gradients in `reduce_dtype`.
 
-    "fp32" gives None (no casts). "bf16" keeps fp32 sharded parameters, all-gathers
+    "fp32" with an fp32 reduce gives None (no casts); with reduce_dtype="bf16" only the
+    gradients are reduced in bf16 (half the bytes on the wire). "bf16" keeps fp32 sharded parameters, all-gathers
     and computes in bf16, and reduce-scatters gradients in fp32 (the default
     `reduce_dtype`), so summing many ranks' gradients loses no bits to bf16.
     fp16 needs a loss scaler that sees sharded gradients (torch's
@@ -85,11 +87,11 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
     Raises:
         TypeError / ValueError: an unknown precision name (see `clorch.precision`).
     """
-    compute = get_precision(precision)
-    if not compute.autocast:
+    compute, reduce = get_precision(precision), get_precision(reduce_dtype)
+    if not compute.autocast and not reduce.autocast:
         return None
-    return MixedPrecisionPolicy(param_dtype=compute.torch_dtype(),
-                                reduce_dtype=get_precision(reduce_dtype).torch_dtype())
+    return MixedPrecisionPolicy(param_dtype=compute.torch_dtype() if compute.autocast else None,
+                                reduce_dtype=reduce.torch_dtype())
 
 
 def _class_name(module: nn.Module) -> str:
@@ -117,8 +119,9 @@ def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto
 
     Raises:
         TypeError: shard_modules is neither "auto" nor a list of str.
-        ValueError: a named class occurs nowhere in the model (names the classes present).
+        ValueError: min_params < 1, or a named class occurs nowhere in the model (names the classes present).
     """
+    _int_arg("min_params", min_params, 1)
     if shard_modules == "auto":
         names = {_class_name(m) for m in model.modules()}
         if _class_name(model) == "GPT" and _GPT_BLOCK in names:
