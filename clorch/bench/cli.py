@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "allreduce": ("clorch.bench.allreduce", "clorch.distributed.all_reduce vs raw torch.distributed.all_reduce"),
     "launch": ("clorch.bench.launch", "clorch's launcher vs torchrun: time to the first all_reduce"),
     "ddp": ("clorch.bench.ddp", "clorch's DDP reducer vs torch DDP vs one process"),
+    "fsdp": ("clorch.bench.fsdp", "clorch's fsdp sharding vs a hand-written fully_shard loop (GPT step)"),
     "scaler": ("clorch.bench.scaler", "clorch.amp.GradScaler vs torch.amp.GradScaler: unscale + overflow check"),
     "checkpoint": ("clorch.bench.checkpoint", "save_checkpoint/load_checkpoint vs torch.save/torch.load"),
     "runner": ("clorch.bench.runner", "clorch's training loop vs a plain PyTorch loop (GPT-2 small, GPU)"),

@@ -23,6 +23,21 @@ iterating it) moves a per-epoch position, `state_dict()` records it, and
 after `load_state_dict()` the sampler continues with the very next index.
 Otherwise each new pass (each `iter(loader)`) starts the epoch over, as with
 torch's sampler, however far an earlier pass got.
+
+Resuming onto another world size: `global_state_dict()` records the position
+as a count of the epoch's global positions consumed (every rank consumes in
+step, so after k optimizer steps of global batch G it is k * G), and
+`load_global_state_dict()` continues it on any number of ranks. The rest of
+that epoch is the interrupted run's own list (its permutation, padded for its
+world size) from that position, split round-robin over the new ranks: every
+remaining sample is seen once, and each run of G consecutive positions (one
+optimizer step of the uninterrupted run) is again one optimizer step, provided
+the new ranks keep the global batch (`accumulation_for`). Only the last,
+partial step of such an epoch may be padded (or dropped with `drop_last`)
+differently. Later epochs follow the new world size's own rule. During such
+an epoch `len()` stays the new world size's full count (`remaining()` is
+exact) and `state_dict()` raises: its per-rank form cannot say where the
+epoch came from, so save `global_state_dict()` (sharded checkpoints do).
 """
 
 from __future__ import annotations
@@ -49,6 +64,46 @@ def _bool_arg(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _fit(indices: list[int], replicas: int, drop_last: bool) -> list[int]:
+    """Pad `indices` by repeating them from the start (or cut them) to a multiple of `replicas`."""
+    n = len(indices)
+    if drop_last or n == 0:
+        return indices[: n - n % replicas]
+    padding = -n % replicas
+    return indices + (indices * math.ceil(padding / n))[:padding]
+
+
+def _fit_length(n: int, replicas: int, drop_last: bool) -> int:
+    """len(_fit(range(n), replicas, drop_last)), without building the list."""
+    return n - n % replicas if drop_last or n == 0 else n + (-n % replicas)
+
+
+def accumulation_for(global_batch_size: int, batch_size: int, world_size: int) -> int:
+    """The accumulation steps that keep `global_batch_size` = batch_size x world_size x accumulation.
+
+    A run resumed on another number of ranks calls it with the saved run's
+    global batch, so that each optimizer step averages the same samples.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int >= 1, or the global batch is
+            not a multiple of batch_size x world_size (the message names all three and
+            the batch sizes that would fit).
+    """
+    for name, value in (("global_batch_size", global_batch_size), ("batch_size", batch_size),
+                        ("world_size", world_size)):
+        _int_arg(name, value, 1)
+    per_step = batch_size * world_size
+    if global_batch_size % per_step:
+        fits = [b for b in range(1, batch_size + 1) if global_batch_size % (b * world_size) == 0]
+        hint = f"batch_size values that fit: {fits}" if fits else \
+            f"no batch_size fits: {world_size} ranks do not divide {global_batch_size}"
+        raise ValueError(
+            f"global batch {global_batch_size} cannot be kept on world_size {world_size} with batch_size "
+            f"{batch_size}: {global_batch_size} is not a multiple of {batch_size} x {world_size} = "
+            f"{per_step}; {hint}")
+    return global_batch_size // per_step
 
 
 def _dataset_size(dataset: Any) -> int:
@@ -132,6 +187,9 @@ class DistributedSampler(TorchDistributedSampler):
         # (the restored, possibly empty, rest of the epoch); otherwise a pass starts over.
         self._resume_here = False
         self._cache: tuple[int, list[int]] | None = None
+        # Set by load_global_state_dict: (epoch, saved world size, global positions consumed);
+        # that epoch continues the saved run's list instead of this sampler's own.
+        self._carried: tuple[int, int, int] | None = None
 
     def _per_rank_count(self) -> int:
         # Same arithmetic as torch.utils.data.DistributedSampler.
@@ -164,6 +222,18 @@ class DistributedSampler(TorchDistributedSampler):
         """This rank's full index list for the current epoch (cached per epoch)."""
         if self._cache is not None and self._cache[0] == self._epoch:
             return self._cache[1]
+        carried = self._carried if self._carried and self._carried[0] == self._epoch else None
+        if carried is None:
+            indices = self._global_indices(self.num_replicas)
+        else:
+            indices = self._global_indices(carried[1])[carried[2]:]
+            indices = _fit(indices, self.num_replicas, self.drop_last)
+        mine = indices[self.rank:: self.num_replicas]
+        self._cache = (self._epoch, mine)
+        return mine
+
+    def _global_indices(self, replicas: int) -> list[int]:
+        """The epoch's permutation, padded (or cut) as a world of `replicas` ranks reads it."""
         n = self.dataset_size
         if self.shuffle:
             generator = torch.Generator()
@@ -171,14 +241,7 @@ class DistributedSampler(TorchDistributedSampler):
             indices = torch.randperm(n, generator=generator).tolist()
         else:
             indices = list(range(n))
-        if not self.drop_last and n > 0:
-            padding = self.total_size - n
-            indices += (indices * math.ceil(padding / n))[:padding]
-        else:
-            indices = indices[: self.total_size]
-        mine = indices[self.rank: self.total_size: self.num_replicas]
-        self._cache = (self._epoch, mine)
-        return mine
+        return _fit(indices, replicas, self.drop_last)
 
     def sample_indices(self) -> list[int]:
         """The rest of this epoch's indices for this rank, from the current position.
@@ -189,7 +252,7 @@ class DistributedSampler(TorchDistributedSampler):
 
     def remaining(self) -> int:
         """How many of this epoch's indices this rank has not consumed yet."""
-        return self.num_samples - self._consumed
+        return len(self._epoch_indices()) - self._consumed
 
     def advance(self, n: int) -> None:
         """Mark the next `n` indices of this epoch as consumed (e.g. after a batch trained).
@@ -219,7 +282,7 @@ class DistributedSampler(TorchDistributedSampler):
         self._consumed, self._resume_here = start, False
         indices = self._epoch_indices()
         epoch = self._epoch
-        for position in range(start, self.num_samples):
+        for position in range(start, len(indices)):
             if self._epoch != epoch:  # set_epoch(new) ends this pass
                 return
             self._consumed = position + 1  # this pass's own count: an abandoned pass cannot skip ahead
@@ -230,7 +293,15 @@ class DistributedSampler(TorchDistributedSampler):
         return self.num_samples
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain ints and bools: the arguments, the epoch and the position within it."""
+        """Plain ints and bools: the arguments, the epoch and the position within it.
+
+        Raises:
+            RuntimeError: the sampler is in an epoch continued from another world size
+                (`load_global_state_dict`); save `global_state_dict()` instead.
+        """
+        if self._carried is not None and self._carried[0] == self._epoch:
+            raise RuntimeError("this epoch continues a run of another world size; its position is "
+                               "global_state_dict(), not state_dict() (sharded checkpoints save that)")
         return {"epoch": self._epoch, "seed": self.seed, "rank": self.rank,
                 "num_replicas": self.num_replicas, "dataset_size": self.dataset_size,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "consumed": self._consumed}
@@ -289,9 +360,71 @@ class DistributedSampler(TorchDistributedSampler):
             TypeError / ValueError: see `check_state_dict`.
         """
         self.check_state_dict(state)
+        self._carried, self._cache = None, None
         self._epoch = state["epoch"]
         self._consumed = state["consumed"]
         self._resume_here = True
+
+    _GLOBAL_FIXED = ("dataset_size", "seed", "shuffle", "drop_last")
+
+    def global_state_dict(self) -> dict[str, Any]:
+        """The position as the whole job's, loadable on any world size (`load_global_state_dict`).
+
+        Keys: the epoch, the fixed arguments, `layout_replicas` (the world size whose
+        padded list this epoch follows) and `position` (global positions of that list
+        consumed). It assumes every rank consumed as many indices as this one, as
+        ranks training in step do; a sharded checkpoint checks that all ranks agree.
+        """
+        carried = self._carried if self._carried and self._carried[0] == self._epoch else None
+        layout, offset = (carried[1], carried[2]) if carried else (self.num_replicas, 0)
+        full = _fit_length(self.dataset_size, layout, self.drop_last)
+        return {"epoch": self._epoch, "dataset_size": self.dataset_size, "seed": self.seed,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "layout_replicas": layout,
+                "position": min(full, offset + self._consumed * self.num_replicas)}
+
+    def load_global_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the epoch of `global_state_dict()` on this sampler's world size and rank.
+
+        Raises:
+            TypeError / ValueError: see `check_global_state_dict`.
+        """
+        epoch, layout, position = self.check_global_state_dict(state)
+        self._epoch, self._consumed, self._resume_here = epoch, 0, True
+        # The same world size and a position on a rank boundary is the ordinary state.
+        self._carried = None if layout == self.num_replicas and position % layout == 0 else \
+            (epoch, layout, position)
+        if self._carried is None:
+            self._consumed = position // layout
+        self._cache = None
+
+    def check_global_state_dict(self, state: Any) -> tuple[int, int, int]:
+        """Raise what `load_global_state_dict(state)` would raise, changing nothing.
+
+        Returns:
+            (epoch, layout_replicas, position).
+
+        Raises:
+            TypeError: state is not a dict.
+            ValueError: missing keys, a dataset_size, seed, shuffle or drop_last
+                differing from this sampler's (all listed), or a bad position.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"sampler global state must be a dict, got {type(state).__name__}")
+        keys = ("epoch", "layout_replicas", "position", *self._GLOBAL_FIXED)
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(f"sampler global state misses keys {missing}; expected {list(keys)}")
+        differs = [f"{k}: saved {state[k]!r}, this sampler {getattr(self, k)!r}"
+                   for k in self._GLOBAL_FIXED if state[k] != getattr(self, k)]
+        if differs:
+            raise ValueError("sampler global state was saved by a different sampler: " + "; ".join(differs))
+        epoch = _int_arg("sampler global state 'epoch'", state["epoch"], 0)
+        layout = _int_arg("sampler global state 'layout_replicas'", state["layout_replicas"], 1)
+        full = _fit_length(self.dataset_size, layout, self.drop_last)
+        position = state["position"]
+        if type(position) is not int or not 0 <= position <= full:
+            raise ValueError(f"sampler global state 'position' must be an int in [0, {full}], got {position!r}")
+        return epoch, layout, position
 
     def __repr__(self) -> str:
         return (f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "

@@ -1,0 +1,352 @@
+"""Sharded data parallelism on torch's own FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Parameters, gradients and optimizer state are split across the ranks of a
+`DeviceMesh`; each rank holds about 1/world of them. The usual sequence:
+
+    model = build_on_meta()                 # e.g. `with torch.device("meta"): GPT(config)`
+    shard_model(model, shard_modules="auto", precision="bf16")
+    materialize(model, device, seed=0, init_fn=gpt_init_fn(model))
+    optimizer = torch.optim.AdamW(model.parameters())   # built after sharding: state is sharded too
+
+Seeded start. `materialize` gives every parameter the value a function of the
+seed and the owning module's name only, never of the world size or the
+sharding: for each module in `named_modules()` order it draws that module's
+parameters at full size on the CPU, under the CPU generator seeded with
+`seed` plus a CRC32 of the module's name (`reset_parameters()` then
+`init_fn(module)`), and keeps only this rank's slice (no broadcast: every
+rank draws the same full values and slices them). At most one module's full
+parameters exist at a time. The same call on an unsharded model (a `ddp` run,
+or one process) gives the same weights, which is how the tests compare them.
+Buffers are re-made only by a module's `reset_parameters` (LayerNorm and
+Linear have none to re-make); a model whose buffers are computed in
+`__init__` must fill them itself after `materialize`.
+
+Collectives: `shard_model` (through `fully_shard`) and every forward and
+backward of a sharded model are collective over the mesh: every rank calls
+them in the same order; a rank that does not leaves the others blocked until
+the process group's timeout, which then raises on them. `materialize` and
+`apply_activation_checkpointing` are local. `clip_grad_norm_` all-reduces the
+norm over the mesh when the gradients are sharded.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
+
+import clorch.distributed as cdist
+from clorch._args import int_arg as _int_arg
+from clorch.precision import get_precision
+
+__all__ = ["AUTO_MIN_PARAMS", "apply_activation_checkpointing", "clip_grad_norm_", "device_mesh",
+           "gpt_init_fn", "materialize", "mixed_precision_policy", "shard_model", "sharded_modules"]
+
+AUTO_MIN_PARAMS = 1_000_000
+"""`shard_modules="auto"`: a child module with at least this many parameters gets its own fully_shard."""
+
+# The built-in GPT's blocks: one fully_shard (one all-gather, one reduce-scatter) per block.
+_GPT_BLOCK = "Block"
+
+
+def device_mesh(device_type: str | None = None) -> DeviceMesh:
+    """A 1-D mesh of every rank of the default process group.
+
+    Args:
+        device_type: "cpu" or "cuda"; default: "cuda" for an nccl group, else "cpu".
+
+    Collective: every rank must call it. Raises RuntimeError outside a process group.
+    """
+    if not cdist.is_initialized():
+        raise RuntimeError("device_mesh needs an initialized process group "
+                           "(clorch.distributed.process_group() or torch.distributed.init_process_group)")
+    if device_type is None:
+        device_type = "cuda" if cdist.backend() == "nccl" else "cpu"
+    return init_device_mesh(device_type, (cdist.world_size(),))
+
+
+def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for a clorch precision name: compute in it, reduce gradients in `reduce_dtype`.
+
+    "fp32" with an fp32 reduce gives None (no casts); with reduce_dtype="bf16" only the
+    gradients are reduced in bf16 (half the bytes on the wire). "bf16" keeps fp32 sharded parameters, all-gathers
+    and computes in bf16, and reduce-scatters gradients in fp32 (the default
+    `reduce_dtype`), so summing many ranks' gradients loses no bits to bf16.
+    fp16 needs a loss scaler that sees sharded gradients (torch's
+    `ShardedGradScaler`); this policy only sets the dtypes.
+
+    Raises:
+        TypeError / ValueError: an unknown precision name (see `clorch.precision`).
+    """
+    compute, reduce = get_precision(precision), get_precision(reduce_dtype)
+    if not compute.autocast and not reduce.autocast:
+        return None
+    return MixedPrecisionPolicy(param_dtype=compute.torch_dtype() if compute.autocast else None,
+                                reduce_dtype=reduce.torch_dtype())
+
+
+def _class_name(module: nn.Module) -> str:
+    """The module's own class name; a sharded module's class is FSDP's subclass `FSDP<name>` of it."""
+    cls = type(module)
+    if isinstance(module, FSDPModule):
+        cls = next(c for c in cls.__mro__[1:] if c is not FSDPModule and not issubclass(c, FSDPModule))
+    return cls.__name__
+
+
+def _parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto",
+                    min_params: int = AUTO_MIN_PARAMS) -> list[nn.Module]:
+    """The submodules that get their own `fully_shard` (never the root, which `shard_model` adds).
+
+    Args:
+        shard_modules: "auto": the built-in GPT's blocks for a clorch GPT, else every
+            descendant with >= `min_params` parameters whose parent is not chosen already
+            (top-down, so a large block is one unit, not its layers); or a list of class
+            names (`["Block"]`): every module of those classes.
+        min_params: the "auto" threshold (parameters, counted on meta tensors too).
+
+    Raises:
+        TypeError: shard_modules is neither "auto" nor a list of str.
+        ValueError: min_params < 1, or a named class occurs nowhere in the model (names the classes present).
+    """
+    _int_arg("min_params", min_params, 1)
+    if shard_modules == "auto":
+        names = {_class_name(m) for m in model.modules()}
+        if _class_name(model) == "GPT" and _GPT_BLOCK in names:
+            return [m for m in model.modules() if _class_name(m) == _GPT_BLOCK]
+        chosen: list[nn.Module] = []
+        _auto_collect(model, min_params, chosen)
+        return chosen
+    if isinstance(shard_modules, str) or not all(isinstance(n, str) for n in shard_modules):
+        raise TypeError(f"shard_modules must be 'auto' or a list of class names, got {shard_modules!r}")
+    present = {_class_name(m) for m in model.modules()}
+    missing = [n for n in shard_modules if n not in present]
+    if missing:
+        raise ValueError(f"shard_modules names classes that are not in the model: {missing}; "
+                         f"the model has {sorted(present)}")
+    wanted = set(shard_modules)
+    return [m for m in model.modules() if m is not model and _class_name(m) in wanted]
+
+
+def _auto_collect(module: nn.Module, min_params: int, chosen: list[nn.Module]) -> None:
+    for child in module.children():
+        if _parameter_count(child) >= min_params and not isinstance(child, (nn.ModuleList, nn.ModuleDict,
+                                                                            nn.Sequential)):
+            chosen.append(child)
+        else:
+            _auto_collect(child, min_params, chosen)
+
+
+def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None,
+                shard_modules: str | Sequence[str] = "auto", min_params: int = AUTO_MIN_PARAMS,
+                reshard_after_forward: bool = True, precision: str = "fp32", reduce_dtype: str = "fp32",
+                cpu_offload: bool = False) -> nn.Module:
+    """Apply `fully_shard` to the chosen submodules, then to the root; return the same model.
+
+    Works on a model on the meta device (then call `materialize`) or on real tensors.
+    Apply `apply_activation_checkpointing` before this, as torch advises.
+
+    Args:
+        mesh: the ranks to shard over; default: every rank (`device_mesh()`: CUDA under nccl).
+        shard_modules, min_params: which submodules are a unit of their own (`sharded_modules`).
+        reshard_after_forward: free the gathered parameters after each unit's forward and
+            gather them again for backward (less memory, one more all-gather per unit).
+            The root never reshards after forward: its backward starts at once.
+        precision, reduce_dtype: clorch precision names (`mixed_precision_policy`).
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory
+            (pinned), copied to the device per unit; build the optimizer after sharding.
+
+    Collective: every rank of the mesh must call it with the same model.
+
+    Raises:
+        TypeError: reshard_after_forward or cpu_offload is not a bool.
+        ValueError: see `sharded_modules` and `mixed_precision_policy`.
+    """
+    for name, value in (("reshard_after_forward", reshard_after_forward), ("cpu_offload", cpu_offload)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if mesh is None:
+        mesh = device_mesh()
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    policy = mixed_precision_policy(precision, reduce_dtype)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    # Pinned memory exists only with CUDA; a CPU-only job offloads to where it already is.
+    kwargs["offload_policy"] = (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                                if cpu_offload else OffloadPolicy())
+    for module in sharded_modules(model, shard_modules, min_params):
+        fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
+    return model
+
+
+def gpt_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
+    """The built-in GPT's per-module initializer (GPT-2's N(0, 0.02), scaled residual projections).
+
+    None for other models: `materialize` then uses each module's `reset_parameters` only.
+    """
+    return getattr(model, "_init_weights", None) if _class_name(model) == "GPT" else None
+
+
+def _module_seed(seed: int, name: str) -> int:
+    return (seed + zlib.crc32(name.encode())) % (2 ** 63)
+
+
+def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-size value into a parameter: this rank's slice of it when sharded."""
+    with torch.no_grad():
+        if isinstance(param, DTensor):
+            # src_data_rank=None: every rank slices its own shard, nothing is sent.
+            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(local.to_local())
+        else:
+            param.copy_(full)
+
+
+def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
+                init_fn: Callable[[nn.Module], None] | None = None) -> nn.Module:
+    """Give a meta (or empty) model real storage on `device` and seeded initial values.
+
+    See the module docstring for the rule that makes the values independent of
+    sharding. The global RNG state is left as it was.
+
+    Args:
+        device: where the (sharded) parameters live.
+        seed: the run's seed.
+        init_fn: called on each module after its `reset_parameters` (e.g. `gpt_init_fn(model)`).
+
+    Local: no collective.
+
+    Raises:
+        ValueError: without `init_fn`, a module owns parameters but has no `reset_parameters`
+            (they would keep `to_empty`'s garbage); names the modules.
+
+    Warns:
+        UserWarning: a module without `reset_parameters` holds buffers, which `to_empty`
+            leaves uninitialized: fill them yourself.
+    """
+    _check_initializable(model, init_fn)
+    ties = _shared_parameters(model)
+    model.to_empty(device=device)
+    _retie(ties)
+    for name, module in model.named_modules():
+        own = dict(module.named_parameters(recurse=False))
+        if not own or not (hasattr(module, "reset_parameters") or init_fn is not None):
+            continue
+        full = {n: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu")) for n, p in own.items()}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_module_seed(seed, name))
+            _with_parameters(module, full, init_fn)
+        for n, p in own.items():
+            _fill(p, full[n].detach())
+    return model
+
+
+def _check_initializable(model: nn.Module, init_fn: Callable[[nn.Module], None] | None) -> None:
+    bare, buffers = [], []
+    for name, module in model.named_modules():
+        if hasattr(module, "reset_parameters"):
+            continue
+        if init_fn is None and any(True for _ in module.parameters(recurse=False)):
+            bare.append(f"{name or '(root)'} ({_class_name(module)})")
+        if any(True for _ in module.buffers(recurse=False)):
+            buffers.append(f"{name or '(root)'} ({_class_name(module)})")
+    if bare:
+        raise ValueError(f"materialize cannot initialize the parameters of {bare}: they have no "
+                         "reset_parameters(); pass init_fn=, a function of a module that fills its parameters")
+    if buffers:
+        warnings.warn(f"materialize leaves the buffers of {buffers} uninitialized (no reset_parameters()); "
+                      "fill them after materialize", stacklevel=3)
+
+
+def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Every parameter held by several modules (tied weights), as its (module, name) places."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
+
+
+def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
+    # `to_empty` gives each module a new tensor of its own, so an unsharded model's tied
+    # weights come apart (fully_shard keeps them tied); tie them again as they were.
+    for (first, first_name), *others in ties:
+        for module, name in others:
+            if module._parameters[name] is not first._parameters[first_name]:
+                module._parameters[name] = first._parameters[first_name]
+
+
+def _with_parameters(module: nn.Module, full: dict[str, nn.Parameter],
+                     init_fn: Callable[[nn.Module], None] | None) -> None:
+    """Run the module's initializers on full-size CPU stand-ins for its parameters."""
+    saved = {n: module._parameters[n] for n in full}
+    try:
+        module._parameters.update(full)
+        with torch.no_grad():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            if init_fn is not None:
+                init_fn(module)
+    finally:
+        module._parameters.update(saved)
+
+
+def _checkpointed_forward(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # Non-reentrant: works with keyword arguments, with DDP's gradient hooks and with
+    # FSDP2's pre-backward all-gather (the recomputation runs inside the unit's backward).
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module, module_classes: str | Sequence[str] = "auto") -> int:
+    """Recompute the chosen modules' activations in backward instead of storing them.
+
+    Replaces each chosen module's `forward` on the instance, so parameter names,
+    state dicts and class names stay as they were; works under clorch's DDP,
+    torch's DDP and `shard_model` (apply it before `shard_model`).
+
+    Args:
+        module_classes: class names, or "auto": the built-in GPT's blocks, else no module
+            (ValueError: name them).
+
+    Returns:
+        How many modules now checkpoint.
+
+    Raises:
+        ValueError: "auto" on a model without GPT blocks, or a named class not in the model.
+    """
+    if module_classes == "auto":
+        if _class_name(model) != "GPT":
+            raise ValueError("apply_activation_checkpointing(module_classes='auto') knows only the built-in "
+                             f"GPT's blocks; name your model's block classes, e.g. ['{_GPT_BLOCK}']")
+        module_classes = [_GPT_BLOCK]
+    chosen = sharded_modules(model, module_classes)
+    for module in chosen:
+        module.forward = functools.partial(_checkpointed_forward, module.forward)
+    return len(chosen)
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor] | nn.Module, max_norm: float,
+                    norm_type: float = 2.0) -> torch.Tensor:
+    """torch's `clip_grad_norm_`, on sharded (DTensor) or plain gradients; returns the total norm.
+
+    The norm is that of the whole model's gradient, as in one process. With sharded
+    gradients torch all-reduces the partial norms over the mesh (collective: every
+    rank calls it); the result is returned as a plain tensor.
+    """
+    params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
