@@ -35,6 +35,7 @@ DistributedSampler = ("clorch.data.sampler", "DistributedSampler")
 DistributedDataParallel = ("clorch.nn.parallel.ddp", "DistributedDataParallel")
 MLP = ("clorch.models.mlp", "MLP")
 Optimizers = "clorch.optim"  # its constants: ADAMW_BETAS, SGD_MOMENTUM, DEFAULT_DECAY
+Schedules = "clorch.optim.schedule"  # its constants: COSINE_WARMUP_STEPS, COSINE_MIN_LR_RATIO
 GPTArchitecture = ("clorch.models.gpt", "GPTConfig")
 SyntheticRegression = ("clorch.data.synthetic", "SyntheticRegression")
 ArithmeticTask = ("clorch.data.arithmetic", "ArithmeticTask")
@@ -331,8 +332,10 @@ class CosineScheduleConfig:
     """Linear warmup, then cosine decay to min_lr_ratio * lr."""
 
     name: Literal["cosine"] = "cosine"
-    warmup_steps: int = field(default=10, metadata=rule(ge=0, unit="steps"))  # linear warmup
-    min_lr_ratio: float = field(default=0.1, metadata=rule(ge=0, le=1))  # floor / peak lr
+    warmup_steps: int = field(default=source_constant(Schedules, "COSINE_WARMUP_STEPS"),
+                              metadata=rule(ge=0, unit="steps"))  # linear warmup
+    min_lr_ratio: float = field(default=source_constant(Schedules, "COSINE_MIN_LR_RATIO"),
+                                metadata=rule(ge=0, le=1))  # floor / peak lr
 
 
 # --- launcher and logger ----------------------------------------------------------------------

@@ -15,6 +15,9 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 SCHEDULES = ("constant", "cosine")
+# The cosine schedule's defaults, here and in the config (schedule=cosine reads these two).
+COSINE_WARMUP_STEPS = 10
+COSINE_MIN_LR_RATIO = 0.1
 
 
 @dataclass
@@ -45,17 +48,19 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"schedule.{name} must be an int >= {minimum}, got {value!r}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup_steps: int = 0,
-                    total_steps: int | None = None, min_lr_ratio: float = 0.0) -> LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup_steps: int | None = None,
+                    total_steps: int | None = None, min_lr_ratio: float | None = None) -> LambdaLR:
     """A `LambdaLR` for `optimizer`; call `scheduler.step()` after each `optimizer.step()`.
 
     Args:
         optimizer: the optimizer whose groups' lr the schedule scales.
         name: "constant" (after warmup) or "cosine" (warmup, then cosine decay).
-        warmup_steps: steps of linear warmup, >= 0.
+        warmup_steps: steps of linear warmup, >= 0; None: 0 for "constant",
+            COSINE_WARMUP_STEPS (10) for "cosine", as in the config.
         total_steps: cosine only: the step at which the lr reaches `min_lr_ratio * lr`;
             must be > warmup_steps. Ignored (with a warning) by "constant".
-        min_lr_ratio: cosine only: the final lr as a fraction of the base lr, in [0, 1].
+        min_lr_ratio: cosine only: the final lr as a fraction of the base lr, in [0, 1];
+            None: COSINE_MIN_LR_RATIO (0.1), as in the config.
 
     Raises:
         ValueError: unknown name, or an argument outside its range.
@@ -65,14 +70,18 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup_steps
         raise TypeError(f"build_scheduler needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if name not in SCHEDULES:
         raise ValueError(f"schedule name must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    if name == "constant":
+        if total_steps is not None or min_lr_ratio is not None:
+            warnings.warn("schedule 'constant' ignores total_steps and min_lr_ratio", stacklevel=2)
+        warmup_steps = 0 if warmup_steps is None else warmup_steps
+        _check_int("warmup_steps", warmup_steps, 0)
+        return LambdaLR(optimizer, WarmupCosine(warmup_steps=warmup_steps))
+    warmup_steps = COSINE_WARMUP_STEPS if warmup_steps is None else warmup_steps
+    min_lr_ratio = COSINE_MIN_LR_RATIO if min_lr_ratio is None else min_lr_ratio
     _check_int("warmup_steps", warmup_steps, 0)
     if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) \
             or not 0.0 <= min_lr_ratio <= 1.0:
         raise ValueError(f"schedule.min_lr_ratio must be a number in [0, 1], got {min_lr_ratio!r}")
-    if name == "constant":
-        if total_steps is not None or min_lr_ratio != 0.0:
-            warnings.warn("schedule 'constant' ignores total_steps and min_lr_ratio", stacklevel=2)
-        return LambdaLR(optimizer, WarmupCosine(warmup_steps=warmup_steps))
     if total_steps is None:
         raise ValueError("schedule.total_steps is required by 'cosine' (an int > warmup_steps), got None")
     _check_int("total_steps", total_steps, 1)

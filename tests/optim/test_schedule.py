@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from clorch.config.schema import CosineScheduleConfig
 from clorch.optim import build_scheduler
+from clorch.optim.schedule import COSINE_MIN_LR_RATIO, COSINE_WARMUP_STEPS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,3 +85,12 @@ def test_bad_arguments_are_named(name, kwargs, text):
 def test_needs_an_optimizer():
     with pytest.raises(TypeError, match="build_scheduler needs a torch.optim.Optimizer, got list"):
         build_scheduler([], "constant")
+
+
+def test_the_cosine_defaults_of_the_library_are_the_configs():
+    config = CosineScheduleConfig()
+    assert (config.warmup_steps, config.min_lr_ratio) == (COSINE_WARMUP_STEPS, COSINE_MIN_LR_RATIO)
+    defaults = _lrs(build_scheduler(_optimizer(1.0), "cosine", total_steps=40), 40)
+    explicit = _lrs(build_scheduler(_optimizer(1.0), "cosine", total_steps=40,
+                                    warmup_steps=config.warmup_steps, min_lr_ratio=config.min_lr_ratio), 40)
+    assert defaults == explicit
