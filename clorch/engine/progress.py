@@ -4,7 +4,8 @@ The ranks' stdout goes to log files, so the launching process follows rank
 0's metrics.jsonl instead: a tqdm bar with loss and throughput on a terminal,
 a plain line per metrics record otherwise (progress=lines), nothing with
 progress=off. Events (events.jsonl: a resume, a restart) appear as
-`clorch: ...` lines. A run resumed from another run's checkpoint starts
+`clorch: ...` lines. A console that goes away (`| head`, a `tee` ended by
+Ctrl-C) is ignored: see clorch.launch.console. A run resumed from another run's checkpoint starts
 metrics.jsonl with that run's records (its announcement says how many): those
 are not shown again.
 
@@ -25,6 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from clorch.engine.outputs import EVENTS
+from clorch.launch.console import safe
 
 
 def _sized_terminal(stream: Any) -> bool:
@@ -45,7 +47,8 @@ class Progress:
 
     def __init__(self, metrics_path: Path, total_steps: int, mode: str = "auto", stream: Any = None):
         self.path, self.total = metrics_path, total_steps
-        self.stream = stream or sys.stderr
+        # Safe: a console that goes away (| head, a tee ended by Ctrl-C) must not end the run.
+        self.stream = safe(stream or sys.stderr)
         if mode == "auto":
             mode = "bar" if _sized_terminal(self.stream) else "lines"
         self.mode = mode
