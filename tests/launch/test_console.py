@@ -55,10 +55,13 @@ def test_the_exit_flush_into_a_closed_pipe_keeps_the_exit_status():
     assert stderr.strip() == b"y"
 
 
-def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path):
-    """`clorch-train ... 2>&1 | head -1`: the run finishes, writes its summary and exits 0."""
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path, launcher):
+    """`clorch-train ... 2>&1 | head -1`: the run finishes, writes its summary and exits 0.
+    Under launcher=torchrun the ranks' output also goes to logs/ (and from there to the console)."""
     run_dir = tmp_path / "run"
-    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"hydra.run.dir={run_dir}"], tmp_path)
+    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"],
+                  tmp_path)
     first = proc.stdout.readline()
     proc.stdout.close()
     assert proc.wait(timeout=200) == 0
@@ -66,6 +69,8 @@ def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 20
     assert "succeeded, 20 steps" in (run_dir / "clorch-train.log").read_text()
+    assert "step 20/20" in (run_dir / "logs" / "rank_0.stdout").read_text()
+    assert (run_dir / "logs" / "rank_1.stderr").is_file()
 
 
 def test_ctrl_c_with_the_reader_gone_ends_interrupted_with_the_resume_hint_in_the_log(tmp_path):
