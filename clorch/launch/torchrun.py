@@ -67,14 +67,13 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
     """
     # lazy: keeps torch out of clorch-train's start
+    from torch.distributed.elastic.multiprocessing import Std
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    # lazy: keeps torch out of clorch-train's start
-    from torch.distributed.elastic.multiprocessing import Std
 
     low, high = _node_range(launcher.nnodes)
     timeout = int(max(1, round(launcher.rdzv_timeout)))
