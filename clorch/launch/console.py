@@ -18,9 +18,11 @@ afterwards (torch's agent's ranks, which would otherwise die of SIGPIPE). The
 run goes on with its files, writes its summary, and the command exits with its
 outcome's code.
 
-What clorch-train says about the run itself (its lines starting `clorch-train: `:
-how it ended, a resume hint after Ctrl-C) also goes to the run's log, Hydra's
-`clorch-train.log` in the run directory, so it is kept when the console is gone.
+What clorch-train says on stderr about the run itself (its lines starting
+`clorch-train: `: a failure, an interruption and its resume hint) also goes to
+the run's log, Hydra's `clorch-train.log` in the run directory, so it is kept
+when the console is gone. (A run that succeeds, with nothing logged, still
+leaves no log file: its verdict is on stdout and in summary.json.)
 """
 
 from __future__ import annotations
@@ -40,18 +42,20 @@ class SafeStream:
 
     After the first failed write or flush, the stream counts as gone (`gone`):
     later writes are dropped, and its descriptor (when it has one) now points at
-    /dev/null. Lines starting with `LOGGED_PREFIX` are also written to the run's
-    log (Hydra's log file handlers on the root logger), console or not.
+    /dev/null. With a `log_level`, lines starting with `LOGGED_PREFIX` are also
+    written to the run's log (Hydra's log file handlers on the root logger) at
+    that level, console or not.
     """
 
-    def __init__(self, stream: TextIO, level: int = logging.INFO) -> None:
+    def __init__(self, stream: TextIO, log_level: int | None = None) -> None:
         self.wrapped = stream
         self.gone = False
-        self._level = level
+        self._level = log_level
         self._line = ""  # the start of a line not finished yet (print writes its end separately)
 
     def write(self, text: str) -> int:
-        self._log_lines(text)
+        if self._level is not None:
+            self._log_lines(text)
         if not self.gone:
             try:
                 self.wrapped.write(text)
@@ -124,7 +128,8 @@ def safe(stream: TextIO) -> SafeStream:
 
 
 def protect() -> None:
-    """Make sys.stdout and sys.stderr SafeStreams (once; a second call changes nothing).
+    """Make sys.stdout and sys.stderr SafeStreams (once; a second call changes nothing);
+    stderr's `clorch-train: ` lines also go to the run's log.
 
     Call it before anything is printed and before any stream object is handed
     on (Hydra's console log handler, a progress bar keep the object they were given).
