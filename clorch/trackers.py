@@ -5,12 +5,15 @@ each tracker gets the run's config at `start`, every record through `log` and
 the run's end through `finish`:
 
     mlflow   MlflowClient with an explicit run id (two runs in one process never share
-             the fluent API's global run). The store is `tracking_uri`, else a local one
-             beside outputs/ and multirun/ (`default_tracking_uri`):
-             `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri ./mlruns` shows it.
+             the fluent API's global run). The store is `tracking_uri`, else
+             MLFLOW_TRACKING_URI, else MLflow 3's default, an SQLite file mlflow.db
+             beside outputs/ and multirun/ (`mlflow_target`): `mlflow ui` run there
+             shows it. The experiment: `experiment`, else MLFLOW_EXPERIMENT_NAME, else "clorch".
     wandb    wandb.init(mode=...): "offline" writes RUN_DIR/wandb/offline-run-*/ (upload
              later with `wandb sync RUN_DIR/wandb/offline-run-*`), "online" needs a login,
-             "auto" is online when an API key is found (`resolve_wandb_mode`).
+             "auto" is online when an API key is found (`resolve_wandb_mode`). The
+             project: `experiment`, else WANDB_PROJECT, else "clorch"; WANDB_DIR moves
+             wandb/ out of the run directory; WANDB_ENTITY is W&B's own (`wandb_target`).
 
 Who calls: one process of the job (clorch.engine.tracking says which: the launching
 process that follows rank 0's metrics.jsonl, or rank 0 once it has trained); nothing
@@ -37,6 +40,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
@@ -53,6 +57,9 @@ MLFLOW_STATUS = {"completed": "FINISHED", "succeeded": "FINISHED", "failed": "FA
                  "interrupted": "KILLED", "stopped": "KILLED", "killed": "KILLED"}
 SUCCEEDED = ("completed", "succeeded")
 HYDRA_ROOTS = ("outputs", "multirun")
+DEFAULT_EXPERIMENT = "clorch"  # MLflow's experiment and W&B's project when neither config nor environment names one
+# What mlflow-skinny lacks for the SQLite store (the default one): the mlflow extra installs them.
+SQL_STORE_MODULES = ("sqlalchemy", "alembic")
 
 
 @runtime_checkable
@@ -92,24 +99,55 @@ def record_metrics(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
 
 
 def default_tracking_uri(run_dir: Path) -> str:
-    """The MLflow store for runs that name none: `mlruns/` beside outputs/ and multirun/.
+    """The MLflow store for runs that name none: `sqlite:////abs/path/mlflow.db` beside outputs/
+    and multirun/.
 
     The store is beside the first ancestor of `run_dir` named outputs/ or multirun/
     (Hydra's default roots), so every run and sweep job of a project lands in one
     store; elsewhere in `run_dir`'s parent. Beside the roots, not in them: the store
     holds copies of config.yaml and summary.json, which `clorch-runs` would list as runs.
+    The runs' files go to `mlartifacts/` beside it (`default_artifact_location`).
 
-    Why a file store ("file:///abs/path/mlruns"): it is the only store that
-    mlflow-skinny runs without a server and without more packages. The SQLite
-    store (MLflow 3's default, "sqlite:///mlflow.db") needs sqlalchemy and alembic,
-    which skinny leaves out. MLflow 3 keeps the file store in maintenance mode and
-    refuses it unless MLFLOW_ALLOW_FILE_STORE=true; `MLflowTracker` sets that for
-    the duration of its own calls on a file: URI (readers of the store, `mlflow ui`
-    and MlflowClient, need it set as well).
+    Why SQLite: it is MLflow 3's own default (`sqlite:///mlflow.db`), the store
+    that `mlflow ui` and MlflowClient open without extra settings; the older file
+    store (`mlruns/`) is in maintenance mode and refused unless
+    MLFLOW_ALLOW_FILE_STORE=true. It needs sqlalchemy and alembic beside
+    mlflow-skinny: the `mlflow` extra installs them.
     """
+    return f"sqlite:///{_store_root(run_dir) / 'mlflow.db'}"
+
+
+def default_artifact_location(run_dir: Path) -> str:
+    """Where a new experiment of the default store keeps its runs' files: `mlartifacts/` beside
+    the store (without it MLflow would pick `./mlruns` in whatever directory the run started from)."""
+    return (_store_root(run_dir) / "mlartifacts").as_uri()
+
+
+def _store_root(run_dir: Path) -> Path:
     run_dir = Path(run_dir).resolve()
-    root = next((p.parent for p in run_dir.parents if p.name in HYDRA_ROOTS), run_dir.parent)
-    return (root / "mlruns").as_uri()
+    return next((p.parent for p in run_dir.parents if p.name in HYDRA_ROOTS), run_dir.parent)
+
+
+def mlflow_target(tracking_uri: str | None, experiment: str | None, run_dir: Path) -> tuple[str, str]:
+    """MLflow's store and experiment for a run, by MLflow's own conventions.
+
+    The store: `tracking_uri` (logger.tracking_uri); when null, MLFLOW_TRACKING_URI
+    when set; else `default_tracking_uri(run_dir)`. The experiment: `experiment`
+    (logger.experiment); when null, MLFLOW_EXPERIMENT_NAME when set; else "clorch".
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(run_dir)
+    return uri, experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+
+def wandb_target(project: str | None, run_dir: Path) -> tuple[str, Path]:
+    """W&B's project and directory for a run, by W&B's own conventions.
+
+    The project: `project` (logger.experiment); when null, WANDB_PROJECT when set;
+    else "clorch". The directory W&B writes its wandb/ folder in: WANDB_DIR when
+    set, else the run directory. WANDB_ENTITY (the team or user) is W&B's own to read.
+    """
+    return (project or os.environ.get("WANDB_PROJECT") or DEFAULT_EXPERIMENT,
+            Path(os.environ.get("WANDB_DIR") or run_dir))
 
 
 def run_name(run_dir: Path) -> str:
@@ -160,18 +198,18 @@ def resolve_wandb_mode(mode: str) -> str:
 
 
 def build_trackers(names: Sequence[str], run_dir: Path, *, run_name: str, tracking_uri: str | None,
-                   experiment: str, wandb_mode: str, wandb_project: str) -> list[Tracker]:
+                   experiment: str | None, wandb_mode: str, wandb_project: str | None) -> list[Tracker]:
     """The trackers `names` names, in that order (each once), none started yet.
 
     Args:
         names: tracker names from TRACKERS.
-        run_dir: the run directory (W&B writes its wandb/ there; MLflow's default store
-            is found from it).
+        run_dir: the run directory (W&B writes its wandb/ there unless WANDB_DIR is set;
+            MLflow's default store is found from it).
         run_name: the name the run gets in the tracker's UI.
-        tracking_uri: MLflow's store or server; None: `default_tracking_uri(run_dir)`.
-        experiment: MLflow's experiment name (created when missing).
+        tracking_uri: MLflow's store or server; None: see `mlflow_target`.
+        experiment: MLflow's experiment name (created when missing); None: see `mlflow_target`.
         wandb_mode: one of WANDB_MODES ("auto" is resolved here).
-        wandb_project: the W&B project.
+        wandb_project: the W&B project; None: see `wandb_target`.
 
     Raises:
         ValueError: an unknown tracker name or W&B mode (packages are not checked here:
@@ -180,10 +218,12 @@ def build_trackers(names: Sequence[str], run_dir: Path, *, run_name: str, tracki
     trackers: list[Tracker] = []
     for name in dict.fromkeys(names):
         if name == "mlflow":
-            trackers.append(MLflowTracker(tracking_uri or default_tracking_uri(run_dir), experiment,
-                                          run_name, run_dir))
+            uri, experiment_name = mlflow_target(tracking_uri, experiment, run_dir)
+            location = default_artifact_location(run_dir) if uri == default_tracking_uri(run_dir) else None
+            trackers.append(MLflowTracker(uri, experiment_name, run_name, run_dir, location))
         elif name == "wandb":
-            trackers.append(WandbTracker(wandb_project, run_name, run_dir, resolve_wandb_mode(wandb_mode)))
+            project, directory = wandb_target(wandb_project, run_dir)
+            trackers.append(WandbTracker(project, run_name, run_dir, resolve_wandb_mode(wandb_mode), directory))
         else:
             raise ValueError(f"unknown tracker {name!r}; allowed: {', '.join(TRACKERS)}")
     return trackers
@@ -257,20 +297,31 @@ class MLflowTracker(_Isolated):
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, run_dir: Path):
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, run_dir: Path,
+                 artifact_location: str | None = None):
         super().__init__()
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_dir = Path(run_dir)
+        self.artifact_location = artifact_location  # for an experiment created here; None: MLflow's choice
         self.run_id: str | None = None
         self._client: Any = None
 
     def _env(self) -> Mapping[str, str]:
-        # MLflow 3 refuses its file store without this opt-in (default_tracking_uri says why we use it).
+        # A file store named by the user (file:///path/mlruns): MLflow 3 keeps it in maintenance
+        # mode and refuses it without this opt-in; readers of that store need it set as well.
         return {"MLFLOW_ALLOW_FILE_STORE": "true"} if self.tracking_uri.startswith("file:") else {}
 
     def _start(self, params: dict[str, Any]) -> None:
+        with _quiet_store():
+            self._open(params)
+
+    def _open(self, params: dict[str, Any]) -> None:
         from mlflow import MlflowClient  # lazy: mlflow is optional and slow to import (about 1.5 s)
 
+        missing = [m for m in SQL_STORE_MODULES if find_spec(m) is None]
+        if self.tracking_uri.startswith("sqlite:") and missing:
+            raise ModuleNotFoundError(f"the SQLite store {self.tracking_uri} needs {' and '.join(missing)} "
+                                      "beside mlflow-skinny: pip install 'clorch[mlflow]'")
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         run = self._client.create_run(self._experiment_id(), run_name=self.run_name,
                                       tags={"clorch.run_dir": str(self.run_dir.resolve())})
@@ -287,7 +338,7 @@ class MLflowTracker(_Isolated):
         if found is not None:
             return found.experiment_id
         try:
-            return self._client.create_experiment(self.experiment)
+            return self._client.create_experiment(self.experiment, artifact_location=self.artifact_location)
         except Exception:  # another run created it meanwhile (a sweep's jobs start together)
             found = self._client.get_experiment_by_name(self.experiment)
             if found is None:
@@ -310,6 +361,21 @@ class MLflowTracker(_Isolated):
                 self._client.log_artifact(self.run_id, str(path))
         finally:  # a failed upload still closes the run, else it shows RUNNING forever
             self._client.set_terminated(self.run_id, status=MLFLOW_STATUS.get(status, "FAILED"))
+
+
+@contextlib.contextmanager
+def _quiet_store() -> Iterator[None]:
+    """Without the SQLite store's chatter on the console: its INFO lines when it creates its
+    tables (a new mlflow.db) and sqlalchemy's deprecation warnings about MLflow's own code."""
+    store_logger = logging.getLogger("mlflow.store.db.utils")
+    level = store_logger.level
+    store_logger.setLevel(max(level, logging.WARNING))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\.store\.")
+            yield
+    finally:
+        store_logger.setLevel(level)
 
 
 def _key(name: str) -> str:
@@ -338,9 +404,10 @@ class WandbTracker(_Isolated):
 
     name = "wandb"
 
-    def __init__(self, project: str, run_name: str, run_dir: Path, mode: str):
+    def __init__(self, project: str, run_name: str, run_dir: Path, mode: str, directory: Path | None = None):
         super().__init__()
         self.project, self.run_name, self.run_dir, self.mode = project, run_name, Path(run_dir), mode
+        self.directory = Path(directory or run_dir)  # where W&B writes its wandb/ folder
         self.run: Any = None
 
     def _env(self) -> Mapping[str, str]:
@@ -353,7 +420,7 @@ class WandbTracker(_Isolated):
     def _start(self, params: dict[str, Any]) -> None:
         import wandb  # lazy: wandb is optional and slow to import (about 1.5 s)
 
-        self.run = wandb.init(project=self.project, name=self.run_name, dir=str(self.run_dir),
+        self.run = wandb.init(project=self.project, name=self.run_name, dir=str(self.directory),
                               config=params, mode=self.mode, reinit="create_new")
 
     def _log(self, record: dict[str, Any]) -> None:

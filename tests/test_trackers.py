@@ -52,12 +52,13 @@ def test_flatten_joins_keys_with_dots():
 
 
 def test_default_tracking_uri_is_beside_the_run_directories(tmp_path):
-    # Runs and sweep jobs share one store, beside outputs/ and multirun/ (not in them).
-    assert default_tracking_uri(tmp_path / "outputs" / "d" / "t") == (tmp_path / "mlruns").as_uri()
+    # Runs and sweep jobs share one store, beside outputs/ and multirun/ (not in them): MLflow 3's
+    # own default kind, an SQLite file, which MLflow's tools open without extra settings.
+    assert default_tracking_uri(tmp_path / "outputs" / "d" / "t") == f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep_job = tmp_path / "multirun" / "d" / "t" / "3"
-    assert default_tracking_uri(sweep_job) == (tmp_path / "mlruns").as_uri()
-    assert default_tracking_uri(tmp_path / "runs" / "r1") == (tmp_path / "runs" / "mlruns").as_uri()
-    assert default_tracking_uri(tmp_path / "outputs").startswith("file:///")
+    assert default_tracking_uri(sweep_job) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert default_tracking_uri(tmp_path / "runs" / "r1") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert default_tracking_uri(tmp_path / "outputs").startswith("sqlite:////")
 
 
 def test_run_name_is_the_path_below_the_root(tmp_path):
@@ -99,7 +100,8 @@ def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypa
     mlflow = pytest.importorskip("mlflow")
     import mlflow.utils.validation
 
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for key in ("MLFLOW_ALLOW_FILE_STORE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(key, raising=False)
     run_dir = _run_dir(tmp_path)
     (a,) = build_trackers(["mlflow"], run_dir, **_kwargs())
     (b,) = build_trackers(["mlflow"], run_dir, **_kwargs(run_name="run-b"))
@@ -113,8 +115,7 @@ def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypa
     assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # set for the trackers' calls only
     assert caplog.records == []
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only so
-    client = mlflow.MlflowClient(default_tracking_uri(run_dir))
+    client = mlflow.MlflowClient(default_tracking_uri(run_dir))  # MLflow's own reader, no opt-in
     run = client.get_run(a.run_id)
     assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "clorch-test"
@@ -130,11 +131,49 @@ def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypa
             (r["step"], r[key]) for r in RECORDS if r["kind"] == kind]
     assert "eval/exact" not in run.data.metrics and "train/step" not in run.data.metrics
     assert sorted(f.path for f in client.list_artifacts(a.run_id)) == ["config.yaml", "summary.json"]
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store
 
     other = client.get_run(b.run_id)
     assert other.info.status == "FAILED" and other.data.params == {"seed": "8"}
     assert [m.value for m in client.get_metric_history(b.run_id, "train/loss")] == [1.71, 1.52, 1.43]
     assert [f.path for f in client.list_artifacts(b.run_id)] == ["config.yaml"]
+
+
+def test_the_trackers_follow_their_own_environment_variables_when_the_config_names_nothing(
+        tmp_path, monkeypatch):
+    run_dir = _run_dir(tmp_path)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    unset = _kwargs(experiment=None, wandb_project=None)
+    mlflow, wandb = build_trackers(["mlflow", "wandb"], run_dir, **unset)
+    assert (mlflow.tracking_uri, mlflow.experiment) == (default_tracking_uri(run_dir), "clorch")
+    assert (wandb.project, wandb.directory) == ("clorch", run_dir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example.com:5000")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-exp")
+    monkeypatch.setenv("WANDB_PROJECT", "team-project")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    mlflow, wandb = build_trackers(["mlflow", "wandb"], run_dir, **unset)
+    assert (mlflow.tracking_uri, mlflow.experiment) == ("http://mlflow.example.com:5000", "team-exp")
+    assert mlflow.artifact_location is None  # the server's store decides where files go
+    assert (wandb.project, wandb.directory) == ("team-project", tmp_path / "wandb-dir")
+    # What the config names wins over the environment.
+    mlflow, wandb = build_trackers(["mlflow", "wandb"], run_dir, **_kwargs(tracking_uri="sqlite:////x.db"))
+    assert (mlflow.tracking_uri, mlflow.experiment, wandb.project) == ("sqlite:////x.db", "clorch-test",
+                                                                       "clorch-test")
+
+
+def test_the_sqlite_store_without_sqlalchemy_warns_with_the_pip_line(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("mlflow")
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    real = trackers.find_spec
+    monkeypatch.setattr(trackers, "find_spec", lambda module: None if module == "alembic" else real(module))
+    (tracker,) = build_trackers(["mlflow"], _run_dir(tmp_path), **_kwargs())
+    with caplog.at_level(logging.WARNING, logger="clorch.trackers"):
+        tracker.start(CONFIG)
+    (warning,) = caplog.records
+    assert "needs alembic beside mlflow-skinny: pip install 'clorch[mlflow]'" in warning.getMessage()
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 @pytest.mark.timeout(30)
@@ -286,3 +325,18 @@ def test_wandb_that_cannot_start_warns_once(tmp_path, wandb_home, monkeypatch, c
     assert [r.getMessage() for r in caplog.records] == [
         "wandb tracker: start failed (UsageError: No API key configured. Use `wandb login` to log in.); "
         "it is off for the rest of this run, training goes on"]
+
+
+@pytest.mark.timeout(60)
+def test_wandb_offline_follows_wandb_dir_project_and_entity(tmp_path, wandb_home, monkeypatch):
+    run_dir = _run_dir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("WANDB_PROJECT", "team-project")
+    monkeypatch.setenv("WANDB_ENTITY", "team")
+    (tracker,) = build_trackers(["wandb"], run_dir, **_kwargs(wandb_project=None))
+    tracker.start(CONFIG)
+    assert (tracker.run.project, tracker.run.entity) == ("team-project", "team")
+    tracker.finish("completed", [])
+    assert not (run_dir / "wandb").exists()
+    (offline,) = (tmp_path / "elsewhere" / "wandb").glob("offline-run-*")
+    assert list(offline.glob("run-*.wandb"))

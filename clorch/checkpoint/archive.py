@@ -143,11 +143,24 @@ def root_digest(block_digests: list[str], algorithm: str = HASH) -> str:
     return HASHES[algorithm](b"".join(bytes.fromhex(d) for d in block_digests)).hexdigest()
 
 
-def checksums(info: dict[str, Any]) -> tuple[str, list[str], str]:
-    """(hash name, block digests, root digest) of a metadata "archive" entry, either format."""
+def checksums(info: dict[str, Any], path: Path, metadata_path: Path) -> tuple[str, list[str], str]:
+    """(hash name, block digests, root digest) of a metadata "archive" entry, either format.
+
+    Raises:
+        CheckpointError: the entry lacks them (missing or null: nothing to verify the
+            archive `path` against; clorch never loads an archive unverified).
+    """
     if "hash" in info:
-        return info["hash"], info["block_digests"], info["digest"]
-    return "sha256", info["block_sha256"], info["sha256"]  # format_version 1
+        found = info.get("hash"), info.get("block_digests"), info.get("digest")
+    else:  # format_version 1
+        found = "sha256", info.get("block_sha256"), info.get("sha256")
+    algorithm, blocks, digest = found
+    if algorithm not in HASHES or not isinstance(blocks, list) or not isinstance(digest, str) \
+            or not all(isinstance(block, str) for block in blocks):
+        raise CheckpointError(
+            f"refusing to load checkpoint archive {path} unverified: its metadata {metadata_path} "
+            "records no usable block checksums (a missing or null hash, block digests or digest)")
+    return algorithm, blocks, digest
 
 
 def _save(fd: int, obj: dict[str, Any]) -> HashingWriter:
@@ -216,14 +229,15 @@ def verify_open_archive(fd: int, path: Path, info: dict[str, Any], metadata_path
     """Check size, then every block's digest, of the archive open as `fd`.
 
     Raises:
-        CheckpointError: truncated or extended (size differs), or a block differs.
+        CheckpointError: no checksums to check against, truncated or extended (size
+            differs), or a block differs.
     """
+    algorithm, blocks, digest = checksums(info, path, metadata_path)
     size = os.fstat(fd).st_size
     if size != info["bytes"]:
         raise CheckpointError(
             f"checkpoint archive {path} is truncated or was changed: it has {size} bytes, "
             f"its metadata {metadata_path} records {info['bytes']}")
-    algorithm, blocks, digest = checksums(info)
     found = hash_blocks(fd, size, info["block_bytes"], algorithm)
     for index, (got, want) in enumerate(zip(found, blocks)):
         if got != want:

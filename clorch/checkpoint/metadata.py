@@ -180,6 +180,12 @@ def _check_archive(path: Path, archive: Any, version: int) -> None:
     keys = _ARCHIVE_KEYS[version]
     if not isinstance(archive, dict) or any(key not in archive for key in keys):
         raise _malformed(path, "archive", archive, f"a dict with {list(keys)}")
+    # The other format's checksum fields would make the reader verify against fields not checked here.
+    foreign = sorted(key for version_keys in _ARCHIVE_KEYS.values() for key in version_keys
+                     if key not in keys and key in archive)
+    if foreign:
+        raise _malformed(path, "archive", archive, f"a dict with {list(keys)} and none of {foreign} "
+                         f"(format_version {version})")
     name = archive["file"]
     # The archive must sit beside the metadata: a name with a separator could point anywhere.
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):

@@ -29,6 +29,7 @@ from clorch.config.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
 from clorch.launch.child import exit_without_finalizing
+from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
 
 
@@ -147,6 +148,7 @@ def split_errors(overrides: list[str]) -> list[str]:
 
 
 def main() -> None:
+    protect()  # a closed pipe on the console must not end the run (clorch.launch.console)
     code = train_main()
     if OUTCOME.as_rank:
         exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization

@@ -384,8 +384,8 @@ class LoggerConfig:
     tensorboard: bool = False  # also write TensorBoard event files (needs the tensorboard extra)
     progress: Literal["auto", "bar", "lines", "off"] = "auto"  # auto: a bar on a terminal, else lines
     trackers: list[Literal[TRACKERS]] = field(default_factory=list)  # experiment trackers the run's metrics go to: mlflow, wandb
-    experiment: str = "clorch"  # the MLflow experiment, and the W&B project
-    tracking_uri: Optional[str] = None  # MLflow's store or server; null: a file store mlruns/ beside outputs/ and multirun/
+    experiment: Optional[str] = None  # the MLflow experiment and W&B project; null: $MLFLOW_EXPERIMENT_NAME / $WANDB_PROJECT, else clorch
+    tracking_uri: Optional[str] = None  # MLflow's store or server; null: $MLFLOW_TRACKING_URI, else sqlite mlflow.db beside outputs/
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # W&B: auto is online when logged in, else offline
 
 

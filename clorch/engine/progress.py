@@ -4,9 +4,10 @@ The ranks' stdout goes to log files, so the launching process follows rank
 0's metrics.jsonl instead: a tqdm bar with loss and throughput on a terminal,
 a plain line per metrics record otherwise (progress=lines), nothing with
 progress=off. Events (events.jsonl: a resume, a restart) appear as
-`clorch: ...` lines. A run resumed from another run's checkpoint starts
-metrics.jsonl with that run's records (its announcement says how many): those
-are not shown again.
+`clorch: ...` lines. A console that goes away (`| head`, a `tee` ended by
+Ctrl-C) is ignored: see clorch.launch.console. A run resumed from another
+run's checkpoint starts metrics.jsonl with that run's records (its
+announcement says how many): those are not shown again.
 
 `poll()` also returns the records it read, each once (carried-over ones
 included, steps already returned before a restart rewrote the file left out):
@@ -25,6 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from clorch.engine.outputs import EVENTS
+from clorch.launch.console import safe
 
 
 def _sized_terminal(stream: Any) -> bool:
@@ -45,7 +47,8 @@ class Progress:
 
     def __init__(self, metrics_path: Path, total_steps: int, mode: str = "auto", stream: Any = None):
         self.path, self.total = metrics_path, total_steps
-        self.stream = stream or sys.stderr
+        # Safe: a console that goes away (| head, a tee ended by Ctrl-C) must not end the run.
+        self.stream = safe(stream or sys.stderr)
         if mode == "auto":
             mode = "bar" if _sized_terminal(self.stream) else "lines"
         self.mode = mode
@@ -122,14 +125,11 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.update(max(0, record["step"] - self._bar.n))
-            shown = {k: f"{v:.4g}" for k, v in record.items()
-                     if k in ("loss", "eval_loss", "eval_exact", "samples_per_s") and v is not None}
+            shown = {k: f"{record[k]:.4g}" for k in _shown_keys(record, _BAR_KEYS)}
             self._bar.set_postfix(shown, refresh=True)
             return
         parts = [f"step {record['step']}/{self.total}"]
-        for key in ("loss", "lr", "loss_scale", "eval_loss", "eval_exact", "samples_per_s", "tokens_per_s"):
-            if record.get(key) is not None:
-                parts.append(f"{key} {record[key]:.4g}")
+        parts += [f"{key} {record[key]:.4g}" for key in _shown_keys(record, _LINE_KEYS)]
         if record.get("skipped_steps"):  # fp16: steps the scaler skipped so far (overflow)
             parts.append(f"skipped_steps {record['skipped_steps']}")
         print("  ".join(parts), file=self.stream, flush=True)
@@ -163,6 +163,27 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
         return records
+
+
+# The numbers shown of each record, in this order; every eval metric (eval_*: eval_loss,
+# eval_exact, a metric of your own eval function) goes where "eval_" stands.
+_BAR_KEYS = ("loss", "eval_", "samples_per_s")
+_LINE_KEYS = ("loss", "lr", "loss_scale", "eval_", "samples_per_s", "tokens_per_s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown_keys(record: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """The keys of `record` to show, in the order of `keys`: the numbers among them."""
+    shown = []
+    for key in keys:
+        if key == "eval_":
+            shown += [k for k in record if k.startswith("eval_") and _is_number(record[k])]
+        elif _is_number(record.get(key)):
+            shown.append(key)
+    return shown
 
 
 def _json_lines(data: bytes) -> tuple[list[Any], int]:

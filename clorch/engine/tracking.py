@@ -22,8 +22,9 @@ metrics.jsonl (those carried over from the run a resume started from included),
 and at the end the run's status (succeeded: MLflow's FINISHED; interrupted:
 KILLED; anything else: FAILED) and the files config.yaml, summary.json and
 loss.png. Each job of a sweep is a run of its own, named after its directory
-(clorch.trackers.run_name); the default MLflow store, mlruns/ beside outputs/ and
-multirun/, holds every run and sweep job of the project (clorch.trackers.default_tracking_uri).
+(clorch.trackers.run_name); the default MLflow store, mlflow.db beside outputs/ and
+multirun/, holds every run and sweep job of the project (clorch.trackers.mlflow_target says
+how MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME are used, wandb_target W&B's variables).
 
 A tracker that fails warns once and is off for the rest of the run
 (clorch.trackers); nothing here raises but an interrupt (Ctrl-C, SIGTERM).

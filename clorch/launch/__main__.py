@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from clorch.launch.console import protect
 from clorch.launch.launcher import launch
 
 TIMED_OUT_EXIT = 124
@@ -71,4 +72,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect()  # a closed pipe on the console must not end the job nor change its exit code
     sys.exit(main())

@@ -7,6 +7,13 @@ one fails (they resume from the latest checkpoint), and ends every node's ranks
 when one fails for good. Each rank runs `python -m clorch.engine.as_rank` on the
 checked config the launching process wrote into the run directory.
 
+Each rank writes its stdout and stderr to the run directory's `logs/`, as under
+clorch's own launcher (`rank_<global rank>.stdout`, `.stderr`; a restart's
+files are `rank_<r>.restart_<n>.stdout`, ...; torch's error file beside them),
+and the agent copies them to the console, each line prefixed `[rank<r>]:`.
+The ranks never write to the console themselves: a console that goes away (a
+closed pipe) cannot end them (see clorch.launch.console).
+
 Failure modes, each ending with a `TorchrunError` whose message says what happened:
 the other nodes never arrive within `rdzv_timeout` seconds (the endpoint, the
 node count expected and the timeout are named), or a rank fails (its global
@@ -60,6 +67,8 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
     """
     # lazy: keeps torch out of clorch-train's start
+    from torch.distributed.elastic.multiprocessing import Std
+    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -72,7 +81,8 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
                           run_id=launcher.rdzv_id, rdzv_endpoint=launcher.rdzv_endpoint,
                           rdzv_backend="c10d", rdzv_configs={"join_timeout": timeout, "timeout": timeout},
                           rdzv_timeout=timeout, max_restarts=launcher.max_restarts,
-                          start_method="spawn")
+                          start_method="spawn", logs_specs=run_logs(run_dir / "logs", Std),
+                          log_line_prefix_template="[rank${rank}]:")
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
     args = ["-u", "-m", entry, "--plan", str(plan_path), "--run-dir", str(run_dir)]
     if worker is not None:
@@ -91,6 +101,34 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
             f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
     finally:
         watcher.stop()
+
+
+def run_logs(log_dir: Path, std: Any) -> Any:
+    """torch's LogsSpecs that puts each rank's files in `log_dir` (see the module docstring),
+    copied to the console (tee); `std` is torch's Std enum."""
+    # lazy: keeps torch out of clorch-train's start
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+    class RunLogs(LogsSpecs):
+        def __init__(self) -> None:
+            super().__init__(log_dir=str(log_dir), redirects=std.ALL, tee=std.ALL)
+
+        @property
+        def root_log_dir(self) -> str:
+            return str(log_dir)
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            dest = LogsDest()
+            for local_rank, env in envs.items():
+                restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+                stem = log_dir / (f"rank_{env['RANK']}" + (f".restart_{restart}" if restart else ""))
+                dest.stdouts[local_rank] = dest.tee_stdouts[local_rank] = f"{stem}.stdout"
+                dest.stderrs[local_rank] = dest.tee_stderrs[local_rank] = f"{stem}.stderr"
+                dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = f"{stem}.error.json"
+            return dest
+
+    return RunLogs()
 
 
 class _JoinWatcher(threading.Thread):

@@ -2,7 +2,9 @@
 
 A run directory is one holding any of `records.MARKERS`; the walk does not go
 into a run directory, nor into symbolic links (a resumed run's link to its
-predecessor would list that run twice), hidden folders, logs/ or checkpoints/.
+predecessor would list that run twice), hidden folders, logs/, checkpoints/, or
+the trackers' stores (mlartifacts/, mlruns/, wandb/: their copies of a run's
+files are not runs; MLflow's mlflow.db is a file, never a run).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Iterable, Sequence
 from clorch.runs.records import Run, is_run_dir, is_sweep_dir
 
 DEFAULT_ROOTS = ("outputs", "multirun")
-_SKIPPED = {"logs", "checkpoints", "mlruns", "wandb"}  # the trackers' stores hold copies of a run's files
+# The trackers' stores hold copies of a run's files (config.yaml, summary.json): MLflow's
+# mlartifacts/ (beside the default mlflow.db) and mlruns/ (a file store), W&B's wandb/.
+_SKIPPED = {"logs", "checkpoints", "mlruns", "mlartifacts", "wandb"}
 
 
 class UsageError(ValueError):

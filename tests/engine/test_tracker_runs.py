@@ -41,6 +41,8 @@ def _env(home: Path) -> dict[str, str]:
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
     for name in ("CONFIG_DIR", "CACHE_DIR", "DATA_DIR", "ARTIFACT_DIR"):
         env[f"WANDB_{name}"] = str(home / "wandb-home" / name.lower())
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
+        env.pop(name, None)  # the default store and project, whatever this machine's user has set
     return env
 
 
@@ -59,8 +61,8 @@ def sweep(tmp_path_factory):
 
 @pytest.fixture
 def client(monkeypatch):
-    """A reader of MLflow's file stores (MLflow 3 opens one only with MLFLOW_ALLOW_FILE_STORE)."""
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    """A reader of MLflow's stores: MLflow's own client, without settings (no MLFLOW_ALLOW_FILE_STORE)."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     return lambda uri: mlflow.MlflowClient(tracking_uri=uri)
 
 
@@ -96,7 +98,7 @@ def test_a_sweep_job_reaches_mlflow_and_wandb(sweep, client):
     project, sweep_dir, _, _ = sweep
     job = sweep_dir / "0"
     # One store for every run and sweep of the project, beside outputs/ and multirun/.
-    assert default_tracking_uri(job) == (project / "mlruns").as_uri()
+    assert default_tracking_uri(job) == f"sqlite:///{project / 'mlflow.db'}"
     store = client(default_tracking_uri(job))
     experiment = store.get_experiment_by_name("clorch")
     (run,) = store.search_runs([experiment.experiment_id])  # job 1's MLflow server was not there

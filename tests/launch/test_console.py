@@ -1,0 +1,105 @@
+"""The console is not the run: a console that goes away (`| head -1`, a `tee` ended by Ctrl-C)
+never stops or spoils a run of clorch-train, nor changes its exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clorch.launch.console import SafeStream
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(240)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.Popen:
+    """clorch-train, its stdout and stderr both into one pipe (as `2>&1 | ...`)."""
+    return subprocess.Popen([sys.executable, "-m", "clorch.cli", *args], cwd=cwd, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_a_write_to_a_closed_pipe_is_dropped_and_the_descriptor_goes_to_dev_null():
+    read, write = os.pipe()
+    os.close(read)
+    stream = SafeStream(open(write, "w", buffering=1))
+    stream.write("one line\n")  # the pipe has no reader: EPIPE
+    assert stream.gone
+    stream.write("more\n")
+    stream.flush()
+    assert os.path.samestat(os.fstat(write), os.stat(os.devnull))
+    stream.wrapped.close()
+
+
+def test_the_exit_flush_into_a_closed_pipe_keeps_the_exit_status():
+    """Python's own flush of stdout at exit would otherwise fail and exit 120 (or 1)."""
+    code = ("import sys; from clorch.launch.console import protect; protect(); "
+            "print('x' * 100000); print('y', file=sys.stderr); sys.exit(3)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr
+    assert b"BrokenPipe" not in stderr and b"Exception ignored" not in stderr, stderr
+    assert stderr.strip() == b"y"
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path, launcher):
+    """`clorch-train ... 2>&1 | head -1`: the run finishes, writes its summary and exits 0.
+    Under launcher=torchrun the ranks' output also goes to logs/ (and from there to the console)."""
+    run_dir = tmp_path / "run"
+    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"],
+                  tmp_path)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=200) == 0
+    assert first.startswith(b"clorch: running")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 20
+    assert "step 20/20" in (run_dir / "logs" / "rank_0.stdout").read_text()
+    assert (run_dir / "logs" / "rank_1.stderr").is_file()
+
+
+def test_ctrl_c_with_the_reader_gone_ends_interrupted_with_the_resume_hint_in_the_log(tmp_path):
+    """`clorch-train ... 2>&1 | tee log` and Ctrl-C, which ends tee too: exit 130, summary.json
+    "interrupted", and the resume hint in the run's log (the console is gone)."""
+    run_dir = tmp_path / "run"
+    proc = _train(["+recipe=cpu_smoke", "epochs=100", "checkpoint=periodic", "checkpoint.every_n_steps=5",
+                   f"hydra.run.dir={run_dir}"], tmp_path)
+    reading = threading.Event()
+    reading.set()
+
+    def tee() -> None:  # reads while `reading` is set, then goes away as tee does
+        while reading.is_set() and proc.stdout.readline():
+            pass
+        proc.stdout.close()
+
+    reader = threading.Thread(target=tee, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 150
+    while not list((run_dir / "checkpoints").glob("step_*.ckpt")):
+        assert proc.poll() is None, "clorch-train ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 150 s"
+        time.sleep(0.1)
+    reading.clear()
+    reader.join(30)  # the next line clorch-train writes lets the reader see it should go
+    assert not reader.is_alive()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=150) == 130
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGINT"
+    log = (run_dir / "clorch-train.log").read_text()
+    assert "interrupted by SIGINT after step" in log
+    assert "resume with: clorch-train" in log
