@@ -31,5 +31,8 @@ bench)
   run runner clorch-bench runner 2>&1 | tee "$OUTDIR/bench_runner.txt"
   run scaler clorch-bench scaler 2>&1 | tee "$OUTDIR/bench_scaler.txt"
   run runner-compile clorch-bench runner --compile 2>&1 | tee "$OUTDIR/bench_runner_compile.txt" ;;
+fsdp)
+  run fsdp-compiled clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --compile --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_compiled.txt"
+  run fsdp-eager clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_eager.txt" ;;
 *) echo "unknown stage $stage" ;;
 esac; done

@@ -168,7 +168,7 @@ class Progress:
 # The numbers shown of each record, in this order; every eval metric (eval_*: eval_loss,
 # eval_exact, a metric of your own eval function) goes where "eval_" stands.
 _BAR_KEYS = ("loss", "eval_", "samples_per_s")
-_LINE_KEYS = ("loss", "lr", "loss_scale", "eval_", "samples_per_s", "tokens_per_s")
+_LINE_KEYS = ("loss", "grad_norm", "lr", "loss_scale", "eval_", "samples_per_s", "tokens_per_s")
 
 
 def _is_number(value: Any) -> bool:

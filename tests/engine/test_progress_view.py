@@ -19,7 +19,7 @@ def _shown(tmp_path, mode: str) -> str:
     path = tmp_path / "metrics.jsonl"
     stream = io.StringIO()
     progress = Progress(path, total_steps=8, mode=mode, stream=stream)
-    path.write_text(json.dumps({"kind": "train", "step": 4, "loss": 0.75, "lr": 0.001,
+    path.write_text(json.dumps({"kind": "train", "step": 4, "loss": 0.75, "grad_norm": 1.5, "lr": 0.001,
                                 "samples_per_s": 100.0}) + "\n" + json.dumps(EVAL) + "\n")
     progress.close()
     return stream.getvalue()
@@ -27,7 +27,7 @@ def _shown(tmp_path, mode: str) -> str:
 
 def test_every_eval_metric_reaches_the_console_as_a_line(tmp_path):
     assert _shown(tmp_path, "lines").splitlines() == [
-        "step 4/8  loss 0.75  lr 0.001  samples_per_s 100",
+        "step 4/8  loss 0.75  grad_norm 1.5  lr 0.001  samples_per_s 100",
         "step 4/8  eval_loss 0.5  eval_accuracy 0.875  eval_perplexity 12.25"]
 
 
