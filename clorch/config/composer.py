@@ -223,6 +223,11 @@ def register_recipe_path(value: str, without: Iterable[str] = ()) -> str:
     return name
 
 
+def recipe_file(name: str) -> Path | None:
+    """The file a recipe registered from a path was read from (None for another name)."""
+    return _path_recipes.get(name)
+
+
 def registered_name(value: str) -> str:
     """The recipe group's option name for `value` (a name, or a file path it registers).
 
@@ -301,7 +306,9 @@ def with_custom(overrides: list[str]) -> list[str]:
                 out = _added_keys(out, group)  # the recipe's custom section takes the keys given
             continue
         if not any(_key(o) == group for o in overrides):
-            out.insert(0, f"{group}={CUSTOM}")
+            # after the flags (-m, --cfg job): Hydra's argparse takes no flag after an override
+            at = next((i for i, o in enumerate(out) if "=" in o and not o.startswith("-")), len(out))
+            out.insert(at, f"{group}={CUSTOM}")
         if any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in out):
             given = {_key(o) for o in out if not o.startswith("~")}
             out = [o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.")
