@@ -284,7 +284,9 @@ def _env_value(key: str, value: Any) -> Any:
     as the key needs and as the config errors recommend."""
     if isinstance(value, str) and value.startswith("${oc.env:") and value.endswith("}") \
             and value.count("${") == 1 and not _takes_text_only(key):
-        return "${oc.decode:" + value + "}"
+        name, comma, _ = value[len("${oc.env:"):-1].partition(",")
+        if comma or name.strip() in os.environ:  # else left as typed, for the error to show it so
+            return "${oc.decode:" + value + "}"
     return value
 
 
