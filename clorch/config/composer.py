@@ -15,17 +15,19 @@ A recipe's `defaults` entries are checked when it is registered: an entry
 naming an unknown group or option is left out of the stored recipe and kept
 as an error naming the recipe file (`recipe_errors`), so that the rest of the
 config still composes and its own errors are reported too.
+
+The command line beats a recipe: a recipe is registered without its sections for
+the groups whose option the command line chooses (`rewrite_recipe_overrides`), so
+that `loss=cross_entropy` replaces a recipe's `loss._target_` and its arguments.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import typing
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 import yaml
 from hydra import compose as hydra_compose, initialize_config_module
@@ -33,7 +35,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from clorch.config.schema import CUSTOM, OPTIONS, SHORTHAND, TARGET_GROUPS, TopConfig, option_schemas
+from clorch.config.env_values import env_values, with_env_values
+from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options
 
 RECIPE_PATH_VARIABLE = "CLORCH_RECIPE_PATH"
@@ -106,7 +109,7 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
             _drop_groups(node, set(without))
             _recipe_keys[name] = (where, set(_dotted_keys(node)))
             _select_custom(node)
-            _env_values(node)
+            env_values(node)
             for section, key in SHORTHAND.items():  # `preflight: only` is `preflight: {mode: only}`
                 if section in node and not isinstance(node[section], dict):
                     node[section] = {key: node[section]}
@@ -253,63 +256,6 @@ def chosen_groups(overrides: Iterable[str]) -> set[str]:
                              and key.count(".") == 1):
             chosen.add(key.split(".")[0])
     return chosen
-
-
-def _takes_text_only(key: str) -> bool:
-    """Whether every schema field that dotted `key` names (a group's key: in any of its options)
-    takes only text (`str`, or `str` or null); False for a key the schema does not have."""
-    head, _, rest = key.partition(".")
-    if not rest:
-        classes, path = [TopConfig], [head]
-    elif head in OPTIONS:
-        classes, path = list(option_schemas(head).values()), rest.split(".")
-    else:
-        return False
-    found = []
-    for cls in classes:
-        for i, name in enumerate(path):
-            hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-            if name not in hints:
-                break
-            if i < len(path) - 1:
-                cls = hints[name]
-                continue
-            found.append(hints[name] in (str, Optional[str]))
-    return bool(found) and all(found)
-
-
-def _env_value(key: str, value: Any) -> Any:
-    """`${oc.env:NAME,default}` as `${oc.decode:${oc.env:NAME,default}}` for a key that takes
-    more than text: the variable's text is read as YAML would read it (`3` an int, `true` a bool),
-    as the key needs and as the config errors recommend."""
-    if isinstance(value, str) and value.startswith("${oc.env:") and value.endswith("}") \
-            and value.count("${") == 1 and not _takes_text_only(key):
-        name, comma, _ = value[len("${oc.env:"):-1].partition(",")
-        if comma or name.strip() in os.environ:  # else left as typed, for the error to show it so
-            return "${oc.decode:" + value + "}"
-    return value
-
-
-def _env_values(node: dict, prefix: str = "") -> None:
-    """`_env_value` on each value of a recipe, in place."""
-    for key, value in node.items():
-        if isinstance(value, dict):
-            _env_values(value, f"{prefix}{key}.")
-        elif key != "defaults" or prefix:
-            node[key] = _env_value(f"{prefix}{key}", value)
-
-
-def with_env_values(overrides: list[str]) -> list[str]:
-    """`KEY=${oc.env:NAME,default}` overrides read as the key's type (`_env_value`)."""
-    out = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and not key.startswith("~"):
-            text = value.strip("'\"")
-            decoded = _env_value(key.lstrip("+"), text)
-            item = item if decoded == text else f"{key}='{decoded}'"  # quoted: Hydra's grammar
-        out.append(item)
-    return out
 
 
 def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
