@@ -15,6 +15,10 @@ A recipe's `defaults` entries are checked when it is registered: an entry
 naming an unknown group or option is left out of the stored recipe and kept
 as an error naming the recipe file (`recipe_errors`), so that the rest of the
 config still composes and its own errors are reported too.
+
+The command line beats a recipe: a recipe is registered without its sections for
+the groups whose option the command line chooses (`rewrite_recipe_overrides`), so
+that `loss=cross_entropy` replaces a recipe's `loss._target_` and its arguments.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from clorch.config.env_values import env_values, with_env_values
 from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options
 
@@ -39,6 +44,7 @@ CONFIG_MODULE = "clorch.conf"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 _recipe_errors: dict[str, list[str]] = {}  # recipe name -> errors found when registering it
 _recipe_keys: dict[str, tuple[str, set[str]]] = {}  # recipe name -> (where it is, the keys it sets)
+_path_recipes: dict[str, Path] = {}  # recipes registered from a file path, by their name
 
 
 
@@ -83,7 +89,10 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
     return kept, errors
 
 
-def _store_recipe(name: str, path: Path | Traversable, where: str | None = None) -> None:
+def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
+                  without: Iterable[str] = ()) -> None:
+    """Store recipe `name` in Hydra's ConfigStore, less its sections for the groups in `without`
+    (those the command line chooses an option of: see `chosen_groups`)."""
     where = where or f"recipe {name} ({path})"
     try:
         node = _read_mapping(path.read_text())
@@ -96,9 +105,11 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
                                 f"{type(node).__name__}: {shown}); a recipe looks like 'batch_size: 32' "
                                 "lines, with '- override /GROUP: OPTION' entries under 'defaults:'"]
         else:
-            _recipe_keys[name] = (where, set(_dotted_keys(node)))
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
+            _drop_groups(node, set(without))
+            _recipe_keys[name] = (where, set(_dotted_keys(node)))
             _select_custom(node)
+            env_values(node)
             for section, key in SHORTHAND.items():  # `preflight: only` is `preflight: {mode: only}`
                 if section in node and not isinstance(node[section], dict):
                     node[section] = {key: node[section]}
@@ -110,6 +121,19 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None)
     _recipe_errors[name] = errors
     ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
                                  provider="clorch")
+
+
+def _drop_groups(node: dict, groups: set[str]) -> None:
+    """Remove from a recipe what it sets for `groups`: their sections (`loss: {_target_: ...}`;
+    `backend`, whose option sets that top-level key) and their defaults entries.
+
+    A group option chosen on the command line replaces the recipe's option, and the keys the
+    recipe gave that option go with it: the command line wins, as it does for a value.
+    """
+    for group in groups:
+        node.pop(group, None)
+    node["defaults"] = [entry for entry in node["defaults"] if not isinstance(entry, dict)
+                        or not {str(k).replace("override", "").strip().lstrip("/") for k in entry} & groups]
 
 
 def _select_custom(node: dict) -> None:
@@ -175,11 +199,14 @@ def recipe_errors(name: str) -> list[str]:
     return list(_recipe_errors.get(name, []))
 
 
-def register_recipes() -> dict[str, Path | Traversable]:
-    """Register every recipe file in Hydra's ConfigStore as group `recipe`."""
+def register_recipes(without: Iterable[str] = ()) -> dict[str, Path | Traversable]:
+    """Register every recipe file in Hydra's ConfigStore as group `recipe` (and again each one
+    registered from a path), less their sections for the groups in `without`."""
     found = available_recipes()
     for name, path in found.items():
-        _store_recipe(name, path)
+        _store_recipe(name, path, without=without)
+    for name, path in _path_recipes.items():
+        _store_recipe(name, path, where=f"recipe {path}", without=without)
     return found
 
 
@@ -187,10 +214,7 @@ def _is_path(value: str) -> bool:
     return value.endswith((".yaml", ".yml")) or os.sep in value
 
 
-_path_recipes: dict[str, Path] = {}  # recipes registered from a file path, by their name
-
-
-def register_recipe_path(value: str) -> str:
+def register_recipe_path(value: str, without: Iterable[str] = ()) -> str:
     """Register a recipe given as a file path; return the name to select it by.
 
     Raises:
@@ -200,9 +224,14 @@ def register_recipe_path(value: str) -> str:
     if not path.is_file():
         raise ValueError(f"recipe={value!r}: no such recipe file ({path})")
     name = f"file_{path.stem}"
-    _store_recipe(name, path, where=f"recipe {path}")
+    _store_recipe(name, path, where=f"recipe {path}", without=without)
     _path_recipes[name] = path
     return name
+
+
+def recipe_file(name: str) -> Path | None:
+    """The file a recipe registered from a path was read from (None for another name)."""
+    return _path_recipes.get(name)
 
 
 def registered_name(value: str) -> str:
@@ -214,29 +243,51 @@ def registered_name(value: str) -> str:
     return register_recipe_path(value) if _is_path(value) else value
 
 
+def chosen_groups(overrides: Iterable[str]) -> set[str]:
+    """The groups whose option `overrides` choose: `loss=mse` (a sweep's `loss=mse,cross_entropy`
+    too), or `loss._target_=...`, which chooses `custom` (`with_custom`)."""
+    groups = set(config_groups())
+    chosen = set()
+    for item in overrides:
+        key = _key(item)
+        if item.startswith("~") or "=" not in item:
+            continue
+        if key in groups or (key.endswith("._target_") and key.split(".")[0] in TARGET_GROUPS
+                             and key.count(".") == 1):
+            chosen.add(key.split(".")[0])
+    return chosen
+
+
 def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
     """Register recipes, and turn `+recipe=/a/file.yaml` into `+recipe=<registered name>`;
-    a `_target_` set on the command line selects its group's `custom` option (`with_custom`)."""
-    register_recipes()
+    a `_target_` set on the command line selects its group's `custom` option (`with_custom`).
+
+    The recipes are registered without their sections for the groups whose option the
+    command line chooses (`chosen_groups`): the command line beats the recipe, and the
+    recipe beats the defaults, for a group's option as for a value.
+    """
+    overrides = with_shorthand(list(overrides))
+    without = chosen_groups(overrides)
+    register_recipes(without)
     rewritten = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if sep and key.lstrip("+~") == "recipe" and _is_path(value):
-            item = f"{key}={register_recipe_path(value)}"
+            item = f"{key}={register_recipe_path(value, without)}"
         rewritten.append(item)
-    return with_custom(with_shorthand(rewritten))
+    return with_custom(with_env_values(rewritten))
 
 
 def with_shorthand(overrides: list[str]) -> list[str]:
     """`preflight=only` becomes `preflight.mode=only` (clorch.config.schema.SHORTHAND): the
-    section's one key given as its value. A choice of the group's option (`preflight=default`)
-    stays as it is."""
+    section's one key given as its value. A choice of the group's options (`preflight=default`,
+    a sweep's `loss=mse,cross_entropy`) stays as it is."""
     out = []
     for item in overrides:
         key, sep, value = item.partition("=")
         section = key.lstrip("+")
         if sep and section in SHORTHAND and not key.startswith("~") \
-                and value not in _group_options(section):
+                and not set(value.split(",")) <= set(_group_options(section)):
             item = f"{key}.{SHORTHAND[section]}={value}"
         out.append(item)
     return out
@@ -251,7 +302,8 @@ def with_custom(overrides: list[str]) -> list[str]:
     `~GROUP.KEY` deletions of keys the custom option does not have dropped.
 
     So `model._target_=my_pkg.Net model.width=64` composes a model section of just those
-    keys: the built-in option's keys (hidden_features, ...) are not carried along.
+    keys: the built-in option's keys (hidden_features, ...) are not carried along, nor a
+    recipe's model keys (`rewrite_recipe_overrides` registers it without them).
     """
     out = list(overrides)
     for group in TARGET_GROUPS:
@@ -260,14 +312,14 @@ def with_custom(overrides: list[str]) -> list[str]:
                 out = _added_keys(out, group)  # the recipe's custom section takes the keys given
             continue
         if not any(_key(o) == group for o in overrides):
-            out.insert(0, f"{group}={CUSTOM}")
+            # after the flags (-m, --cfg job): Hydra's argparse takes no flag after an override
+            at = next((i for i, o in enumerate(out) if "=" in o and not o.startswith("-")), len(out))
+            out.insert(at, f"{group}={CUSTOM}")
         if any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in out):
             given = {_key(o) for o in out if not o.startswith("~")}
             out = [o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.")
                                           and _key(o) not in given)]
             out = _added_keys(out, group)
-            at = next(i for i, o in enumerate(out) if _key(o) == f"{group}._target_") + 1
-            out[at:at] = [f"~{k}" for k in _recipe_keys_for_builtin(out, group) if k not in given]
     return out
 
 
@@ -282,17 +334,6 @@ def _recipe_names_target(overrides: list[str], group: str) -> bool:
     """Whether a recipe the overrides choose names `GROUP._target_`."""
     names = (o.partition("=")[2] for o in overrides if _key(o) == "recipe" and not o.startswith("~"))
     return any(f"{group}._target_" in _recipe_keys.get(name, ("", set()))[1] for name in names)
-
-
-def _recipe_keys_for_builtin(overrides: list[str], group: str) -> list[str]:
-    """The keys a chosen recipe sets for `group`'s built-in option (`model.hidden_features`),
-    which a `_target_` named on the command line replaces."""
-    keys = []
-    for name in (o.partition("=")[2] for o in overrides if _key(o) == "recipe" and not o.startswith("~")):
-        _, recipe_keys = _recipe_keys.get(name, ("", set()))
-        if f"{group}._target_" not in recipe_keys:
-            keys += sorted(k for k in recipe_keys if k.startswith(f"{group}."))
-    return keys
 
 
 def group_options(group: str) -> list[str]:

@@ -15,11 +15,12 @@ import itertools
 from typing import Callable, Iterable
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from clorch.config.checks import check_config
 from clorch.config.composer import (_is_path, compose, config_groups, group_options, name_recipe_in_errors,
                                     recipe_errors, registered_name)
+from clorch.config.fields import did_you_mean
 from clorch.config.schema import CUSTOM, TARGET_GROUPS
 
 MAX_COMBINATIONS = 64
@@ -54,6 +55,9 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
         if key.replace("/", ".").split(".")[0] == "hydra":  # hydra.run.dir, hydra/launcher=...
             continue
         prefix = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~"}.get(override.type.name, "")
+        if key in groups and key != "recipe" and prefix:  # `+optim=sgd`: composed as meant, reported
+            errors += _group_slips(override, prefix)
+            prefix = "~" if override.is_delete() else ""
         values = _choices(override) if not override.is_delete() or override.value() else [None]
         if key in groups:
             allowed = group_options(key)
@@ -73,7 +77,70 @@ def split_overrides(overrides: Iterable[str]) -> tuple[list[list[str]], list[str
             forms.append([f"~{key}" if v is None else f"~{key}={v}" for v in values])
         else:
             forms.append([f"++{key}={v}" for v in values])
-    return forms, errors
+    slips, kept = _add_and_delete_slips(parsed, forms)
+    return kept, errors + slips
+
+
+def _group_slips(override, prefix: str) -> list[str]:
+    """Hydra's `+GROUP=OPTION`, `++GROUP=OPTION` and `~GROUP` on clorch's groups, which are all in
+    the defaults list already: the fix is `GROUP=OPTION`."""
+    key, line = override.key_or_group, override.input_line
+    if prefix == "~":
+        return []  # a group removed is reported by the checks: `optim is missing: choose one of ...`
+    value = override.get_value_element_as_str() if not override.is_sweep_override() else \
+        ",".join(override.sweep_string_iterator())
+    what = "'+' adds a group that is not chosen yet" if prefix == "+" else "'++' adds or sets a key, not a group"
+    return [f"{line}: every config group has an option already ({key} has its default), and {what}; "
+            f"choose another option with {key}={value}"]
+
+
+def _add_and_delete_slips(parsed: list, forms: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """(errors for `+KEY=V` on a key the config has and `~KEY` on one it lacks, the forms without
+    those deletions).
+
+    Hydra stops at either with its own message (`Could not append to config`,
+    `Could not delete from config`); these say what to write instead. Judged on the
+    config the other overrides compose to (the first value of each sweep).
+    """
+    slipped = [o for o in parsed if o.key_or_group.split(".")[0] != "hydra" and "/" not in o.key_or_group
+               and o.key_or_group not in set(config_groups()) | {"recipe"}
+               and (o.type.name == "ADD" or o.is_delete())]
+    if not slipped:
+        return [], forms
+    judged = {f"{'~' if o.is_delete() else '++'}{o.key_or_group}" for o in slipped}
+    others = [f for f in forms if f[0].partition("=")[0] not in judged]
+    try:
+        cfg = compose([f[0] for f in others])
+    except Exception:  # reported when the whole config is composed
+        return [], forms
+    errors, absent = [], set()
+    for override in slipped:
+        key, line = override.key_or_group, override.input_line
+        found = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+        if override.type.name == "ADD" and found is not _ABSENT:
+            value = line.partition("=")[2]
+            errors.append(f"{line}: {key} is in the config already, and '+' adds only a key that is not; "
+                          f"set it with {key}={value}")
+        elif override.is_delete() and found is _ABSENT:
+            parent, _, leaf = key.rpartition(".")
+            section = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            known = [str(k) for k in section] if OmegaConf.is_dict(section) else []
+            hint = did_you_mean(leaf, known)
+            errors.append(f"{line}: the config has no key {key} to delete; {hint}"
+                          f"{'keys here: ' + ', '.join(known) if known else 'leave it out'}")
+            absent.add(f"~{key}")
+        elif override.is_delete() and override.value() is not None and _shown(found) != _shown(override.value()):
+            errors.append(f"{line}: {key} is {_shown(found)}, not {_shown(override.value())}; write ~{key} to "
+                          "delete it whatever its value")
+            absent.add(f"~{key}")
+    return errors, [f for f in forms if f[0].partition("=")[0] not in absent]
+
+
+_ABSENT = object()
+
+
+def _shown(value) -> str:
+    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
 
 
 def _recipe_slips(parsed: list) -> list[str]:

@@ -13,18 +13,23 @@ written when a run ends that way (a sweep's summary) is registered with
 from __future__ import annotations
 
 import contextlib
-import shlex
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import yaml
+
 from clorch._checkpoint_names import step_checkpoints
+from clorch._commands import TRUST_VARIABLE, pasteable
+from clorch.config.composer import recipe_file
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# Overrides a resumed run must not repeat: it chooses its own directory and resumes from latest.
+# Overrides a resumed run must not repeat: it names its directory and resumes from latest.
 _REPLACED = ("hydra.run.dir", "checkpoint.resume", "checkpoint.dir")
+MULTIRUN = ("-m", "--multirun")  # a sweep (as clorch.cli.hydra_flags, which is above the engine)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -95,18 +100,55 @@ def interrupts_raise() -> Iterator[None]:
             signal.signal(signum, signal.SIG_IGN if fired else old)
 
 
-def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str]) -> str:
-    """One sentence: the command that resumes the interrupted run, or why there is none."""
+def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None = None) -> str:
+    """One sentence: the command that resumes the interrupted run, or why there is none.
+
+    The command works pasted anywhere (clorch._commands.pasteable): it goes on in the same
+    run directory (`hydra.run.dir`, on every node its own) from the latest checkpoint in
+    its checkpoint directory, with the trust variable this run was started with.
+
+    Args:
+        cfg: the run's config (a TrainConfig).
+        run_dir: the run's directory.
+        argv: clorch-train's arguments as typed (a sweep's: its job's own overrides are read
+            from the run directory's .hydra/overrides.yaml instead).
+        base: the directory clorch-train was started from (default: the working directory).
+    """
     # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
     from clorch.engine.checkpoints import checkpoint_dir
 
     if cfg.checkpoint.policy != "periodic":
         return (f"checkpoint.policy is {cfg.checkpoint.policy}, so no checkpoint was written: "
                 "a new run starts from the beginning")
-    directory = checkpoint_dir(cfg, run_dir).resolve()
+    base = os.getcwd() if base is None else base
+    run_dir = Path(base, run_dir).resolve()
+    directory = Path(base, checkpoint_dir(cfg, run_dir)).resolve()
     found = step_checkpoints(directory)
     if not found:
         return f"no checkpoint was written yet in {directory}: a new run starts from the beginning"
-    kept = [a for a in argv if a.partition("=")[0].lstrip("+~") not in _REPLACED]
-    command = shlex.join(["clorch-train", *kept, f"checkpoint.dir={directory}", "checkpoint.resume=latest"])
+    args = _job_args(argv, run_dir)
+    kept = [a for a in args if a.partition("=")[0].lstrip("+~") not in _REPLACED]
+    command = pasteable([*kept, f"hydra.run.dir={run_dir}", f"checkpoint.dir={directory}",
+                         "checkpoint.resume=latest"], base, os.environ.get(TRUST_VARIABLE), cd=False)
     return f"the latest checkpoint is step {found[0][0]}; resume with: {command}"
+
+
+def _job_args(argv: Sequence[str], run_dir: Path) -> list[str]:
+    """The overrides of this run alone: `argv` less its flags; a sweep's job's own combination
+    (Hydra's record of it, recipe files given by their paths again)."""
+    if not any(a in MULTIRUN for a in argv):
+        return [a for a in argv if not a.startswith("-")]
+    try:
+        recorded = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        recorded = None
+    if not isinstance(recorded, list):
+        return [a for a in argv if not a.startswith("-")]
+    return [_recipe_as_typed(str(a)) for a in recorded]
+
+
+def _recipe_as_typed(override: str) -> str:
+    """`+recipe=file_NAME` (how clorch-train registers a recipe file) as the file's path again."""
+    key, _, value = override.partition("=")
+    path = recipe_file(value) if key.lstrip("+") == "recipe" else None
+    return f"{key}={path}" if path is not None else override

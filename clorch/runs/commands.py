@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from clorch._commands import pasteable, recipe_files_again, trusted_in_config
 from clorch.runs.records import Run
 
 # What clorch-train adds to the command line it hands Hydra (clorch.cli.run_dir.launch_overrides): a
@@ -51,13 +52,19 @@ def _in_cwd(run: Run, args: list[str]) -> str:
 
 
 def rerun_command(run: Run) -> str:
-    """`cd CWD && clorch-train ARGS` (a new run with the same config), or why there is none."""
+    """`cd CWD && [CLORCH_TRUSTED_MODULES=...] clorch-train ARGS` (a new run with the same config,
+    its paths absolute: it works pasted anywhere), or why there is none."""
     args = train_args(run)
     if args is None:
         started = run.env.get("command")
         how = f" (it was started by: {shlex.join(map(str, started))})" if isinstance(started, list) else ""
         return f"not known: the run was not started by clorch-train{how}"
-    return _in_cwd(run, args)
+    cwd = run.env.get("cwd") if isinstance(run.env.get("cwd"), str) and run.env.get("cwd") else None
+    try:
+        trusted = trusted_in_config((run.path / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError):
+        trusted = None
+    return pasteable(recipe_files_again(args, cwd), cwd, trusted)
 
 
 def checkpoint_dir(run: Run) -> Path:

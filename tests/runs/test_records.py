@@ -113,8 +113,9 @@ def test_rerun_and_resume_commands(tmp_path):
                     overrides=["+recipe=cpu_smoke", "++optim.lr=0.001", "checkpoint.dir=ckpt"])
     run = Run(path)
     assert run.status == "killed" and [c["step"] for c in checkpoints(run)] == [2, 4]
+    # (the re-run names the checkpoint directory absolute: it works pasted anywhere)
     assert rerun_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
-                                  "checkpoint.dir=ckpt")
+                                  "'checkpoint.dir=/work/x y/ckpt'")
     assert resume_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
                                    f"checkpoint.dir={ckpt} checkpoint.resume=latest")
     typed = ["/venv/bin/clorch-train", "+recipe=/my/r.yaml", "optim.lr=1e-3", "hydra.run.dir=/o/r"]
