@@ -157,6 +157,38 @@ def check_target(where: str, path: Any) -> list[str]:
     return []
 
 
+def has_target(value: Any) -> bool:
+    """Whether a config value holds a `_target_` anywhere (an object to build)."""
+    return any(True for _ in find_targets(value)) if isinstance(value, (Mapping, list, tuple)) else False
+
+
+def instantiate_nested(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A section's keyword arguments with every nested `{_target_: ...}` built, by Hydra's
+    rules (`hydra.utils.instantiate`: inner objects first, `_partial_`, `_args_`); the other
+    values are left as plain containers.
+
+    Each nested target is checked against the allow-list first (the config checks did so
+    before launch; this keeps a Python caller to the same rule).
+
+    Raises:
+        ValueError: a nested target outside the allow-list.
+        Exception: what a target raised while being built (Hydra's InstantiationException,
+            whose __cause__ is the target's own exception).
+    """
+    built = dict(kwargs)
+    for key, value in kwargs.items():
+        if not has_target(value):
+            continue
+        for inner, path in find_targets(value, f"{where}.{key}."):
+            errors = check_target(inner, path)
+            if errors:
+                raise ValueError(errors[0])
+        from hydra.utils import instantiate  # lazy: Hydra stays out of clorch-train's start
+
+        built[key] = instantiate(value, _convert_="all")
+    return built
+
+
 def find_targets(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every (key, value) of a `_target_` anywhere in a config mapping."""
     if isinstance(node, Mapping):
