@@ -162,6 +162,15 @@ def has_target(value: Any) -> bool:
     return any(True for _ in find_targets(value)) if isinstance(value, (Mapping, list, tuple)) else False
 
 
+class TargetBuildError(ValueError):
+    """A nested `_target_` raised while being built; `key` names it ("model.config"), and
+    `__cause__` is what it raised."""
+
+    def __init__(self, key: str, target: Any, cause: BaseException):
+        self.key = key
+        super().__init__(f"{key}._target_={target}: building it raised {type(cause).__name__}: {cause}")
+
+
 def instantiate_nested(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
     """A section's keyword arguments with every nested `{_target_: ...}` built, by Hydra's
     rules (`hydra.utils.instantiate`: inner objects first, `_partial_`, `_args_`); the other
@@ -172,8 +181,7 @@ def instantiate_nested(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     Raises:
         ValueError: a nested target outside the allow-list.
-        Exception: what a target raised while being built (Hydra's InstantiationException,
-            whose __cause__ is the target's own exception).
+        TargetBuildError: a nested target raised while being built (its __cause__).
     """
     built = dict(kwargs)
     for key, value in kwargs.items():
@@ -185,7 +193,14 @@ def instantiate_nested(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
                 raise ValueError(errors[0])
         from hydra.utils import instantiate  # lazy: Hydra stays out of clorch-train's start
 
-        built[key] = instantiate(value, _convert_="all")
+        try:
+            built[key] = instantiate(value, _convert_="all")
+        except Exception as exc:  # the target's own error, wrapped by Hydra
+            cause = exc
+            while cause.__cause__ is not None and type(cause).__module__.startswith("hydra"):
+                cause = cause.__cause__
+            target = value.get("_target_", "?") if isinstance(value, Mapping) else "?"
+            raise TargetBuildError(f"{where}.{key}", target, cause) from cause
     return built
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from clorch.config.data_spec import build_splits, is_user_data, model_sizes_of, user_tasks
 from clorch.config.model_spec import build_model_for
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
-from clorch.config.targets import has_target
+from clorch.config.targets import TargetBuildError, has_target
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
 # Frames of these are not your code: an error is shown at the last frame outside them.
@@ -36,8 +36,9 @@ def _is_library(filename: str) -> bool:
 
 
 def _root(exc: BaseException) -> BaseException:
-    """The exception a wrapper (Hydra's InstantiationException) was raised from."""
-    while exc.__cause__ is not None and type(exc).__module__.startswith(("hydra", "omegaconf")):
+    """The exception a wrapper (Hydra's InstantiationException, TargetBuildError) was raised from."""
+    while exc.__cause__ is not None and (isinstance(exc, TargetBuildError)
+                                         or type(exc).__module__.startswith(("hydra", "omegaconf"))):
         exc = exc.__cause__
     return exc
 
@@ -70,6 +71,13 @@ def _model_key(cfg: TrainConfig) -> str:
         else f"model={cfg.model.name}"
 
 
+def _built_key(cfg: TrainConfig, exc: BaseException) -> str:
+    """The key of what failed to build: a nested object's (model.config._target_=...) or the model's."""
+    if isinstance(exc, TargetBuildError):
+        return str(exc).split(": building it raised")[0]
+    return _model_key(cfg)
+
+
 def _step_name(cfg: TrainConfig) -> str:
     if isinstance(cfg.step, TargetFunctionConfig):
         return f"step._target_={cfg.step.target}"
@@ -99,7 +107,7 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     try:
         model = build_model_for(cfg, train.model_kwargs())
     except Exception as exc:
-        return [f"{_model_key(cfg)}: cannot be built for data._target_={data.target}: {_where(exc)}"
+        return [f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
                 f"{_dict_hint(cfg)} (a built-in model takes its sizes from the dataset's model_kwargs(); "
                 "or name your model with model._target_)"]
     try:
@@ -149,7 +157,7 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
         with torch.device("meta"):
             model = build_model_for(cfg, sizes)
     except Exception as exc:
-        return [f"{_model_key(cfg)}: cannot be built (tried on the meta device before launch): "
+        return [f"{_built_key(cfg, exc)}: cannot be built (tried on the meta device before launch): "
                 f"{_where(exc)}{_dict_hint(cfg)}"]
     train, _ = build_splits(cfg, "cpu")
     indices = list(range(min(TRIAL_ITEMS, len(train))))

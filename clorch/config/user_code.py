@@ -145,6 +145,10 @@ def cross_errors(cfg: Any) -> list[str]:
         errors.append(f"{what} applies to a dataset of your own (data._target_): data={data.name} "
                       "trains with its own loss; drop it, use loss=from_model (the model's own loss) or "
                       "step._target_ (called fn(model, batch)), or name your dataset with data._target_")
+    if from_model and cfg.model is not None and not isinstance(cfg.model, schema.TargetModelConfig):
+        errors.append(f"loss=from_model takes the loss the model returns, and model={cfg.model.name} returns "
+                      "only its outputs: name a model that computes its own loss with model._target_, or "
+                      "drop loss=from_model")
     if own_step and own_loss:
         errors.append(f"step._target_={step.target} computes the loss itself: loss="
                       f"{getattr(loss, 'target', getattr(loss, 'name', '?'))} would be ignored; drop the loss key")
