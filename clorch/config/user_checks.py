@@ -145,22 +145,24 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
     built, or whose forward does not run on one batch of the data's shape.
 
     The model is built on the meta device (no memory, no initialization time) and runs one
-    batch of the data's shapes there; a model whose forward reads values (which the meta
-    device cannot) is built and run once on the CPU instead.
+    batch of the data's shapes there. Where the meta device cannot serve (a factory that
+    refuses it, as Hugging Face's from_pretrained does, or a forward that reads values) the
+    model is built and run once on the CPU instead.
     """
     if not _needs_model_check(cfg):
         return []
     import torch  # lazy: the config package is imported by clorch-train --help
 
     sizes = model_sizes_of(cfg)
+    train, _ = build_splits(cfg, "cpu")
+    indices = list(range(min(TRIAL_ITEMS, len(train))))
     try:
         with torch.device("meta"):
             model = build_model_for(cfg, sizes)
     except Exception as exc:
-        return [f"{_built_key(cfg, exc)}: cannot be built (tried on the meta device before launch): "
-                f"{_where(exc)}{_dict_hint(cfg)}"]
-    train, _ = build_splits(cfg, "cpu")
-    indices = list(range(min(TRIAL_ITEMS, len(train))))
+        if not _is_meta_gap(exc):
+            return [_build_error(cfg, exc)]
+        return _on_the_cpu(cfg, sizes, train, indices)
     try:
         with torch.no_grad():
             train.loss(model, _meta_batch(train, indices))
@@ -168,13 +170,27 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
     except Exception as exc:
         if not _is_meta_gap(exc):
             return [_forward_error(cfg, exc)]
-    try:  # the meta device could not run it: once on the CPU, with real values
+    return _on_the_cpu(cfg, sizes, train, indices)
+
+
+def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -> list[str]:
+    """The model built and one real batch run on the CPU (where the meta device cannot serve)."""
+    import torch  # lazy: the config package is imported by clorch-train --help
+
+    try:
         model = build_model_for(cfg, sizes)
+    except Exception as exc:
+        return [_build_error(cfg, exc)]
+    try:
         with torch.no_grad():
             train.loss(model, train.batch(indices))
     except Exception as exc:
         return [_forward_error(cfg, exc)]
     return []
+
+
+def _build_error(cfg: TrainConfig, exc: BaseException) -> str:
+    return f"{_built_key(cfg, exc)}: cannot be built (tried before launch): {_where(exc)}{_dict_hint(cfg)}"
 
 
 def _forward_error(cfg: TrainConfig, exc: BaseException) -> str:

@@ -268,3 +268,25 @@ def test_from_model_is_huggingface_labels_semantics(tmp_path):
     torch.testing.assert_close(loss, shifted)
     sums = task.eval_sums(model, batch)
     assert sums["count"].item() == 3 and torch.isclose(sums["loss_sum"], own.double() * 3)
+
+
+def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16,
+                                     bos_token_id=None, eos_token_id=None)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny")
+    tokens = tmp_path / "train.bin"
+    torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
+    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+          f"data.train_path={tokens}", "data.seq_len=12", "batch_size=4",
+          "data.vocab_size=32", "loss=from_model", "loss.target_arg=labels", "loss.labels=input"]
+    # from_pretrained refuses the meta device: it is built and run once on the CPU instead, and
+    # the data's seq_len and vocab_size do not reach it through its **kwargs.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLORCH_TRUSTED_MODULES", "transformers")
+        assert _errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                       f"++model.pretrained_model_name_or_path={tmp_path / 'tiny'}") == []
+        _one(_errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                     f"++model.pretrained_model_name_or_path={tmp_path / 'missing'}"),
+             "model._target_=transformers.GPT2LMHeadModel.from_pretrained: cannot be built")
