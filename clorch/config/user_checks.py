@@ -194,8 +194,11 @@ def _build_error(cfg: TrainConfig, exc: BaseException) -> str:
 
 
 def _forward_error(cfg: TrainConfig, exc: BaseException) -> str:
+    hint = ""
+    if _step_name(cfg) == "model(input) and the loss":
+        hint = " (if the model returns its own loss, as nanoGPT's and Hugging Face's do: loss=from_model)"
     return (f"{_model_key(cfg)}: a batch of data={cfg.data.name} (shape of {TRIAL_ITEMS} samples) does not "
-            f"run through {_step_name(cfg)} (tried before launch): {_where(exc)}")
+            f"run through {_step_name(cfg)} (tried before launch): {_where(exc)}{hint}")
 
 
 def init_from_errors(cfg: TrainConfig) -> list[str]:

@@ -163,6 +163,21 @@ class OwnLoss(nn.Module):
     def forward(self, x, targets=None):
         out = self.layer(x)
         return out, (None if targets is None else nn.functional.mse_loss(out, targets))
+
+class TinyLM(nn.Module):
+    """nanoGPT's interface: forward(idx, targets) returns (logits, loss), the loss over targets.view(-1)."""
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.embed(idx)
+        if targets is None:
+            return logits, None
+        return logits, nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+def lm_step(model, batch):
+    return model(batch["input"], batch["target"])[1]
 '''
 
 
@@ -290,3 +305,14 @@ def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp
         _one(_errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
                      f"++model.pretrained_model_name_or_path={tmp_path / 'missing'}"),
              "model._target_=transformers.GPT2LMHeadModel.from_pretrained: cannot be built")
+
+
+def test_token_files_train_a_model_of_your_own_with_its_loss_or_a_step(nested_pkg, tmp_path):
+    tokens = tmp_path / "train.bin"
+    torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
+    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+          f"data.train_path={tokens}", "data.seq_len=12", "data.vocab_size=32", "batch_size=4",
+          "++model._target_=nestedpkg.TinyLM"]
+    assert _errors(*lm, "loss=from_model") == []  # targets.view(-1): the batches are contiguous
+    assert _errors(*lm, "step._target_=nestedpkg.lm_step") == []
+    _one(_errors(*lm), "model._target_=nestedpkg.TinyLM: a batch of data=tokens", "loss=from_model")
