@@ -1,11 +1,14 @@
-"""The launch plan's checks of your own data and of weights to start from, run before launch.
+"""The launch plan's checks of your own code and data, and of weights to start from, run before launch.
 
 A dataset of yours is tried as the ranks will use it: its first items are
 collated into a batch and one forward and loss run on the CPU, in the launching
-process, with the model the config names. A `model.init_from` file is read and
-its keys and shapes compared with the model built on the meta device. Each
-check returns error messages naming the key, so that the plan reports them
-with every other error.
+process, with the model the config names. A model of yours on the built-in data
+(or a step, or `loss=from_model`) is built on the meta device and runs one batch
+of the data's shapes there (on the CPU where the meta device cannot serve). A
+`model.init_from` file is read and its keys and shapes compared with the model
+built on the meta device. Each check returns error messages naming the key (and
+the last line of your code in the traceback), so that the plan reports them with
+every other error. They need torch, so `--cfg job` leaves them to the plan.
 """
 
 from __future__ import annotations
