@@ -128,14 +128,17 @@ def _target_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
     `_target_` anywhere else; the groups whose target was refused, which are never imported)."""
     errors, refused = trusted_module_errors(), set()
     for where, target in find_targets(cfg):
-        if where in TARGET_KEYS:
+        group = where.split(".")[0]
+        nested = group in schema.TARGET_GROUPS and isinstance(cfg.get(group), Mapping) \
+            and "_target_" in cfg[group]  # an object built for an argument of your own code
+        if where in TARGET_KEYS or nested:
             found = check_target(where, target)
             errors += found
             if found:
-                refused.add(where.split(".")[0])
+                refused.add(group)
         else:
-            errors.append(f"{where} is not supported: only {', '.join(TARGET_KEYS)} are honoured "
-                          f"(got {where}={target!r}; remove it)")
+            errors.append(f"{where} is not supported: only {', '.join(TARGET_KEYS)} are honoured, and "
+                          f"objects nested in their sections' arguments (got {where}={target!r}; remove it)")
     return errors, refused
 
 

@@ -6,7 +6,9 @@ arguments without building it (`clorch.data.tasks`). A dataset of your own
 `split="train"` and once with `split="eval"`; otherwise its last
 `data.eval_fraction` is held out. Its batches go through `clorch.data.user.DatasetTask`
 with the loss (`loss=cross_entropy`, `mse`, `loss._target_`) or the step
-(`step._target_`) the config names.
+(`step._target_`, or `loss=from_model`: the model's own loss) the config names. A built-in
+task with a step (`data=tokens step._target_=...` or `loss=from_model`) keeps its batches and
+takes its loss from the step (`clorch.data.from_model.SteppedTask`).
 
 The launch plan builds the user's datasets once in the launching process (their
 sizes, and the checks of `clorch.config.user_checks`); each rank builds its own.
@@ -19,8 +21,9 @@ import json
 from dataclasses import asdict
 from typing import Any, Callable
 
-from clorch.config.schema import LossConfig, TargetDataConfig, TargetFunctionConfig, TrainConfig
-from clorch.config.targets import resolve_target
+from clorch.config.schema import (FromModelLossConfig, LossConfig, TargetDataConfig, TargetFunctionConfig,
+                                  TrainConfig)
+from clorch.config.targets import instantiate_nested, resolve_target
 from clorch.config.user_code import takes
 
 
@@ -34,35 +37,48 @@ def is_user_data(cfg: Any) -> bool:
     return isinstance(cfg.data, TargetDataConfig)
 
 
-def _call(section: TargetFunctionConfig) -> Callable[..., Any]:
-    """The function a `loss._target_` / `step._target_` names, with the section's keyword arguments."""
+def _call(section: TargetFunctionConfig, where: str) -> Callable[..., Any]:
+    """The function a `loss._target_` / `step._target_` names (the section at `where`), with the
+    section's keyword arguments."""
     target = resolve_target(section.target)
-    return functools.partial(target, **section.kwargs) if section.kwargs else target
+    kwargs = instantiate_nested(section.kwargs, where)
+    return functools.partial(target, **kwargs) if kwargs else target
 
 
 def loss_of(cfg: TrainConfig) -> str | Callable[..., Any] | None:
-    """The loss name ("cross_entropy", "mse") or function the config names; None for "auto"."""
+    """The loss name ("cross_entropy", "mse") or function the config names; None for "auto" and
+    for "from_model" (whose loss is a step: `step_of`)."""
     loss = cfg.loss
     if isinstance(loss, TargetFunctionConfig):
-        return _call(loss)
-    return None if isinstance(loss, LossConfig) and loss.name == "auto" else loss.name
+        return _call(loss, "loss")
+    if isinstance(loss, FromModelLossConfig) or (isinstance(loss, LossConfig) and loss.name == "auto"):
+        return None
+    return loss.name
 
 
 def step_of(cfg: TrainConfig) -> Callable[..., Any] | None:
-    """The step function `step._target_` names, or None (model(input), then the loss)."""
-    return _call(cfg.step) if isinstance(cfg.step, TargetFunctionConfig) else None
+    """The step function `step._target_` names, the model's own loss (`loss=from_model`), or
+    None (model(input), then the loss)."""
+    if isinstance(cfg.step, TargetFunctionConfig):
+        return _call(cfg.step, "step")
+    if isinstance(cfg.loss, FromModelLossConfig):
+        from clorch.data.from_model import FromModelStep  # lazy: clorch.data imports torch
+
+        return FromModelStep(cfg.loss.target_arg, cfg.loss.labels)
+    return None
 
 
 def _datasets_uncached(data: TargetDataConfig) -> tuple[Any, Any]:
     from clorch.data.user import check_map_style, hold_out  # lazy: clorch.data imports torch
 
     cls = resolve_target(data.target)
+    kwargs = instantiate_nested(data.kwargs, "data")
     if takes(cls, "split"):
-        train, held_out = cls(**data.kwargs, split="train"), cls(**data.kwargs, split="eval")
+        train, held_out = cls(**kwargs, split="train"), cls(**kwargs, split="eval")
         check_map_style(train)
         check_map_style(held_out)
         return train, held_out
-    whole = cls(**data.kwargs)
+    whole = cls(**kwargs)
     check_map_style(whole)
     return hold_out(whole, data.eval_fraction)
 
@@ -90,7 +106,8 @@ def user_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     collate = None
     if data.collate_fn is not None:
         collate = _call(TargetFunctionConfig(target=data.collate_fn["_target_"],
-                                             kwargs={k: v for k, v in data.collate_fn.items() if k != "_target_"}))
+                                             kwargs={k: v for k, v in data.collate_fn.items() if k != "_target_"}),
+                        "data.collate_fn")
     pin = device_type == "cuda" if data.pin_memory is None else data.pin_memory
     loader = {"collate_fn": collate, "num_workers": data.num_workers, "pin_memory": pin,
               "persistent_workers": data.persistent_workers, "prefetch_factor": data.prefetch_factor}
@@ -107,8 +124,14 @@ def build_splits(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     from clorch.data.tasks import build_task  # lazy: clorch.data imports torch
 
     kwargs = data_kwargs(cfg)
-    return (build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs),
-            build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs))
+    splits = (build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs),
+              build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs))
+    step = step_of(cfg)
+    if step is None:
+        return splits
+    from clorch.data.from_model import SteppedTask  # lazy: clorch.data imports torch
+
+    return SteppedTask(splits[0], step), SteppedTask(splits[1], step)
 
 
 def split_sizes(cfg: TrainConfig) -> tuple[int, int]:

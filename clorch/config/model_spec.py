@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from clorch.config.data_spec import model_sizes_of
 from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
-from clorch.config.targets import resolve_target
-from clorch.config.user_code import takes
+from clorch.config.targets import instantiate_nested, resolve_target
+from clorch.config.user_code import names
 
 
 def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -21,7 +21,8 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
 
     Sizes the config leaves null come from the data; set ones win (e.g. a padded
     vocab_size of 50304 over byte tokens, for a GPT-2 shape). A model of your own
-    (`model._target_`) gets only the data sizes its signature names.
+    (`model._target_`) gets only the data sizes its signature names (never through **kwargs),
+    and its nested `{_target_: ...}` arguments (`model.config._target_`) are built first.
     """
     model = cfg.model
     given = model.kwargs if isinstance(model, TargetModelConfig) \
@@ -29,7 +30,7 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
     given = {k: v for k, v in given.items() if v is not None}
     if isinstance(model, TargetModelConfig):
         target = resolve_target(model.target)
-        return target, {**_accepted(target, data_sizes), **given}
+        return target, {**_accepted(target, data_sizes), **instantiate_nested(given, "model")}
     from clorch.models import build_model  # lazy: clorch.models imports torch
 
     return (lambda **kwargs: build_model(model.name, **kwargs)), {**data_sizes, **given}
@@ -52,6 +53,7 @@ def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) 
 
 
 def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The data's sizes (in_features, vocab_size, ...) that `target` takes as keyword
-    arguments: a model of your own gets those it names, and no others."""
-    return {k: v for k, v in sizes.items() if takes(target, k)}
+    """The data's sizes (in_features, vocab_size, ...) that `target` names as arguments: a model
+    of your own gets those it names, and no others (a factory's **kwargs gets none: it would
+    hand them on to a constructor that never asked for them)."""
+    return {k: v for k, v in sizes.items() if names(target, k)}

@@ -46,7 +46,7 @@ from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, l
 from clorch.config.resume import resume_errors
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
-from clorch.config.user_checks import init_from_errors, user_data_errors
+from clorch.config.user_checks import init_from_errors, user_data_errors, user_model_errors
 from clorch.precision import get_precision
 
 
@@ -162,7 +162,7 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
             if complete(cfg, "model"):
                 problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
                 if complete(cfg, "loss", "step"):
-                    problems += user_data_errors(cfg)
+                    problems += user_data_errors(cfg) + user_model_errors(cfg)
                 if world is not None and not problems and external is None:
                     # (not for another launcher's ranks: free memory differs from rank to rank,
                     # and a check that stops some ranks only leaves the others waiting)

@@ -272,6 +272,15 @@ class LossConfig:
 
 
 @dataclass
+class FromModelLossConfig:
+    """The loss your model computes itself: model(input, target) returns it (nanoGPT, Hugging Face)."""
+
+    name: Literal["from_model"] = "from_model"
+    target_arg: Optional[str] = None  # keyword the target is passed as (labels for Hugging Face); null: second positional
+    labels: Literal["target", "input"] = "target"  # input: pass the input itself as the target, for models that shift it (HF causal LMs)
+
+
+@dataclass
 class StepConfig:
     """How a batch becomes a loss: auto runs model(input) and the loss; step._target_ names your own."""
 
@@ -430,7 +439,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
                "mlflow": LoggerConfig(name="mlflow", trackers=["mlflow"]),
                "wandb": LoggerConfig(name="wandb", trackers=["wandb"])},
     "preflight": {"default": PreflightConfig()},
-    "loss": {"auto": LossConfig(), "cross_entropy": LossConfig(name="cross_entropy"), "mse": LossConfig(name="mse")},
+    "loss": {"auto": LossConfig(), "cross_entropy": LossConfig(name="cross_entropy"), "mse": LossConfig(name="mse"),
+             "from_model": FromModelLossConfig()},
     "step": {"auto": StepConfig()},
 }
 """Config group -> option name -> that option's values (an instance of its schema)."""
@@ -480,7 +490,7 @@ class TrainConfig(TopConfig):
     launcher: Union[LocalLauncherConfig, TorchrunLauncherConfig] = field(default_factory=LocalLauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
-    loss: Union[LossConfig, TargetFunctionConfig] = field(default_factory=LossConfig)
+    loss: Union[LossConfig, FromModelLossConfig, TargetFunctionConfig] = field(default_factory=LossConfig)
     step: Union[StepConfig, TargetFunctionConfig] = field(default_factory=StepConfig)
 
     @classmethod

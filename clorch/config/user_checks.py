@@ -1,29 +1,93 @@
-"""The launch plan's checks of your own data and of weights to start from, run before launch.
+"""The launch plan's checks of your own code and data, and of weights to start from, run before launch.
 
 A dataset of yours is tried as the ranks will use it: its first items are
 collated into a batch and one forward and loss run on the CPU, in the launching
-process, with the model the config names. A `model.init_from` file is read and
-its keys and shapes compared with the model built on the meta device. Each
-check returns error messages naming the key, so that the plan reports them
-with every other error.
+process, with the model the config names. A model of yours on the built-in data
+(or a step, or `loss=from_model`) is built on the meta device and runs one batch
+of the data's shapes there (on the CPU where the meta device cannot serve). A
+`model.init_from` file is read and its keys and shapes compared with the model
+built on the meta device. Each check returns error messages naming the key (and
+the last line of your code in the traceback), so that the plan reports them with
+every other error. They need torch, so `--cfg job` leaves them to the plan.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
 import traceback
+from typing import Any, Mapping
 
-from clorch.config.data_spec import is_user_data, model_sizes_of, user_tasks
+from clorch.config.data_spec import build_splits, is_user_data, model_sizes_of, user_tasks
 from clorch.config.model_spec import build_model_for
-from clorch.config.schema import TrainConfig
+from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
+from clorch.config.targets import TargetBuildError, has_target
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
+# Frames of these are not your code: an error is shown at the last frame outside them.
+_LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(d), "") for d in
+                      {sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.dirname(__file__))})
+_LIBRARY_PACKAGES = ("torch", "hydra", "omegaconf")
+
+
+def _is_library(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    if path.startswith(_LIBRARY_DIRS) or filename.startswith("<"):
+        return True
+    return any(f"{os.sep}{name}{os.sep}" in path and "-packages" in path for name in _LIBRARY_PACKAGES)
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The exception a wrapper (Hydra's InstantiationException, TargetBuildError) was raised from."""
+    while exc.__cause__ is not None and (isinstance(exc, TargetBuildError)
+                                         or type(exc).__module__.startswith(("hydra", "omegaconf"))):
+        exc = exc.__cause__
+    return exc
 
 
 def _where(exc: BaseException) -> str:
-    """`Type: message (file:line in function)` of the innermost frame, for a one-line error."""
+    """`Type: message (at file:line in function)`: the last frame of your code (outside clorch,
+    torch, Hydra and the standard library), else the innermost one, for a one-line error that
+    shows where an assert without a message failed."""
+    exc = _root(exc)
     frames = traceback.extract_tb(exc.__traceback__)
-    place = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{place}"
+    own = [f for f in frames if not _is_library(f.filename)]
+    frame = (own or frames or [None])[-1]
+    place = f" (at {frame.filename}:{frame.lineno} in {frame.name})" if frame else ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
+    return f"{type(exc).__name__}: {message}{place}"
+
+
+def _dict_hint(cfg: TrainConfig) -> str:
+    """A hint for model arguments given as plain mappings, where the model may want an object."""
+    kwargs = cfg.model.kwargs if isinstance(cfg.model, TargetModelConfig) else {}
+    plain = [k for k, v in kwargs.items() if isinstance(v, Mapping) and not has_target(v)]
+    if not plain:
+        return ""
+    return (f"; model.{plain[0]} is a plain mapping: if the model wants an object there, name its class "
+            f"with model.{plain[0]}._target_=... (built first, with the other keys as its arguments)")
+
+
+def _model_key(cfg: TrainConfig) -> str:
+    return f"model._target_={cfg.model.target}" if isinstance(cfg.model, TargetModelConfig) \
+        else f"model={cfg.model.name}"
+
+
+def _built_key(cfg: TrainConfig, exc: BaseException) -> str:
+    """The key of what failed to build: a nested object's (model.config._target_=...) or the model's."""
+    if isinstance(exc, TargetBuildError):
+        return str(exc).split(": building it raised")[0]
+    return _model_key(cfg)
+
+
+def _step_name(cfg: TrainConfig) -> str:
+    if isinstance(cfg.step, TargetFunctionConfig):
+        return f"step._target_={cfg.step.target}"
+    if isinstance(cfg.loss, FromModelLossConfig):
+        how = f"{cfg.loss.target_arg}=" if cfg.loss.target_arg else ""
+        return f"loss=from_model (model(input, {how}{cfg.loss.labels}))"
+    return "model(input) and the loss"
 
 
 def user_data_errors(cfg: TrainConfig) -> list[str]:
@@ -46,17 +110,98 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     try:
         model = build_model_for(cfg, train.model_kwargs())
     except Exception as exc:
-        return [f"model={cfg.model.name}: cannot be built for data._target_={data.target}: {_where(exc)} "
-                "(a built-in model takes its sizes from the dataset's model_kwargs(); or name your "
-                "model with model._target_)"]
+        return [f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
+                f"{_dict_hint(cfg)} (a built-in model takes its sizes from the dataset's model_kwargs(); "
+                "or name your model with model._target_)"]
     try:
         with torch.no_grad():
             train.loss(model, batch)
     except Exception as exc:
-        what = f"step._target_={cfg.step.target}" if hasattr(cfg.step, "target") else "model(input) and the loss"
-        return [f"data._target_={data.target}: a batch of items {indices} does not fit {what} "
+        return [f"data._target_={data.target}: a batch of items {indices} does not fit {_step_name(cfg)} "
                 f"(tried on the CPU before launch): {_where(exc)}"]
     return []
+
+
+def _needs_model_check(cfg: TrainConfig) -> bool:
+    """Code of yours runs on the built-in data: a model of yours, a step, or the model's loss."""
+    return not is_user_data(cfg) and (isinstance(cfg.model, TargetModelConfig)
+                                      or isinstance(cfg.step, TargetFunctionConfig)
+                                      or isinstance(cfg.loss, FromModelLossConfig))
+
+
+def _meta_batch(task: Any, indices: list[int]) -> Any:
+    """A batch of the task's shape and dtypes on the meta device (no data is kept)."""
+    import torch  # lazy: the config package is imported by clorch-train --help
+
+    batch = task.batch(indices)
+    return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _is_meta_gap(exc: BaseException) -> bool:
+    """An operation the meta device cannot run (it reads values): retried on the CPU."""
+    text = str(_root(exc)).lower()
+    return isinstance(_root(exc), NotImplementedError) or "meta" in text
+
+
+def user_model_errors(cfg: TrainConfig) -> list[str]:
+    """A model of yours (or a step, or the model's own loss) on the built-in data that cannot be
+    built, or whose forward does not run on one batch of the data's shape.
+
+    The model is built on the meta device (no memory, no initialization time) and runs one
+    batch of the data's shapes there. Where the meta device cannot serve (a factory that
+    refuses it, as Hugging Face's from_pretrained does, or a forward that reads values) the
+    model is built and run once on the CPU instead.
+    """
+    if not _needs_model_check(cfg):
+        return []
+    import torch  # lazy: the config package is imported by clorch-train --help
+
+    sizes = model_sizes_of(cfg)
+    train, _ = build_splits(cfg, "cpu")
+    indices = list(range(min(TRIAL_ITEMS, len(train))))
+    try:
+        with torch.device("meta"):
+            model = build_model_for(cfg, sizes)
+    except Exception as exc:
+        if not _is_meta_gap(exc):
+            return [_build_error(cfg, exc)]
+        return _on_the_cpu(cfg, sizes, train, indices)
+    try:
+        with torch.no_grad():
+            train.loss(model, _meta_batch(train, indices))
+        return []
+    except Exception as exc:
+        if not _is_meta_gap(exc):
+            return [_forward_error(cfg, exc)]
+    return _on_the_cpu(cfg, sizes, train, indices)
+
+
+def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -> list[str]:
+    """The model built and one real batch run on the CPU (where the meta device cannot serve)."""
+    import torch  # lazy: the config package is imported by clorch-train --help
+
+    try:
+        model = build_model_for(cfg, sizes)
+    except Exception as exc:
+        return [_build_error(cfg, exc)]
+    try:
+        with torch.no_grad():
+            train.loss(model, train.batch(indices))
+    except Exception as exc:
+        return [_forward_error(cfg, exc)]
+    return []
+
+
+def _build_error(cfg: TrainConfig, exc: BaseException) -> str:
+    return f"{_built_key(cfg, exc)}: cannot be built (tried before launch): {_where(exc)}{_dict_hint(cfg)}"
+
+
+def _forward_error(cfg: TrainConfig, exc: BaseException) -> str:
+    hint = ""
+    if _step_name(cfg) == "model(input) and the loss":
+        hint = " (if the model returns its own loss, as nanoGPT's and Hugging Face's do: loss=from_model)"
+    return (f"{_model_key(cfg)}: a batch of data={cfg.data.name} (shape of {TRIAL_ITEMS} samples) does not "
+            f"run through {_step_name(cfg)} (tried before launch): {_where(exc)}{hint}")
 
 
 def init_from_errors(cfg: TrainConfig) -> list[str]:

@@ -69,6 +69,12 @@ def takes(target: Any, name: str) -> bool:
     return name in keyword_names(params) or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+def names(target: Any, name: str) -> bool:
+    """Whether `target`'s signature names the argument `name` itself (not through **kwargs)."""
+    params = parameters(target)
+    return params is not None and name in keyword_names(params)
+
+
 def argument_errors(where: str, target_path: str, kwargs: Mapping[str, Any]) -> list[str]:
     """Errors for config keys that are not arguments of the target at `where` ("loss._target_")."""
     section = where.rsplit("._target_", 1)[0]
@@ -125,18 +131,24 @@ def cross_errors(cfg: Any) -> list[str]:
     if data is None or loss is None or step is None:
         return []
     own_data = isinstance(data, schema.TargetDataConfig)
+    from_model = isinstance(loss, schema.FromModelLossConfig)
     own_loss = not (isinstance(loss, schema.LossConfig) and loss.name == "auto")
     own_step = isinstance(step, schema.TargetFunctionConfig)
     errors = []
     if own_data and not own_loss and not own_step:
         errors.append(f"data._target_={data.target} needs a loss: loss=cross_entropy (integer class "
-                      "targets), loss=mse, loss._target_=my_project.losses.fn (called fn(outputs, targets)), "
+                      "targets), loss=mse, loss=from_model (the model returns its own loss), "
+                      "loss._target_=my_project.losses.fn (called fn(outputs, targets)), "
                       "or step._target_=my_project.train.step (called fn(model, batch))")
-    if not own_data and (own_loss or own_step):
-        what = f"step._target_={step.target}" if own_step else \
-            (f"loss._target_={loss.target}" if hasattr(loss, "target") else f"loss={loss.name}")
+    if not own_data and own_loss and not from_model and not own_step:
+        what = f"loss._target_={loss.target}" if hasattr(loss, "target") else f"loss={loss.name}"
         errors.append(f"{what} applies to a dataset of your own (data._target_): data={data.name} "
-                      "trains with its own loss; drop it, or name your dataset with data._target_")
+                      "trains with its own loss; drop it, use loss=from_model (the model's own loss) or "
+                      "step._target_ (called fn(model, batch)), or name your dataset with data._target_")
+    if from_model and cfg.model is not None and not isinstance(cfg.model, schema.TargetModelConfig):
+        errors.append(f"loss=from_model takes the loss the model returns, and model={cfg.model.name} returns "
+                      "only its outputs: name a model that computes its own loss with model._target_, or "
+                      "drop loss=from_model")
     if own_step and own_loss:
         errors.append(f"step._target_={step.target} computes the loss itself: loss="
                       f"{getattr(loss, 'target', getattr(loss, 'name', '?'))} would be ignored; drop the loss key")

@@ -211,7 +211,7 @@ class ArithmeticTask:
         """`{"input", "target"}` int64 `(B, seq_len)` and `"mask"` bool `(B, seq_len)` (answer targets)."""
         idx = as_index(indices, self.tokens.device, len(self))
         rows = self.tokens[idx].long()
-        return {"input": rows[:, :-1], "target": rows[:, 1:], "mask": self.answer_mask[idx]}
+        return {"input": rows[:, :-1].contiguous(), "target": rows[:, 1:].contiguous(), "mask": self.answer_mask[idx]}
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy on the answer tokens: per-sample mean, then mean over the batch."""

@@ -25,6 +25,7 @@ def place_task(task: object, device: torch.device, limit_bytes: int = DEVICE_DAT
     """
     if device.type == "cpu":
         return False
+    task = getattr(task, "inner", task)  # a SteppedTask's tensors are its built-in task's
     tensors = {name: value for name, value in vars(task).items() if isinstance(value, torch.Tensor)}
     if not tensors or sum(t.numel() * t.element_size() for t in tensors.values()) > limit_bytes:
         return False

@@ -161,7 +161,7 @@ class ByteTextTask:
         """`{"input": (B, seq_len), "target": (B, seq_len)}` int64 byte tokens, target shifted by one."""
         idx = as_index(indices, self.starts.device, len(self))
         windows = self.data[self.starts[idx].unsqueeze(1) + self._offsets].long()
-        return {"input": windows[:, :-1], "target": windows[:, 1:]}
+        return {"input": windows[:, :-1].contiguous(), "target": windows[:, 1:].contiguous()}  # see tokens.py
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats) over the batch."""

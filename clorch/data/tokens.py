@@ -192,7 +192,8 @@ class TokenFileTask:
         idx = as_index(indices, None, len(self)).cpu().numpy()
         rows = self.starts[idx][:, None] + self._offsets  # reads only these windows
         windows = torch.from_numpy(self.tokens[rows].astype(np.int64))
-        return {"input": windows[:, :-1], "target": windows[:, 1:]}
+        # contiguous copies, not views of the windows: a model's own loss may `targets.view(-1)`
+        return {"input": windows[:, :-1].contiguous(), "target": windows[:, 1:].contiguous()}
 
     # Next-token cross-entropy, in training and summed for an exact eval: the byte-level task's own.
     loss = ByteTextTask.loss

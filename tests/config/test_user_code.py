@@ -113,3 +113,206 @@ def test_init_from_is_checked_against_the_model(tmp_path):
     assert _errors("+recipe=cpu_smoke", f"model.init_from={good}") == []
     _one(_errors("+recipe=cpu_smoke", f"model.init_from={wider}"), f"model.init_from={wider}", "shape")
     _one(_errors("+recipe=cpu_smoke", f"model.init_from={tmp_path / 'missing.pt'}"), "missing.pt")
+
+
+# --- models built from nested objects, factories, and the model's own loss ------------------------
+NESTED = '''
+import dataclasses
+import torch
+from torch import nn
+
+@dataclasses.dataclass
+class Cfg:
+    width: int = 4
+    out: int = 4
+
+class Net(nn.Module):
+    """Net(config): its constructor takes a config object, as nanoGPT's GPT and HF's models do."""
+    def __init__(self, config, in_features=8):
+        super().__init__()
+        self.layer = nn.Linear(in_features, config.out)
+
+    @classmethod
+    def from_width(cls, width, **kwargs):
+        return cls(Cfg(width=width), **kwargs)
+
+    def forward(self, x):
+        return self.layer(x)
+
+def make_net(**kwargs):
+    """A factory: it forwards **kwargs, so the data's sizes must not reach it."""
+    if kwargs:
+        raise TypeError(f"unexpected {sorted(kwargs)}")
+    return Net(Cfg())
+
+class Picky(nn.Module):
+    def __init__(self, in_features):
+        super().__init__()
+        self.layer = nn.Linear(in_features, 4)
+
+    def forward(self, x):
+        assert x.shape[1] == 3
+        return self.layer(x)
+
+class OwnLoss(nn.Module):
+    """Returns (outputs, loss) with a target, as nanoGPT's GPT.forward(idx, targets) does."""
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.layer = nn.Linear(in_features, out_features)
+
+    def forward(self, x, targets=None):
+        out = self.layer(x)
+        return out, (None if targets is None else nn.functional.mse_loss(out, targets))
+
+class TinyLM(nn.Module):
+    """nanoGPT's interface: forward(idx, targets) returns (logits, loss), the loss over targets.view(-1)."""
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.embed(idx)
+        if targets is None:
+            return logits, None
+        return logits, nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+def lm_step(model, batch):
+    return model(batch["input"], batch["target"])[1]
+'''
+
+
+@pytest.fixture
+def nested_pkg(tmp_path, monkeypatch):
+    (tmp_path / "nestedpkg").mkdir()
+    (tmp_path / "nestedpkg" / "__init__.py").write_text(NESTED)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CLORCH_TRUSTED_MODULES", "nestedpkg")
+    yield tmp_path / "nestedpkg" / "__init__.py"
+    for name in [m for m in sys.modules if m == "nestedpkg" or m.startswith("nestedpkg.")]:
+        del sys.modules[name]
+
+
+def _line(path, text: str) -> str:
+    """`file:line` of the first line of `path` holding `text`."""
+    number = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+    return f"{path}:{number}"
+
+
+def test_nested_objects_and_factories_build_and_their_mistakes_are_named(nested_pkg):
+    smoke = ["+recipe=cpu_smoke"]
+    assert _errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg",
+                   "++model.config.width=6") == []
+    assert _errors(*smoke, "++model._target_=nestedpkg.Net.from_width", "++model.width=3") == []
+    assert _errors(*smoke, "++model._target_=nestedpkg.make_net") == []  # no in_features through **kwargs
+    # A dict where an object is needed: the key, the user's line, and the fix.
+    found = _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config.width=6"),
+                 "model._target_=nestedpkg.Net: cannot be built", "AttributeError")
+    assert "model.config is a plain mapping" in found and "model.config._target_=" in found
+    # A wrong argument of the nested object names its key.
+    _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg",
+                 "++model.config.widht=6"), "model.config._target_=nestedpkg.Cfg: cannot be built", "widht")
+    # A nested target is trusted like any other.
+    _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=os.path.join"),
+         "model.config._target_='os.path.join' is not allowed")
+    # A forward that fails on a batch of the data's shape: a bare assert shows its file and line.
+    found = _one(_errors(*smoke, "++model._target_=nestedpkg.Picky"), "model._target_=nestedpkg.Picky",
+                 "does not run through", "AssertionError")
+    assert _line(nested_pkg, "assert x.shape[1] == 3") in found
+
+
+def test_the_models_own_loss_trains_builtin_data_and_is_checked(nested_pkg):
+    smoke = ["+recipe=cpu_smoke", "++model._target_=nestedpkg.OwnLoss"]
+    assert _errors(*smoke, "loss=from_model") == []
+    _one(_errors("+recipe=cpu_smoke", "loss=from_model"), "model=mlp returns only its outputs")
+    _one(_errors(*smoke, "loss=from_model", "loss.target_arg=labels"), "unexpected keyword argument 'labels'")
+    _one(_errors(*smoke, "loss=from_model", "step._target_=clorch.data.datasets.classification_step"),
+         "computes the loss itself")
+
+
+def test_from_model_finds_the_loss_where_models_return_it():
+    from clorch.data.from_model import FromModelStep, model_loss
+
+    loss = torch.tensor(1.5)
+    assert model_loss(loss) is loss
+    assert model_loss((torch.ones(2, 3), loss)) is loss          # nanoGPT's (logits, loss)
+    assert model_loss({"logits": torch.ones(2), "loss": loss}) is loss  # a ModelOutput is a dict too
+
+    class Output:
+        logits, loss = torch.ones(2), torch.tensor(0.5)
+    assert model_loss(Output()).item() == 0.5
+    for bad, words in [(torch.ones(3), "shape (3,)"), ((torch.ones(3), None), "holds no loss"),
+                       ((loss, loss), "2 0-d tensors")]:
+        with pytest.raises(TypeError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            model_loss(bad)
+    with pytest.raises(ValueError, match="loss.labels"):
+        FromModelStep(labels="output")
+
+    seen = {}
+
+    def model(x, *args, **kwargs):
+        seen.update(args=args, kwargs=kwargs)
+        return loss
+    batch = {"input": torch.zeros(2, 3), "target": torch.ones(2, 3)}
+    FromModelStep()(model, batch)
+    assert seen["args"][0] is batch["target"] and not seen["kwargs"]
+    FromModelStep("labels", "input")(model, (batch["input"], batch["target"]))
+    assert seen["kwargs"]["labels"] is batch["input"] and not seen["args"]
+
+
+def test_from_model_is_huggingface_labels_semantics(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from clorch.data.from_model import FromModelStep, SteppedTask
+    from clorch.data.tokens import TokenFileTask
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16,
+                                     bos_token_id=None, eos_token_id=None)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    path = tmp_path / "train.bin"
+    torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(path)
+    task = SteppedTask(TokenFileTask(str(path), seq_len=12, vocab_size=32), FromModelStep("labels", "input"))
+    batch = task.batch([0, 1, 2])
+    assert batch["input"].is_contiguous() and batch["target"].is_contiguous()
+    with torch.no_grad():
+        loss = task.loss(model, batch)
+        own = model(batch["input"], labels=batch["input"]).loss
+        logits = model(batch["input"]).logits
+    assert torch.equal(loss, own)
+    # HF shifts inside: position t predicts input[t + 1], i.e. clorch's target[t], for all but the last.
+    shifted = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["target"][:, :-1].flatten())
+    torch.testing.assert_close(loss, shifted)
+    sums = task.eval_sums(model, batch)
+    assert sums["count"].item() == 3 and torch.isclose(sums["loss_sum"], own.double() * 3)
+
+
+def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16,
+                                     bos_token_id=None, eos_token_id=None)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny")
+    tokens = tmp_path / "train.bin"
+    torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
+    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+          f"data.train_path={tokens}", "data.seq_len=12", "batch_size=4",
+          "data.vocab_size=32", "loss=from_model", "loss.target_arg=labels", "loss.labels=input"]
+    # from_pretrained refuses the meta device: it is built and run once on the CPU instead, and
+    # the data's seq_len and vocab_size do not reach it through its **kwargs.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLORCH_TRUSTED_MODULES", "transformers")
+        assert _errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                       f"++model.pretrained_model_name_or_path={tmp_path / 'tiny'}") == []
+        _one(_errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                     f"++model.pretrained_model_name_or_path={tmp_path / 'missing'}"),
+             "model._target_=transformers.GPT2LMHeadModel.from_pretrained: cannot be built")
+
+
+def test_token_files_train_a_model_of_your_own_with_its_loss_or_a_step(nested_pkg, tmp_path):
+    tokens = tmp_path / "train.bin"
+    torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
+    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+          f"data.train_path={tokens}", "data.seq_len=12", "data.vocab_size=32", "batch_size=4",
+          "++model._target_=nestedpkg.TinyLM"]
+    assert _errors(*lm, "loss=from_model") == []  # targets.view(-1): the batches are contiguous
+    assert _errors(*lm, "step._target_=nestedpkg.lm_step") == []
+    _one(_errors(*lm), "model._target_=nestedpkg.TinyLM: a batch of data=tokens", "loss=from_model")

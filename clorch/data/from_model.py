@@ -1,0 +1,133 @@
+"""Models that compute their own loss (`loss=from_model`), and a step over the built-in data.
+
+nanoGPT's `GPT.forward(idx, targets)` returns `(logits, loss)`; a Hugging Face model called
+with `labels=` returns a `ModelOutput` whose `.loss` is the loss. `FromModelStep` is the step
+(`fn(model, batch)`) that calls the model so and finds that loss, so the training loop runs it
+like any step of your own.
+
+`SteppedTask` puts a step (`step._target_`, or `FromModelStep`) on a built-in task
+(`data=tokens`, `text`, ...): the task's batches and sizes, the step's loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from clorch.data.user import batch_size_of, split_parts
+
+LABELS = ("target", "input")
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
+def model_loss(out: Any) -> torch.Tensor:
+    """The loss in what a model returned: itself (a 0-d tensor), the one 0-d tensor of a tuple
+    (nanoGPT's `(logits, loss)`), or its `.loss` / `["loss"]` (Hugging Face's ModelOutput).
+
+    Raises:
+        TypeError: none of those, naming what the model returned.
+    """
+    if _is_scalar(out):
+        return out
+    if isinstance(out, Mapping) and _is_scalar(out.get("loss")):
+        return out["loss"]
+    if _is_scalar(getattr(out, "loss", None)):
+        return out.loss
+    if isinstance(out, (tuple, list)):
+        scalars = [v for v in out if _is_scalar(v)]
+        if len(scalars) == 1:
+            return scalars[0]
+        if len(scalars) > 1:
+            raise TypeError(f"loss=from_model: the model returned a {type(out).__name__} with "
+                            f"{len(scalars)} 0-d tensors; it must hold exactly one (the loss), or name "
+                            "a step of your own with step._target_")
+    raise TypeError(f"loss=from_model: the model returned {_shape(out)}, which holds no loss: return the "
+                    "loss as a 0-d tensor, a tuple with one 0-d tensor (nanoGPT's (logits, loss)), or an "
+                    "object with .loss (Hugging Face's ModelOutput; is loss.target_arg=labels set?)")
+
+
+def _shape(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of ({', '.join(_shape(v) for v in out)})"
+    if isinstance(out, Mapping):
+        return f"a {type(out).__name__} with keys {sorted(map(str, out))}"
+    return f"a {type(out).__name__}"
+
+
+class FromModelStep:
+    """`step(model, batch)`: the model's own loss for a batch's input and target.
+
+    Args:
+        target_arg: the keyword the target is passed as (`labels` for Hugging Face); None
+            passes it as the second positional argument (nanoGPT's `targets`).
+        labels: "target" passes the batch's target; "input" passes the input itself, for
+            models that shift it internally (Hugging Face's causal LMs).
+
+    Raises:
+        ValueError: `labels` is neither "target" nor "input".
+    """
+
+    def __init__(self, target_arg: str | None = None, labels: str = "target"):
+        if labels not in LABELS:
+            raise ValueError(f"loss.labels must be one of {', '.join(LABELS)}, got {labels!r}")
+        self.target_arg, self.labels = target_arg, labels
+
+    def __call__(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        inputs, targets = split_parts(batch)
+        labels = inputs if self.labels == "input" else targets
+        out = model(inputs, **{self.target_arg: labels}) if self.target_arg else model(inputs, labels)
+        return model_loss(out)
+
+    def __repr__(self) -> str:
+        return f"FromModelStep(target_arg={self.target_arg!r}, labels={self.labels!r})"
+
+
+def _check_scalar(loss: Any) -> None:
+    if not _is_scalar(loss):
+        raise TypeError(f"the loss must be a 0-d tensor (a mean over the batch), got {_shape(loss)}")
+
+
+class SteppedTask:
+    """A built-in task whose loss a step computes: `step(model, batch)` returning the loss, or
+    `(loss, {metric: batch mean})`. Everything else (batches, sizes, placement) is the task's."""
+
+    def __init__(self, task: Any, step: Callable[..., Any]):
+        self.inner, self.step = task, step
+
+    def __getattr__(self, name: str) -> Any:  # batch, model_kwargs, tokens_per_sample, iterate, ...
+        if name == "inner":  # not set yet (copy, pickle): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def _loss_and_metrics(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        out = self.step(model, batch)
+        loss, metrics = out if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping) \
+            else (out, {})
+        _check_scalar(loss)
+        return loss, dict(metrics)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The step's loss for the batch (a 0-d tensor)."""
+        return self._loss_and_metrics(model, batch)[0]
+
+    def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """`count`, `loss_sum` and a `<metric>_sum` per metric (batch means times the batch size)."""
+        loss, metrics = self._loss_and_metrics(model, batch)
+        count = batch_size_of(batch)
+        sums = {"count": torch.full((), count, dtype=torch.float64, device=loss.device),
+                "loss_sum": loss.detach().to(torch.float64) * count}
+        for name, value in metrics.items():
+            value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value,
+                                    dtype=torch.float64, device=loss.device)
+            sums[f"{name}_sum"] = value * count
+        return sums

@@ -1,0 +1,1 @@
+"""nanoGPT's model.py, unmodified (https://github.com/karpathy/nanoGPT, MIT license: LICENSE)."""
