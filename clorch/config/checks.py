@@ -211,10 +211,10 @@ def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str
     if ckpt.policy == "periodic" and ckpt.every_n_steps < 1:
         errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, "
                       f"got {ckpt.every_n_steps}")
-    if ckpt.resume == "latest" and ckpt.dir is None:
-        errors.append("checkpoint.resume=latest needs checkpoint.dir (the directory of the run "
-                      "to resume), got null")
-    elif ckpt.resume not in ("none", "latest") and not Path(ckpt.resume).expanduser().exists():
+    # resume=latest with checkpoint.dir null resumes from <run dir>/checkpoints, the default
+    # directory: hydra.run.dir=<a run> goes on in place (none there yet: a fresh start, as torch's
+    # and Lightning's "last" do).
+    if ckpt.resume not in ("none", "latest") and not Path(ckpt.resume).expanduser().exists():
         errors.append(f"checkpoint.resume={ckpt.resume!r}: no such checkpoint "
                       "(allowed: none, latest, or an existing checkpoint path)")
     if ckpt.resume == "none" and ckpt.policy == "periodic" and ckpt.dir is not None:

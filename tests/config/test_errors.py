@@ -78,7 +78,6 @@ def test_the_issue_examples_are_reported_together(tmp_path):
     (["model=gpt", "data=text"], ["data.path is required for data=text"]),
     (["model=gpt", "data=text", "data.path=/no/such/file.txt"], ["data.path='/no/such/file.txt' does not exist"]),
     (["checkpoint=periodic", "checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps must be >= 1"]),
-    (["checkpoint.resume=latest"], ["checkpoint.resume=latest needs checkpoint.dir"]),
     (["launcher.max_restarts=2"], ["launcher.max_restarts=2", "use checkpoint=periodic"]),
     (["schedule=cosine", "schedule.warmup_steps=500"], ["schedule.warmup_steps=500", "must be < the run's 64"]),
     (["++model._target_=logging.os.system"], ["model._target_='logging.os.system' is not allowed"]),
@@ -245,3 +244,8 @@ def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(tmp_path, 
     # The launcher's restarts resume from their own directory.
     monkeypatch.setenv("CLORCH_RESTART_COUNT", "1")
     assert check_config(_periodic(tmp_path)) == []
+
+
+def test_resume_latest_without_a_directory_resumes_from_the_run_directory():
+    """checkpoint.dir null is <run dir>/checkpoints, for resuming in place as for saving."""
+    assert _errors("checkpoint=periodic", "checkpoint.resume=latest") == []
