@@ -1,11 +1,19 @@
 """A run's records in its directory: config.yaml and env.json when it starts, summary.json
 and loss.png when it ends (written by the launching process, or by rank 0 of an outside
 launcher's job), and the one-line error the console shows.
+
+The records themselves are typed here: `RankResult` (what a rank's worker returns),
+`JobEnd` (how the launcher says the job ended), `RunSummary` (summary.json) and
+`RunResult` (what `execute` and `clorch.run_local` return). Their status is a
+`clorch.runs.status.Status`, which owns the exit code and the console line.
+summary.json keeps the keys it always had; `RunSummary.from_dict` reads older files too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,14 +22,221 @@ import yaml
 from clorch._files import write_text_atomic
 from clorch.config.plan import Plan
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
+from clorch.runs.status import Status
 
 
-def describe_error(error: Mapping[str, Any], failed: str = "failed") -> str:
-    """`rank R failed: Type: message` (or what is known of it), for one line of the console."""
-    rank = error.get("rank")
-    who = f"rank {rank} {failed}: " if rank is not None else ""
-    what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
-    return who + what
+def _known(cls: type, record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields of dataclass `cls` that `record` holds (a record from a file, a worker or
+    the launcher may lack some, or hold more)."""
+    if not isinstance(record, Mapping):
+        return {}
+    return {f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record}
+
+
+def _build(cls: type, record: Mapping[str, Any] | None, **convert: Any) -> Any:
+    """An instance of dataclass `cls` from the fields `record` holds, each passed through
+    `convert[field]` when given (a nested record becomes its dataclass)."""
+    known = _known(cls, record)
+    return cls(**{name: convert[name](value) if name in convert else value for name, value in known.items()})
+
+
+def _or_empty(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass
+class JobError:
+    """The first failure of a job, as the launcher records it (clorch.launch's `error`)."""
+
+    rank: int | None = None
+    type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any] | None) -> "JobError | None":
+        return cls(**_known(cls, record)) if isinstance(record, Mapping) else None
+
+    def describe(self, failed: str = "failed") -> str:
+        """`rank R failed: Type: message` (or what is known of it), for one line of the console."""
+        who = f"rank {self.rank} {failed}: " if self.rank is not None else ""
+        what = ": ".join(str(x) for x in (self.type, self.message) if x) or "no error recorded"
+        return who + what
+
+
+def describe_error(error: Mapping[str, Any] | JobError | None, failed: str = "failed") -> str:
+    """`rank R failed: Type: message` of a launcher's error record, for one line of the console."""
+    found = error if isinstance(error, JobError) else JobError.from_dict(error)
+    return (found or JobError()).describe(failed)
+
+
+@dataclass
+class PreflightVerdict:
+    """The preflight's figures in summary.json (clorch.engine.preflight.summary_of)."""
+
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    ranks: list[Any] = field(default_factory=list)
+    estimate: dict[str, Any] = field(default_factory=dict)
+    table: str = ""
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any] | None) -> "PreflightVerdict | None":
+        return cls(**_known(cls, record)) if isinstance(record, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RankResult:
+    """What a rank's worker returns (clorch.engine.worker.train): rank 0's figures of the run;
+    on the other ranks of an outside launcher's job, the job's preflight verdict alone."""
+
+    steps: int | None = None
+    epoch: int | None = None
+    resumed_from: str | None = None
+    resumed_run_dir: str | None = None
+    train_time_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    final_eval: dict[str, float] = field(default_factory=dict)
+    weights_sha256: str | None = None
+    preflight: PreflightVerdict | None = None
+    exported: str | None = None
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any] | None) -> "RankResult":
+        """A worker's dict ({} or None from a worker that returns nothing)."""
+        return _build(cls, record, preflight=PreflightVerdict.from_dict, final_eval=_or_empty)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class JobEnd:
+    """How the launcher says the job ended (clorch.launch's final status, or what the
+    launching process knows under launcher=torchrun), with rank 0's result when it has it."""
+
+    state: Status
+    results: list[RankResult] = field(default_factory=list)
+    exit_codes: list[int | None] | None = None
+    failed_rank: int | None = None
+    error: JobError | None = None
+    attempts: int = 1
+    restart_count: int = 0
+    interrupted_by: str | None = None  # the signal's name
+    ranks: list[int] | None = None
+    attempt_errors: list[JobError | None] = field(default_factory=list)  # each attempt's failure
+    raw: dict[str, Any] = field(default_factory=dict)  # the launcher's own record, as it gave it
+
+    @classmethod
+    def from_launcher(cls, status: Mapping[str, Any], **changes: Any) -> "JobEnd":
+        """From clorch.launch's status dict (its keys: see clorch.launch.launcher.Job.status),
+        with `changes` (as `state=Status.INTERRUPTED, interrupted_by="SIGINT"`) over it."""
+        raw = {**status, **{k: str(v) if isinstance(v, Status) else v for k, v in changes.items()}}
+        return _build(cls, {**raw, "raw": raw, "attempt_errors": raw.get("attempts")},
+                      state=Status.of, results=_rank_results, error=JobError.from_dict,
+                      attempts=_attempt_count, restart_count=lambda n: n or 0,
+                      attempt_errors=_attempt_errors)
+
+    @property
+    def rank0(self) -> RankResult:
+        return self.results[0] if self.results else RankResult()
+
+
+def _rank_results(results: Any) -> list[RankResult]:
+    return [RankResult.from_dict(r) for r in results or [] if isinstance(r, Mapping)]
+
+
+def _attempt_count(attempts: Any) -> int:
+    """The launcher's attempts (a list, one entry per attempt), counted; 1 when it kept none."""
+    return len(attempts) if isinstance(attempts, list) and attempts else 1
+
+
+def _attempt_errors(attempts: Any) -> list[JobError | None]:
+    return [JobError.from_dict(a.get("error")) if isinstance(a, Mapping) else None
+            for a in (attempts if isinstance(attempts, list) else [])]
+
+
+@dataclass
+class NodeResult:
+    """What a node's local rank 0 leaves, under launcher=torchrun, for the process whose agent
+    started it (clorch.engine.as_rank.main): rank 0's result when rank 0 ran on that node, and
+    the job's preflight verdict, which every rank knows."""
+
+    rank0: bool = False  # rank 0 ran on this node: its launching process writes summary.json
+    result: RankResult | None = None
+    preflight: PreflightVerdict | None = None
+    restarts: int = 0
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any] | None) -> "NodeResult":
+        return _build(cls, record, result=RankResult.from_dict,
+                      preflight=PreflightVerdict.from_dict, restarts=lambda n: int(n or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# summary.json's keys written only when they say something (as before the records were typed).
+_OPTIONAL = ("interrupted_by", "preflight", "launcher", "errors")
+
+
+@dataclass
+class RunSummary:
+    """summary.json: status, final and best metrics, steps, wall time, throughput."""
+
+    status: Status
+    exit_codes: list[int | None] | None = None
+    failed_rank: int | None = None
+    error: JobError | None = None
+    steps: int | None = None
+    planned_steps: int | None = None
+    final: dict[str, Any] = field(default_factory=dict)
+    best: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float | None = None
+    train_time_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    weights_sha256: str | None = None
+    resumed_from: str | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    attempts: int = 1
+    trusted_modules: dict[str, list[str]] = field(default_factory=dict)
+    exported: str | None = None
+    interrupted_by: str | None = None
+    preflight: PreflightVerdict | None = None
+    launcher: str | None = None  # an outside launcher's name, or torchrun for launcher=torchrun
+    errors: list[str] | None = None  # a sweep's job that config errors stopped
+
+    @classmethod
+    def config_error(cls, errors: list[str]) -> "RunSummary":
+        """A sweep's job that config errors stopped: its directory keeps the reason."""
+        return cls(status=Status.CONFIG_ERROR, errors=list(errors))
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any] | None) -> "RunSummary":
+        """summary.json's content, from any version of clorch (a key it lacks takes its default)."""
+        return _build(cls, {"status": None, **(record if isinstance(record, Mapping) else {})},
+                      status=Status.of, error=JobError.from_dict, preflight=PreflightVerdict.from_dict,
+                      final=_or_empty, best=_or_empty, trusted_modules=_or_empty)
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's content (the keys it always had; the optional ones when set)."""
+        if self.status is Status.CONFIG_ERROR and self.errors is not None:
+            return {"status": str(self.status), "errors": list(self.errors)}
+        out = dataclasses.asdict(self)
+        out["status"] = str(self.status)
+        for name in _OPTIONAL:
+            if out[name] is None:
+                del out[name]
+        return out
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -32,32 +247,103 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in best.items() if k != "kind"}
 
 
-def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: float) -> dict[str, Any]:
+def job_status(end: JobEnd, preflight: PreflightVerdict | None) -> Status:
+    """The run's status: the launcher's, except that a job whose preflight failed failed its
+    preflight, however its ranks exited (they stop, without an error, after the verdict)."""
+    if preflight is not None and not preflight.passed and end.state is Status.SUCCEEDED:
+        return Status.PREFLIGHT_FAILED
+    return end.state
+
+
+def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSummary:
     """summary.json's content: status, final and best metrics, steps, wall time, throughput."""
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("kind") == "train"]
-    results = status.get("results") or []
-    rank0 = (results[0] if isinstance(results, list) and results else None) or {}
+    rank0 = end.rank0
     final = {k: v for k, v in (train[-1] if train else {}).items() if k != "kind"}
-    final.update({f"eval_{k}": v for k, v in (rank0.get("final_eval") or {}).items()})
-    summary = {
-        "status": status.get("state"), "exit_codes": status.get("exit_codes"),
-        "failed_rank": status.get("failed_rank"), "error": status.get("error"),
-        "steps": rank0.get("steps", final.get("step", 0)), "planned_steps": plan.total_steps,
-        "final": final, "best": _best(records), "wall_time_s": wall_s,
-        "train_time_s": rank0.get("train_time_s"), "samples_per_s": rank0.get("samples_per_s"),
-        "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
-        "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
-        "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
-        "trusted_modules": plan.trusted_modules, "exported": rank0.get("exported"),
-    }
-    if status.get("interrupted_by"):
-        summary["interrupted_by"] = status["interrupted_by"]
-    if rank0.get("preflight"):  # the machines' check ran first (preflight=true or only)
-        summary["preflight"] = rank0["preflight"]
-        if summary["status"] == "succeeded" and not rank0["preflight"]["passed"]:
-            summary["status"] = "preflight_failed"
-    return summary
+    final.update({f"eval_{k}": v for k, v in rank0.final_eval.items()})
+    steps = rank0.steps if rank0.steps is not None else final.get("step", 0)
+    return RunSummary(
+        status=job_status(end, rank0.preflight), exit_codes=end.exit_codes, failed_rank=end.failed_rank,
+        error=end.error, steps=steps, planned_steps=plan.total_steps, final=final, best=_best(records),
+        wall_time_s=wall_s, train_time_s=rank0.train_time_s, samples_per_s=rank0.samples_per_s,
+        tokens_per_s=rank0.tokens_per_s, weights_sha256=rank0.weights_sha256,
+        resumed_from=rank0.resumed_from, world_size=plan.world_size, backend=plan.backend,
+        attempts=end.attempts, trusted_modules=plan.trusted_modules, exported=rank0.exported,
+        interrupted_by=end.interrupted_by or None, preflight=rank0.preflight)
+
+
+@dataclass
+class RunResult:
+    """What `execute` (and `clorch.run_local`) returns: how the job ended, its summary, where.
+
+    Indexing it by the keys of the dict earlier versions returned still works
+    (`result["status"]["state"]`, `result["summary"]["steps"]`): "status" is the
+    launcher's own record, "summary" summary.json's content.
+    """
+
+    job: JobEnd
+    summary: RunSummary
+    run_dir: str
+    plan: Plan
+    logs: dict[int, dict[str, str]] = field(default_factory=dict)
+    preflight: PreflightVerdict | None = None  # the job's verdict, on a node without rank 0 too
+
+    @property
+    def status(self) -> Status:
+        return self.summary.status
+
+    def __getitem__(self, key: str) -> Any:
+        legacy = {"status": self.job.raw, "summary": self.summary.to_dict(), "logs": self.logs,
+                  "run_dir": self.run_dir, "plan": self.plan}
+        return legacy[key]
+
+
+Line = tuple[str, bool]
+"""One console line, and whether it goes to stderr (what went wrong does)."""
+
+SHOWN_METRICS = ("loss", "eval_loss", "eval_exact")
+
+
+def show(lines: list[Line]) -> None:
+    for text, to_stderr in lines:
+        print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+
+
+def preflight_lines(verdict: PreflightVerdict, world_size: int | None, run_dir: str | Path,
+                    table: bool = True) -> list[Line]:
+    """preflight=only, or a preflight that failed: the table (with `table`), then the verdict:
+    the status's line and, when it failed, each failure (naming the rank and its host)."""
+    lines = [(verdict.table, False)] if table and verdict.table else []
+    if verdict.passed:
+        return lines + [(Status.SUCCEEDED.line(f": preflight passed on {world_size} rank(s) in "
+                                               f"{verdict.elapsed_s:.1f} s; preflight.json in {run_dir}"), False)]
+    return lines + [(Status.PREFLIGHT_FAILED.line(f"; preflight.json in {run_dir}"), True),
+                    *((f"  - {line}", True) for line in verdict.failures)]
+
+
+def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) -> list[Line]:
+    """How a run ended, on the console: its status's line (clorch.runs.status.Status.line)
+    with what it knows, and a failure's traceback after it. An interruption's lines, which
+    carry the resume hint, are the command line's (clorch.cli.hydra_app).
+
+    Args:
+        final_node: this process writes the run's metrics (rank 0's node).
+    """
+    status = summary.status
+    if summary.preflight is not None and (status is Status.PREFLIGHT_FAILED or not summary.steps):
+        return preflight_lines(summary.preflight, summary.world_size, run_dir)
+    if status is Status.SUCCEEDED and not final_node:
+        return [(status.line(f"; this node's ranks finished, rank 0's node writes the metrics; "
+                             f"logs in {run_dir}"), False)]
+    if status is Status.SUCCEEDED:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.final.items() if k in SHOWN_METRICS and v is not None)
+        return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"),
+                 False)]
+    error = summary.error or JobError()
+    what = dataclasses.replace(error, rank=summary.failed_rank).describe(failed="failed first")
+    lines = [(status.line(f": {what}; run directory {run_dir}"), True)]
+    return lines + ([(error.traceback, True)] if error.traceback else [])
 
 
 def trusted_comment(trusted: Mapping[str, list[str]]) -> str:
@@ -65,7 +351,7 @@ def trusted_comment(trusted: Mapping[str, list[str]]) -> str:
     return "".join(f"# trusted modules ({where}): {', '.join(names)}\n" for where, names in trusted.items())
 
 
-def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) -> bool:
+def write_summary(run_dir: Path, summary: RunSummary, plot: bool = True) -> bool:
     """Write summary.json (and loss.png, with `plot`) into `run_dir`; return whether it could.
 
     When it cannot (the directory was removed or made read-only while the run lived), it
@@ -73,10 +359,10 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) 
     """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary.to_dict())
     except OSError as exc:
         print(f"clorch-train: no summary.json: cannot write it in {run_dir} ({exc.strerror or exc}); "
-              f"the run ended {summary.get('status')}", file=sys.stderr, flush=True)
+              f"the run ended {summary.status}", file=sys.stderr, flush=True)
         return False
     if plot:
         plot_loss(run_dir)
