@@ -30,6 +30,7 @@ class Outcome:
     interrupted_by: int | None = None  # the first signal that interrupted a run
     is_sweep: bool = False
     as_rank: bool = False  # this process was one rank of an outside launcher's job
+    hosted_agent: bool = False  # this process ran torch's elastic agent (launcher=torchrun)
 
     def start(self) -> None:
         """Forget earlier runs' endings (the command line and the mode are kept)."""

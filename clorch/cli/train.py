@@ -151,6 +151,9 @@ def split_errors(overrides: list[str]) -> list[str]:
 
 def main() -> None:
     code = train_main()
-    if OUTCOME.as_rank:
-        exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization
+    if OUTCOME.as_rank or OUTCOME.hosted_agent:
+        # gloo's threads (a rank's), and the threads torch's elastic agent leaves behind in the
+        # process that ran it (its rendezvous store's, once another node's agent hosting the
+        # store has gone), can abort in interpreter finalization: SIGABRT after the report.
+        exit_without_finalizing(code)
     sys.exit(code)
