@@ -248,9 +248,11 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def job_status(end: JobEnd, preflight: PreflightVerdict | None) -> Status:
-    """The run's status: the launcher's, except that a job whose preflight failed failed its
-    preflight, however its ranks exited (they stop, without an error, after the verdict)."""
-    if preflight is not None and not preflight.passed and end.state is Status.SUCCEEDED:
+    """The run's status: the launcher's, except that a job whose preflight failed (rank 0's
+    verdict) failed its preflight, however its ranks exited: they stop, without an error,
+    after the verdict, and a rank that was missing from it may fail on its way in once rank 0
+    has left (the launcher's error stays in summary.json's `error`)."""
+    if preflight is not None and not preflight.passed and end.state in (Status.SUCCEEDED, Status.FAILED):
         return Status.PREFLIGHT_FAILED
     return end.state
 
