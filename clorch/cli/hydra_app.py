@@ -28,7 +28,7 @@ from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
 from clorch.engine.run import execute
-from clorch.engine.summary import RunResult, RunSummary, show, summary_lines
+from clorch.engine.summary import RunResult, RunSummary, last_step, show, summary_lines
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
 from clorch.runs.status import Status
@@ -47,7 +47,7 @@ def report(result: RunResult) -> None:
 
 def _report_interrupted(result: RunResult) -> None:
     summary, run_dir, cfg = result.summary, Path(result.run_dir), result.plan.config
-    step = summary.final.get("step", 0)
+    step = last_step(summary)
     print(Status.INTERRUPTED.line(f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
                                   f"the ranks were stopped; outputs in {run_dir}"), file=sys.stderr)
     print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv)}", file=sys.stderr)

@@ -139,10 +139,12 @@ class JobEnd:
         """From clorch.launch's status dict (its keys: see clorch.launch.launcher.Job.status),
         with `changes` (as `state=Status.INTERRUPTED, interrupted_by="SIGINT"`) over it."""
         raw = {**status, **{k: str(v) if isinstance(v, Status) else v for k, v in changes.items()}}
-        return _build(cls, {**raw, "raw": raw, "attempt_errors": raw.get("attempts")},
+        end = _build(cls, {**raw, "raw": raw},
                       state=Status.of, results=_rank_results, error=JobError.from_dict,
-                      attempts=_attempt_count, restart_count=lambda n: n or 0,
-                      attempt_errors=_attempt_errors)
+                      restart_count=lambda n: n or 0, attempt_errors=list)
+        attempts = _build(_Attempts, raw).attempts  # the launcher's list: counted, and each failure
+        end.attempts, end.attempt_errors = _attempt_count(attempts), _attempt_errors(attempts)
+        return end
 
     @property
     def rank0(self) -> RankResult:
@@ -158,8 +160,16 @@ def _attempt_count(attempts: Any) -> int:
     return len(attempts) if isinstance(attempts, list) and attempts else 1
 
 
+@dataclass
+class _Attempts:
+    """The launcher's record of its attempts: one entry each ({"error": ..., ...})."""
+
+    attempts: Any = None
+    error: Any = None
+
+
 def _attempt_errors(attempts: Any) -> list[JobError | None]:
-    return [JobError.from_dict(a.get("error")) if isinstance(a, Mapping) else None
+    return [JobError.from_dict(_build(_Attempts, a).error) if isinstance(a, Mapping) else None
             for a in (attempts if isinstance(attempts, list) else [])]
 
 
@@ -231,12 +241,21 @@ class RunSummary:
         """summary.json's content (the keys it always had; the optional ones when set)."""
         if self.status is Status.CONFIG_ERROR and self.errors is not None:
             return {"status": str(self.status), "errors": list(self.errors)}
-        out = dataclasses.asdict(self)
-        out["status"] = str(self.status)
+        out = {**dataclasses.asdict(self), **dict(status=str(self.status))}
         for name in _OPTIONAL:
             if out[name] is None:
                 del out[name]
         return out
+
+
+def _last_step(final: Mapping[str, Any]) -> int:
+    """The step of the last metrics record (0 when none was written)."""
+    return int(_build(_Step, final).step or 0)
+
+
+@dataclass
+class _Step:
+    step: int | None = None
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -264,7 +283,7 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
     rank0 = end.rank0
     final = {k: v for k, v in (train[-1] if train else {}).items() if k != "kind"}
     final.update({f"eval_{k}": v for k, v in rank0.final_eval.items()})
-    steps = rank0.steps if rank0.steps is not None else final.get("step", 0)
+    steps = rank0.steps if rank0.steps is not None else _last_step(final)
     return RunSummary(
         status=job_status(end, rank0.preflight), exit_codes=end.exit_codes, failed_rank=end.failed_rank,
         error=end.error, steps=steps, planned_steps=plan.total_steps, final=final, best=_best(records),
@@ -273,6 +292,11 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
         resumed_from=rank0.resumed_from, world_size=plan.world_size, backend=plan.backend,
         attempts=end.attempts, trusted_modules=plan.trusted_modules, exported=rank0.exported,
         interrupted_by=end.interrupted_by or None, preflight=rank0.preflight)
+
+
+def last_step(summary: RunSummary) -> int:
+    """The step the run's last metrics record was written at (0: none was)."""
+    return _last_step(summary.final)
 
 
 @dataclass

@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CLORCH_TRAIN = str(Path(sys.executable).parent / "clorch-train")
 FAILING = ["+recipe=cpu_smoke", "data.sample_count=64", "logger.progress=off", "preflight=true",
            "preflight.timeout_s=0.001"]
-WHO = re.compile(r"rank \d+ .*on host|did not arrive within 0\.001 s .*\(on host")  # a failing rank, its host
+# A failing rank and its host ("host unknown": a rank that never arrived to say it).
+WHO = re.compile(r"  - rank \d+ (on host \S+|\(host [^)]+\))")
 FAILED = Status.PREFLIGHT_FAILED
 
 
