@@ -36,7 +36,7 @@ CLORCH_TRAIN = str(Path(sys.executable).parent / "clorch-train")
 FAILING = ["+recipe=cpu_smoke", "data.sample_count=64", "logger.progress=off", "preflight=true",
            "preflight.timeout_s=0.001"]
 # A failing rank and its host ("host unknown": a rank that never arrived to say it).
-WHO = re.compile(r"  - rank \d+ (on host \S+|\(host [^)]+\))")
+WHO = re.compile(r"  - rank \d+ .*(on host \S+|\(host [^)]+\))")
 FAILED = Status.PREFLIGHT_FAILED
 
 
