@@ -28,7 +28,8 @@ from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
 from clorch.engine.run import execute
-from clorch.engine.summary import RunResult, RunSummary, last_step, show, summary_lines
+from clorch.engine.results import RunResult, RunSummary, last_step
+from clorch.engine.summary import show, summary_lines
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
 from clorch.runs.status import Status

@@ -32,8 +32,8 @@ from clorch.config.plan import for_world_size, plan_or_errors, read_plan, run_er
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.outputs import rank0_result_path, write_json
 from clorch.engine.run import owning_checkpoint_dir
-from clorch.engine.summary import (JobEnd, NodeResult, PreflightVerdict, RankResult, RunSummary, preflight_lines,
-                                   show, summarize, summary_lines, write_start, write_summary)
+from clorch.engine.results import JobEnd, NodeResult, PreflightVerdict, RankResult, RunSummary
+from clorch.engine.summary import preflight_lines, show, summarize, summary_lines, write_start, write_summary
 from clorch.engine.tracking import feed_at_end
 from clorch.env import restart_count
 from clorch.launch.child import resolve_target

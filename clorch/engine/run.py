@@ -22,8 +22,8 @@ from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.outputs import announce, rank0_result_path
 from clorch.engine.progress import Progress
-from clorch.engine.summary import (JobEnd, NodeResult, RankResult, RunResult, summarize, write_start,
-                                   write_summary)
+from clorch.engine.results import JobEnd, NodeResult, RankResult, RunResult
+from clorch.engine.summary import summarize, write_start, write_summary
 from clorch.runs.status import Status
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.launch import launch

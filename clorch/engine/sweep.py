@@ -29,7 +29,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt
-from clorch.engine.summary import RunSummary
+from clorch.engine.results import RunSummary
 from clorch.runs.status import Status
 
 METRICS = ("loss", "eval_loss", "eval_exact")
