@@ -12,6 +12,14 @@ a job that succeeded only: the launcher ends a failing job's ranks first). A res
 by the agent (torchrun --max-restarts) resumes from the latest checkpoint in that
 directory, as clorch's own restarts do.
 A failing rank exits non-zero; the external launcher then ends the others.
+
+After a preflight (preflight=true or only, the default on several nodes) every rank
+learns rank 0's verdict (one broadcast). When it failed, rank 0 writes summary.json
+(preflight_failed) before any rank leaves, each node's local rank 0 prints the failing
+ranks and their hosts, and every rank exits 1, so that every node's launcher reports
+the job failed. Under `launcher=torchrun` (`main`) the ranks exit 0 instead and leave the
+verdict to the process that started them, which exits 1 on every node (torch's agent
+would restart ranks that exit 1).
 """
 
 from __future__ import annotations
