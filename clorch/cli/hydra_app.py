@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
 from omegaconf import DictConfig
 
-from clorch.cli.outcome import EXIT_FAILED, OUTCOME
+from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
 from clorch.config.plan import (absolute, check_run_dir, config_key, plan_or_errors, resolve,
@@ -28,63 +28,31 @@ from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
 from clorch.engine.run import execute
-from clorch.engine.summary import describe_error
+from clorch.engine.results import RunResult, RunSummary, last_step
+from clorch.engine.summary import show, summary_lines
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
+from clorch.runs.status import Status
 
 
-def report(result: dict[str, Any]) -> None:
-    """Print how a run ended (one line; a failure's traceback after it) and record it."""
-    summary, status = result["summary"], result["status"]
-    if "preflight" in summary and (summary["status"] == "preflight_failed" or not summary["steps"]):
-        _report_preflight(result)
-        return
-    if summary["status"] == "succeeded" and not summary["final"]:  # another node than rank 0's
-        print(f"clorch-train: succeeded; this node's ranks finished, rank 0's node writes the metrics; "
-              f"logs in {result['run_dir']}")
-        return
-    if summary["status"] == "succeeded":
-        final = summary["final"]
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in final.items()
-                          if k in ("loss", "eval_loss", "eval_exact") and v is not None)
-        print(f"clorch-train: succeeded, {summary['steps']} steps, {shown}; outputs in {result['run_dir']}")
-        return
-    if summary["status"] == "interrupted":
+def report(result: RunResult) -> None:
+    """Print how a run ended (its status's line; a failure's traceback after it) and record it."""
+    summary = result.summary
+    OUTCOME.hosted_agent |= result.plan.config.launcher.name == "torchrun"
+    if summary.status is Status.INTERRUPTED:
         _report_interrupted(result)
-        return
-
-    error = status.get("error") or {}
-    what = describe_error({**error, "rank": status.get("failed_rank")}, failed="failed first")
-    print(f"clorch-train: job {summary['status']}: {what}; run directory {result['run_dir']}",
-          file=sys.stderr)
-    if error.get("traceback"):
-        print(error["traceback"], file=sys.stderr)
-    OUTCOME.failed.append(result["run_dir"])
+    else:
+        show(summary_lines(summary, result.run_dir, final_node=bool(summary.final)))
+    OUTCOME.ended(summary.status, result.run_dir)
 
 
-def _report_preflight(result: dict[str, Any]) -> None:
-    """preflight=only, or a preflight that failed: the table, then the verdict (and each failure)."""
-    summary, run_dir = result["summary"], result["run_dir"]
-    preflight = summary["preflight"]
-    print(preflight["table"])
-    if preflight["passed"]:
-        print(f"clorch-train: preflight passed on {summary['world_size']} rank(s) in "
-              f"{preflight['elapsed_s']:.1f} s; preflight.json in {run_dir}")
-        return
-    print(f"clorch-train: preflight failed, nothing was trained; preflight.json in {run_dir}", file=sys.stderr)
-    for line in preflight["failures"]:
-        print(f"  - {line}", file=sys.stderr)
-    OUTCOME.failed.append(run_dir)
-
-
-def _report_interrupted(result: dict[str, Any]) -> None:
-    summary, run_dir, cfg = result["summary"], Path(result["run_dir"]), result["plan"].config
-    step = (summary.get("final") or {}).get("step", 0)
-    print(f"clorch-train: interrupted by {summary['interrupted_by']} after step {step} of "
-          f"{summary['planned_steps']}; the ranks were stopped; outputs in {run_dir}", file=sys.stderr)
+def _report_interrupted(result: RunResult) -> None:
+    summary, run_dir, cfg = result.summary, Path(result.run_dir), result.plan.config
+    step = last_step(summary)
+    print(Status.INTERRUPTED.line(f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
+                                  f"the ranks were stopped; outputs in {run_dir}"), file=sys.stderr)
     print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv)}", file=sys.stderr)
-    OUTCOME.interrupted(signal.Signals[summary["interrupted_by"]].value)
-    OUTCOME.failed.append(str(run_dir))
+    OUTCOME.interrupted(signal.Signals[summary.interrupted_by].value)
 
 
 CHECKED: dict[str, Any] = {}
@@ -118,25 +86,24 @@ def _train(cfg: DictConfig) -> None:
     try:
         external = detect_external()
         if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
-            if train_as_rank(cfg, Path(run_dir), external, base=base) != 0:
-                OUTCOME.failed.append(run_dir)
+            OUTCOME.ended(train_as_rank(cfg, Path(run_dir), external, base=base), run_dir)
             return
         with run_errors_as_config_errors():
             result = execute(planned(cfg, run_dir, base), run_dir)
     except ConfigError as exc:
         print_config_errors(exc.errors)
-        OUTCOME.refused.append(run_dir)
+        OUTCOME.ended(Status.CONFIG_ERROR, run_dir)
         if OUTCOME.is_sweep:  # a sweep's job keeps its directory, with the reason
-            write_json(Path(run_dir) / "summary.json", {"status": "config_error", "errors": exc.errors})
+            write_json(Path(run_dir) / "summary.json", RunSummary.config_error(exc.errors).to_dict())
         return
     report(result)
-    if result["summary"]["status"] == "interrupted" and OUTCOME.is_sweep:
+    if result.status is Status.INTERRUPTED and OUTCOME.is_sweep:
         # A sweep ends with its interrupted job: Hydra would otherwise start the next one.
 
         raise Interrupted(OUTCOME.interrupted_by)
 
 
-def run_hydra(args: list[str], config_status: int) -> int:
+def run_hydra(args: list[str]) -> int:
     """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
     GlobalHydra.instance().clear()  # the checks may have composed in-process
     OUTCOME.start()
@@ -148,9 +115,9 @@ def run_hydra(args: list[str], config_status: int) -> int:
             _train()
     except Interrupted as exc:  # between a sweep's jobs, or while Hydra starts one
         print(f"clorch-train: {exc}", file=sys.stderr)
-        return 128 + exc.signum
+        return Status.INTERRUPTED.exit_code_after(exc.signum)
     except SystemExit as exc:  # Hydra exits after --help and on its own errors
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else Status.FAILED.exit_code)
     finally:
         sys.argv = saved
-    return OUTCOME.exit_status(last_statuses, config_status)
+    return OUTCOME.exit_status(last_statuses)

@@ -1,15 +1,24 @@
 """What the runs of one `clorch-train` command came to, and the exit status that says it.
 
 One command starts one run or a sweep's jobs inside Hydra, whose job function
-returns nothing to its caller: each job records here how it ended, and the
-command's exit status is read from here once Hydra returns.
+returns nothing to its caller: each job records here how it ended (its
+clorch.runs.status.Status), and the command's exit status is read from here once
+Hydra returns: each status's own exit code (Status.exit_code), combined.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EXIT_OK, EXIT_FAILED = 0, 1
+from clorch.runs.status import Status
+
+
+@dataclass
+class Ended:
+    """One run of the command, and how it ended."""
+
+    run_dir: str
+    status: Status
 
 
 @dataclass
@@ -17,37 +26,46 @@ class Outcome:
     """How the runs of one command ended."""
 
     argv: list[str] = field(default_factory=list)  # the command line's arguments, for the resume hint
-    failed: list[str] = field(default_factory=list)  # run directories of jobs that failed or were stopped
-    refused: list[str] = field(default_factory=list)  # run directories of jobs that config errors stopped
+    runs: list[Ended] = field(default_factory=list)  # each run (a sweep's jobs) as it ended
     interrupted_by: int | None = None  # the first signal that interrupted a run
     is_sweep: bool = False
     as_rank: bool = False  # this process was one rank of an outside launcher's job
+    hosted_agent: bool = False  # this process ran torch's elastic agent (launcher=torchrun)
 
     def start(self) -> None:
         """Forget earlier runs' endings (the command line and the mode are kept)."""
-        self.failed.clear()
-        self.refused.clear()
+        self.runs.clear()
         self.interrupted_by = None
+
+    def ended(self, status: Status, run_dir: str) -> None:
+        self.runs.append(Ended(str(run_dir), status))
 
     def interrupted(self, signum: int) -> None:
         if self.interrupted_by is None:
             self.interrupted_by = signum
 
-    def exit_status(self, sweep_statuses: list[str], config_status: int) -> int:
-        """0 when every job succeeded; `config_status` (2) when config errors alone stopped some;
-        128 + the signal when one interrupted the run (as a shell reports it); else 1.
+    @property
+    def refused(self) -> bool:
+        """Config errors stopped a run of this command."""
+        return any(run.status is Status.CONFIG_ERROR for run in self.runs)
 
-        Args:
-            sweep_statuses: the statuses of a sweep's jobs (clorch.engine.sweep.last_statuses).
-            config_status: the exit status of a config error.
+    def exit_status(self, sweep_statuses: list[Status] = ()) -> int:
+        """The command's exit status, from its runs' statuses (and a sweep's jobs' statuses,
+        which a job in another process, hydra/launcher=submitit_*, reports only through
+        its summary.json: clorch.engine.sweep.last_statuses):
+
+        128 + the signal when one interrupted a run (as a shell reports it); else 1 when
+        any failed (Status.failed: a failed preflight too); else 2 when config errors
+        stopped some; else 0.
         """
         if self.interrupted_by is not None:
-            return 128 + self.interrupted_by
-        failed = bool(self.failed) or any(s not in ("succeeded", "config_error") for s in sweep_statuses)
-        config = bool(self.refused) or "config_error" in sweep_statuses
-        if config and not failed:
-            return config_status
-        return EXIT_FAILED if failed or config else EXIT_OK
+            return Status.INTERRUPTED.exit_code_after(self.interrupted_by)
+        statuses = [run.status for run in self.runs] + [Status.of(s) for s in sweep_statuses]
+        if any(s.failed for s in statuses):
+            return Status.FAILED.exit_code
+        if Status.CONFIG_ERROR in statuses:
+            return Status.CONFIG_ERROR.exit_code
+        return Status.SUCCEEDED.exit_code
 
 
 OUTCOME = Outcome()

@@ -22,7 +22,7 @@ from clorch.cli.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_
                                     flags_first, whole_flags)
 from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
-from clorch.config.checks import EXIT_STATUS as EXIT_CONFIG, print_config_errors
+from clorch.config.checks import print_config_errors
 from clorch.config.composer import rewrite_recipe_overrides
 from clorch.config.overrides import check_overrides, grammar_errors, hydra_overrides, split_overrides
 from clorch.config.plan import config_errors, resolve_errors
@@ -31,6 +31,9 @@ from clorch.engine.as_rank import run_as_rank
 from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
+from clorch.runs.status import Status
+
+EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
 
 
 def _versions() -> str:
@@ -70,7 +73,7 @@ def train_main(argv: list[str] | None = None) -> int:
         OUTCOME.as_rank = True
         return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(PRINT_ONLY):
-        return run_hydra(args, EXIT_CONFIG)
+        return run_hydra(args)
     return _check_and_run(args, flags)
 
 
@@ -98,7 +101,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
             return EXIT_CONFIG
     if flags & set(PRINT_CONFIG):
         _print_trusted()
-        return run_hydra(args, EXIT_CONFIG)
+        return run_hydra(args)
     try:
         extra, created, footprint = run_dir.launch_overrides(args, multirun)
     except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
@@ -110,9 +113,9 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     footprint = None if multirun else footprint
     run_dir.hold(footprint)
     try:
-        return run_hydra([*(args if multirun else hydra_overrides(args)), *extra], EXIT_CONFIG)
+        return run_hydra([*(args if multirun else hydra_overrides(args)), *extra])
     finally:
-        run_dir.remove_refused(footprint, refused=bool(OUTCOME.refused))
+        run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)
         OUTCOME.is_sweep = False
 
@@ -150,6 +153,9 @@ def split_errors(overrides: list[str]) -> list[str]:
 def main() -> None:
     protect()  # a closed pipe on the console must not end the run (clorch.launch.console)
     code = train_main()
-    if OUTCOME.as_rank:
-        exit_without_finalizing(code)  # gloo's threads can abort in interpreter finalization
+    if OUTCOME.as_rank or OUTCOME.hosted_agent:
+        # gloo's threads (a rank's), and the threads torch's elastic agent leaves behind in the
+        # process that ran it (its rendezvous store's, once another node's agent hosting the
+        # store has gone), can abort in interpreter finalization: SIGABRT after the report.
+        exit_without_finalizing(code)
     sys.exit(code)

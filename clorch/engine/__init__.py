@@ -3,6 +3,7 @@
     api.py         run_local(): compose, check, launch, wait, report, from Python
     run.py         execute(plan, run_dir): launch, follow, report (the launching process)
     summary.py     config.yaml and env.json at the start, summary.json and loss.png at the end
+    results.py     the typed records: a rank's result, the job's end, summary.json, execute()'s result
     as_rank.py     one rank of an outside launcher's job (torchrun, srun, submitit)
     worker.py      the per-rank entry point, clorch.engine.worker:main(ctx)
     components.py  build_components(cfg, ctx, steps): model (DDP), optimizer, schedule, precision, data

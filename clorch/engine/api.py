@@ -56,7 +56,7 @@ def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None =
         >>> result = clorch.run_local([0, 1], epochs=4, sample_count=1024, batch_size=32,
         ...                           accumulation=2, precision="bfloat16",
         ...                           checkpoint_path="/tmp/clorch-ddp.pt")
-        >>> result["status"]["state"], result["run_dir"]
+        >>> result.status, result.status.exit_code, result.run_dir  # Status.SUCCEEDED, 0, ...
 
     Args:
         devices: CUDA device indices, one rank each; None: auto (all GPUs, or 2 CPU ranks).
@@ -67,7 +67,10 @@ def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None =
         **overrides: see `overrides_for`.
 
     Returns:
-        {"status": ..., "logs": {rank: {"stdout", "stderr"}}, "run_dir": ..., "summary": ...}.
+        A `clorch.engine.summary.RunResult`: `.status` (a clorch.runs.status.Status, with the
+        exit code `clorch-train` would give: a failed preflight is PREFLIGHT_FAILED, exit 1),
+        `.summary` (summary.json), `.run_dir`, `.logs` ({rank: {"stdout", "stderr"}}) and `.job`;
+        `result["status"]["state"]`, `result["summary"]` ... of earlier versions still work.
 
     Raises:
         ConfigError: every config error at once (nothing is launched).

@@ -12,30 +12,41 @@ a job that succeeded only: the launcher ends a failing job's ranks first). A res
 by the agent (torchrun --max-restarts) resumes from the latest checkpoint in that
 directory, as clorch's own restarts do.
 A failing rank exits non-zero; the external launcher then ends the others.
+
+After a preflight (preflight=true or only, the default on several nodes) every rank
+learns rank 0's verdict (one broadcast). When it failed, rank 0 writes summary.json
+(preflight_failed) before any rank leaves, each node's local rank 0 prints the failing
+ranks and their hosts, and every rank exits 1, so that every node's launcher reports
+the job failed. Under `launcher=torchrun` (`main`) the ranks exit 0 instead and leave the
+verdict to the process that started them, which exits 1 on every node (torch's agent
+would restart ranks that exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from clorch.config.checks import ConfigError, EXIT_STATUS, print_config_errors
+from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.overrides import compose_once
 from clorch.config.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.outputs import rank0_result_path, write_json
 from clorch.engine.run import owning_checkpoint_dir
-from clorch.engine.summary import summarize, write_start, write_summary
+from clorch.engine.results import JobEnd, NodeResult, PreflightVerdict, RankResult, RunSummary
+from clorch.engine.summary import preflight_lines, show, summarize, summary_lines, write_start, write_summary
 from clorch.engine.tracking import feed_at_end
 from clorch.env import restart_count
 from clorch.launch.child import resolve_target
 from clorch.launch.external import detect, rank_environ
+from clorch.runs.status import Status
 
 REPORT_GRACE_S = 10.0
 
@@ -49,23 +60,30 @@ def run_dir_for(rank: Any, overrides: list[str]) -> Path:
     return (Path("outputs") / rank.run_name).resolve()
 
 
-def _report_errors(errors: list[str], rank: Any, always: bool = False) -> int:
+def _report_errors(errors: list[str], rank: Any, always: bool = False) -> Status:
     """Print the config errors once per node (local rank 0, or this rank when `always`);
-    return the exit status."""
+    return the status (config_error)."""
     if rank.env.local_rank == 0 or always:
         print_config_errors(errors)
     else:
         # Leave the node's local rank 0 (which found the same errors) time to print them before
         # this exit makes the launcher end every rank of the node.
         time.sleep(REPORT_GRACE_S)
-    return EXIT_STATUS
+    return Status.CONFIG_ERROR
 
 
-def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> dict[str, Any] | None:
+def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None,
+           verdict_failed: Callable[[RankResult], None] | None = None) -> RankResult:
     """Join the job's process group and train as this rank, with the engine's worker
-    (or `worker`, "module:function" taking the launcher's context, as `execute(worker=)`)."""
+    (or `worker`, "module:function" taking the launcher's context, as `execute(worker=)`).
+
+    With the engine's worker and a preflight, every rank learns the job's verdict
+    (`_shared_verdict`); when it failed, rank 0 calls `verdict_failed` with its result
+    before any rank leaves the group, so that the record is written before a rank's
+    exit makes the launcher end the others.
+    """
     # lazy: clorch.distributed imports torch, kept out of clorch-train's start
-    from clorch.distributed import destroy_process_group, init_process_group
+    from clorch.distributed import barrier, destroy_process_group, init_process_group
     # lazy: clorch.engine.worker imports torch, kept out of clorch-train's start
     from clorch.engine.worker import train
 
@@ -75,12 +93,33 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None) -> di
         ctx = {"rank": rank.env.rank, "world_size": rank.env.world_size,
                "local_rank": rank.env.local_rank, "backend": plan.backend,
                "args": {"plan": plan.to_dict(), "run_dir": str(run_dir)}}
-        if worker is None:
-            return train(plan, run_dir, ctx)
-
-        return resolve_target(worker)(ctx)
+        if worker is not None:
+            return RankResult.from_dict(resolve_target(worker)(ctx))
+        result = RankResult.from_dict(train(plan, run_dir, ctx))
+        if plan.preflight != "false":
+            result.preflight = _shared_verdict(result.preflight)
+            if not result.preflight.passed:
+                if rank.env.rank == 0 and verdict_failed is not None:
+                    verdict_failed(result)
+                barrier()  # every rank waits for rank 0's record (see above)
+        return result
     finally:
         destroy_process_group()
+
+
+def _shared_verdict(verdict: PreflightVerdict | None) -> PreflightVerdict:
+    """Rank 0's preflight verdict, on every rank (the worker returns it on rank 0 only).
+
+    Every rank of the job must call it, once the worker returned: a broadcast from
+    rank 0 in the job's group, which blocks until rank 0 arrives (the group's
+    collective timeout at most) and raises the group's error when a rank is gone.
+    """
+    # lazy: torch, kept out of clorch-train's start
+    import torch.distributed as dist
+
+    box = [verdict.to_dict() if verdict is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return PreflightVerdict.from_dict(box[0]) or PreflightVerdict(failures=["rank 0 returned no verdict"])
 
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
@@ -88,13 +127,14 @@ def run_as_rank(overrides: list[str], rank: Any) -> int:
     cfg, errors = compose_once([o for o in overrides
                                 if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is None:
-        return _report_errors(errors, rank)
-    return train_as_rank(cfg, run_dir_for(rank, overrides), rank, errors)
+        return _report_errors(errors, rank).exit_code
+    return train_as_rank(cfg, run_dir_for(rank, overrides), rank, errors).exit_code
 
 
 def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = (),
-                  base: str | None = None) -> int:
-    """Check the composed config and train as this rank; returns the exit status.
+                  base: str | None = None) -> Status:
+    """Check the composed config and train as this rank; returns the job's status as this
+    rank knows it (its exit code is the same on every rank: `_run_checked`).
 
     The Hydra job calls it directly when it runs as one task of a submitit job
     (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir` and the
@@ -110,13 +150,20 @@ def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple 
     return _run_checked(plan, run_dir, rank)
 
 
-def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
-    """Train as this rank from a checked plan; rank 0 writes the run's outputs."""
+def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
+    """Train as this rank from a checked plan; rank 0 writes the run's outputs.
+
+    Returns the job's status as this rank knows it, whose exit code is the same on every
+    rank of every node: a failed preflight is preflight_failed everywhere (exit 1), its
+    failures on each node's console. A rank that fails returns failed (the launcher then
+    ends the others).
+    """
     if rank.env.rank == 0:
         write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
         print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"),
               flush=True)
     start = time.perf_counter()
+    record = functools.partial(_record, plan, run_dir, rank, start)
     try:
         # Rank 0 writes the checkpoints (save_checkpoint), so it alone holds the directory, for the
         # job (the launcher's job id): a restarted rank 0 of the same job takes it again.
@@ -124,25 +171,36 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> int:
             if rank.env.rank == 0 else contextlib.nullcontext()
         using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
         with run_errors_as_config_errors(), using, holding:
-            result = _train(plan, run_dir, rank)
+            result = _train(plan, run_dir, rank, verdict_failed=record)
     except ConfigError as exc:
         return _report_errors(exc.errors, rank, always=True)
     except Exception:
         traceback.print_exc()
         print(f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed "
               f"(run directory {run_dir})", file=sys.stderr, flush=True)
-        return 1  # the launcher ends the other ranks
+        return Status.FAILED  # the launcher ends the other ranks
+    failed = result.preflight is not None and not result.preflight.passed
+    if failed:  # rank 0 recorded it inside the group; each node's console says it
+        if rank.env.local_rank == 0:
+            show(preflight_lines(result.preflight, plan.world_size, run_dir, table=rank.env.rank == 0))
+        return Status.PREFLIGHT_FAILED
     if rank.env.rank == 0:
-        status = {"state": "succeeded", "results": [result], "failed_rank": None, "error": None,
-                  "exit_codes": None, "attempts": [None] * (restart_count() + 1)}
-        summary = summarize(status, run_dir, plan, time.perf_counter() - start)
-        summary["launcher"] = rank.launcher
-        write_summary(run_dir, summary, plot=False)
-        print(f"clorch-train: succeeded, {summary['steps']} steps; outputs in {run_dir}", flush=True)
-
+        summary = record(result)
+        show(summary_lines(summary, str(run_dir)))
         # After training, from metrics.jsonl: no tracker call ever waits inside a training step.
-        feed_at_end(plan, run_dir, summary["status"])
-    return 0
+        feed_at_end(plan, run_dir, summary.status)
+    return Status.SUCCEEDED
+
+
+def _record(plan: Any, run_dir: Path, rank: Any, start: float, result: RankResult) -> RunSummary:
+    """Rank 0: write summary.json of the job that ran (the launcher's own state is not known
+    here: a failing rank ends the job before rank 0 could record it)."""
+    end = JobEnd.from_launcher({"state": Status.SUCCEEDED, "attempts": [None] * (restart_count() + 1)})
+    end.results = [result]
+    summary = summarize(end, run_dir, plan, time.perf_counter() - start)
+    summary.launcher = rank.launcher
+    write_summary(run_dir, summary, plot=False)
+    return summary
 
 
 def _plan_from_file(plan_path: Path, run_dir: Path, rank: Any) -> tuple[Any, list[str]]:
@@ -172,16 +230,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run it under torchrun (launcher=torchrun does): no RANK/TORCHELASTIC_RUN_ID")
     plan, errors = _plan_from_file(options.plan, options.run_dir, rank)
     if errors:
-        return _report_errors(errors, rank)
+        return _report_errors(errors, rank).exit_code
     try:
         result = _train(plan, options.run_dir, rank, options.worker)
     except Exception:
         traceback.print_exc()
-        return 1  # the launcher ends the other ranks
-    if rank.env.rank == 0:  # the launching process puts it into summary.json
+        return Status.FAILED.exit_code  # the launcher ends the other ranks
+    # The ranks exit 0 after a failed preflight too: the launching process of each node says
+    # preflight_failed from this record (an exit 1 would have torch's agent restart them).
+    if rank.env.local_rank == 0:  # for the launching process, which puts it into summary.json
+        node = NodeResult(rank0=rank.env.rank == 0, result=result if rank.env.rank == 0 else None,
+                          preflight=result.preflight, restarts=restart_count())
         # The elastic agent runs inside the launching process, which started this rank.
-        write_json(rank0_result_path(options.run_dir, os.getppid()), {"result": result, "restarts": restart_count()})
-    return 0
+        write_json(rank0_result_path(options.run_dir, os.getppid()), node.to_dict())
+    return Status.SUCCEEDED.exit_code
 
 
 if __name__ == "__main__":

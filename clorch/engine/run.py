@@ -15,14 +15,16 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from clorch.config.plan import Plan, write_plan
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.outputs import announce, rank0_result_path
 from clorch.engine.progress import Progress
-from clorch.engine.summary import describe_error, summarize, write_start, write_summary
+from clorch.engine.results import JobEnd, NodeResult, RankResult, RunResult
+from clorch.engine.summary import summarize, write_start, write_summary
+from clorch.runs.status import Status
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.launch import launch
 from clorch.launch.torchrun import TorchrunError, run_torchrun
@@ -69,13 +71,13 @@ def _follow(job: Any, progress: Progress, feed: TrackerFeed = NO_TRACKERS) -> di
     return status
 
 
-def _announce_restarts(status: Mapping[str, Any], shown: int, limit: int, progress: Progress) -> int:
+def _announce_restarts(status: dict[str, Any], shown: int, limit: int, progress: Progress) -> int:
     """Say "restart k of n" (and the failure that caused it) once per new restart; return the count."""
-    count = status.get("restart_count") or 0
-    attempts = status.get("attempts") or []
+    end = JobEnd.from_launcher(status)
+    count, causes = end.restart_count, end.attempt_errors
     for number in range(shown + 1, count + 1):
-        cause = attempts[number - 1].get("error") if number - 1 < len(attempts) else None
-        what = describe_error(cause) if cause else "a failure"
+        cause = causes[number - 1] if number - 1 < len(causes) else None
+        what = cause.describe() if cause else "a failure"
         # Recorded in events.jsonl; the progress shows it from there, like the ranks' events.
         announce(progress.path.parent, f"restart {number} of {limit} after {what}; "
                  "resuming from the latest checkpoint")
@@ -83,7 +85,7 @@ def _announce_restarts(status: Mapping[str, Any], shown: int, limit: int, progre
 
 
 def execute(plan: Plan, run_dir: str | Path, *,
-            progress: str | None = None, echo: bool = True, worker: str = WORKER) -> dict[str, Any]:
+            progress: str | None = None, echo: bool = True, worker: str = WORKER) -> RunResult:
     """Launch the ranks of a checked plan, wait, and write the run's outputs into `run_dir`.
 
     Args:
@@ -95,8 +97,10 @@ def execute(plan: Plan, run_dir: str | Path, *,
         worker: the ranks' entry point, "module:function" taking the launcher's context.
 
     Returns:
-        {"status": the launcher's final status, "logs": {rank: {"stdout", "stderr"}},
-         "run_dir": str, "summary": summary.json's content, "plan": the launch plan}.
+        A RunResult: how the job ended (`.job`), summary.json's content (`.summary`, whose
+        `.status` says it all: clorch.runs.status.Status), the run directory, the plan and
+        the ranks' logs ({rank: {"stdout", "stderr"}}); indexing it as the dict of earlier
+        versions (`result["status"]["state"]`) still works.
 
     Raises:
         TypeError: `plan` is not a Plan (compose and resolve a config first).
@@ -156,7 +160,7 @@ def job_id(plan: Plan) -> str | None:
     return None
 
 
-def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker: str) -> dict[str, Any]:
+def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker: str) -> RunResult:
     write_start(plan, run_dir)
     if echo:
         print(plan.describe(), flush=True)
@@ -170,13 +174,15 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
     feed = tracker_feed(plan, run_dir) if job.config["node_rank"] == 0 else NO_TRACKERS
     try:
         status = _follow(job, Progress(run_dir / "metrics.jsonl", plan.total_steps, mode), feed)
+        end = JobEnd.from_launcher(status)
     except Interrupted as exc:  # _follow stopped the ranks; record the run as interrupted
-        status = {**job.status(), "state": "interrupted", "interrupted_by": exc.signal_name}
-    summary = summarize(status, run_dir, plan, time.perf_counter() - start)
+        end = JobEnd.from_launcher(job.status(), state=Status.INTERRUPTED, interrupted_by=exc.signal_name)
+    summary = summarize(end, run_dir, plan, time.perf_counter() - start)
     write_summary(run_dir, summary)
-    feed.finish(summary["status"], run_dir)
-    logs = {rank: job.logs(rank) for rank in status.get("ranks", range(plan.nproc_per_node))}
-    return {"status": status, "logs": logs, "run_dir": str(run_dir), "summary": summary, "plan": plan}
+    feed.finish(summary.status, run_dir)
+    logs = {rank: job.logs(rank) for rank in (end.ranks or range(plan.nproc_per_node))}
+    return RunResult(job=end, summary=summary, run_dir=str(run_dir), plan=plan, logs=logs,
+                     preflight=summary.preflight)
 
 
 def _one_node(nnodes: int | str) -> bool:
@@ -184,7 +190,7 @@ def _one_node(nnodes: int | str) -> bool:
     return str(nnodes).rpartition(":")[2].strip() == "1"
 
 
-def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> dict[str, Any]:
+def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> RunResult:
     """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -195,27 +201,39 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     try:
         run_torchrun(plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker,
                      entry="clorch.engine.as_rank")
-        status = {"state": "succeeded"}
+        end = JobEnd.from_launcher({"state": Status.SUCCEEDED})
     except TorchrunError as exc:
-        status = {"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}}
+        end = JobEnd.from_launcher({"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}})
     except (SignalException, Interrupted) as exc:
         # torch's agent has its own SIGINT/SIGTERM/SIGHUP handlers: it ends the ranks, then
         # raises this; the run is recorded as interrupted, as under clorch's launcher.
         signum = getattr(exc, "sigval", None) or getattr(exc, "signum")
-        status = {"state": "interrupted", "interrupted_by": Interrupted(int(signum)).signal_name}
+        end = JobEnd.from_launcher({"state": Status.INTERRUPTED,
+                                    "interrupted_by": Interrupted(int(signum)).signal_name})
     finally:
         plan_path.unlink(missing_ok=True)
-    # Rank 0 left its result for the process whose agent started it: that node writes the summary.
-    result = rank0_result_path(run_dir)
-    if result.is_file():
-        rank0 = json.loads(result.read_text())
-        status["results"] = [rank0["result"]]
-        status["attempts"] = [None] * (rank0["restarts"] + 1)
-        result.unlink()
-    summary = summarize(status, run_dir, plan, time.perf_counter() - start)
-    summary["launcher"] = "torchrun"
-    if status.get("results") or status["state"] != "succeeded":
+    node = _node_result(run_dir)
+    if node.rank0:  # rank 0 ran here: this node writes the summary
+        end.results, end.attempts = [node.result or RankResult()], node.restarts + 1
+    end.raw.update(state=str(end.state), results=[r.to_dict() for r in end.results])
+    summary = summarize(end, run_dir, plan, time.perf_counter() - start)
+    summary.launcher = "torchrun"
+    if not node.rank0 and end.state is Status.SUCCEEDED and node.preflight is not None \
+            and not node.preflight.passed:
+        # Another node's rank 0 writes summary.json; this node's ranks learnt the job's verdict.
+        summary.status, summary.preflight = Status.PREFLIGHT_FAILED, node.preflight
+    if end.results or end.state is not Status.SUCCEEDED:
         write_summary(run_dir, summary)
-    if status.get("results") or _one_node(plan.config.launcher.nnodes):
-        feed_at_end(plan, run_dir, summary["status"])  # torch's agent held this process until now
-    return {"status": status, "logs": {}, "run_dir": str(run_dir), "summary": summary, "plan": plan}
+    if end.results or _one_node(plan.config.launcher.nnodes):
+        feed_at_end(plan, run_dir, summary.status)  # torch's agent held this process until now
+    return RunResult(job=end, summary=summary, run_dir=str(run_dir), plan=plan,
+                     preflight=node.preflight or summary.preflight)
+
+
+def _node_result(run_dir: Path) -> NodeResult:
+    path = rank0_result_path(run_dir)
+    if not path.is_file():
+        return NodeResult()
+    record = json.loads(path.read_text())
+    path.unlink()
+    return NodeResult.from_dict(record)

@@ -1,10 +1,14 @@
 """A run's records in its directory: config.yaml and env.json when it starts, summary.json
 and loss.png when it ends (written by the launching process, or by rank 0 of an outside
 launcher's job), and the one-line error the console shows.
+
+The records are typed in clorch.engine.results; the console lines of a run's end are
+here, each starting with its status's line (clorch.runs.status.Status.line).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -14,14 +18,8 @@ import yaml
 from clorch._files import write_text_atomic
 from clorch.config.plan import Plan
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
-
-
-def describe_error(error: Mapping[str, Any], failed: str = "failed") -> str:
-    """`rank R failed: Type: message` (or what is known of it), for one line of the console."""
-    rank = error.get("rank")
-    who = f"rank {rank} {failed}: " if rank is not None else ""
-    what = ": ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or "no error recorded"
-    return who + what
+from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
+from clorch.runs.status import Status
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -32,32 +30,79 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in best.items() if k != "kind"}
 
 
-def summarize(status: Mapping[str, Any], run_dir: Path, plan: Plan, wall_s: float) -> dict[str, Any]:
+def job_status(end: JobEnd, preflight: PreflightVerdict | None) -> Status:
+    """The run's status: the launcher's, except that a job whose preflight failed (rank 0's
+    verdict) failed its preflight, however its ranks exited: they stop, without an error,
+    after the verdict, and a rank that was missing from it may fail on its way in once rank 0
+    has left (the launcher's error stays in summary.json's `error`)."""
+    if preflight is not None and not preflight.passed and end.state in (Status.SUCCEEDED, Status.FAILED):
+        return Status.PREFLIGHT_FAILED
+    return end.state
+
+
+def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSummary:
     """summary.json's content: status, final and best metrics, steps, wall time, throughput."""
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("kind") == "train"]
-    results = status.get("results") or []
-    rank0 = (results[0] if isinstance(results, list) and results else None) or {}
+    rank0 = end.rank0
     final = {k: v for k, v in (train[-1] if train else {}).items() if k != "kind"}
-    final.update({f"eval_{k}": v for k, v in (rank0.get("final_eval") or {}).items()})
-    summary = {
-        "status": status.get("state"), "exit_codes": status.get("exit_codes"),
-        "failed_rank": status.get("failed_rank"), "error": status.get("error"),
-        "steps": rank0.get("steps", final.get("step", 0)), "planned_steps": plan.total_steps,
-        "final": final, "best": _best(records), "wall_time_s": wall_s,
-        "train_time_s": rank0.get("train_time_s"), "samples_per_s": rank0.get("samples_per_s"),
-        "tokens_per_s": rank0.get("tokens_per_s"), "weights_sha256": rank0.get("weights_sha256"),
-        "resumed_from": rank0.get("resumed_from"), "world_size": plan.world_size,
-        "backend": plan.backend, "attempts": len(status.get("attempts") or []) or 1,
-        "trusted_modules": plan.trusted_modules, "exported": rank0.get("exported"),
-    }
-    if status.get("interrupted_by"):
-        summary["interrupted_by"] = status["interrupted_by"]
-    if rank0.get("preflight"):  # the machines' check ran first (preflight=true or only)
-        summary["preflight"] = rank0["preflight"]
-        if summary["status"] == "succeeded" and not rank0["preflight"]["passed"]:
-            summary["status"] = "preflight_failed"
-    return summary
+    final.update({f"eval_{k}": v for k, v in rank0.final_eval.items()})
+    steps = rank0.steps if rank0.steps is not None else step_of(final)
+    return RunSummary(
+        status=job_status(end, rank0.preflight), exit_codes=end.exit_codes, failed_rank=end.failed_rank,
+        error=end.error, steps=steps, planned_steps=plan.total_steps, final=final, best=_best(records),
+        wall_time_s=wall_s, train_time_s=rank0.train_time_s, samples_per_s=rank0.samples_per_s,
+        tokens_per_s=rank0.tokens_per_s, weights_sha256=rank0.weights_sha256,
+        resumed_from=rank0.resumed_from, world_size=plan.world_size, backend=plan.backend,
+        attempts=end.attempts, trusted_modules=plan.trusted_modules, exported=rank0.exported,
+        interrupted_by=end.interrupted_by or None, preflight=rank0.preflight)
+
+
+Line = tuple[str, bool]
+"""One console line, and whether it goes to stderr (what went wrong does)."""
+
+SHOWN_METRICS = ("loss", "eval_loss", "eval_exact")
+
+
+def show(lines: list[Line]) -> None:
+    for text, to_stderr in lines:
+        print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+
+
+def preflight_lines(verdict: PreflightVerdict, world_size: int | None, run_dir: str | Path,
+                    table: bool = True) -> list[Line]:
+    """preflight=only, or a preflight that failed: the table (with `table`), then the verdict:
+    the status's line and, when it failed, each failure (naming the rank and its host)."""
+    lines = [(verdict.table, False)] if table and verdict.table else []
+    if verdict.passed:
+        return lines + [(Status.SUCCEEDED.line(f": preflight passed on {world_size} rank(s) in "
+                                               f"{verdict.elapsed_s:.1f} s; preflight.json in {run_dir}"), False)]
+    return lines + [(Status.PREFLIGHT_FAILED.line(f"; preflight.json in {run_dir}"), True),
+                    *((f"  - {line}", True) for line in verdict.failures)]
+
+
+def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) -> list[Line]:
+    """How a run ended, on the console: its status's line (clorch.runs.status.Status.line)
+    with what it knows, and a failure's traceback after it. An interruption's lines, which
+    carry the resume hint, are the command line's (clorch.cli.hydra_app).
+
+    Args:
+        final_node: this process writes the run's metrics (rank 0's node).
+    """
+    status = summary.status
+    if summary.preflight is not None and (status is Status.PREFLIGHT_FAILED or not summary.steps):
+        return preflight_lines(summary.preflight, summary.world_size, run_dir)
+    if status is Status.SUCCEEDED and not final_node:
+        return [(status.line(f"; this node's ranks finished, rank 0's node writes the metrics; "
+                             f"logs in {run_dir}"), False)]
+    if status is Status.SUCCEEDED:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.final.items() if k in SHOWN_METRICS and v is not None)
+        return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"),
+                 False)]
+    error = summary.error or JobError()
+    what = dataclasses.replace(error, rank=summary.failed_rank).describe(failed="failed first")
+    lines = [(status.line(f": {what}; run directory {run_dir}"), True)]
+    return lines + ([(error.traceback, True)] if error.traceback else [])
 
 
 def trusted_comment(trusted: Mapping[str, list[str]]) -> str:
@@ -65,7 +110,7 @@ def trusted_comment(trusted: Mapping[str, list[str]]) -> str:
     return "".join(f"# trusted modules ({where}): {', '.join(names)}\n" for where, names in trusted.items())
 
 
-def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) -> bool:
+def write_summary(run_dir: Path, summary: RunSummary, plot: bool = True) -> bool:
     """Write summary.json (and loss.png, with `plot`) into `run_dir`; return whether it could.
 
     When it cannot (the directory was removed or made read-only while the run lived), it
@@ -73,10 +118,10 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any], plot: bool = True) 
     """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary.to_dict())
     except OSError as exc:
         print(f"clorch-train: no summary.json: cannot write it in {run_dir} ({exc.strerror or exc}); "
-              f"the run ended {summary.get('status')}", file=sys.stderr, flush=True)
+              f"the run ended {summary.status}", file=sys.stderr, flush=True)
         return False
     if plot:
         plot_loss(run_dir)

@@ -9,14 +9,17 @@ row with its status; the sweep goes on.
 
 An interrupted sweep (Ctrl-C, SIGTERM, SIGHUP: it ends with the job it
 interrupted) writes its summary too, with a row for every job it planned:
-each job's status is succeeded, failed, config_error, interrupted, or
-not_started for the jobs it did not reach (their overrides as planned).
+each job's status (clorch.runs.status.Status) is succeeded, failed,
+preflight_failed, config_error, interrupted, or not_started for the jobs it did
+not reach (their overrides as planned). A job whose preflight failed is a
+failed job: the sweep exits 1.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,10 +29,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt
+from clorch.engine.results import RunSummary
+from clorch.runs.status import Status
 
 METRICS = ("loss", "eval_loss", "eval_exact")
 RESULTS = ("status", "steps", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
-NOT_STARTED = "not_started"  # a job an interrupted sweep did not reach
+NOT_STARTED = Status.NOT_STARTED  # a job an interrupted sweep did not reach
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
@@ -64,10 +69,56 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
         return None
 
 
+@dataclass
+class SweepRow:
+    """One job of a sweep: its number, its overrides ({key: value}) and its results.
+
+    sweep_summary.csv and .md have one column per field (the overrides spread into a
+    column per key, `metrics` into loss, eval_loss, eval_exact), as they always had.
+    """
+
+    job: str
+    overrides: dict[str, str] = field(default_factory=dict)
+    status: Status = Status.MISSING
+    steps: int | None = None
+    metrics: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(METRICS))
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    wall_time_s: float | None = None
+
+    @classmethod
+    def of(cls, job: str, overrides: dict[str, str], summary: RunSummary) -> "SweepRow":
+        return cls(job=job, overrides=overrides, status=summary.status, steps=summary.steps,
+                   metrics={m: summary.final.get(m) for m in METRICS}, samples_per_s=summary.samples_per_s,
+                   tokens_per_s=summary.tokens_per_s, wall_time_s=summary.wall_time_s)
+
+    def results(self) -> dict[str, Any]:
+        """The result columns (RESULTS), by name."""
+        return {"status": str(self.status), "steps": self.steps, **self.metrics,
+                "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
+                "wall_time_s": self.wall_time_s}
+
+    def cells(self, keys: list[str]) -> dict[str, Any]:
+        """The row of sweep_summary.csv: job, the override `keys`, then the results."""
+        return {"job": self.job, **{k: self.overrides.get(k) for k in keys}, **self.results()}
+
+    def __getitem__(self, column: str) -> Any:
+        """A column's value, as sweep_summary.csv names it ("overrides": the {key: value} dict)."""
+        return self.overrides if column == "overrides" else self.cells(list(self.overrides))[column]
+
+
+def _summary_of(job_dir: Path, interrupted: bool) -> RunSummary:
+    """The job's summary.json; without one, interrupted (the sweep was) or missing."""
+    path = job_dir / "summary.json"
+    if not path.exists():
+        return RunSummary(status=Status.INTERRUPTED if interrupted else Status.MISSING, steps=None)
+    return RunSummary.from_dict(json.loads(path.read_text()))
+
+
 def collect(sweep_dir: Path, planned: list[list[str]] | None = None,
-            interrupted: bool = False) -> list[dict[str, Any]]:
+            interrupted: bool = False) -> list[SweepRow]:
     """One row per job directory (a numbered subdirectory) of `sweep_dir`: its overrides
-    (under "overrides", a {key: value} dict) and its results.
+    and its results.
 
     Args:
         planned: every job's overrides (`planned_jobs`): a job without a directory
@@ -79,27 +130,18 @@ def collect(sweep_dir: Path, planned: list[list[str]] | None = None,
     jobs = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()}
     for number in sorted(set(jobs) | set(range(len(planned or [])))):
         if number not in jobs:
-            rows.append({"job": str(number), "overrides": _as_dict(planned[number]), "status": NOT_STARTED,
-                         **dict.fromkeys(RESULTS[1:])})
+            rows.append(SweepRow(job=str(number), overrides=_as_dict(planned[number]), status=Status.NOT_STARTED))
             continue
         job_dir = jobs[number]
-        path = job_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else \
-            {"status": "interrupted" if interrupted else "missing"}
-        final = summary.get("final") or {}
-        row = {"job": job_dir.name, "overrides": _overrides(job_dir), "status": summary.get("status"),
-               "steps": summary.get("steps"), "samples_per_s": summary.get("samples_per_s"),
-               "tokens_per_s": summary.get("tokens_per_s"), "wall_time_s": summary.get("wall_time_s")}
-        row.update({m: final.get(m) for m in METRICS})
-        rows.append(row)
+        rows.append(SweepRow.of(job_dir.name, _overrides(job_dir), _summary_of(job_dir, interrupted)))
     return rows
 
 
-def override_columns(rows: list[dict[str, Any]]) -> list[str]:
+def override_columns(rows: list[SweepRow]) -> list[str]:
     """Every key some job overrode, in the order first seen: one column each (recipe included)."""
     keys: dict[str, None] = {}
     for row in rows:
-        keys.update(dict.fromkeys(row["overrides"]))
+        keys.update(dict.fromkeys(row.overrides))
     return list(keys)
 
 
@@ -121,8 +163,7 @@ def write_summary(sweep_dir: Path, planned: list[list[str]] | None = None,
     rows = collect(sweep_dir, planned, interrupted)
     keys = override_columns(rows)
     columns = ["job", *keys, *RESULTS]
-    flat = [{**{k: v for k, v in r.items() if k != "overrides"},
-             **{k: r["overrides"].get(k) for k in keys}} for r in rows]
+    flat = [row.cells(keys) for row in rows]
     csv_path, md_path = sweep_dir / "sweep_summary.csv", sweep_dir / "sweep_summary.md"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
@@ -137,7 +178,7 @@ def write_summary(sweep_dir: Path, planned: list[list[str]] | None = None,
 # The statuses of the last sweep's jobs, read by `clorch-train` for its exit status: with
 # hydra/launcher=submitit_* the jobs run in other processes, which report only through their
 # summary.json files.
-last_statuses: list[str] = []
+last_statuses: list[Status] = []
 
 
 class SweepSummaryCallback(Callback):
@@ -162,7 +203,7 @@ class SweepSummaryCallback(Callback):
         if not sweep_dir.is_dir():
             return  # interrupted before the sweep made its directory: no job ran
         planned = self._planned if interrupt is not None else None
-        last_statuses[:] = [str(row["status"]) for row in collect(sweep_dir, planned, interrupt is not None)]
+        last_statuses[:] = [row.status for row in collect(sweep_dir, planned, interrupt is not None)]
         _, md_path = write_summary(sweep_dir, planned, interrupt is not None)
         if interrupt is None:
             print(f"clorch-train: sweep summary in {md_path} (and .csv)")

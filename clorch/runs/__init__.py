@@ -1,5 +1,6 @@
 """Reading the run directories clorch-train leaves: find, filter, compare and plot runs.
 
+    status.py    Status: every status word, its exit code and its console line (clorch-train's too)
     records.py   Run: one run directory read tolerantly (a live, killed or summary-less run too)
     discover.py  find_runs(roots), select(name): run directories under roots, one named by id or path
     query.py     --where / --status / --recipe / --since / --sort

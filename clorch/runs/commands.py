@@ -10,6 +10,7 @@ from typing import Any
 
 from clorch._commands import pasteable, recipe_files_again, trusted_in_config
 from clorch.runs.records import Run
+from clorch.runs.status import Status
 
 # What clorch-train adds to the command line it hands Hydra (clorch.cli.run_dir.launch_overrides): a
 # re-run makes its own directory, so these are left out.
@@ -100,7 +101,7 @@ def checkpoints(run: Run) -> list[dict[str, Any]]:
 
 def resume_command(run: Run) -> str:
     """The command that resumes the run from its latest step checkpoint, or why there is none."""
-    if run.status == "succeeded":
+    if run.status == Status.SUCCEEDED:
         return "not needed: the run completed"
     section = run.config.get("checkpoint") if isinstance(run.config.get("checkpoint"), dict) else {}
     policy = section.get("policy")

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from clorch.runs.discover import UsageError
 from clorch.runs.records import STATUSES, Run
+from clorch.runs.status import Status
 
 FIELDS = ("id", "dir", "start", "recipe", "overrides", "status", "steps", "planned_steps",
           "wall_time_s", "world_size", "commit", "host", "sweep")
@@ -133,7 +134,7 @@ def pick(runs: Sequence[Run], where: Sequence[str] = (), statuses: Sequence[str]
     start = parse_since(since) if since else None
     out = []
     for run in runs:
-        if statuses and run.status not in statuses:
+        if statuses and not _has_status(run, statuses):
             continue
         if recipes and run.recipe not in recipes:
             continue
@@ -142,6 +143,14 @@ def pick(runs: Sequence[Run], where: Sequence[str] = (), statuses: Sequence[str]
         if all(condition(run) for condition in conditions):
             out.append(run)
     return out
+
+
+def _has_status(run: Run, statuses: Sequence[str]) -> bool:
+    """`run` has one of `statuses`; "failed" takes in every status that counts as a failure
+    (clorch.runs.status.Status.failed: a failed preflight, a stopped or killed run, ...)."""
+    if run.status in statuses:
+        return True
+    return Status.FAILED in statuses and Status.of(run.status).failed and run.status != Status.UNKNOWN
 
 
 def sort_runs(runs: Sequence[Run], key: str) -> list[Run]:

@@ -22,16 +22,16 @@ from typing import Any
 import yaml
 
 from clorch.launch.procs import pid_alive
+from clorch.runs.status import Status
 
 # The files whose presence makes a directory a run directory.
 MARKERS = ("env.json", "summary.json", "config.yaml", "metrics.jsonl", "logs/job.json")
 # What a sweep directory holds besides its numbered trials.
 SWEEP_MARKERS = ("multirun.yaml", "sweep_summary.csv", "sweep_summary.md")
 # The launcher's final states (clorch.launch.job.FINAL_STATES), as job.json records them.
-_JOB_FINAL = ("succeeded", "failed", "stopped", "timed_out")
-# Every status a listed run can have: summary.json's, the launcher's, and the three told from files.
-STATUSES = ("succeeded", "failed", "interrupted", "stopped", "timed_out", "config_error",
-            "running", "killed", "unknown")
+_JOB_FINAL = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.TIMED_OUT)
+# Every status a listed run can have: summary.json's, the launcher's, and those told from files.
+STATUSES = tuple(s.value for s in Status if s not in (Status.NOT_STARTED, Status.MISSING))
 
 
 def short_id(run_dir: str | os.PathLike) -> str:
@@ -158,16 +158,16 @@ class Run:
         state = (self.job.get("status") or {}).get("state") if isinstance(self.job.get("status"), dict) else None
         if state in _JOB_FINAL:
             return state  # the job ended and recorded it; only the summary was not written
-        if state != "running":
-            return "unknown"
+        if state != Status.RUNNING:
+            return Status.UNKNOWN.value
         pid, host = self.job.get("launcher_pid"), self.job.get("host")
         if host != socket.gethostname() or not isinstance(pid, int):
-            return "unknown"  # a pid means nothing on another host
+            return Status.UNKNOWN.value  # a pid means nothing on another host
         # Imported here, for runs without a summary only: clorch.launch costs the listing ~0.1 s.
 
         if pid_alive(pid):
-            return "running"
-        return "stopped" if (self.path / "logs" / "stop.request").exists() else "killed"
+            return Status.RUNNING.value
+        return (Status.STOPPED if (self.path / "logs" / "stop.request").exists() else Status.KILLED).value
 
     @property
     def recipe(self) -> str | None:
