@@ -51,7 +51,10 @@ def _report_interrupted(result: RunResult) -> None:
     step = last_step(summary)
     print(Status.INTERRUPTED.line(f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
                                   f"the ranks were stopped; outputs in {run_dir}"), file=sys.stderr)
-    print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv)}", file=sys.stderr)
+    # The directory clorch-train started in (hydra.job.chdir=true moves the job's): relative
+    # paths of the command line are relative to it.
+    base = get_original_cwd() if HydraConfig.initialized() else None
+    print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv, base=base)}", file=sys.stderr)
     OUTCOME.interrupted(signal.Signals[summary.interrupted_by].value)
 
 

@@ -87,8 +87,13 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
 
 def _check_and_run(args: list[str], flags: set[str]) -> int:
     """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
-    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    # A bare `~key` (deleting a key) is an override too, and is checked like one.
+    overrides = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
+    if multirun and flags & {"--cfg", "-c"}:  # Hydra allows one mode: run, multirun or print
+        print_config_errors([f"{sorted(flags & {'--cfg', '-c'})[0]} prints one config and cannot run with "
+                             f"{sorted(flags & set(MULTIRUN))[0]} (a sweep): drop one of the two"])
+        return EXIT_CONFIG
     CHECKED.clear()
     if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first

@@ -61,7 +61,12 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
 Line = tuple[str, bool]
 """One console line, and whether it goes to stderr (what went wrong does)."""
 
-SHOWN_METRICS = ("loss", "eval_loss", "eval_exact")
+def shown_metrics(final: Mapping[str, Any]) -> str:
+    """The final loss and every eval metric (eval_*, your own eval function's included), as
+    `loss 0.1, eval_loss 0.2, eval_accuracy 0.9`: the numbers among them, loss first."""
+    keys = ["loss"] + [k for k in final if k.startswith("eval_")]
+    return ", ".join(f"{k} {final[k]:.4g}" for k in keys
+                     if isinstance(final.get(k), (int, float)) and not isinstance(final.get(k), bool))
 
 
 def show(lines: list[Line]) -> None:
@@ -96,7 +101,7 @@ def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) ->
         return [(status.line(f"; this node's ranks finished, rank 0's node writes the metrics; "
                              f"logs in {run_dir}"), False)]
     if status is Status.SUCCEEDED:
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in summary.final.items() if k in SHOWN_METRICS and v is not None)
+        shown = shown_metrics(summary.final)
         return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"),
                  False)]
     error = summary.error or JobError()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from clorch.engine.progress import Progress
+from clorch.engine.summary import shown_metrics
 
 pytestmark = pytest.mark.timeout(60)
 EVAL = {"kind": "eval", "step": 4, "epoch": 0, "eval_loss": 0.5, "eval_accuracy": 0.875,
@@ -36,3 +37,9 @@ def test_every_eval_metric_reaches_the_bar(tmp_path):
     for part in ("eval_loss=0.5", "eval_accuracy=0.875", "eval_perplexity=12.25"):
         assert part in shown
     assert "eval_note" not in shown and "eval_flag" not in shown
+
+
+def test_the_final_line_shows_the_loss_and_every_eval_metric():
+    final = {"loss": 0.25, "eval_loss": 0.5, "eval_accuracy": 0.875, "eval_flag": True, "lr": 0.001,
+             "eval_note": "text"}
+    assert shown_metrics(final) == "loss 0.25, eval_loss 0.5, eval_accuracy 0.875"
