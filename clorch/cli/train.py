@@ -28,6 +28,7 @@ from clorch.config.overrides import check_overrides, grammar_errors, hydra_overr
 from clorch.config.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
+from clorch.engine.outputs import typed_command
 from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
@@ -51,7 +52,8 @@ def train_main(argv: list[str] | None = None) -> int:
     Flags first (refusals, --version), then who runs the job: this process as one
     rank of an outside launcher, or Hydra (help, a printed config, a run, a sweep).
     """
-    args, flag_errors = whole_flags(list(sys.argv[1:] if argv is None else argv))
+    typed = ["clorch-train", *(sys.argv[1:] if argv is None else argv)]
+    args, flag_errors = whole_flags(typed[1:])
     args = flags_first(args)
     OUTCOME.argv[:] = args
     flags = flag_set(args)
@@ -71,10 +73,12 @@ def train_main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
         OUTCOME.as_rank = True
-        return run_as_rank([a for a in args if not a.startswith("-")], external)
+        with typed_command(typed):
+            return run_as_rank([a for a in args if not a.startswith("-")], external)
     if flags & set(PRINT_ONLY):
         return run_hydra(args)
-    return _check_and_run(args, flags)
+    with typed_command(typed):  # env.json records the command as typed, for re-running it
+        return _check_and_run(args, flags)
 
 
 def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:

@@ -161,6 +161,8 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
         "git_commit": _git_commit(Path.cwd()), "clorch_git_commit": _git_commit(Path(__file__).parent),
         "host": socket.gethostname(), "platform": platform.platform(),
         "command": _command(argv), "cwd": os.getcwd(),
+        # As typed, when clorch-train recorded it (typed_command): what `clorch-runs show` re-runs.
+        "argv": list(_typed[-1]) if argv is None and _typed else None,
         "time": _dt.datetime.now().isoformat(timespec="seconds"),
     }
 

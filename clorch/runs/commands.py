@@ -46,12 +46,6 @@ def train_args(run: Run) -> list[str] | None:
     return None
 
 
-def _in_cwd(run: Run, args: list[str]) -> str:
-    command = shlex.join(["clorch-train", *args])
-    cwd = run.env.get("cwd")
-    return f"cd {shlex.quote(cwd)} && {command}" if isinstance(cwd, str) and cwd else command
-
-
 def rerun_command(run: Run) -> str:
     """`cd CWD && [CLORCH_TRUSTED_MODULES=...] clorch-train ARGS` (a new run with the same config,
     its paths absolute: it works pasted anywhere), or why there is none."""
@@ -60,12 +54,20 @@ def rerun_command(run: Run) -> str:
         started = run.env.get("command")
         how = f" (it was started by: {shlex.join(map(str, started))})" if isinstance(started, list) else ""
         return f"not known: the run was not started by clorch-train{how}"
-    cwd = run.env.get("cwd") if isinstance(run.env.get("cwd"), str) and run.env.get("cwd") else None
+    return pasteable(recipe_files_again(args, _cwd(run)), _cwd(run), _trusted(run))
+
+
+def _cwd(run: Run) -> str | None:
+    cwd = run.env.get("cwd")
+    return cwd if isinstance(cwd, str) and cwd else None
+
+
+def _trusted(run: Run) -> str | None:
+    """The CLORCH_TRUSTED_MODULES value the run was started with, from config.yaml's comment."""
     try:
-        trusted = trusted_in_config((run.path / "config.yaml").read_text())
+        return trusted_in_config((run.path / "config.yaml").read_text())
     except (OSError, UnicodeDecodeError):
-        trusted = None
-    return pasteable(recipe_files_again(args, cwd), cwd, trusted)
+        return None
 
 
 def checkpoint_dir(run: Run) -> Path:
@@ -115,4 +117,7 @@ def resume_command(run: Run) -> str:
         return f"the latest checkpoint is step {max(steps)}; the run was not started by clorch-train"
     kept = [a for a in args if _key(a) not in _REPLACED]
     directory = os.path.abspath(checkpoint_dir(run))
-    return _in_cwd(run, [*kept, f"checkpoint.dir={directory}", "checkpoint.resume=latest"])
+    # It goes on in the same run directory, from its latest checkpoint, with the paths made
+    # absolute and the trust variable the run had: it works pasted anywhere.
+    return pasteable([*recipe_files_again(kept, _cwd(run)), f"hydra.run.dir={os.path.abspath(run.path)}",
+                      f"checkpoint.dir={directory}", "checkpoint.resume=latest"], _cwd(run), _trusted(run))

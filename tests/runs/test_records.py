@@ -116,8 +116,9 @@ def test_rerun_and_resume_commands(tmp_path):
     # (the re-run names the checkpoint directory absolute: it works pasted anywhere)
     assert rerun_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
                                   "'checkpoint.dir=/work/x y/ckpt'")
+    # (the resume goes on in the run's own directory, named absolute)
     assert resume_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
-                                   f"checkpoint.dir={ckpt} checkpoint.resume=latest")
+                                   f"hydra.run.dir={path.resolve()} checkpoint.dir={ckpt} checkpoint.resume=latest")
     typed = ["/venv/bin/clorch-train", "+recipe=/my/r.yaml", "optim.lr=1e-3", "hydra.run.dir=/o/r"]
     (path / "env.json").write_text(json.dumps({"cwd": "/w", "argv": typed}))
     assert rerun_command(Run(path)) == "cd /w && clorch-train +recipe=/my/r.yaml optim.lr=1e-3"
