@@ -176,6 +176,10 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
         errors.append("ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
                       "to skip a step only after every gradient is in, and backward would already have "
                       "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)")
+    if cfg.ddp is not None and cfg.ddp.step_in_backward and cfg.optim.grad_clip is not None:
+        errors.append(f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: each "
+                      "bucket's parameters are stepped before the whole gradient's norm is known "
+                      "(set optim.grad_clip=null or ddp.step_in_backward=false)")
     if cfg.compile and cfg.compile_mode in schema.CUDA_GRAPH_MODES and cfg.accumulation > 1:
         errors.append(f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "
                       f"at every forward, so gradients cannot accumulate over micro-batches (got "

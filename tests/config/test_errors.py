@@ -72,6 +72,8 @@ def test_the_issue_examples_are_reported_together(tmp_path):
      ["compile_mode=reduce-overhead replays CUDA graphs", "got accumulation=2", "use accumulation=1"]),
     (["precision=fp16", "ddp.step_in_backward=true"], ["ddp.step_in_backward=true cannot run with precision=fp16",
                                                        "ddp.step_in_backward=false"]),
+    (["optim.grad_clip=1.0", "ddp.step_in_backward=true"], ["optim.grad_clip=1.0 cannot run with ddp.step_in_backward=true",
+                                                            "optim.grad_clip=null or ddp.step_in_backward=false"]),
     (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
     (["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],
      ["model.d_model (30) must be divisible by model.n_head (4)"]),
