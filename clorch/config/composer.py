@@ -112,7 +112,11 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
             env_values(node)
             for section, key in SHORTHAND.items():  # `preflight: only` is `preflight: {mode: only}`
                 if section in node and not isinstance(node[section], dict):
-                    node[section] = {key: node[section]}
+                    if node[section] in _group_options(section):  # `loss: from_model` chooses that option,
+                        choice = node.pop(section)                 # with its own keys and defaults
+                        node["defaults"].append({f"override /{section}": choice})
+                    else:
+                        node[section] = {key: node[section]}
             if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
                 del node["hydra"]
                 errors.append(f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "

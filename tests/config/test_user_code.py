@@ -293,7 +293,7 @@ def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny")
     tokens = tmp_path / "train.bin"
     torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
-    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+    lm = ["+recipe=cpu_smoke", "data=tokens",
           f"data.train_path={tokens}", "data.seq_len=12", "batch_size=4",
           "data.vocab_size=32", "loss=from_model", "loss.target_arg=labels", "loss.labels=input"]
     # from_pretrained refuses the meta device: it is built and run once on the CPU instead, and
@@ -310,7 +310,7 @@ def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp
 def test_token_files_train_a_model_of_your_own_with_its_loss_or_a_step(nested_pkg, tmp_path):
     tokens = tmp_path / "train.bin"
     torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
-    lm = ["+recipe=cpu_smoke", "data=tokens", "~data.in_features", "~data.out_features", "data.sample_count=null",
+    lm = ["+recipe=cpu_smoke", "data=tokens",
           f"data.train_path={tokens}", "data.seq_len=12", "data.vocab_size=32", "batch_size=4",
           "++model._target_=nestedpkg.TinyLM"]
     assert _errors(*lm, "loss=from_model") == []  # targets.view(-1): the batches are contiguous
