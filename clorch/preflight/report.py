@@ -2,7 +2,8 @@
 
 Rank 0 builds it from every rank's row (or each rank alone, when rank 0 is the
 one missing). A failure line names the rank and its host and says what to look
-at: "rank 3 on host b: matmul 212 TFLOP/s, 0.61 of the median 347".
+at: "rank 3 on host b: matmul 212 TFLOP/s, 0.61 of the median 347" (of host b's
+ranks; a whole slow host is compared with the other hosts).
 """
 
 from __future__ import annotations
@@ -88,17 +89,44 @@ def version_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[int], s
 
 
 def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[tuple[list[int], str]]:
-    """(rank, line) for each rank more than `slow_ratio` below the median GEMM TFLOP/s or checkpoint write MB/s."""
-    lines = []
+    """(ranks, line) for each rank, and each host, more than `slow_ratio` below its peers' median
+    GEMM TFLOP/s or checkpoint write MB/s.
+
+    Two comparisons, never one across everything: each rank against the
+    median of its own host's ranks, and each host (the median of its ranks)
+    against the median of the hosts. A host's ranks share its load, its
+    cores (on the CPU) and its disk, so a busy host moves all of them
+    together: they stay equal among themselves, and the host is judged once,
+    not once per rank. One rank at a quarter of its peers' speed is below any
+    ratio down to 0.25 in either comparison; the spread measured between
+    healthy ranks (docs/scale-out.md, "Checking the machines first") is
+    within 0.9, so the default 0.8 has room on both sides.
+    """
+    lines: list[tuple[list[int], str]] = []
+    if slow_ratio <= 0:
+        return lines
     for key, name, unit in (("tflops", "matmul", "TFLOP/s"), ("disk_mb_s", "checkpoint write", "MB/s")):
         measured = {r: row[key] for r, row in rows.items() if row.get(key) is not None}
-        if len(measured) < 2 or slow_ratio <= 0:
-            continue
-        median = statistics.median(measured.values())
+        by_host: dict[str, dict[int, float]] = {}
         for rank, value in sorted(measured.items()):
+            by_host.setdefault(rows[rank]["host"], {})[rank] = value
+        for ranks in by_host.values():
+            if len(ranks) < 2:
+                continue
+            median = statistics.median(ranks.values())
+            lines += [([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the "
+                               f"median {median:.3g}") for rank, value in ranks.items() if value < slow_ratio * median]
+        if len(by_host) < 2:
+            continue
+        host_medians = {host: statistics.median(ranks.values()) for host, ranks in by_host.items()}
+        median = statistics.median(host_medians.values())
+        for host, value in host_medians.items():
             if value < slow_ratio * median:
-                lines.append(([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, "
-                                      f"{value / median:.2f} of the median {median:.3g}"))
+                ranks = sorted(by_host[host])
+                who = where(ranks[0], rows) if len(ranks) == 1 else f"host {host} ({_ranks_text(ranks)})"
+                lines.append((ranks, f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
+                                     f"{value / median:.2f} of the median {median:.3g} of the "
+                                     f"{len(host_medians)} hosts"))
     return lines
 
 
