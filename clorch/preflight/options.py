@@ -38,7 +38,8 @@ class PreflightConfig:
     """How the preflight checks the job's machines before training."""
 
     mode: Union[bool, str] = "auto"  # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
-    slow_ratio: float = 0.8  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s or disk MB/s, and a host below it of the hosts' median; 0 turns it off
+    slow_ratio: float = 0.8  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the hosts' median; 0 turns it off
+    disk_slow_ratio: float = 0.25  # fails a host whose checkpoint write MB/s is below this fraction of the hosts' median; 0 turns it off
     timeout_s: float = 30.0  # seconds each wait may take: arrival, each collective, the exchange of results
     allreduce_sizes_mb: Optional[list[int]] = None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
     allreduce_iters: int = 3  # timed all-reduces per size, after one untimed warm-up
@@ -117,10 +118,11 @@ def _is_list(value: Any) -> bool:
 
 def _number_errors(cfg: PreflightConfig) -> list[str]:
     errors = []
-    ratio = cfg.slow_ratio
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
-        errors.append(f"preflight.slow_ratio must be a fraction in [0, 1) (0 turns the comparison off), "
-                      f"got {ratio!r}")
+    for key in ("slow_ratio", "disk_slow_ratio"):
+        ratio = getattr(cfg, key)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            errors.append(f"preflight.{key} must be a fraction in [0, 1) (0 turns the comparison off), "
+                          f"got {ratio!r}")
     timeout = cfg.timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         errors.append(f"preflight.timeout_s must be > 0 (seconds), got {timeout!r}")

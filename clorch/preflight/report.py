@@ -88,9 +88,10 @@ def version_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[int], s
     return lines
 
 
-def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[tuple[list[int], str]]:
-    """(ranks, line) for each rank, and each host, more than `slow_ratio` below its peers' median
-    GEMM TFLOP/s or checkpoint write MB/s.
+def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
+                  disk_slow_ratio: float = 0.0) -> list[tuple[list[int], str]]:
+    """(ranks, line) for each rank, and each host, below `slow_ratio` of its peers' median GEMM
+    TFLOP/s, or below `disk_slow_ratio` of their checkpoint write MB/s.
 
     Two comparisons, never one across everything: each rank against the
     median of its own host's ranks, and each host (the median of its ranks)
@@ -101,11 +102,17 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[tu
     ratio down to 0.25 in either comparison; the spread measured between
     healthy ranks (docs/scale-out.md, "Checking the machines first") is
     within 0.9, so the default 0.8 has room on both sides.
+
+    A write to disk is judged more loosely: hosts may share one filesystem
+    (and do in a test on one machine), and a write + fsync waits for every
+    other writer's data too; only a disk far slower than the others' says
+    something about its host.
     """
     lines: list[tuple[list[int], str]] = []
-    if slow_ratio <= 0:
-        return lines
-    for key, name, unit in (("tflops", "matmul", "TFLOP/s"), ("disk_mb_s", "checkpoint write", "MB/s")):
+    for key, name, unit, ratio in (("tflops", "matmul", "TFLOP/s", slow_ratio),
+                                   ("disk_mb_s", "checkpoint write", "MB/s", disk_slow_ratio)):
+        if ratio <= 0:
+            continue
         measured = {r: row[key] for r, row in rows.items() if row.get(key) is not None}
         by_host: dict[str, dict[int, float]] = {}
         for rank, value in sorted(measured.items()):
@@ -115,13 +122,13 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float) -> list[tu
                 continue
             median = statistics.median(ranks.values())
             lines += [([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the "
-                               f"median {median:.3g}") for rank, value in ranks.items() if value < slow_ratio * median]
+                               f"median {median:.3g}") for rank, value in ranks.items() if value < ratio * median]
         if len(by_host) < 2:
             continue
         host_medians = {host: statistics.median(ranks.values()) for host, ranks in by_host.items()}
         median = statistics.median(host_medians.values())
         for host, value in host_medians.items():
-            if value < slow_ratio * median:
+            if value < ratio * median:
                 ranks = sorted(by_host[host])
                 who = where(ranks[0], rows) if len(ranks) == 1 else f"host {host} ({_ranks_text(ranks)})"
                 lines.append((ranks, f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
@@ -176,7 +183,8 @@ def table(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: 
 
 def verdict(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int,
             slow_ratio: float, estimate: dict[str, Any], options: dict[str, Any],
-            elapsed_s: float, hosts: dict[int, str] | None = None) -> PreflightResult:
+            elapsed_s: float, hosts: dict[int, str] | None = None,
+            disk_slow_ratio: float = 0.0) -> PreflightResult:
     """Compare the rows, collect every failure, and lay out the table.
 
     Args:
@@ -188,7 +196,8 @@ def verdict(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size
     failed = {rank for rank, row in rows.items() if row["failures"]}
     for rank, row in sorted(rows.items()):
         failures += [f"{where(rank, rows)}: {line}" for line in row["failures"]]
-    for ranks, line in version_failures(rows) + shared_device_failures(rows) + slow_failures(rows, slow_ratio):
+    compared = version_failures(rows) + shared_device_failures(rows)
+    for ranks, line in compared + slow_failures(rows, slow_ratio, disk_slow_ratio):
         failed.update(ranks)
         failures.append(line)
     return PreflightResult(passed=not failures, failures=failures, table=table(rows, missing, world_size, failed, hosts or {}),

@@ -73,26 +73,32 @@ def _timed(a: torch.Tensor, b: torch.Tensor, count: int) -> float:
     return time.thread_time() - begin
 
 
+WRITES = 3  # timed writes; their median counts, so one stall behind another writer's flush does not
+
+
 def write_mb_per_s(directory: Path, nbytes: int, name: str) -> float:
-    """MB/s of writing `nbytes` to a new file in `directory` and fsyncing it; the file is removed.
+    """MB/s of writing `nbytes` to a new file in `directory` and fsyncing it: the median of
+    `WRITES` such writes; the file is removed.
 
     Raises:
         OSError: the directory cannot be written (the caller names the rank and the path).
     """
     path = directory / name
     block = os.urandom(min(nbytes, 4 << 20))  # random bytes: a compressing filesystem cannot cheat
-    begin = time.perf_counter()
+    times = []
     try:
-        with open(path, "wb") as handle:
-            left = nbytes
-            while left > 0:
-                left -= handle.write(block[:left])
-            handle.flush()
-            os.fsync(handle.fileno())
-        seconds = time.perf_counter() - begin
+        for _ in range(WRITES):
+            begin = time.perf_counter()
+            with open(path, "wb") as handle:
+                left = nbytes
+                while left > 0:
+                    left -= handle.write(block[:left])
+                handle.flush()
+                os.fsync(handle.fileno())
+            times.append(time.perf_counter() - begin)
     finally:
         path.unlink(missing_ok=True)
-    return nbytes / max(seconds, 1e-9) / 1e6
+    return nbytes / max(statistics.median(times), 1e-9) / 1e6
 
 
 def wait_for(work: object, deadline: float, what: str, blocking: bool) -> None:
