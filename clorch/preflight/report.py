@@ -99,9 +99,10 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
     cores (on the CPU) and its disk, so a busy host moves all of them
     together: they stay equal among themselves, and the host is judged once,
     not once per rank. One rank at a quarter of its peers' speed is below any
-    ratio down to 0.25 in either comparison; the spread measured between
-    healthy ranks (docs/scale-out.md, "Checking the machines first") is
-    within 0.9, so the default 0.8 has room on both sides.
+    ratio above 0.4 in either comparison (0.4 of the median of two); two
+    healthy CPU ranks of a busy host measured within 0.95 of each other
+    (docs/scale-out.md, "Checking the machines first"), so the default 0.8
+    has room on both sides.
 
     A write to disk is judged more loosely: hosts may share one filesystem
     (and do in a test on one machine), and a write + fsync waits for every
