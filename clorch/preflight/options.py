@@ -38,7 +38,7 @@ class PreflightConfig:
     """How the preflight checks the job's machines before training."""
 
     mode: Union[bool, str] = "auto"  # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
-    slow_ratio: float = 0.8  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the hosts' median; 0 turns it off
+    slow_ratio: float = 0.7  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the hosts' median; 0 turns it off
     disk_slow_ratio: float = 0.25  # fails a host whose checkpoint write MB/s is below this fraction of the hosts' median; 0 turns it off
     timeout_s: float = 30.0  # seconds each wait may take: arrival, each collective, the exchange of results
     allreduce_sizes_mb: Optional[list[int]] = None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
