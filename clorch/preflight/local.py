@@ -146,7 +146,7 @@ def gemm(device: torch.device, options: PreflightConfig) -> dict[str, Any]:
     """The timed GEMM: TFLOP/s (read through `timing` at call time, where tests may wrap it)."""
     n = options.gemm_size(device.type == "cuda")
     tflops = timing.matmul_tflops(n, device, options.matmul_repeats)
-    return {"tflops": tflops, "gemm": f"{n}x{n} {'bf16' if device.type == 'cuda' else 'fp32'}"}
+    return {"tflops": tflops, "gemm": f"{n}x{n} {'bf16' if device.type == 'cuda' else 'fp32, one core'}"}
 
 
 def _nearest_existing(directory: Path) -> Path:

@@ -16,7 +16,7 @@ DISK_CHECKS = ("host_leaders", "all", "none")
 # Defaults that depend on where the preflight runs (a config is composed before the device is known).
 CPU_ALLREDUCE_SIZES_MB = [1, 4]  # gloo on a CPU moves a few hundred MB/s: keep the preflight to seconds
 GPU_ALLREDUCE_SIZES_MB = [1, 16, 64, 256]  # 256 MiB reaches NCCL's bus bandwidth plateau
-CPU_MATMUL_SIZE = 512  # fp32 on a CPU core: ~10 ms a multiply
+CPU_MATMUL_SIZE = 512  # fp32 on one core: ~3 ms a multiply, compute-bound (each input element used 512 times)
 GPU_MATMUL_SIZE = 8192  # bf16 on a data-centre GPU: ~1 ms, long enough to reach full clocks
 
 
@@ -38,12 +38,13 @@ class PreflightConfig:
     """How the preflight checks the job's machines before training."""
 
     mode: Union[bool, str] = "auto"  # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
-    slow_ratio: float = 0.8  # a rank below this fraction of the median GEMM TFLOP/s or disk MB/s fails; 0 turns it off
+    slow_ratio: float = 0.7  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the hosts' median; 0 turns it off
+    disk_slow_ratio: float = 0.25  # fails a host whose checkpoint write MB/s is below this fraction of the hosts' median; 0 turns it off
     timeout_s: float = 30.0  # seconds each wait may take: arrival, each collective, the exchange of results
     allreduce_sizes_mb: Optional[list[int]] = None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
     allreduce_iters: int = 3  # timed all-reduces per size, after one untimed warm-up
     matmul_size: Optional[int] = None  # n of the n x n GEMM; None: 8192 on GPU (bf16), 512 on CPU (fp32)
-    matmul_repeats: int = 5  # timed GEMMs; the fastest counts, so a moment of noise does not fail a rank
+    matmul_repeats: int = 5  # timings of >= 20 ms of GEMMs each, after a warm-up; their median counts
     disk_check: str = "host_leaders"  # ranks that time a checkpoint write: host_leaders (lowest rank per host), all, none
     disk_write_mb: int = 64  # cap on the timed write, MiB (the expected checkpoint size when that is smaller)
     p2p_mb: int = 1  # MiB sent to the next rank and echoed back in the round trip
@@ -117,10 +118,11 @@ def _is_list(value: Any) -> bool:
 
 def _number_errors(cfg: PreflightConfig) -> list[str]:
     errors = []
-    ratio = cfg.slow_ratio
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
-        errors.append(f"preflight.slow_ratio must be a fraction in [0, 1) (0 turns the comparison off), "
-                      f"got {ratio!r}")
+    for key in ("slow_ratio", "disk_slow_ratio"):
+        ratio = getattr(cfg, key)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            errors.append(f"preflight.{key} must be a fraction in [0, 1) (0 turns the comparison off), "
+                          f"got {ratio!r}")
     timeout = cfg.timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         errors.append(f"preflight.timeout_s must be > 0 (seconds), got {timeout!r}")

@@ -114,7 +114,8 @@ class _Run:
     def result(self, rows: dict[int, dict[str, Any]], missing: dict[int, str]) -> PreflightResult:
         return report.verdict(rows, missing, self.world_size, self.options.slow_ratio, self.estimate.to_dict(),
                               self.options.to_dict(), time.monotonic() - self.start,
-                              {r: info["host"] for r, info in self.arrivals.items()})
+                              {r: info["host"] for r, info in self.arrivals.items()},
+                              self.options.disk_slow_ratio)
 
 
 def _arrive(run: _Run, me: dict[str, Any]) -> list[int]:

@@ -7,7 +7,9 @@ ranks is `clorch.preflight.report`'s job.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -20,55 +22,83 @@ class DeadlineExceeded(RuntimeError):
     """A wait of the preflight passed its deadline."""
 
 
-def matmul_tflops(n: int, device: torch.device, repeats: int) -> float:
-    """TFLOP/s of the fastest of `repeats` n x n multiplies (bf16 on a GPU, fp32 on the CPU).
+MIN_TIMING_S = 0.02  # work per timing: a timer's resolution and one interrupt stay below 1% of it
 
-    One untimed multiply first warms the kernels (and a GPU's clocks). The
-    fastest run counts, so a moment of scheduling noise on a shared host does
-    not make a healthy rank look slow; a throttled or degraded device is slow
-    on every run.
+
+def matmul_tflops(n: int, device: torch.device, repeats: int) -> float:
+    """TFLOP/s of n x n multiplies: the median of `repeats` timings (bf16 on a GPU, fp32 on the CPU).
+
+    Each timing runs as many multiplies as fill `MIN_TIMING_S`, counted from
+    an untimed warm-up (which also loads the kernels and ramps a GPU's
+    clocks); the median of the timings is robust to a few disturbed ones.
+
+    On a GPU a timing is the device's own time (CUDA events). On the CPU it
+    is one core's speed: the multiplies run on one thread and are timed in
+    that thread's CPU time. Ranks of one host share its cores, and wall time
+    would measure the share the scheduler gave a rank at that moment (6x
+    apart for two healthy ranks of a busy 2-core host); a thread's CPU time
+    does not run while it waits for a core, so what it measures is the core:
+    a throttled, slower or misconfigured CPU still shows.
     """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    threads = torch.get_num_threads()
+    if device.type != "cuda":
+        torch.set_num_threads(1)
+    try:
+        _timed(a, b, 1)  # the first multiply loads kernels and allocates workspace: not timed
+        count = max(1, math.ceil(MIN_TIMING_S / max(_timed(a, b, 1), 1e-9)))
+        _timed(a, b, count)  # warm-up at full length (a GPU's clocks ramp up)
+        seconds = statistics.median(_timed(a, b, count) for _ in range(repeats)) / count
+    finally:
+        if device.type != "cuda":
+            torch.set_num_threads(threads)
+    return 2.0 * n ** 3 / max(seconds, 1e-12) / 1e12
+
+
+def _timed(a: torch.Tensor, b: torch.Tensor, count: int) -> float:
+    """Seconds of `count` multiplies a @ b: CUDA events on a GPU, this thread's CPU time otherwise."""
+    if a.device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
             torch.matmul(a, b)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            begin = time.perf_counter()
-            torch.matmul(a, b)
-            seconds = time.perf_counter() - begin
-        best = min(best, seconds)
-    return 2.0 * n ** 3 / max(best, 1e-12) / 1e12
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    begin = time.thread_time()
+    for _ in range(count):
+        torch.matmul(a, b)
+    return time.thread_time() - begin
+
+
+WRITES = 3  # timed writes; their median counts, so one stall behind another writer's flush does not
 
 
 def write_mb_per_s(directory: Path, nbytes: int, name: str) -> float:
-    """MB/s of writing `nbytes` to a new file in `directory` and fsyncing it; the file is removed.
+    """MB/s of writing `nbytes` to a new file in `directory` and fsyncing it: the median of
+    `WRITES` such writes; the file is removed.
 
     Raises:
         OSError: the directory cannot be written (the caller names the rank and the path).
     """
     path = directory / name
     block = os.urandom(min(nbytes, 4 << 20))  # random bytes: a compressing filesystem cannot cheat
-    begin = time.perf_counter()
+    times = []
     try:
-        with open(path, "wb") as handle:
-            left = nbytes
-            while left > 0:
-                left -= handle.write(block[:left])
-            handle.flush()
-            os.fsync(handle.fileno())
-        seconds = time.perf_counter() - begin
+        for _ in range(WRITES):
+            begin = time.perf_counter()
+            with open(path, "wb") as handle:
+                left = nbytes
+                while left > 0:
+                    left -= handle.write(block[:left])
+                handle.flush()
+                os.fsync(handle.fileno())
+            times.append(time.perf_counter() - begin)
     finally:
         path.unlink(missing_ok=True)
-    return nbytes / max(seconds, 1e-9) / 1e6
+    return nbytes / max(statistics.median(times), 1e-9) / 1e6
 
 
 def wait_for(work: object, deadline: float, what: str, blocking: bool) -> None:

@@ -20,7 +20,7 @@ from tests.clirunner import start_clorch_train
 pytestmark = pytest.mark.timeout(180)
 NODE = ["+recipe=cpu_smoke", "data.sample_count=64", "launcher=torchrun", "launcher.nnodes=2",
         "launcher.nproc_per_node=1", "launcher.max_restarts=1", "checkpoint=periodic",
-        "checkpoint.every_n_steps=1", "preflight=false"]  # the machines' check, the default on more than one node, is tested in tests/preflight
+        "checkpoint.every_n_steps=1"]  # two nodes: the preflight runs first, by default
 
 
 def _node(cwd: Path, port: int, rdzv_id: str, run_dir: Path, *extra: str):

@@ -19,7 +19,7 @@ from clorch.launch.procs import reserve_free_port
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1", "preflight=false"]  # the machines' check, the default on more than one node, is tested in tests/preflight
+TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1"]  # two nodes: the preflight runs first, by default
 
 
 def _agent(port: int, run_id: str, entry: list[str], args: list[str], cwd: Path) -> subprocess.Popen:

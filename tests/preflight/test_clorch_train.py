@@ -24,7 +24,7 @@ def _run(tmp_path, *args, recipe="cpu_smoke"):
 def test_preflight_only_checks_and_exits_0_with_the_table(tmp_path):
     # A GPT on arithmetic: the model is counted on the meta device, its data's sizes on the host
     # (the task draws its pairs).
-    done, summary = _run(tmp_path, "preflight=only", "preflight.slow_ratio=0", recipe="gpt_bf16")
+    done, summary = _run(tmp_path, "preflight=only", recipe="gpt_bf16")
     assert done.returncode == 0, done.stderr
     assert "clorch: preflight only, 2 CPU rank(s)" in done.stdout
     assert "GEMM TFLOP/s" in done.stdout and "preflight passed on 2 rank(s)" in done.stdout
@@ -49,7 +49,7 @@ def test_a_failed_preflight_exits_1_naming_the_rank_and_trains_nothing(tmp_path)
 
 
 def test_preflight_true_checks_then_trains(tmp_path):
-    done, summary = _run(tmp_path, "preflight=true", "preflight.slow_ratio=0", "max_steps=4")
+    done, summary = _run(tmp_path, "preflight=true", "max_steps=4")
     assert done.returncode == 0, done.stderr
     assert "preflight first, then 4 steps" in done.stdout
     assert summary["status"] == "succeeded" and summary["steps"] == 4 and summary["preflight"]["passed"]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_defaults_are_valid_and_modes_normalize():
     cfg = PreflightConfig().validate()
-    assert cfg.run_mode == "false" and cfg.slow_ratio == 0.8 and cfg.timeout_s == 30.0
+    assert cfg.run_mode == "false" and cfg.slow_ratio == 0.7 and cfg.timeout_s == 30.0
     assert cfg.sizes_mb(on_gpu=False) == [1, 4] and cfg.sizes_mb(on_gpu=True) == [1, 16, 64, 256]
     assert cfg.gemm_size(on_gpu=False) == 512 and cfg.gemm_size(on_gpu=True) == 8192
     assert [normalize_mode(m) for m in (True, False, "only", " TRUE ")] == ["true", "false", "only", "true"]
@@ -75,6 +75,38 @@ def test_the_verdict_names_a_slow_rank_a_version_and_a_shared_device():
     assert status == {"0": "ok", "1": "ok", "2": "ok", "3": "FAIL", "4": "ok", "5": "FAIL", "6": "FAIL",
                       "7": "FAIL"}
     assert json.loads(json.dumps(result.to_dict()))["failures"] == result.failures
+
+
+def test_ranks_are_compared_within_their_host_and_hosts_by_their_medians():
+    rows = {r: _row(r, "a" if r < 4 else "b", 100.0) for r in range(8)}
+    for r in range(4, 8):
+        rows[r]["tflops"] = 30.0  # a whole node slow: named once, as the host, with its ranks
+    rows[0]["disk_mb_s"], rows[4]["disk_mb_s"] = 500.0, 200.0  # the hosts' leaders time the disk
+    result = verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.25)
+    assert result.failures == ["host b (ranks 4, 5, 6, 7): matmul 30 TFLOP/s (median), 0.46 of the median 65 "
+                               "of the 2 hosts"]
+    status = [line.split()[-1] for line in result.table.splitlines()[1:]]
+    assert status == ["ok"] * 4 + ["FAIL"] * 4
+    # A disk is judged by its own, looser ratio: 0.57 of the median passes, 0.18 fails.
+    for r in range(4, 8):
+        rows[r]["tflops"] = 100.0
+    rows[4]["disk_mb_s"] = 50.0
+    assert verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.25).failures == [
+        "rank 4 on host b: checkpoint write 50 MB/s, 0.18 of the median 275 of the 2 hosts"]
+    assert verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.0).passed
+
+
+def test_the_spread_of_healthy_cpu_ranks_passes_and_a_quarter_speed_rank_fails():
+    # One core's GEMM speed in CPU time, as measured on a loaded 2-core machine (TFLOP/s,
+    # docs/scale-out.md): ranks paired on one host, the closest and the farthest apart seen.
+    rows = {r: {**_row(r, "vm", 0.0), "device_uuid": None} for r in range(2)}
+    ratio = PreflightConfig().slow_ratio
+    for low, high in ((0.0765, 0.0798), (0.0856, 0.1029), (0.0649, 0.0909), (0.0632, 0.0843)):
+        rows[0]["tflops"], rows[1]["tflops"] = low, high
+        assert verdict(rows, {}, 2, ratio, {}, {}, 1.0).passed
+    rows[0]["tflops"], rows[1]["tflops"] = 0.1 / 4, 0.1  # 4x the work per multiply
+    assert verdict(rows, {}, 2, ratio, {}, {}, 1.0).failures == [
+        "rank 0 on host vm: matmul 0.025 TFLOP/s, 0.40 of the median 0.0625"]
 
 
 def test_a_silent_rank_is_placed_on_its_node_by_the_launch_layout():

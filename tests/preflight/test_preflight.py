@@ -31,9 +31,8 @@ def _clean(rank: int, world_size: int, run_dir: str, ckpt: str) -> dict:
 
     # Two hosts, as two nodes would be: ranks 0 and 1 on node-a, rank 2 on node-b.
     local.hostname = lambda: "node-a" if rank < 2 else "node-b"
-    # The cores of the test machine are shared with other processes: compare loosely here;
-    # test_a_slow_rank_is_named checks the comparison itself.
-    result = _preflight(run_dir, ckpt, slow_ratio=0.1)
+    # The default comparison, on cores shared by the 3 ranks and whatever else the machine runs.
+    result = _preflight(run_dir, ckpt)
     return result.to_dict()
 
 
@@ -66,18 +65,37 @@ def test_a_clean_job_passes_and_writes_the_table_and_json(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preflight.json"]
 
 
-def _slow(rank: int, world_size: int, run_dir: str) -> dict:
-    from clorch.preflight import timing
+def _slowed(rank: int, slow_rank: int) -> None:
+    """On `slow_rank`, every multiply does its work 4 times: a rank at a quarter of its peers' speed."""
+    import torch
 
-    if rank == 1:
-        real = timing.matmul_tflops
-        timing.matmul_tflops = lambda *args: real(*args) * 0.05
-    return _preflight(run_dir, None, slow_ratio=0.5).to_dict()
+    real = getattr(torch.matmul, "real", torch.matmul)
+
+    def four_times(*args, **kwargs):
+        for _ in range(3):
+            real(*args, **kwargs)
+        return real(*args, **kwargs)
+
+    four_times.real = real
+    torch.matmul = four_times if rank == slow_rank else real
+
+
+def _slow(rank: int, world_size: int, run_dir: str) -> list[dict]:
+    from clorch.preflight import local
+
+    _slowed(rank, slow_rank=1)  # three ranks of this one host
+    one_host = _preflight(run_dir, None).to_dict()
+    # Two hosts, as two nodes would be: ranks 0 and 1 on node-a, rank 2 alone on node-b, slowed.
+    local.hostname = lambda: "node-a" if rank < 2 else "node-b"
+    _slowed(rank, slow_rank=2)
+    two_hosts = _preflight(run_dir, None).to_dict()
+    return [one_host, two_hosts]
 
 
 def test_a_slow_rank_is_named_with_its_ratio_to_the_median(tmp_path):
+    # The default slow_ratio (0.8), real multiplies: the slowed rank does 4 times the work of each.
     results = run_ranks(_slow, 3, str(tmp_path), timeout=90)
-    for result in results:
+    for result, _ in results:
         assert not result["passed"]
         # With one slow rank of three, the median is a healthy rank's: only rank 1 can be below it.
         assert len(result["failures"]) == 1, result["failures"]
@@ -86,6 +104,15 @@ def test_a_slow_rank_is_named_with_its_ratio_to_the_median(tmp_path):
         ratio = float(line.split(" TFLOP/s, ")[1].split()[0])
         assert ratio < 0.5
         assert result["table"].splitlines()[2].rstrip().endswith("FAIL")
+    for _, result in results:
+        # A whole host slowed is named against the other hosts; the healthy host's two ranks pass.
+        assert not result["passed"]
+        assert len(result["failures"]) == 1, result["failures"]
+        line = result["failures"][0]
+        assert line.startswith("rank 2 on host node-b: matmul ") and line.endswith(" of the 2 hosts"), line
+        assert float(line.split(" TFLOP/s, ")[1].split()[0]) < 0.6  # 0.25 / ((1 + 0.25) / 2) = 0.4
+        status = [row.split()[-1] for row in result["table"].splitlines()[1:]]
+        assert status == ["ok", "ok", "FAIL"]
 
 
 def _mismatch(rank: int, world_size: int, run_dir: str) -> dict:
