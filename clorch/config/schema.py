@@ -129,6 +129,31 @@ class DDPConfig:
 
 
 @dataclass
+class DDPParallelConfig:
+    """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
+
+    name: Literal["ddp"] = "ddp"
+
+
+@dataclass
+class FSDPParallelConfig:
+    """Sharded data parallel (torch's fully_shard): each rank holds 1/world of the model's state.
+
+    Parameters, gradients and optimizer state are split over the job's ranks
+    (clorch.nn.parallel.fsdp); the `ddp` group's keys do not apply.
+    """
+
+    name: Literal["fsdp"] = "fsdp"
+    # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
+    # every child with >= min_params parameters) or a list of class names, e.g. [Block]
+    shard: Union[Literal["auto"], list[str]] = "auto"
+    min_params: int = field(default=source_constant("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"),
+                            metadata=rule(ge=1))  # shard=auto: parameters a child needs to be a unit of its own
+    reshard_after_forward: bool = True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
+    cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
+
+
+@dataclass
 class CheckpointConfig:
     """When to write checkpoints and where to resume from."""
 
@@ -417,6 +442,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "precision": {"fp32": FP32Config(), "bf16": BF16Config(), "fp16": FP16Config()},
     "sampler": {"distributed": SamplerConfig()},
     "ddp": {"default": DDPConfig()},
+    "parallel": {"ddp": DDPParallelConfig(), "fsdp": FSDPParallelConfig()},
     "checkpoint": {"none": CheckpointConfig(),
                    "final": CheckpointConfig(policy="final"),
                    "periodic": CheckpointConfig(policy="periodic", every_n_steps=50)},
@@ -472,6 +498,7 @@ class TrainConfig(TopConfig):
     precision: PrecisionOption = field(default_factory=BF16Config)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    parallel: Union[DDPParallelConfig, FSDPParallelConfig] = field(default_factory=DDPParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: ModelOption = field(default_factory=MLPConfig)
     data: DataOption = field(default_factory=SyntheticDataConfig)
