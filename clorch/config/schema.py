@@ -198,10 +198,13 @@ class GPTConfig:
     seq_len: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's
     init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
     init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
+    # recompute each block's activations in backward instead of keeping them (less memory, about
+    # one more forward of compute); under parallel=ddp and fsdp alike
+    activation_checkpointing: bool = False
 
 
-MODEL_LOAD_KEYS = ("init_from", "init_strict")
-"""Keys of every model section that clorch reads (never passed to the model's class)."""
+MODEL_LOAD_KEYS = ("init_from", "init_strict", "activation_checkpointing")
+"""Keys of model sections that clorch reads (never passed to the model's class)."""
 
 
 @dataclass

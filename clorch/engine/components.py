@@ -24,7 +24,7 @@ from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import ShardedTrainer, device_mesh, shard_model
+from clorch.nn.parallel.fsdp import ShardedTrainer, apply_activation_checkpointing, device_mesh, shard_model
 from clorch.optim import build_optimizer, build_scheduler, param_groups
 
 
@@ -90,7 +90,8 @@ def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`, then from the
-    weights of `model.init_from` when it names a file.
+    weights of `model.init_from` when it names a file; its blocks recompute their activations
+    in backward with `model.activation_checkpointing`.
 
     Raises:
         ValueError: the init_from file does not fit the model (the plan checks it first).
@@ -99,6 +100,8 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     path = getattr(cfg.model, "init_from", None)
     if path is not None:
         load_weights(model, path, strict=cfg.model.init_strict)
+    if getattr(cfg.model, "activation_checkpointing", False):  # before DDP or fully_shard, as torch advises
+        apply_activation_checkpointing(model, "auto")
     return model
 
 

@@ -2,8 +2,9 @@
 
 One small GPT (2 blocks: two fully_shard units plus the root, tied embedding and
 output), fp32, accumulation 2 and gradient clipping that acts, 6 steps. Three
-launches in all: ddp, fsdp with periodic checkpoints, and fsdp resumed from the
-step 4 checkpoint (resume=latest) to the end.
+launches in all: ddp (with activation checkpointing), fsdp with periodic
+checkpoints, and fsdp resumed from the step 4 checkpoint (resume=latest) to the
+end; fsdp with activation checkpointing is tested in tests/nn/test_fsdp.py.
 
 Tolerance: 1e-5 relative on each step's loss and 1e-6 absolute on each final
 weight. The two runs start from the same weights and see the same batches; they
@@ -54,7 +55,8 @@ def _summary(run_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
-    ddp, ddp_dir = _train(JOB, tmp / "ddp")
+    # Activation checkpointing under ddp: recomputing the blocks' forwards changes no number.
+    ddp, ddp_dir = _train([*JOB, "model.activation_checkpointing=true"], tmp / "ddp")
     assert ddp.returncode == 0, ddp.stderr
     fsdp, fsdp_dir = _train([*JOB, "parallel=fsdp", "checkpoint=periodic", "checkpoint.every_n_steps=2",
                              "checkpoint.keep_last=2", f"checkpoint.dir={tmp / 'ckpt'}"], tmp / "fsdp")
