@@ -137,6 +137,7 @@ def restore(parts: Components, path: Path) -> LoopState:
     """
     if parts.sharded:
         saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
+        _check_world_size(path, saved, parts.world_size)
     else:
         saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer,
                                 sampler=parts.sampler, scaler=parts.scaler)
@@ -156,6 +157,21 @@ def restore(parts: Components, path: Path) -> LoopState:
                      window_steps=int(saved.get("window_steps", 0)),
                      window_samples=int(saved.get("window_samples", 0)),
                      resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
+
+
+def _check_world_size(path: Path, saved: Any, world_size: int) -> None:
+    """A sharded checkpoint loads on any world size, but the run would change its global batch
+    (batch_size x world size x accumulation) and its random streams: refused, on every rank alike.
+
+    Raises:
+        CheckpointError: the checkpoint was saved by another number of ranks.
+    """
+    record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
+    saved_world = record.get("world_size") if isinstance(record, dict) else None
+    if saved_world is not None and saved_world != world_size:
+        raise CheckpointError(f"sharded checkpoint {path} was saved by {saved_world} ranks, this run has "
+                              f"{world_size}: clorch-train resumes on the same number of ranks only "
+                              f"(set launcher.nproc_per_node to match, or resume from another checkpoint)")
 
 
 def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
