@@ -4,7 +4,9 @@ One small GPT (2 blocks: two fully_shard units plus the root, tied embedding and
 output), fp32, accumulation 2 and gradient clipping that acts, 6 steps. Three
 launches in all: ddp (with activation checkpointing), fsdp with periodic
 checkpoints, and fsdp resumed from the step 4 checkpoint (resume=latest) to the
-end; fsdp with activation checkpointing is tested in tests/nn/test_fsdp.py.
+end; fsdp with activation checkpointing is tested in tests/nn/test_fsdp.py. 257 eval
+samples over 2 ranks in batches of 8: rank 0 has 17 batches, rank 1 16, so the sharded
+evaluation must run one more (collective) forward on rank 1.
 
 Tolerance: 1e-5 relative on each step's loss and 1e-6 absolute on each final
 weight. The two runs start from the same weights and see the same batches; they
@@ -31,7 +33,7 @@ from tests.clirunner import run_clorch_train
 pytestmark = pytest.mark.timeout(300)
 
 JOB = ["backend=gloo", "precision=fp32", "model=gpt", "data=arithmetic", "model.n_layer=2", "model.d_model=32",
-       "model.n_head=2", "data.sample_count=256", "batch_size=8", "accumulation=2", "max_steps=6",
+       "model.n_head=2", "data.sample_count=257", "batch_size=8", "accumulation=2", "max_steps=6",
        "log_every=1", "optim.grad_clip=0.5", "launcher.nproc_per_node=2", "logger.progress=off",
        "checkpoint.export=safetensors"]
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-6
