@@ -159,7 +159,7 @@ class CheckpointConfig:
 
     policy: Literal["none", "final", "periodic"] = "none"  # none | final (at the end) | periodic (+ final)
     dir: Optional[str] = None  # checkpoint directory; null is <run dir>/checkpoints
-    path: Optional[str] = None  # file of the final checkpoint; null is <dir>/final.ckpt
+    path: Optional[str] = None  # the final checkpoint (a directory under parallel=fsdp); null is <dir>/final.ckpt (final.dcp)
     every_n_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # periodic: steps between checkpoints
     keep_last: int = field(default=2, metadata=rule(ge=1))  # periodic: how many step checkpoints to keep
     resume: str = "none"  # none | latest (newest in dir) | a checkpoint file

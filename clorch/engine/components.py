@@ -30,8 +30,9 @@ from clorch.optim import build_optimizer, build_scheduler, param_groups
 
 @dataclass
 class Components:
-    """One rank's training objects. `model` is the DDP wrapper; `raw_model` is what it wraps,
-    before torch.compile (checkpoints and evaluation use it).
+    """One rank's training objects. `model` is the DDP wrapper (or, under parallel=fsdp, a
+    `ShardedTrainer` with the same calls); `raw_model` is what it wraps, before torch.compile
+    (checkpoints and evaluation use it; sharded, its parameters are DTensor shards).
 
     `precision` (a `clorch.amp.MixedPrecision`) owns autocast, the loss scaler,
     backward and the optimizer step; `scaler` and `autocast_dtype` read it.
