@@ -129,12 +129,37 @@ class DDPConfig:
 
 
 @dataclass
+class DDPParallelConfig:
+    """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
+
+    name: Literal["ddp"] = "ddp"
+
+
+@dataclass
+class FSDPParallelConfig:
+    """Sharded data parallel (torch's fully_shard): each rank holds 1/world of the model's state.
+
+    Parameters, gradients and optimizer state are split over the job's ranks
+    (clorch.nn.parallel.fsdp); the `ddp` group's keys do not apply.
+    """
+
+    name: Literal["fsdp"] = "fsdp"
+    # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
+    # every child with >= min_params parameters) or a list of class names, e.g. [Block]
+    shard: Union[Literal["auto"], list[str]] = "auto"
+    min_params: int = field(default=source_constant("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"),
+                            metadata=rule(ge=1))  # shard=auto: parameters a child needs to be a unit of its own
+    reshard_after_forward: bool = True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
+    cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
+
+
+@dataclass
 class CheckpointConfig:
     """When to write checkpoints and where to resume from."""
 
     policy: Literal["none", "final", "periodic"] = "none"  # none | final (at the end) | periodic (+ final)
     dir: Optional[str] = None  # checkpoint directory; null is <run dir>/checkpoints
-    path: Optional[str] = None  # file of the final checkpoint; null is <dir>/final.ckpt
+    path: Optional[str] = None  # the final checkpoint (a directory under parallel=fsdp); null is <dir>/final.ckpt (final.dcp)
     every_n_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # periodic: steps between checkpoints
     keep_last: int = field(default=2, metadata=rule(ge=1))  # periodic: how many step checkpoints to keep
     resume: str = "none"  # none | latest (newest in dir) | a checkpoint file
@@ -173,10 +198,13 @@ class GPTConfig:
     seq_len: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's
     init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
     init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
+    # recompute each block's activations in backward instead of keeping them (less memory, about
+    # one more forward of compute); under parallel=ddp and fsdp alike
+    activation_checkpointing: bool = False
 
 
-MODEL_LOAD_KEYS = ("init_from", "init_strict")
-"""Keys of every model section that clorch reads (never passed to the model's class)."""
+MODEL_LOAD_KEYS = ("init_from", "init_strict", "activation_checkpointing")
+"""Keys of model sections that clorch reads (never passed to the model's class)."""
 
 
 @dataclass
@@ -426,6 +454,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "precision": {"fp32": FP32Config(), "bf16": BF16Config(), "fp16": FP16Config()},
     "sampler": {"distributed": SamplerConfig()},
     "ddp": {"default": DDPConfig()},
+    "parallel": {"ddp": DDPParallelConfig(), "fsdp": FSDPParallelConfig()},
     "checkpoint": {"none": CheckpointConfig(),
                    "final": CheckpointConfig(policy="final"),
                    "periodic": CheckpointConfig(policy="periodic", every_n_steps=50)},
@@ -482,6 +511,7 @@ class TrainConfig(TopConfig):
     precision: PrecisionOption = field(default_factory=BF16Config)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    parallel: Union[DDPParallelConfig, FSDPParallelConfig] = field(default_factory=DDPParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: ModelOption = field(default_factory=MLPConfig)
     data: DataOption = field(default_factory=SyntheticDataConfig)

@@ -3,6 +3,10 @@
 The checkpoint holds model, optimizer, sampler and scaler (clorch.checkpoint)
 plus the loop state: step, epoch and the schedule's state, so a resumed run
 continues exactly where the checkpoint was taken.
+
+Under `parallel=fsdp` checkpoints are sharded (clorch.checkpoint.sharded): each
+is a directory (`step_00000100.dcp`, `final.dcp`) to which every rank writes its
+own shards; the same policies (final, periodic, keep_last, resume=latest) apply.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import torch
 import torch.distributed as dist
 
 from clorch.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                               save_checkpoint)
+                               save_checkpoint, step_checkpoint_path)
+from clorch.checkpoint.sharded import (latest_sharded_checkpoint, load_sharded, prune_sharded_checkpoints,
+                                       save_sharded, sharded_step_path)
 from clorch.config.resume import RECORD_KEY, run_record
-from clorch.config.schema import TrainConfig
+from clorch.config.schema import FSDPParallelConfig, TrainConfig
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
 from clorch.engine.components import Components
 from clorch.engine.loop import LoopState
@@ -29,10 +35,21 @@ def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(configured).expanduser() if configured else run_dir / "checkpoints"
 
 
+def sharded(cfg: TrainConfig) -> bool:
+    """Whether the run's checkpoints are sharded directories (parallel=fsdp)."""
+    return isinstance(cfg.parallel, FSDPParallelConfig)
+
+
 def final_path(cfg: TrainConfig, run_dir: Path) -> Path:
-    """`checkpoint.path`, or <checkpoint dir>/final.ckpt."""
+    """`checkpoint.path`, or <checkpoint dir>/final.ckpt (final.dcp, a directory, when sharded)."""
     configured = cfg.checkpoint.path
-    return Path(configured).expanduser() if configured else checkpoint_dir(cfg, run_dir) / "final.ckpt"
+    name = "final.dcp" if sharded(cfg) else "final.ckpt"
+    return Path(configured).expanduser() if configured else checkpoint_dir(cfg, run_dir) / name
+
+
+def step_path(cfg: TrainConfig, directory: Path, step: int) -> Path:
+    """The step checkpoint's path: step_00000100.ckpt, or step_00000100.dcp when sharded."""
+    return sharded_step_path(directory, step) if sharded(cfg) else step_checkpoint_path(directory, step)
 
 
 def restart_count() -> int:
@@ -52,7 +69,8 @@ def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     resume = cfg.checkpoint.resume
     if restart_count() > 0 or resume == "latest":
         directory = checkpoint_dir(cfg, run_dir)
-        latest = latest_checkpoint(directory) if directory.is_dir() else None
+        newest = latest_sharded_checkpoint if sharded(cfg) else latest_checkpoint
+        latest = newest(directory) if directory.is_dir() else None
         if latest is not None or resume in ("latest", "none"):
             return latest
     if resume == "none":
@@ -82,7 +100,8 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
          run_dir: Path | None = None) -> None:
     """Write a checkpoint of everything needed to continue.
 
-    Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint);
+    Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint, or
+    save_sharded when sharded);
     it blocks until rank 0 has committed the file.
 
     Args:
@@ -93,26 +112,35 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
     # The open logging window travels too, so the first metrics line after a
     # resume averages the same steps as an uninterrupted run's (one host read).
     window = _gather_window(parts, state)
+    training = {RECORD_KEY: run_record(cfg, parts.world_size),
+                "step": state.step, "epoch": state.epoch,
+                "scheduler": _scheduler_state(parts.scheduler),
+                "window_loss": window, "window_steps": state.window_steps,
+                "window_samples": state.window_samples,
+                "window_norm": _window_norm(state),
+                "run_dir": None if run_dir is None else str(run_dir)}
+    if parts.sharded:  # the scaler is None: fp16 is refused under fsdp
+        save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
+                     state=training)
+        return
     save_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
-                    scaler=parts.scaler, state={RECORD_KEY: run_record(cfg, parts.world_size),
-                                            "step": state.step, "epoch": state.epoch,
-                                            "scheduler": _scheduler_state(parts.scheduler),
-                                            "window_loss": window, "window_steps": state.window_steps,
-                                            "window_samples": state.window_samples,
-                                            "window_norm": _window_norm(state),
-                                            "run_dir": None if run_dir is None else str(run_dir)})
+                    scaler=parts.scaler, state=training)
 
 
 def restore(parts: Components, path: Path) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
-    Every rank must call it (collective: see clorch.checkpoint.load_checkpoint).
+    Every rank must call it (collective: see clorch.checkpoint.load_checkpoint, or load_sharded).
 
     Raises:
         ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
     """
-    saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
-                            scaler=parts.scaler)
+    if parts.sharded:
+        saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
+        _check_world_size(path, saved, parts.world_size)
+    else:
+        saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer,
+                                sampler=parts.sampler, scaler=parts.scaler)
     _check_training_state(path, saved, parts.world_size)
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
@@ -129,6 +157,21 @@ def restore(parts: Components, path: Path) -> LoopState:
                      window_steps=int(saved.get("window_steps", 0)),
                      window_samples=int(saved.get("window_samples", 0)),
                      resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
+
+
+def _check_world_size(path: Path, saved: Any, world_size: int) -> None:
+    """A sharded checkpoint loads on any world size, but the run would change its global batch
+    (batch_size x world size x accumulation) and its random streams: refused, on every rank alike.
+
+    Raises:
+        CheckpointError: the checkpoint was saved by another number of ranks.
+    """
+    record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
+    saved_world = record.get("world_size") if isinstance(record, dict) else None
+    if saved_world is not None and saved_world != world_size:
+        raise CheckpointError(f"sharded checkpoint {path} was saved by {saved_world} ranks, this run has "
+                              f"{world_size}: clorch-train resumes on the same number of ranks only "
+                              f"(set launcher.nproc_per_node to match, or resume from another checkpoint)")
 
 
 def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
@@ -203,4 +246,5 @@ def _scheduler_state(scheduler: Any) -> dict[str, Any]:
 
 def prune(cfg: TrainConfig, run_dir: Path) -> None:
     """Keep the newest `checkpoint.keep_last` step checkpoints. Rank 0 only."""
-    prune_checkpoints(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)
+    keep = prune_sharded_checkpoints if sharded(cfg) else prune_checkpoints
+    keep(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)

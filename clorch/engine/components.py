@@ -18,25 +18,27 @@ from clorch.checkpoint.weights import load_weights
 from clorch.config.data_spec import build_splits
 from clorch.config.model_spec import build_model_for
 from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleConfig, FP16Config,
-                                  TrainConfig)
+                                  FSDPParallelConfig, TrainConfig)
 from clorch.data import DistributedSampler
 from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
+from clorch.nn.parallel.fsdp import ShardedTrainer, apply_activation_checkpointing, device_mesh, shard_model
 from clorch.optim import build_optimizer, build_scheduler, param_groups
 
 
 @dataclass
 class Components:
-    """One rank's training objects. `model` is the DDP wrapper; `raw_model` is what it wraps,
-    before torch.compile (checkpoints and evaluation use it).
+    """One rank's training objects. `model` is the DDP wrapper (or, under parallel=fsdp, a
+    `ShardedTrainer` with the same calls); `raw_model` is what it wraps, before torch.compile
+    (checkpoints and evaluation use it; sharded, its parameters are DTensor shards).
 
     `precision` (a `clorch.amp.MixedPrecision`) owns autocast, the loss scaler,
     backward and the optimizer step; `scaler` and `autocast_dtype` read it.
     """
 
-    model: Any                      # clorch.nn.parallel.DistributedDataParallel
+    model: Any                      # clorch.nn.parallel.DistributedDataParallel, or a ShardedTrainer (parallel=fsdp)
     raw_model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any                  # torch.optim.lr_scheduler.LRScheduler
@@ -51,6 +53,8 @@ class Components:
     world_size: int = 1
     cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
     grad_clip: float | None = None  # max total 2-norm of the gradients (optim.grad_clip); None: not clipped
+    sharded: bool = False           # parallel=fsdp: raw_model's parameters are DTensor shards
+
 
     @property
     def scaler(self) -> Any:
@@ -87,7 +91,8 @@ def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`, then from the
-    weights of `model.init_from` when it names a file.
+    weights of `model.init_from` when it names a file; its blocks recompute their activations
+    in backward with `model.activation_checkpointing`.
 
     Raises:
         ValueError: the init_from file does not fit the model (the plan checks it first).
@@ -96,6 +101,8 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     path = getattr(cfg.model, "init_from", None)
     if path is not None:
         load_weights(model, path, strict=cfg.model.init_strict)
+    if getattr(cfg.model, "activation_checkpointing", False):  # before DDP or fully_shard, as torch advises
+        apply_activation_checkpointing(model, "auto")
     return model
 
 
@@ -164,12 +171,13 @@ def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool
 
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
-    """Build task, model (on the rank's device, compiled if asked, DDP-wrapped), optimizer,
-    schedule, precision (autocast and scaler) and sampler from a checked config.
-    `total_steps` is the plan's (the cosine schedule's length).
+    """Build task, model (on the rank's device, compiled if asked, DDP-wrapped or sharded as
+    `parallel` says), optimizer, schedule, precision (autocast and scaler) and sampler from a
+    checked config. `total_steps` is the plan's (the cosine schedule's length).
 
     Every rank must call it: wrapping in DDP is a synchronization point (it checks
-    parameter signatures and broadcasts rank 0's weights; see DistributedDataParallel).
+    parameter signatures and broadcasts rank 0's weights; see DistributedDataParallel),
+    and so is sharding (fully_shard over the job's ranks).
 
     Raises:
         ValueError, TypeError: the builders reject a setting (the checks catch most first).
@@ -182,8 +190,29 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
     if cfg.compile and hasattr(task, "compile_loss"):
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
-    raw = build_raw_model(cfg, task).to(device)
+    if isinstance(cfg.parallel, FSDPParallelConfig):
+        raw, model = _sharded(cfg, task, device)
+        optimizer = _optimizer(cfg, raw)
+    else:
+        raw, model, optimizer = _data_parallel(cfg, task, device)
     seed_training_draws(cfg.seed, rank)
+    sampling = cfg.sampler
+    sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
+                                 seed=cfg.seed if sampling.seed is None else sampling.seed,
+                                 shuffle=sampling.shuffle, drop_last=sampling.drop_last)
+    return Components(model=model, raw_model=raw, optimizer=optimizer,
+                      scheduler=_scheduler(cfg, optimizer, total_steps), precision=_precision(cfg, device),
+                      task=task, eval_task=eval_task, sampler=sampler, device=device,
+                      batch_size=cfg.batch_size, accumulation=cfg.accumulation,
+                      rank=rank, world_size=world, grad_clip=cfg.optim.grad_clip,
+                      cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device),
+                      sharded=isinstance(cfg.parallel, FSDPParallelConfig))
+
+
+def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, Any, Any]:
+    """parallel=ddp: the whole model on every rank in clorch's DistributedDataParallel (a
+    synchronization point: it checks parameter signatures and broadcasts rank 0's weights)."""
+    raw = build_raw_model(cfg, task).to(device)
     inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
     ddp = cfg.ddp
     model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
@@ -198,13 +227,31 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
                          "(set optim.grad_clip=null or ddp.step_in_backward=false)")
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)
-    sampling = cfg.sampler
-    sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
-                                 seed=cfg.seed if sampling.seed is None else sampling.seed,
-                                 shuffle=sampling.shuffle, drop_last=sampling.drop_last)
-    return Components(model=model, raw_model=raw, optimizer=optimizer,
-                      scheduler=_scheduler(cfg, optimizer, total_steps), precision=_precision(cfg, device),
-                      task=task, eval_task=eval_task, sampler=sampler, device=device,
-                      batch_size=cfg.batch_size, accumulation=cfg.accumulation,
-                      rank=rank, world_size=world, grad_clip=cfg.optim.grad_clip,
-                      cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device))
+    return raw, model, optimizer
+
+
+def _sharded(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, ShardedTrainer]:
+    """parallel=fsdp: the model sharded over every rank of the job (torch's fully_shard).
+
+    The seeded weights are the ones `parallel=ddp` starts from: the model is built
+    (and `model.init_from` loaded) on the host, then each unit is moved to `device`
+    and cut to this rank's shard as it is sharded, so no device ever holds the whole
+    model. Collective: every rank calls it (fully_shard over the mesh).
+
+    Raises:
+        ValueError: precision=fp16 (no loss scaler for sharded gradients yet), or a
+            `parallel.shard` class that is not in the model.
+    """
+    parallel = cfg.parallel
+    if isinstance(cfg.precision, FP16Config):
+        raise ValueError("precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not "
+                         "work on sharded gradients (use precision=bf16 or fp32)")
+    raw = build_raw_model(cfg, task)
+    if device.type == "cuda" and not parallel.cpu_offload:
+        torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
+    # bf16: parameters all-gathered and computed in bf16, gradients reduce-scattered in fp32.
+    shard_model(raw, mesh=device_mesh(device.type), shard_modules=parallel.shard,
+                min_params=parallel.min_params, reshard_after_forward=parallel.reshard_after_forward,
+                precision=cfg.precision.name, cpu_offload=parallel.cpu_offload)
+    compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
+    return raw, ShardedTrainer(raw, compiled)

@@ -24,6 +24,8 @@ def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
     sums: dict[str, torch.Tensor] = {}
     index_batches = [indices[start:start + parts.batch_size]
                      for start in range(0, indices.numel(), parts.batch_size)]
+    if parts.sharded:
+        _pad_forwards(parts, index_batches)
     for batch in micro_batches(parts.eval_task, index_batches):
         batch = to_device(batch, parts.device, parts.pin_memory)
         with parts.autocast():
@@ -33,11 +35,26 @@ def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
     return sums
 
 
+def _pad_forwards(parts: Components, index_batches: list[torch.Tensor]) -> None:
+    """A sharded model's forward is collective (it all-gathers each unit): a rank with one
+    batch fewer than rank 0 runs one more forward, on its first sample, and ignores it.
+
+    The strided split gives ranks at most one sample less than rank 0, so at most one batch.
+    """
+    batches_of_rank0 = -(-len(range(0, len(parts.eval_task), parts.world_size)) // parts.batch_size)
+    if len(index_batches) < batches_of_rank0:
+        batch = next(iter(micro_batches(parts.eval_task, [index_batches[0] if index_batches
+                                                          else torch.tensor([0])])))
+        with parts.autocast():
+            parts.eval_task.eval_sums(parts.raw_model, to_device(batch, parts.device, parts.pin_memory))
+
+
 @torch.no_grad()
 def evaluate(parts: Components) -> dict[str, float]:
     """The eval metrics (e.g. {"loss": ..., "exact": ...}) over the whole eval split.
 
-    Every rank must call it: it starts with a broadcast of rank 0's buffers
+    Every rank must call it: each forward of a sharded model is collective (every rank
+    runs as many; see `_pad_forwards`); it starts with a broadcast of rank 0's buffers
     (when the model has any) and ends in one all_reduce of the sums (blocks
     until all ranks arrive; raises what the collective raises). A rank with no
     eval samples (eval split smaller than world_size) would not know the metric

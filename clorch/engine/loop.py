@@ -82,7 +82,8 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     `MixedPrecision.optimizer_step`). All micro-batches but the last run under
     `no_sync`, so gradients are reduced once per step. Between the reduction and
     the step the gradients are unscaled, measured and, with `parts.grad_clip`,
-    clipped to that total norm (`clorch.nn.parallel.grad_norm.clip_grad_norm`: local).
+    clipped to that total norm (`clorch.nn.parallel.grad_norm.clip_grad_norm`: local;
+    for a sharded model its `clip_gradients`, which all-reduces the partial norms).
 
     Raises:
         ValueError: `micro_batches` is empty, or holds more than one batch while
@@ -113,7 +114,9 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
         total += loss.detach().float()
     # After the all-reduce (the last backward) and unscaling, the same on every rank: the norm is
     # logged, and clipped to optim.grad_clip when set.
-    grad_norm = clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision)
+    clip = getattr(parts.model, "clip_gradients", None)  # a sharded model: collective over its ranks
+    grad_norm = (clip(parts.grad_clip) if clip is not None
+                 else clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision))
     lr = parts.optimizer.param_groups[0]["lr"]  # before the schedule moves it on to the next step's
     # Through DDP's optimizer_step: it steps (skipping an fp16 overflow) and zeroes the gradients.
     stepped = precision.optimizer_step(parts.optimizer, model=parts.model)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
-from clorch.checkpoint import step_checkpoint_path
 from clorch.checkpoint.weights import save_safetensors
 from clorch.config.plan import Plan
 from clorch.config.schema import TrainConfig
@@ -32,6 +33,9 @@ from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed
 def weights_digest(model: torch.nn.Module) -> str:
     """SHA-256 of the model's state dict (names and exact bytes): equal iff the weights are.
 
+    A sharded model's parameters are gathered whole, one at a time (collective then:
+    every rank calls it; only the one reading the result needs it).
+
     Every entry counts: parameters and buffers of any dtype and shape (a 0-d
     scalar, BatchNorm's int64 `num_batches_tracked`, bool masks); a tied
     weight under each of its names; an entry that is not a tensor (a
@@ -40,6 +44,8 @@ def weights_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, value in sorted(model.state_dict().items()):
         digest.update(name.encode())
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
         if isinstance(value, torch.Tensor):
             # reshape(-1): a 0-d tensor cannot be viewed as bytes; the bytes are the same either way.
             digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -79,7 +85,7 @@ class StepHooks:
         # The last step too, so that resume=latest after a finished run finds the end.
         if ckpt.policy == "periodic" and (step % ckpt.every_n_steps == 0 or step == self.total):
             directory = checkpoints.checkpoint_dir(cfg, self.run_dir)
-            checkpoints.save(cfg, self.parts, step_checkpoint_path(directory, step), state, self.run_dir)
+            checkpoints.save(cfg, self.parts, checkpoints.step_path(cfg, directory, step), state, self.run_dir)
             if self.parts.rank == 0:
                 checkpoints.prune(cfg, self.run_dir)
 
@@ -213,6 +219,8 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
         if cfg.checkpoint.policy in ("final", "periodic"):
             checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
         exported = _export(cfg, parts, run_dir)
+        # Sharded: every rank takes part in gathering the weights (one parameter at a time).
+        digest = weights_digest(parts.raw_model) if parts.sharded or parts.rank == 0 else None
     finally:
         if writer is not None:
             writer.close()
@@ -228,14 +236,33 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
             "resumed_run_dir": earlier,
             "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
             "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
-            "final_eval": final_eval, "weights_sha256": weights_digest(parts.raw_model),
+            "final_eval": final_eval, "weights_sha256": digest,
             "preflight": preflight.summary_of(checked) if checked is not None else None,
             "exported": exported}
 
 
-def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
-    """Rank 0 writes the final weights for other tools (checkpoint.export); the path, or None."""
-    if cfg.checkpoint.export != "safetensors" or parts.rank != 0:
-        return None
+class _Weights:
+    """A state dict standing in for a module where one is written (save_safetensors)."""
 
-    return str(save_safetensors(parts.raw_model, run_dir / EXPORT_FILE))
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
+    """Rank 0 writes the final weights for other tools (checkpoint.export); the path, or None.
+
+    Sharded, every rank must call it: the parameters are gathered to rank 0's host memory
+    one at a time (torch's full state dict with CPU offload; the other ranks keep none).
+    """
+    if cfg.checkpoint.export != "safetensors":
+        return None
+    model: Any = parts.raw_model
+    if parts.sharded:
+        model = _Weights(get_model_state_dict(parts.raw_model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True)))
+    if parts.rank != 0:
+        return None
+    return str(save_safetensors(model, run_dir / EXPORT_FILE))

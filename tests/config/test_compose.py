@@ -57,11 +57,11 @@ def test_recipes_set_what_their_names_say():
 
 
 def test_the_config_groups():
-    assert set(config_groups()) == {"backend", "precision", "sampler", "ddp", "checkpoint", "model",
+    assert set(config_groups()) == {"backend", "precision", "sampler", "ddp", "parallel", "checkpoint", "model",
                                     "data", "optim", "schedule", "launcher", "logger", "preflight", "loss", "step"}
 
 
-@pytest.mark.parametrize("group", ["backend", "precision", "sampler", "ddp", "checkpoint", "model",
+@pytest.mark.parametrize("group", ["backend", "precision", "sampler", "ddp", "parallel", "checkpoint", "model",
                                    "data", "optim", "schedule", "launcher", "logger", "preflight"])
 def test_every_group_option_composes_and_validates(group, tmp_path):
     for option in group_options(group):

@@ -31,10 +31,11 @@ norm over the mesh when the gradients are sharded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
 from clorch.precision import get_precision
 
-__all__ = ["AUTO_MIN_PARAMS", "apply_activation_checkpointing", "clip_grad_norm_", "device_mesh",
+__all__ = ["AUTO_MIN_PARAMS", "ShardedTrainer", "apply_activation_checkpointing", "clip_grad_norm_", "device_mesh",
            "gpt_init_fn", "materialize", "mixed_precision_policy", "shard_model", "sharded_modules"]
 
 AUTO_MIN_PARAMS = 1_000_000
@@ -350,3 +351,68 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor] | nn.Module, max_norm: fl
     params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class ShardedTrainer:
+    """A sharded model (`shard_model`) with the training calls clorch's DDP wrapper offers.
+
+    clorch's training step runs any of its data-parallel wrappers alike: calls the
+    model, accumulates under `no_sync()`, measures and clips with
+    `clip_gradients`, steps with `optimizer_step`. Here `no_sync()` is FSDP2's
+    `set_requires_gradient_sync(False)` (gradients stay unsharded-unreduced until
+    the last micro-batch's backward, which reduce-scatters them).
+
+    Collectives: each call (forward), each synchronized backward and
+    `clip_gradients` are collective over the mesh; every rank calls them in the
+    same order. `optimizer_step` is local.
+    """
+
+    sharded = True
+
+    def __init__(self, module: nn.Module, forward: Callable[..., Any] | None = None):
+        if not isinstance(module, FSDPModule):
+            raise TypeError(f"ShardedTrainer takes a model sharded by shard_model, got {type(module).__name__}")
+        self.module = module
+        self._forward = module if forward is None else forward  # e.g. torch.compile(module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    def parameters(self) -> Iterable[nn.Parameter]:
+        return self.module.parameters()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward inside accumulates local gradients without reducing them (local)."""
+        self.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
+
+    def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
+        """The total 2-norm of the model's (sharded) gradients, clipped to `max_norm` when given.
+
+        Collective: all-reduces the partial norms over the mesh (every rank calls it).
+        Returns None when no parameter has a gradient.
+        """
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if not params:
+            return None
+        if max_norm is not None:
+            return clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
+        """Step the optimizer on the sharded gradients, then zero them. Local.
+
+        Raises:
+            ValueError: a loss scaler (fp16 needs one that sees sharded gradients).
+        """
+        if scaler is not None:
+            raise ValueError("a sharded model cannot step with clorch's loss scaler: fp16 under "
+                             "parallel=fsdp is not supported yet (use precision=bf16 or fp32)")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return True

@@ -1,0 +1,118 @@
+"""`clorch-train parallel=fsdp` against the same job under `parallel=ddp`, on 2 CPU ranks over gloo.
+
+One small GPT (2 blocks: two fully_shard units plus the root, tied embedding and
+output), fp32, accumulation 2 and gradient clipping that acts, 6 steps. Three
+launches in all: ddp (with activation checkpointing), fsdp with periodic
+checkpoints, and fsdp resumed from the step 4 checkpoint (resume=latest) to the
+end; fsdp with activation checkpointing is tested in tests/nn/test_fsdp.py. 257 eval
+samples over 2 ranks in batches of 8: rank 0 has 17 batches, rank 1 16, so the sharded
+evaluation must run one more (collective) forward on rank 1.
+
+Tolerance: 1e-5 relative on each step's loss and 1e-6 absolute on each final
+weight. The two runs start from the same weights and see the same batches; they
+differ only in how the gradients are summed (DDP's all-reduce of whole buckets,
+FSDP's reduce-scatter of shards) and in the clipped norm's partial sums, which
+may round differently in fp32 (about 1e-7 relative a step, over 6 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from clorch.engine.outputs import read_metrics
+from tests.clirunner import run_clorch_train
+
+pytestmark = pytest.mark.timeout(300)
+
+JOB = ["backend=gloo", "precision=fp32", "model=gpt", "data=arithmetic", "model.n_layer=2", "model.d_model=32",
+       "model.n_head=2", "data.sample_count=257", "batch_size=8", "accumulation=2", "max_steps=6",
+       "log_every=1", "optim.grad_clip=0.5", "launcher.nproc_per_node=2", "logger.progress=off",
+       "checkpoint.export=safetensors"]
+LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-6
+
+
+def _train(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, Path | None]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = run_clorch_train([*args, f"hydra.run.dir={cwd / 'run'}"], cwd, env=env, timeout=240)
+    return proc, cwd / "run"
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp")
+    # Activation checkpointing under ddp: recomputing the blocks' forwards changes no number.
+    ddp, ddp_dir = _train([*JOB, "model.activation_checkpointing=true"], tmp / "ddp")
+    assert ddp.returncode == 0, ddp.stderr
+    fsdp, fsdp_dir = _train([*JOB, "parallel=fsdp", "checkpoint=periodic", "checkpoint.every_n_steps=2",
+                             "checkpoint.keep_last=2", f"checkpoint.dir={tmp / 'ckpt'}"], tmp / "fsdp")
+    assert fsdp.returncode == 0, fsdp.stderr
+    return tmp, ddp_dir, fsdp_dir
+
+
+def test_fsdp_trains_as_ddp_does(runs):
+    _, ddp_dir, fsdp_dir = runs
+    ddp_losses, fsdp_losses = _losses(ddp_dir), _losses(fsdp_dir)
+    assert sorted(fsdp_losses) == [1, 2, 3, 4, 5, 6] and sorted(ddp_losses) == sorted(fsdp_losses)
+    for step, loss in ddp_losses.items():
+        assert fsdp_losses[step] == pytest.approx(loss, rel=LOSS_RTOL), step
+    assert fsdp_losses[6] < fsdp_losses[1]  # it learns, not just runs
+    ddp_summary, fsdp_summary = _summary(ddp_dir), _summary(fsdp_dir)
+    assert fsdp_summary["final"]["grad_norm"] == pytest.approx(ddp_summary["final"]["grad_norm"], rel=LOSS_RTOL)
+    assert fsdp_summary["final"]["eval_loss"] == pytest.approx(ddp_summary["final"]["eval_loss"], rel=LOSS_RTOL)
+    # The exported weights: gathered whole to rank 0, every name of the model's state dict.
+    ddp_weights, fsdp_weights = load_file(ddp_dir / "model.safetensors"), load_file(fsdp_dir / "model.safetensors")
+    assert sorted(ddp_weights) == sorted(fsdp_weights)
+    for name, value in ddp_weights.items():
+        assert fsdp_weights[name].shape == value.shape, name
+        torch.testing.assert_close(fsdp_weights[name], value, rtol=0, atol=WEIGHT_ATOL, msg=name)
+
+
+def test_fsdp_checkpoints_are_sharded_and_pruned(runs):
+    tmp, _, _ = runs
+    ckpt = tmp / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [
+        "final.dcp", "step_00000004.dcp", "step_00000006.dcp"]  # keep_last=2 removed step 2
+    for rank in (0, 1):  # each rank wrote its own shards
+        assert (ckpt / "step_00000004.dcp" / f"__{rank}_0.distcp").is_file()
+
+
+def test_fsdp_resumes_latest_and_ends_where_the_uninterrupted_run_did(runs):
+    tmp, _, fsdp_dir = runs
+    resumed_ckpt = tmp / "resumed_ckpt"
+    resumed_ckpt.mkdir()
+    shutil.copytree(tmp / "ckpt" / "step_00000004.dcp", resumed_ckpt / "step_00000004.dcp")
+    proc, run_dir = _train([*JOB, "parallel=fsdp", "checkpoint=periodic", "checkpoint.every_n_steps=2",
+                            f"checkpoint.dir={resumed_ckpt}", "checkpoint.resume=latest"], tmp / "resumed")
+    assert proc.returncode == 0, proc.stderr
+    summary = _summary(run_dir)
+    assert summary["resumed_from"] == str(resumed_ckpt / "step_00000004.dcp")
+    assert summary["steps"] == 6
+    # Same world size: sampler, RNG, optimizer and schedule continue exactly.
+    assert summary["weights_sha256"] == _summary(fsdp_dir)["weights_sha256"]
+    resumed_losses, full = _losses(run_dir), _losses(fsdp_dir)
+    assert {s: resumed_losses[s] for s in (5, 6)} == {s: full[s] for s in (5, 6)}
+
+
+def test_a_fsdp_key_under_ddp_is_a_config_error(tmp_path):
+    proc, _ = _train([*JOB, "parallel.reshard_after_forward=false"], tmp_path)
+    assert proc.returncode == 2
+    assert "parallel.reshard_after_forward is not a key of parallel=ddp" in proc.stderr
+    assert "parallel=fsdp" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
