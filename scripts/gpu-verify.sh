@@ -31,6 +31,13 @@ bench)
   run runner clorch-bench runner 2>&1 | tee "$OUTDIR/bench_runner.txt"
   run scaler clorch-bench scaler 2>&1 | tee "$OUTDIR/bench_scaler.txt"
   run runner-compile clorch-bench runner --compile 2>&1 | tee "$OUTDIR/bench_runner_compile.txt" ;;
+examples)
+  # Each example as shipped, on the GPU: one rank, NCCL, bf16 (the command line beats the recipe).
+  GPU_ARGS="backend=auto precision=bf16 launcher.nproc_per_node=1"
+  WORK=$(mktemp -d /tmp/clorch-examples.XXXXXX) && cp -r examples/. "$WORK"/
+  (cd "$WORK/nanogpt" && $PY prepare.py && CLORCH_TRUSTED_MODULES=nanogpt run nanogpt clorch-train +recipe=./bytes.yaml $GPU_ARGS) 2>&1 | tail -15 | tee "$OUTDIR/example_nanogpt.txt"
+  (cd "$WORK/hf_causal_lm" && $PY ../nanogpt/prepare.py && CLORCH_TRUSTED_MODULES=transformers run hf clorch-train +recipe=./tiny_gpt2.yaml $GPU_ARGS) 2>&1 | tail -15 | tee "$OUTDIR/example_hf.txt"
+  (cd "$WORK/resnet" && CLORCH_TRUSTED_MODULES=resnet_example run resnet clorch-train +recipe=./stripes.yaml $GPU_ARGS) 2>&1 | tail -15 | tee "$OUTDIR/example_resnet.txt" ;;
 fsdp)
   run fsdp-compiled clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --compile --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_compiled.txt"
   run fsdp-eager clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_eager.txt" ;;

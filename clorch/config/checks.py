@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from clorch._checkpoint_names import step_checkpoints
+from clorch._checkpoint_names import any_step_checkpoints
 from clorch.config import schema
 from clorch.config import user_code
 from clorch.config.fields import check_section, did_you_mean
@@ -176,6 +176,9 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
         errors.append("ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
                       "to skip a step only after every gradient is in, and backward would already have "
                       "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)")
+    if isinstance(cfg.parallel, schema.FSDPParallelConfig) and isinstance(cfg.precision, schema.FP16Config):
+        errors.append("precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not work on "
+                      "sharded gradients (use precision=bf16 or fp32)")
     if cfg.ddp is not None and cfg.ddp.step_in_backward and cfg.optim.grad_clip is not None:
         errors.append(f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: each "
                       "bucket's parameters are stepped before the whole gradient's norm is known "
@@ -265,7 +268,7 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     """
     if restart_count() > 0:
         return []
-    found = sorted(path.name for _, path in step_checkpoints(Path(directory).expanduser()))
+    found = sorted(path.name for _, path in any_step_checkpoints(Path(directory).expanduser()))
     if not found:
         return []
     shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")

@@ -110,13 +110,19 @@ def _unknown_key(prefix: str, key: str, fields: Mapping[str, Any], owner: str | 
     return f"{full} is not a known key; {did_you_mean(key, fields)}allowed: {allowed}"
 
 
+def _with_article(name: str) -> str:
+    """"an integer", "a float", "a list of str": the type's name as a sentence names it."""
+    name = "integer" if name == "int" else name
+    return name if name.startswith(("a ", "an ")) else ("an " if name[0] in "aeiou" else "a ") + name
+
+
 def _value_errors(full: str, value: Any, annotation: Any, meta: Mapping[str, Any]) -> list[str]:
     if non_finite(value):
         what = "hold only finite numbers" if isinstance(value, (list, tuple)) else "be a finite number"
         return [f"{full} must {what}, got {value!r}"]
     choices = _literals(annotation)
     members = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else ()
-    others = [f"an {_type_name(a)}".replace("an int", "an integer") for a in members
+    others = [_with_article(_type_name(a)) for a in members
               if typing.get_origin(a) is not typing.Literal and a is not type(None)]
     if choices and others and (not _matches(value, annotation) or _rule_errors(full, value, meta)):
         # One wording whatever is wrong: `auto` or an integer >= 1, for 0 and for "many" alike.

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
-from clorch._checkpoint_names import step_checkpoints
+from clorch._checkpoint_names import any_step_checkpoints
 from clorch._commands import TRUST_VARIABLE, pasteable
 from clorch.config.composer import recipe_file
 
@@ -123,7 +123,7 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
     base = os.getcwd() if base is None else base
     run_dir = Path(base, run_dir).resolve()
     directory = Path(base, checkpoint_dir(cfg, run_dir)).resolve()
-    found = step_checkpoints(directory)
+    found = any_step_checkpoints(directory)
     if not found:
         return f"no checkpoint was written yet in {directory}: a new run starts from the beginning"
     args = _job_args(argv, run_dir)
