@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clorch._version import __version__
+
 __all__ = ["run_local", "__version__"]
 
 

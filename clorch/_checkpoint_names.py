@@ -37,8 +37,7 @@ def step_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := STEP_NAME.fullmatch(p.name)) and p.is_file()]
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_NAME.fullmatch(p.name)) and p.is_file()]
     return sorted(found, reverse=True)
 
 
@@ -50,6 +49,9 @@ def any_step_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    sharded = [(int(m.group(1)), p) for p in directory.iterdir()
-               if (m := SHARDED_STEP_NAME.fullmatch(p.name)) and (p / SHARDED_MARKER).is_file()]
+    sharded = [
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := SHARDED_STEP_NAME.fullmatch(p.name)) and (p / SHARDED_MARKER).is_file()
+    ]
     return sorted(step_checkpoints(directory) + sharded, reverse=True)

@@ -17,8 +17,17 @@ from typing import Iterable, Sequence
 TRUST_VARIABLE = "CLORCH_TRUSTED_MODULES"  # as clorch.config.targets.TRUSTED_VARIABLE
 # Override keys whose values are files or directories (clorch.config.paths.PATH_KEYS, and the
 # weights a model starts from); a recipe's value is a path when it looks like one.
-PATH_KEYS = ("data.path", "data.train_path", "data.eval_path", "checkpoint.dir", "checkpoint.path",
-             "checkpoint.resume", "model.init_from", "hydra.run.dir", "hydra.sweep.dir")
+PATH_KEYS = (
+    "data.path",
+    "data.train_path",
+    "data.eval_path",
+    "checkpoint.dir",
+    "checkpoint.path",
+    "checkpoint.resume",
+    "model.init_from",
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+)
 _NOT_PATHS = ("none", "latest", "null", "")
 
 
@@ -40,8 +49,11 @@ def absolute_args(args: Iterable[str], base: str) -> list[str]:
     for arg in args:
         key, sep, value = arg.partition("=")
         name = key.lstrip("+~")
-        if sep and (name in PATH_KEYS or (name == "recipe" and _is_recipe_path(value))) \
-                and not value.startswith(("[", "'", '"')):
+        if (
+            sep
+            and (name in PATH_KEYS or (name == "recipe" and _is_recipe_path(value)))
+            and not value.startswith(("[", "'", '"'))
+        ):
             arg = f"{key}={','.join(_absolute(v, base) for v in value.split(','))}"
         out.append(arg)
     return out
@@ -71,7 +83,7 @@ def trusted_in_config(text: str) -> str | None:
     prefix = f"# trusted modules ({TRUST_VARIABLE}): "
     for line in text.splitlines():
         if line.startswith(prefix):
-            return ",".join(name.strip() for name in line[len(prefix):].split(",") if name.strip())
+            return ",".join(name.strip() for name in line[len(prefix) :].split(",") if name.strip())
         if not line.startswith("#"):
             break
     return None

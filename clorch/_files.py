@@ -33,8 +33,7 @@ def created_files(directory: str | os.PathLike, prefix: str, suffix: str) -> lis
     return [path for path in Path(directory).iterdir() if own.fullmatch(path.name)]
 
 
-def create_exclusive(directory: str | os.PathLike, prefix: str, suffix: str,
-                     mode: int = 0o666) -> tuple[int, Path]:
+def create_exclusive(directory: str | os.PathLike, prefix: str, suffix: str, mode: int = 0o666) -> tuple[int, Path]:
     """Create a new file `prefix<random>suffix` in `directory`; return its write descriptor and path.
 
     The file is created with O_CREAT | O_EXCL, so nothing that is already at
@@ -60,15 +59,16 @@ def create_exclusive(directory: str | os.PathLike, prefix: str, suffix: str,
             return os.open(candidate, flags, mode), candidate
         except FileExistsError:
             continue
-    raise FileExistsError(f"could not create a new file {prefix}*{suffix} in {directory}: "
-                          f"{_CREATE_ATTEMPTS} random names were all taken")
+    raise FileExistsError(
+        f"could not create a new file {prefix}*{suffix} in {directory}: {_CREATE_ATTEMPTS} random names were all taken"
+    )
 
 
 def write_all(fd: int, data: Any) -> None:
     """Write every byte of `data` (bytes-like) to `fd`; os.write may write fewer per call."""
     view = memoryview(data).cast("B")
     while view.nbytes:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, **dumps_options: Any) -> None:

@@ -67,13 +67,10 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     if rank >= world_size:
         raise ValueError(f"environment variable RANK must be in [0, {world_size}), got {rank}")
     local_rank = _int_var(environ, "LOCAL_RANK", 0) if environ.get("LOCAL_RANK") else rank
-    local_world_size = (
-        _int_var(environ, "LOCAL_WORLD_SIZE", 1) if environ.get("LOCAL_WORLD_SIZE") else world_size
-    )
+    local_world_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1) if environ.get("LOCAL_WORLD_SIZE") else world_size
     if local_rank >= local_world_size:
         raise ValueError(
-            f"environment variable LOCAL_RANK must be in [0, {local_world_size}) "
-            f"(LOCAL_WORLD_SIZE), got {local_rank}"
+            f"environment variable LOCAL_RANK must be in [0, {local_world_size}) (LOCAL_WORLD_SIZE), got {local_rank}"
         )
     port = _int_var(environ, "MASTER_PORT", 1)
     if port > 65535:

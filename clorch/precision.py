@@ -78,11 +78,14 @@ class Precision:
         return text + " with loss scaling" if self.uses_scaler else text
 
 
-PRECISIONS: dict[str, Precision] = {p.name: p for p in (
-    Precision("fp32", "float32", ("float32",), autocast=False, uses_scaler=False),
-    Precision("bf16", "bfloat16", ("bfloat16",), autocast=True, uses_scaler=False),
-    Precision("fp16", "float16", ("float16",), autocast=True, uses_scaler=True),
-)}
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("fp32", "float32", ("float32",), autocast=False, uses_scaler=False),
+        Precision("bf16", "bfloat16", ("bfloat16",), autocast=True, uses_scaler=False),
+        Precision("fp16", "float16", ("float16",), autocast=True, uses_scaler=True),
+    )
+}
 """Canonical name -> precision mode, in the order error messages list them."""
 
 _BY_NAME: dict[str, Precision] = {name: p for p in PRECISIONS.values() for name in p.names}

@@ -53,8 +53,14 @@ EXTRAS = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb")}
 TRACKERS = tuple(EXTRAS)
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 # clorch's end states (the brief's and summary.json's) -> MLflow's RunStatus; anything else: FAILED.
-MLFLOW_STATUS = {"completed": "FINISHED", "succeeded": "FINISHED", "failed": "FAILED",
-                 "interrupted": "KILLED", "stopped": "KILLED", "killed": "KILLED"}
+MLFLOW_STATUS = {
+    "completed": "FINISHED",
+    "succeeded": "FINISHED",
+    "failed": "FAILED",
+    "interrupted": "KILLED",
+    "stopped": "KILLED",
+    "killed": "KILLED",
+}
 SUCCEEDED = ("completed", "succeeded")
 HYDRA_ROOTS = ("outputs", "multirun")
 DEFAULT_EXPERIMENT = "clorch"  # MLflow's experiment and W&B's project when neither config nor environment names one
@@ -93,8 +99,11 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def record_metrics(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
     """A record's step and its numbers as `{kind}/{key}` (bools, strings and "step" left out)."""
     kind = record.get("kind", "train")
-    numbers = {f"{kind}/{key}": float(value) for key, value in record.items()
-               if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    numbers = {
+        f"{kind}/{key}": float(value)
+        for key, value in record.items()
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
     return int(record.get("step", 0)), numbers
 
 
@@ -146,8 +155,10 @@ def wandb_target(project: str | None, run_dir: Path) -> tuple[str, Path]:
     else "clorch". The directory W&B writes its wandb/ folder in: WANDB_DIR when
     set, else the run directory. WANDB_ENTITY (the team or user) is W&B's own to read.
     """
-    return (project or os.environ.get("WANDB_PROJECT") or DEFAULT_EXPERIMENT,
-            Path(os.environ.get("WANDB_DIR") or run_dir))
+    return (
+        project or os.environ.get("WANDB_PROJECT") or DEFAULT_EXPERIMENT,
+        Path(os.environ.get("WANDB_DIR") or run_dir),
+    )
 
 
 def run_name(run_dir: Path) -> str:
@@ -173,13 +184,15 @@ def missing_extras(names: Sequence[str]) -> list[str]:
             continue
         module, dist = EXTRAS[name]
         if find_spec(module) is None:
-            errors.append(f"tracker {name} needs the {dist} package: pip install 'clorch[{name}]' "
-                          f"(in a clorch checkout: pip install '.[{name}]')")
+            errors.append(
+                f"tracker {name} needs the {dist} package: pip install 'clorch[{name}]' "
+                f"(in a clorch checkout: pip install '.[{name}]')"
+            )
     return errors
 
 
 def resolve_wandb_mode(mode: str) -> str:
-    """"auto": "online" when an API key is set (WANDB_API_KEY, or ~/.netrc / $NETRC for the
+    """ "auto": "online" when an API key is set (WANDB_API_KEY, or ~/.netrc / $NETRC for the
     W&B host, api.wandb.ai unless WANDB_BASE_URL names another), else "offline"; other modes
     are returned as they are. Raises ValueError for a mode not in WANDB_MODES."""
     if mode not in WANDB_MODES:
@@ -197,8 +210,16 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if found else "offline"
 
 
-def build_trackers(names: Sequence[str], run_dir: Path, *, run_name: str, tracking_uri: str | None,
-                   experiment: str | None, wandb_mode: str, wandb_project: str | None) -> list[Tracker]:
+def build_trackers(
+    names: Sequence[str],
+    run_dir: Path,
+    *,
+    run_name: str,
+    tracking_uri: str | None,
+    experiment: str | None,
+    wandb_mode: str,
+    wandb_project: str | None,
+) -> list[Tracker]:
     """The trackers `names` names, in that order (each once), none started yet.
 
     Args:
@@ -261,8 +282,13 @@ class _Isolated:
                 call(*args)
         except Exception as exc:  # any library error: the run matters more than its tracking
             self.disabled = True
-            logger.warning("%s tracker: %s failed (%s: %s); it is off for the rest of this run, "
-                           "training goes on", self.name, what, type(exc).__name__, exc)
+            logger.warning(
+                "%s tracker: %s failed (%s: %s); it is off for the rest of this run, training goes on",
+                self.name,
+                what,
+                type(exc).__name__,
+                exc,
+            )
         except KeyboardInterrupt:  # Ctrl-C, or clorch's Interrupted (SIGTERM, SIGHUP): the caller ends the run
             if what == "start":
                 # Half open, and what made it slow (a server that does not answer) would make its
@@ -297,8 +323,9 @@ class MLflowTracker(_Isolated):
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, run_dir: Path,
-                 artifact_location: str | None = None):
+    def __init__(
+        self, tracking_uri: str, experiment: str, run_name: str, run_dir: Path, artifact_location: str | None = None
+    ):
         super().__init__()
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_dir = Path(run_dir)
@@ -320,18 +347,21 @@ class MLflowTracker(_Isolated):
 
         missing = [m for m in SQL_STORE_MODULES if find_spec(m) is None]
         if self.tracking_uri.startswith("sqlite:") and missing:
-            raise ModuleNotFoundError(f"the SQLite store {self.tracking_uri} needs {' and '.join(missing)} "
-                                      "beside mlflow-skinny: pip install 'clorch[mlflow]'")
+            raise ModuleNotFoundError(
+                f"the SQLite store {self.tracking_uri} needs {' and '.join(missing)} "
+                "beside mlflow-skinny: pip install 'clorch[mlflow]'"
+            )
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        run = self._client.create_run(self._experiment_id(), run_name=self.run_name,
-                                      tags={"clorch.run_dir": str(self.run_dir.resolve())})
+        run = self._client.create_run(
+            self._experiment_id(), run_name=self.run_name, tags={"clorch.run_dir": str(self.run_dir.resolve())}
+        )
         self.run_id = run.info.run_id
         # lazy: mlflow is optional (clorch[mlflow])
         from mlflow.entities import Param
 
         flat = [Param(_key(k), _param_value(v)) for k, v in flatten(params).items() if v is not None]
         for i in range(0, len(flat), 100):  # MLflow takes at most 100 params a batch
-            self._client.log_batch(self.run_id, params=flat[i:i + 100])
+            self._client.log_batch(self.run_id, params=flat[i : i + 100])
 
     def _experiment_id(self) -> str:
         found = self._client.get_experiment_by_name(self.experiment)
@@ -388,7 +418,7 @@ def _param_value(value: Any) -> str:
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH  # the client's own limit (6000 in 3.x)
 
     text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
-    return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[:MAX_PARAM_VAL_LENGTH - 3] + "..."
+    return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
 
 
 class WandbTracker(_Isolated):
@@ -411,8 +441,12 @@ class WandbTracker(_Isolated):
         self.run: Any = None
 
     def _env(self) -> Mapping[str, str]:
-        env = {"WANDB_SILENT": "true", "WANDB_CONSOLE": "off", "WANDB_DISABLE_GIT": "true",
-               "WANDB_DISABLE_CODE": "true"}
+        env = {
+            "WANDB_SILENT": "true",
+            "WANDB_CONSOLE": "off",
+            "WANDB_DISABLE_GIT": "true",
+            "WANDB_DISABLE_CODE": "true",
+        }
         if self.mode != "online":
             env["WANDB_ERROR_REPORTING"] = "false"
         return env
@@ -420,8 +454,14 @@ class WandbTracker(_Isolated):
     def _start(self, params: dict[str, Any]) -> None:
         import wandb  # lazy: wandb is optional and slow to import (about 1.5 s)
 
-        self.run = wandb.init(project=self.project, name=self.run_name, dir=str(self.directory),
-                              config=params, mode=self.mode, reinit="create_new")
+        self.run = wandb.init(
+            project=self.project,
+            name=self.run_name,
+            dir=str(self.directory),
+            config=params,
+            mode=self.mode,
+            reinit="create_new",
+        )
 
     def _log(self, record: dict[str, Any]) -> None:
         step, numbers = record_metrics(record)

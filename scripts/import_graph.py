@@ -276,9 +276,7 @@ def build_graph(
                 if with_parents:
                     for parent in parent_packages(target, module):
                         edges.append(Edge(module, parent, rel, node.lineno, kind, parent=True))
-            externals.extend(
-                ExternalImport(module, name, rel, node.lineno, kind) for name in external_names(node)
-            )
+            externals.extend(ExternalImport(module, name, rel, node.lineno, kind) for name in external_names(node))
     return edges, externals, statements
 
 
@@ -364,9 +362,7 @@ def canonical_cycle(cycle: list[str]) -> tuple[str, ...]:
     return tuple(ring[start:] + ring[:start])
 
 
-def shortest_path(
-    graph: dict[str, set[str]], start: str, goal: str, allowed: set[str] | None = None
-) -> list[str]:
+def shortest_path(graph: dict[str, set[str]], start: str, goal: str, allowed: set[str] | None = None) -> list[str]:
     """A shortest path start -> ... -> goal of at least one edge (BFS); [] when none."""
     previous: dict[str, str] = {}
     queue = deque([start])
@@ -420,8 +416,7 @@ def print_counts(edges: list[Edge], statements: int) -> None:
     direct = [e for e in edges if not e.parent and e.kind != NAMED]
     print(f"  import statements naming a clorch module: {statements}")
     print(f"  resolved edges (module imports): {len(direct)}")
-    for kind, label in ((MODULE, "at module level"), (LAZY, "inside function bodies"),
-                        (TYPING, "under TYPE_CHECKING")):
+    for kind, label in ((MODULE, "at module level"), (LAZY, "inside function bodies"), (TYPING, "under TYPE_CHECKING")):
         print(f"    {label}: {sum(e.kind == kind for e in direct)}")
     parents = sum(e.parent for e in edges)
     if parents:
@@ -469,8 +464,7 @@ def cycle_state(cycle: list[str], eager: dict[str, set[str]]) -> str:
 def print_named(edges: list[Edge]) -> None:
     """Part (4): strings naming clorch modules, and the cycles they would close if imported."""
     named = [e for e in edges if e.kind == NAMED]
-    print(f"\n== (4) clorch modules named by string (run-time imports the graph does not see): "
-          f"{len(named)}")
+    print(f"\n== (4) clorch modules named by string (run-time imports the graph does not see): {len(named)}")
     running = adjacency(edges, {MODULE, LAZY})
     packages: dict[str, set[str]] = {}
     for src, dst in package_edges([e for e in edges if e.kind in (MODULE, LAZY)]):
@@ -518,8 +512,7 @@ def print_pulls(edges: list[Edge], externals: list[ExternalImport], name: str, r
     starts = [root, *parent_packages(root, "")]
     reached = set().union(*(reachable(graph, start) for start in starts))
     hits = [x for x in externals if x.name == name and x.kind == MODULE and x.src in reached]
-    print(f"\n== modules `import {root}` runs that import {name} at module level: "
-          f"{len({x.src for x in hits})}")
+    print(f"\n== modules `import {root}` runs that import {name} at module level: {len({x.src for x in hits})}")
     for hit in sorted(hits, key=lambda x: (x.src, x.line)):
         chain = chain_to(graph, starts, hit.src)
         print(f"  {hit.path}:{hit.line}  via {' -> '.join(chain)}")
@@ -573,14 +566,21 @@ def has_module_level_cycle(edges: list[Edge]) -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parent.parent,
-                        help="repository root holding clorch/ (default: this script's parent's parent)")
-    parser.add_argument("--with-parents", action="store_true",
-                        help="add edges to the parent packages an import runs (clorch, clorch.x)")
-    parser.add_argument("--check", action="store_true",
-                        help="print nothing but cycles; exit 1 if a module-level cycle exists")
-    parser.add_argument("--pulls", metavar="PACKAGE",
-                        help="list the modules --root runs at import that import PACKAGE at module level")
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent,
+        help="repository root holding clorch/ (default: this script's parent's parent)",
+    )
+    parser.add_argument(
+        "--with-parents", action="store_true", help="add edges to the parent packages an import runs (clorch, clorch.x)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="print nothing but cycles; exit 1 if a module-level cycle exists"
+    )
+    parser.add_argument(
+        "--pulls", metavar="PACKAGE", help="list the modules --root runs at import that import PACKAGE at module level"
+    )
     parser.add_argument("--root", default="clorch.cli", help="the module --pulls starts from")
     return parser.parse_args(argv)
 
@@ -603,8 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.pulls:
         print_pulls(edges, externals, args.pulls, args.root)
         return 0
-    print(f"{len(modules)} modules under {repo / ROOT_PACKAGE}"
-          f"{' (with parent-package edges)' if args.with_parents else ''}")
+    print(
+        f"{len(modules)} modules under {repo / ROOT_PACKAGE}"
+        f"{' (with parent-package edges)' if args.with_parents else ''}"
+    )
     print_counts(edges, statements)
     print_components(edges)
     print_package_cycles(edges)

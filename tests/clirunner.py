@@ -48,8 +48,11 @@ class CliProcess:
         self.args = ["clorch-train", *args]
         self._dir = tempfile.TemporaryDirectory(prefix="clorch-cli-")
         self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
-        self._proc = _context().Process(target=_main, daemon=True, args=(
-            list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)))
+        self._proc = _context().Process(
+            target=_main,
+            daemon=True,
+            args=(list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)),
+        )
         self._proc.start()
         self.returncode: int | None = None
 
@@ -86,8 +89,9 @@ def start_clorch_train(args: list[str], cwd: Path, env: dict[str, str] | None = 
     return CliProcess(args, cwd, env)
 
 
-def run_clorch_train(args: list[str], cwd: Path, env: dict[str, str] | None = None,
-                     timeout: float | None = None) -> subprocess.CompletedProcess:
+def run_clorch_train(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """`clorch-train ARGS` to its end, as subprocess.run(..., capture_output=True, text=True) returns it.
 
     Raises:

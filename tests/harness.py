@@ -62,15 +62,32 @@ def take_callers_state(env: dict[str, str], cwd: str) -> None:
     os.environ.update(env)
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               workdir: str, env: dict[str, str], args: tuple, timeout: float,
-               init_group: bool, backend: str, caller_env: dict[str, str], cwd: str) -> None:
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    workdir: str,
+    env: dict[str, str],
+    args: tuple,
+    timeout: float,
+    init_group: bool,
+    backend: str,
+    caller_env: dict[str, str],
+    cwd: str,
+) -> None:
     take_callers_state(caller_env, cwd)
-    os.environ.update({
-        "RANK": str(rank), "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-    })
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     os.environ.update(env)
     stacks = open(Path(workdir) / f"stacks_{rank}.txt", "w")
     faulthandler.dump_traceback_later(max(timeout - 2, 1), exit=False, file=stacks)
@@ -116,9 +133,16 @@ def _reports(workdir: Path, world_size: int, exitcodes: list[int | None]) -> str
     return "\n".join(parts)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0,
-              env: dict[str, str] | None = None, init_group: bool = True,
-              grace: float = 5.0, backend: str = "gloo") -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    init_group: bool = True,
+    grace: float = 5.0,
+    backend: str = "gloo",
+) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` ranks; return each rank's result.
 
     `backend` is "gloo" (CPU, the default) or "nccl" (the `cuda` tier).
@@ -131,10 +155,27 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     caller_env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="clorch-ranks-") as tmp:
         workdir = Path(tmp)
-        procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(fn, r, world_size, port, tmp, env or {}, args, timeout, init_group,
-                                   backend, caller_env, os.getcwd()))
-                 for r in range(world_size)]
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                daemon=True,
+                args=(
+                    fn,
+                    r,
+                    world_size,
+                    port,
+                    tmp,
+                    env or {},
+                    args,
+                    timeout,
+                    init_group,
+                    backend,
+                    caller_env,
+                    os.getcwd(),
+                ),
+            )
+            for r in range(world_size)
+        ]
         for proc in procs:
             proc.start()
         deadline = time.monotonic() + timeout

@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(60)
 def test_no_import_circles():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py")],
-                          capture_output=True, text=True, timeout=50, check=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "import_graph.py")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+    )
     modules = re.search(r"module cycles \(.*\): (\d+)", done.stdout)
     packages = re.search(r"package cycles \(.*\): (\d+)", done.stdout)
     assert modules and packages, done.stdout
@@ -74,9 +79,13 @@ def test_every_lazy_import_says_why_and_only_modules_without_torch_have_them():
         text = path.read_text()
         tree = ast.parse(text)
         lines = text.splitlines()
-        torch_at_top = any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "torch" for a in n.names)
-                           or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "torch"
-                           for n in tree.body)
+        torch_at_top = any(
+            isinstance(n, ast.Import)
+            and any(a.name.split(".")[0] == "torch" for a in n.names)
+            or isinstance(n, ast.ImportFrom)
+            and (n.module or "").split(".")[0] == "torch"
+            for n in tree.body
+        )
         where = path.relative_to(ROOT)
         for node, caught in _imports_in_functions(tree):
             if any("ImportError" in c for c in caught):

@@ -47,14 +47,39 @@ def test_a_stale_conf_file_is_reported(tmp_path):
 def test_the_wheel_ships_conf_and_recipes(tmp_path):
     # Built from a copy: a build writes build/ and *.egg-info beside the sources.
     source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".whl", "build", "*.egg-info", "outputs", "multirun", "records", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(source)], check=True, capture_output=True, timeout=280)
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".whl", "build", "*.egg-info", "outputs", "multirun", "records", "__pycache__"
+        ),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=280,
+    )
     (wheel,) = tmp_path.glob("clorch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("clorch/conf/config.yaml", "clorch/conf/top.yaml", "clorch/conf/precision/fp16.yaml",
-                 "clorch/conf/checkpoint/periodic.yaml", "clorch/recipes/ddp_bf16.yaml"):
+    for name in (
+        "clorch/conf/config.yaml",
+        "clorch/conf/top.yaml",
+        "clorch/conf/precision/fp16.yaml",
+        "clorch/conf/checkpoint/periodic.yaml",
+        "clorch/recipes/ddp_bf16.yaml",
+    ):
         assert name in names, f"{name} missing from {wheel.name}"
     assert not any(n.startswith(("conf/", "recipes/")) for n in names)
 
@@ -63,10 +88,18 @@ def test_the_wheel_ships_conf_and_recipes(tmp_path):
 def test_a_checkout_on_pythonpath_finds_conf_and_recipes(tmp_path):
     """As CI and the GPU scripts run clorch: from this checkout, not from an install of it
     (clorch/conf and clorch/recipes link to the top-level folders)."""
-    code = ("import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
-            "import clorch; from clorch.config import compose\n"
-            "assert clorch.__file__.startswith(sys.argv[1]), clorch.__file__\n"
-            "print(compose(['+recipe=ddp_fp16']).precision.name)")
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=100, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        "import clorch; from clorch.config import compose\n"
+        "assert clorch.__file__.startswith(sys.argv[1]), clorch.__file__\n"
+        "print(compose(['+recipe=ddp_fp16']).precision.name)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.stdout.strip() == "fp16", done.stderr

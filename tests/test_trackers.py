@@ -15,22 +15,38 @@ import pytest
 
 from clorch import trackers
 from clorch.trackers import (
-    MLflowTracker, build_trackers, default_tracking_uri, flatten, missing_extras, resolve_wandb_mode,
+    build_trackers,
+    default_tracking_uri,
+    flatten,
+    missing_extras,
+    resolve_wandb_mode,
     run_name,
 )
 
-CONFIG = {"optim": {"name": "adamw", "lr": 0.003, "betas": [0.9, 0.95]}, "batch_size": 32,
-          "model": {"_target_": "clorch.models.MLP", "width": 16, "dropout": None}, "seed": 7,
-          "notes": "x" * 7000}
-RECORDS = [{"kind": "train", "step": 10, "loss": 0.71, "lr": 0.003, "samples_per_s": 1234.5},
-           {"kind": "train", "step": 20, "loss": 0.52, "lr": 0.002, "samples_per_s": 1301.0},
-           {"kind": "eval", "step": 20, "loss": 0.49, "accuracy": 0.81, "exact": True},
-           {"kind": "train", "step": 30, "loss": 0.43, "lr": 0.001, "samples_per_s": 1290.0}]
+CONFIG = {
+    "optim": {"name": "adamw", "lr": 0.003, "betas": [0.9, 0.95]},
+    "batch_size": 32,
+    "model": {"_target_": "clorch.models.MLP", "width": 16, "dropout": None},
+    "seed": 7,
+    "notes": "x" * 7000,
+}
+RECORDS = [
+    {"kind": "train", "step": 10, "loss": 0.71, "lr": 0.003, "samples_per_s": 1234.5},
+    {"kind": "train", "step": 20, "loss": 0.52, "lr": 0.002, "samples_per_s": 1301.0},
+    {"kind": "eval", "step": 20, "loss": 0.49, "accuracy": 0.81, "exact": True},
+    {"kind": "train", "step": 30, "loss": 0.43, "lr": 0.001, "samples_per_s": 1290.0},
+]
 
 
 def _kwargs(**changes):
-    return {"run_name": "run-a", "tracking_uri": None, "experiment": "clorch-test", "wandb_mode": "offline",
-            "wandb_project": "clorch-test", **changes}
+    return {
+        "run_name": "run-a",
+        "tracking_uri": None,
+        "experiment": "clorch-test",
+        "wandb_mode": "offline",
+        "wandb_project": "clorch-test",
+        **changes,
+    }
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -48,7 +64,11 @@ def _artifacts(run_dir: Path) -> list[Path]:
 
 def test_flatten_joins_keys_with_dots():
     assert flatten({"optim": {"lr": 1, "betas": [1, 2]}, "a": {}, "b": None}) == {
-        "optim.lr": 1, "optim.betas": [1, 2], "a": {}, "b": None}
+        "optim.lr": 1,
+        "optim.betas": [1, 2],
+        "a": {},
+        "b": None,
+    }
 
 
 def test_default_tracking_uri_is_beside_the_run_directories(tmp_path):
@@ -71,7 +91,8 @@ def test_missing_extras_names_the_pip_line(monkeypatch):
     monkeypatch.setattr(trackers, "find_spec", lambda module: None if module == "mlflow" else object())
     assert missing_extras(["mlflow", "wandb", "mlflow"]) == [
         "tracker mlflow needs the mlflow-skinny package: pip install 'clorch[mlflow]' "
-        "(in a clorch checkout: pip install '.[mlflow]')"]
+        "(in a clorch checkout: pip install '.[mlflow]')"
+    ]
     assert missing_extras(["comet"]) == ["unknown tracker 'comet'; allowed: mlflow, wandb"]
     monkeypatch.setattr(trackers, "find_spec", lambda module: object())
     assert missing_extras(["wandb", "mlflow"]) == []
@@ -98,7 +119,7 @@ def test_wandb_auto_mode_is_online_only_with_an_api_key(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypatch, caplog):
     mlflow = pytest.importorskip("mlflow")
-    import mlflow.utils.validation
+    import mlflow.utils.validation  # noqa: F811 (the submodule, for its limits)
 
     for key in ("MLFLOW_ALLOW_FILE_STORE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(key, raising=False)
@@ -121,14 +142,14 @@ def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypa
     assert client.get_experiment(run.info.experiment_id).name == "clorch-test"
     assert run.data.tags["clorch.run_dir"] == str(run_dir)
     limit = mlflow.utils.validation.MAX_PARAM_VAL_LENGTH  # a longer value is cut to fit
-    expected = {k: (json.dumps(v) if isinstance(v, list) else str(v)) for k, v in flatten(CONFIG).items()
-                if v is not None}
+    expected = {
+        k: (json.dumps(v) if isinstance(v, list) else str(v)) for k, v in flatten(CONFIG).items() if v is not None
+    }
     expected["notes"] = "x" * (limit - 3) + "..."
     assert run.data.params == expected
     for kind, key in (("train", "loss"), ("train", "samples_per_s"), ("eval", "accuracy")):
         history = client.get_metric_history(a.run_id, f"{kind}/{key}")
-        assert [(m.step, m.value) for m in history] == [
-            (r["step"], r[key]) for r in RECORDS if r["kind"] == kind]
+        assert [(m.step, m.value) for m in history] == [(r["step"], r[key]) for r in RECORDS if r["kind"] == kind]
     assert "eval/exact" not in run.data.metrics and "train/step" not in run.data.metrics
     assert sorted(f.path for f in client.list_artifacts(a.run_id)) == ["config.yaml", "summary.json"]
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store
@@ -139,8 +160,7 @@ def test_mlflow_holds_the_params_metrics_artifacts_and_status(tmp_path, monkeypa
     assert [f.path for f in client.list_artifacts(b.run_id)] == ["config.yaml"]
 
 
-def test_the_trackers_follow_their_own_environment_variables_when_the_config_names_nothing(
-        tmp_path, monkeypatch):
+def test_the_trackers_follow_their_own_environment_variables_when_the_config_names_nothing(tmp_path, monkeypatch):
     run_dir = _run_dir(tmp_path)
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
         monkeypatch.delenv(key, raising=False)
@@ -158,8 +178,7 @@ def test_the_trackers_follow_their_own_environment_variables_when_the_config_nam
     assert (wandb.project, wandb.directory) == ("team-project", tmp_path / "wandb-dir")
     # What the config names wins over the environment.
     mlflow, wandb = build_trackers(["mlflow", "wandb"], run_dir, **_kwargs(tracking_uri="sqlite:////x.db"))
-    assert (mlflow.tracking_uri, mlflow.experiment, wandb.project) == ("sqlite:////x.db", "clorch-test",
-                                                                       "clorch-test")
+    assert (mlflow.tracking_uri, mlflow.experiment, wandb.project) == ("sqlite:////x.db", "clorch-test", "clorch-test")
 
 
 def test_the_sqlite_store_without_sqlalchemy_warns_with_the_pip_line(tmp_path, monkeypatch, caplog):
@@ -220,7 +239,8 @@ def test_a_failure_midway_turns_the_tracker_off(tmp_path, monkeypatch, caplog):
     assert len(calls) == 1  # the first log; the later logs and finish never reach the client
     assert [r.getMessage() for r in caplog.records] == [
         "mlflow tracker: log failed (ConnectionError: server went away); it is off for the rest of this "
-        "run, training goes on"]
+        "run, training goes on"
+    ]
 
 
 @pytest.mark.timeout(10)
@@ -239,7 +259,8 @@ def test_an_interrupted_start_turns_the_tracker_off_an_interrupted_log_does_not(
         tracker.start(CONFIG)
     assert tracker.disabled
     assert [r.getMessage() for r in caplog.records] == [
-        "mlflow tracker: start interrupted; it is off for the rest of this run"]
+        "mlflow tracker: start interrupted; it is off for the rest of this run"
+    ]
 
 
 @pytest.fixture
@@ -261,11 +282,11 @@ def _wandb_records(path: Path):
     data, pos, pending = path.read_bytes(), 7, b""
     while pos + 7 <= len(data):
         left = 32768 - pos % 32768
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if left < 7 or kind == 0:  # a block's padding
             pos += left
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL, LAST
             record = wandb_internal_pb2.Record()
@@ -324,7 +345,8 @@ def test_wandb_that_cannot_start_warns_once(tmp_path, wandb_home, monkeypatch, c
         tracker.finish("failed", [])
     assert [r.getMessage() for r in caplog.records] == [
         "wandb tracker: start failed (UsageError: No API key configured. Use `wandb login` to log in.); "
-        "it is off for the rest of this run, training goes on"]
+        "it is off for the rest of this run, training goes on"
+    ]
 
 
 @pytest.mark.timeout(60)

@@ -10,5 +10,4 @@ from clorch.amp.autocast import autocast, precision_settings
 from clorch.amp.mixed_precision import MixedPrecision
 from clorch.amp.scaler import GradScaler, ScalerStateError, backward, step
 
-__all__ = ["autocast", "GradScaler", "MixedPrecision", "ScalerStateError", "backward", "step",
-           "precision_settings"]
+__all__ = ["autocast", "GradScaler", "MixedPrecision", "ScalerStateError", "backward", "step", "precision_settings"]

@@ -40,8 +40,7 @@ def _resolve_dtype(dtype: object, device_type: str) -> torch.dtype:
     if isinstance(dtype, str) and dtype in DTYPE_NAMES:
         return torch_dtype(dtype)
     torch_names = ", ".join(str(d) for d in _TORCH_DTYPES)
-    raise ValueError(f"dtype must be None, {torch_names} or one of {', '.join(DTYPE_NAMES)}, "
-                     f"got {dtype!r}")
+    raise ValueError(f"dtype must be None, {torch_names} or one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
 
 
 class autocast(contextlib.ContextDecorator):
@@ -65,8 +64,9 @@ class autocast(contextlib.ContextDecorator):
         TypeError: enabled or cache_enabled not a bool.
     """
 
-    def __init__(self, device_type: str = "cuda", dtype: object = None, enabled: bool = True,
-                 cache_enabled: bool | None = None):
+    def __init__(
+        self, device_type: str = "cuda", dtype: object = None, enabled: bool = True, cache_enabled: bool | None = None
+    ):
         if device_type not in DEVICES:
             raise ValueError(f"device_type must be one of {', '.join(DEVICES)}, got {device_type!r}")
         for name, value in (("enabled", enabled), ("cache_enabled", cache_enabled)):
@@ -82,8 +82,9 @@ class autocast(contextlib.ContextDecorator):
     def __enter__(self) -> "autocast":
         device = self.device
         # A stack, so one instance may be entered again while active.
-        self._saved.append((torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
-                            torch.is_autocast_cache_enabled()))
+        self._saved.append(
+            (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), torch.is_autocast_cache_enabled())
+        )
         torch.set_autocast_enabled(device, self.enabled)
         if self.dtype != torch.float32:
             torch.set_autocast_dtype(device, self.dtype)

@@ -63,8 +63,7 @@ def checked_state(state: dict[str, Any]) -> dict[str, Any]:
         ValueError: empty (saved while disabled), a key is missing, or a value is invalid.
     """
     if not state:
-        raise ValueError("the scaler state dict is empty, possibly because it was saved from a "
-                         "disabled GradScaler")
+        raise ValueError("the scaler state dict is empty, possibly because it was saved from a disabled GradScaler")
     state = dict(state)
     if "_growth_tracker" not in state and "growth_tracker" in state:
         state["_growth_tracker"] = state["growth_tracker"]
@@ -93,10 +92,10 @@ class LossScale:
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = growth_interval
-        self.tracker = 0        # clean steps since the last growth or backoff
-        self.skipped = 0        # steps skipped for overflow, ever
+        self.tracker = 0  # clean steps since the last growth or backoff
+        self.skipped = 0  # steps skipped for overflow, ever
         self.last_skipped = False
-        self.tensor: torch.Tensor | None = None   # the scale on the gradients' device, made on first use
+        self.tensor: torch.Tensor | None = None  # the scale on the gradients' device, made on first use
         self.inverse: torch.Tensor | None = None  # 1 / scale there, what unscaling multiplies by
         self.tracker_tensor: torch.Tensor | None = None  # the growth tracker, for device updates
         self.unread: list[torch.Tensor] = []  # overflow flags of device-decided steps, not yet on the host
@@ -123,8 +122,9 @@ class LossScale:
         """
         if isinstance(new_scale, torch.Tensor):
             if new_scale.numel() != 1:
-                raise ValueError(f"new_scale must be a number or a one-element tensor, got shape "
-                                 f"{tuple(new_scale.shape)}")
+                raise ValueError(
+                    f"new_scale must be a number or a one-element tensor, got shape {tuple(new_scale.shape)}"
+                )
             new_scale = float(new_scale.item())
         self.catch_up()
         self.set(f32(positive("new_scale", new_scale)))
@@ -139,13 +139,13 @@ class LossScale:
     def update_on_device(self, outcomes: list) -> None:
         """Back off or grow the device scale from this step's flags, without a host read."""
         scale = self.tensor
-        flags = [o if isinstance(o, torch.Tensor) else torch.full((), float(o), device=scale.device)
-                 for o in outcomes]
+        flags = [o if isinstance(o, torch.Tensor) else torch.full((), float(o), device=scale.device) for o in outcomes]
         found = flags[0] if len(flags) == 1 else torch.stack(flags).amax(dim=0)
         if self.tracker_tensor is None:
             self.tracker_tensor = torch.full((), self.tracker, dtype=torch.int32, device=scale.device)
-        torch._amp_update_scale_(scale, self.tracker_tensor, found, self.growth_factor,
-                                 self.backoff_factor, self.growth_interval)
+        torch._amp_update_scale_(
+            scale, self.tracker_tensor, found, self.growth_factor, self.backoff_factor, self.growth_interval
+        )
         torch.reciprocal(scale, out=self.inverse)
         self.unread.append(found)
         if len(self.unread) >= CATCH_UP_STEPS:
@@ -178,9 +178,14 @@ class LossScale:
     def state_dict(self) -> dict[str, Any]:
         """torch.amp.GradScaler's state dict plus `skipped_steps`, caught up first."""
         self.catch_up()
-        return {"scale": self.value, "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": self.tracker, "skipped_steps": self.skipped}
+        return {
+            "scale": self.value,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "_growth_tracker": self.tracker,
+            "skipped_steps": self.skipped,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from `checked_state`, on the host and on the device."""

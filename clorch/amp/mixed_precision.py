@@ -54,21 +54,25 @@ def _checked_scaler(mode: Precision, device: torch.device, scaler: object) -> Gr
     if scaler is False or (scaler is None and not mode.uses_scaler):
         return None
     if not mode.uses_scaler:
-        raise ValueError(f"scaler is for precision fp16 only ({mode.name} needs no loss scaling), "
-                         f"got {scaler!r}: pass scaler=None")
+        raise ValueError(
+            f"scaler is for precision fp16 only ({mode.name} needs no loss scaling), got {scaler!r}: pass scaler=None"
+        )
     if scaler is None or scaler is True:
         return GradScaler(device.type)  # GradScaler's own defaults: they are kept in its signature only
     if isinstance(scaler, GradScaler):
         if scaler.device != device.type:
-            raise ValueError(f"scaler was made for device {scaler.device!r}, but this precision runs on "
-                             f"{device.type!r}")
+            raise ValueError(
+                f"scaler was made for device {scaler.device!r}, but this precision runs on {device.type!r}"
+            )
         return scaler
     if isinstance(scaler, Mapping):
         if "device" in scaler:
             raise TypeError("scaler settings must not name 'device': the scaler runs on MixedPrecision's device")
         return GradScaler(device.type, **scaler)
-    raise TypeError("scaler must be None, a bool, a clorch.amp.GradScaler or a mapping of GradScaler's "
-                    f"arguments, got {type(scaler).__name__}")
+    raise TypeError(
+        "scaler must be None, a bool, a clorch.amp.GradScaler or a mapping of GradScaler's "
+        f"arguments, got {type(scaler).__name__}"
+    )
 
 
 class MixedPrecision:
@@ -94,8 +98,12 @@ class MixedPrecision:
             setting (as `GradScaler` raises it).
     """
 
-    def __init__(self, precision: str | Precision, device: str | torch.device,
-                 scaler: GradScaler | Mapping[str, Any] | bool | None = None):
+    def __init__(
+        self,
+        precision: str | Precision,
+        device: str | torch.device,
+        scaler: GradScaler | Mapping[str, Any] | bool | None = None,
+    ):
         self.mode: Precision = precision if isinstance(precision, Precision) else get_precision(precision)
         self.device: torch.device = _checked_device(device)
         self._scaler = _checked_scaler(self.mode, self.device, scaler)
@@ -210,8 +218,10 @@ class MixedPrecision:
         if model is not None:
             ddp_step = getattr(model, "optimizer_step", None)
             if not callable(ddp_step):
-                raise TypeError("model must be None or a clorch DistributedDataParallel (with "
-                                f"optimizer_step), got {type(model).__name__}")
+                raise TypeError(
+                    "model must be None or a clorch DistributedDataParallel (with "
+                    f"optimizer_step), got {type(model).__name__}"
+                )
             return ddp_step(optimizer, self._scaler)
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")

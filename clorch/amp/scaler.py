@@ -66,8 +66,9 @@ def _device_type(device: object) -> str:
 
 def _kept_by_loss_scale(name: str) -> property:
     """A GradScaler attribute held by its LossScale, where the update rule reads it."""
-    return property(lambda self: getattr(self._loss_scale, name),
-                    lambda self, value: setattr(self._loss_scale, name, value))
+    return property(
+        lambda self: getattr(self._loss_scale, name), lambda self, value: setattr(self._loss_scale, name, value)
+    )
 
 
 class GradScaler:
@@ -91,9 +92,17 @@ class GradScaler:
     backoff_factor = _kept_by_loss_scale("backoff_factor")
     growth_interval = _kept_by_loss_scale("growth_interval")
 
-    def __init__(self, device: str = "cuda", init_scale: float = 65536.0, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
-                 *, initial_scale: float | None = None):
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 65536.0,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        initial_scale: float | None = None,
+    ):
         self.device = _device_type(device)
         scale = init_scale if initial_scale is None else initial_scale
         positive("init_scale", scale)
@@ -101,12 +110,11 @@ class GradScaler:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
         if enabled and self.device == "cuda" and not torch.cuda.is_available():
-            warnings.warn("GradScaler(device='cuda') on a machine without CUDA: the scaler is disabled",
-                          stacklevel=2)
+            warnings.warn("GradScaler(device='cuda') on a machine without CUDA: the scaler is disabled", stacklevel=2)
             enabled = False
         self.enabled = enabled
         self._loss_scale = LossScale(scale, growth_factor, backoff_factor, growth_interval)
-        self._stages: dict[int, str] = {}                         # id(optimizer) -> stage
+        self._stages: dict[int, str] = {}  # id(optimizer) -> stage
         self._found: dict[int, dict[torch.device, torch.Tensor]] = {}  # id(optimizer) -> flags
         self._skipped_since_update: list[bool] = []
 
@@ -181,7 +189,8 @@ class GradScaler:
                 was called since.
         """
         if not isinstance(flats, (list, tuple)) or not all(
-                isinstance(flat, torch.Tensor) and flat.is_floating_point() for flat in flats):
+            isinstance(flat, torch.Tensor) and flat.is_floating_point() for flat in flats
+        ):
             raise TypeError(f"flats must be a list or tuple of floating tensors, got {flats!r:.200}")
         if not self.enabled:
             return
@@ -204,11 +213,15 @@ class GradScaler:
         stage = self._stages.get(id(optimizer), _READY)
         if stage == _UNSCALED:
             if caller == "unscale_":
-                raise ScalerStateError("unscale_() has already been called on this optimizer since the "
-                                       "last update(); call it at most once per step")
-            raise ScalerStateError(f"{caller}(): this optimizer's gradients were already unscaled since "
-                                   "the last update() (by unscale_() or unscale_flat_()); unscale them "
-                                   "at most once per step")
+                raise ScalerStateError(
+                    "unscale_() has already been called on this optimizer since the "
+                    "last update(); call it at most once per step"
+                )
+            raise ScalerStateError(
+                f"{caller}(): this optimizer's gradients were already unscaled since "
+                "the last update() (by unscale_() or unscale_flat_()); unscale them "
+                "at most once per step"
+            )
         if stage == _STEPPED:
             raise ScalerStateError(f"{caller}() is being called after step(); call update() first")
 
@@ -264,8 +277,10 @@ class GradScaler:
             return True
         stage = self._stages.get(id(optimizer), _READY)
         if stage == _STEPPED:
-            raise ScalerStateError("step() has already been called since the last update(); "
-                                   "call scaler.update() once per step, after stepping every optimizer")
+            raise ScalerStateError(
+                "step() has already been called since the last update(); "
+                "call scaler.update() once per step, after stepping every optimizer"
+            )
         if stage == _READY:
             self._unscale(optimizer, self._grad_groups(optimizer))
         found = self._found_inf(optimizer)
@@ -299,9 +314,12 @@ class GradScaler:
         skipped step. (torch's fused SGD with momentum, for one, creates its
         momentum buffers uninitialized on a first step it then skips.)
         """
-        return (type(optimizer) in _DEVICE_SKIP_OPTIMIZERS
-                and getattr(optimizer, "_step_supports_amp_scaling", False)
-                and self._scale is not None and self._scale.device == found.device)
+        return (
+            type(optimizer) in _DEVICE_SKIP_OPTIMIZERS
+            and getattr(optimizer, "_step_supports_amp_scaling", False)
+            and self._scale is not None
+            and self._scale.device == found.device
+        )
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Adjust the scale after this step's optimizers stepped (or set `new_scale`). Local.
@@ -320,8 +338,10 @@ class GradScaler:
         else:
             outcomes = self._skipped_since_update
             if not outcomes:
-                raise ScalerStateError("update() was called without a step(optimizer) since the last "
-                                       "update(); call scaler.step(optimizer) first")
+                raise ScalerStateError(
+                    "update() was called without a step(optimizer) since the last "
+                    "update(); call scaler.step(optimizer) first"
+                )
             if all(isinstance(outcome, bool) for outcome in outcomes):
                 self._loss_scale.update_on_host(any(outcomes))
             else:

@@ -44,15 +44,21 @@ def _parse_size(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench allreduce", description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", type=_parse_size, nargs="+", default=None,
-                   help="message sizes in bytes (suffix K/M/G allowed); default 4 B to 256 MiB by x4")
+    p.add_argument(
+        "--sizes",
+        type=_parse_size,
+        nargs="+",
+        default=None,
+        help="message sizes in bytes (suffix K/M/G allowed); default 4 B to 256 MiB by x4",
+    )
     p.add_argument("--min-size", type=_parse_size, default=None, help="drop default sizes below this")
     p.add_argument("--max-size", type=_parse_size, default=None, help="drop default sizes above this")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch when not run under a launcher")
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds per size")
-    p.add_argument("--target-seconds", type=float, default=0.02,
-                   help="minimum time one timed batch of calls should take")
+    p.add_argument(
+        "--target-seconds", type=float, default=0.02, help="minimum time one timed batch of calls should take"
+    )
     return p
 
 
@@ -138,14 +144,29 @@ def rows_for(results: dict[int, dict[str, float]], world_size: int) -> list[list
     rows = []
     for size, times in results.items():
         algbw = {name: size / t / 1e9 for name, t in times.items()}
-        rows.append([human_bytes(size), times["clorch"] * 1e6, times["raw"] * 1e6,
-                     algbw["clorch"], algbw["clorch"] * factor, algbw["raw"] * factor,
-                     times["raw"] / times["clorch"]])
+        rows.append(
+            [
+                human_bytes(size),
+                times["clorch"] * 1e6,
+                times["raw"] * 1e6,
+                algbw["clorch"],
+                algbw["clorch"] * factor,
+                algbw["raw"] * factor,
+                times["raw"] / times["clorch"],
+            ]
+        )
     return rows
 
 
-HEADERS = ["size", "clorch us", "raw us", "clorch algbw GB/s", "clorch busbw GB/s",
-           "raw busbw GB/s", "ratio raw/clorch"]
+HEADERS = [
+    "size",
+    "clorch us",
+    "raw us",
+    "clorch algbw GB/s",
+    "clorch busbw GB/s",
+    "raw busbw GB/s",
+    "ratio raw/clorch",
+]
 
 
 def worker(ctx: dict) -> str:
@@ -156,8 +177,10 @@ def worker(ctx: dict) -> str:
     title = f"all_reduce, {n} ranks, backend {cd.backend()}, float32, median of {opts['rounds']} rounds"
     table = title + "\n" + format_table(HEADERS, rows_for(results, n))
     own = wrapper_time(torch.zeros(1, device=cd.device()))
-    table += (f"\nclorch wrapper's own time per call (checks and dispatch, the collective stubbed out, "
-              f"best of 7 x 20000 calls): {own * 1e6:.2f} us")
+    table += (
+        f"\nclorch wrapper's own time per call (checks and dispatch, the collective stubbed out, "
+        f"best of 7 x 20000 calls): {own * 1e6:.2f} us"
+    )
     if cd.rank() == 0:
         print(table, flush=True)
     return table
@@ -165,15 +188,22 @@ def worker(ctx: dict) -> str:
 
 def _options(argv: list[str]) -> dict:
     args = parser().parse_args(argv)
-    sizes = args.sizes or [s for s in DEFAULT_SIZES
-                           if (args.min_size is None or s >= args.min_size)
-                           and (args.max_size is None or s <= args.max_size)]
+    sizes = args.sizes or [
+        s
+        for s in DEFAULT_SIZES
+        if (args.min_size is None or s >= args.min_size) and (args.max_size is None or s <= args.max_size)
+    ]
     if not sizes:
         raise SystemExit("clorch-bench allreduce: no sizes left after --min-size/--max-size")
     if args.rounds < 1 or args.nproc < 1:
         raise SystemExit("clorch-bench allreduce: --rounds and --nproc must be >= 1")
-    return {"sizes": sizes, "rounds": args.rounds, "target_seconds": args.target_seconds,
-            "backend": args.backend, "nproc": args.nproc}
+    return {
+        "sizes": sizes,
+        "rounds": args.rounds,
+        "target_seconds": args.target_seconds,
+        "backend": args.backend,
+        "nproc": args.nproc,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         with cd.process_group(backend=opts["backend"]):
             worker({"args": opts})
         return 0
-    job = cd.launch("clorch.bench.allreduce:worker", nproc_per_node=opts["nproc"],
-                    backend=opts["backend"], args=opts)
+    job = cd.launch("clorch.bench.allreduce:worker", nproc_per_node=opts["nproc"], backend=opts["backend"], args=opts)
     status = job.wait()
     if status["state"] != "succeeded":
         print(f"benchmark failed: {status}", file=sys.stderr)

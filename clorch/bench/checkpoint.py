@@ -29,8 +29,9 @@ from clorch.checkpoint import load_checkpoint, save_checkpoint
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clorch-bench checkpoint", description=__doc__.splitlines()[0])
-    parser.add_argument("--params-m", type=float, default=85.0,
-                        help="model parameters, millions (85 -> ~1 GB with AdamW state)")
+    parser.add_argument(
+        "--params-m", type=float, default=85.0, help="model parameters, millions (85 -> ~1 GB with AdamW state)"
+    )
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
     parser.add_argument("--dir", default=None, help="directory for the temporary files (default: system temp)")
     return parser
@@ -71,12 +72,15 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="clorch-bench-ckpt-", dir=args.dir))
     try:
         ours, theirs = workdir / "clorch.ckpt", workdir / "torch.pt"
-        samples = interleave({
-            "save": lambda: timed(lambda: save_checkpoint(ours, model=model, optimizer=optimizer)),
-            "torch_save": lambda: timed(lambda: _torch_save(theirs, model, optimizer)),
-            "load": lambda: timed(lambda: load_checkpoint(ours, model=model, optimizer=optimizer)),
-            "torch_load": lambda: timed(lambda: _torch_load(theirs, model, optimizer)),
-        }, args.rounds)
+        samples = interleave(
+            {
+                "save": lambda: timed(lambda: save_checkpoint(ours, model=model, optimizer=optimizer)),
+                "torch_save": lambda: timed(lambda: _torch_save(theirs, model, optimizer)),
+                "load": lambda: timed(lambda: load_checkpoint(ours, model=model, optimizer=optimizer)),
+                "torch_load": lambda: timed(lambda: _torch_load(theirs, model, optimizer)),
+            },
+            args.rounds,
+        )
         archive_bytes = sum(p.stat().st_size for p in workdir.glob("clorch.ckpt*"))
         torch_bytes = theirs.stat().st_size
     finally:
@@ -84,11 +88,20 @@ def main(argv: list[str]) -> int:
     rows = []
     for op in ("save", "load"):
         mine, peer = median(samples[op]), median(samples[f"torch_{op}"])
-        rows.append([op, mine, peer, ratio(mine, peer), " ".join(f"{s:.2f}" for s in samples[op]),
-                     " ".join(f"{s:.2f}" for s in samples[f"torch_{op}"])])
-    print(f"model + AdamW: {params / 1e6:.1f}M fp32 params, clorch files {human_bytes(archive_bytes)}, "
-          f"torch file {human_bytes(torch_bytes)}, {args.rounds} interleaved rounds, "
-          f"{os.cpu_count()} CPUs")
-    print(format_table(["op", "clorch median s", "torch median s", "ratio", "clorch samples",
-                        "torch samples"], rows))
+        rows.append(
+            [
+                op,
+                mine,
+                peer,
+                ratio(mine, peer),
+                " ".join(f"{s:.2f}" for s in samples[op]),
+                " ".join(f"{s:.2f}" for s in samples[f"torch_{op}"]),
+            ]
+        )
+    print(
+        f"model + AdamW: {params / 1e6:.1f}M fp32 params, clorch files {human_bytes(archive_bytes)}, "
+        f"torch file {human_bytes(torch_bytes)}, {args.rounds} interleaved rounds, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(format_table(["op", "clorch median s", "torch median s", "ratio", "clorch samples", "torch samples"], rows))
     return 0

@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="\n".join(f"  {name:<11} {text}" for name, (_, text) in SUBCOMMANDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("subcommand", choices=sorted(SUBCOMMANDS), metavar="SUBCOMMAND",
-                        help="one of: " + ", ".join(SUBCOMMANDS))
+    parser.add_argument(
+        "subcommand", choices=sorted(SUBCOMMANDS), metavar="SUBCOMMAND", help="one of: " + ", ".join(SUBCOMMANDS)
+    )
     return parser
 
 

@@ -58,41 +58,81 @@ from clorch.bench.trace import profile_step
 from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
 
-DEFAULTS = {"width": 2048, "features": 512, "batch": 64, "rounds": 15, "steps": 3,
-            "warmup": 3, "bucket_cap_mb": 25.0, "threads": 1, "model": "mlp", "device": "cpu",
-            "gpu_sample_ms": 0,
-            "trace": None}
+DEFAULTS = {
+    "width": 2048,
+    "features": 512,
+    "batch": 64,
+    "rounds": 15,
+    "steps": 3,
+    "warmup": 3,
+    "bucket_cap_mb": 25.0,
+    "threads": 1,
+    "model": "mlp",
+    "device": "cpu",
+    "gpu_sample_ms": 0,
+    "trace": None,
+}
 TORCH_BF16 = "torch DDP bf16_compress_hook"
 EMPTY_HOOKS = "one process, empty Python hooks"  # world size 1: the floor for Python gradient hooks
-TRACED = ("clorch DDP", "clorch DDP bucket path", "clorch DDP bucket path grad views",
-          "clorch DDP bucket path overlapped copies",
-          "clorch DDP step_in_backward", "torch DDP best", "one process")  # those present are traced
+TRACED = (
+    "clorch DDP",
+    "clorch DDP bucket path",
+    "clorch DDP bucket path grad views",
+    "clorch DDP bucket path overlapped copies",
+    "clorch DDP step_in_backward",
+    "torch DDP best",
+    "one process",
+)  # those present are traced
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench ddp", description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=ddp_models.MODELS, default=DEFAULTS["model"],
-                   help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=DEFAULTS["device"],
-                   help="cpu: gloo ranks; cuda: nccl ranks, one GPU each")
+    p.add_argument(
+        "--model",
+        choices=ddp_models.MODELS,
+        default=DEFAULTS["model"],
+        help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=DEFAULTS["device"],
+        help="cpu: gloo ranks; cuda: nccl ranks, one GPU each",
+    )
     p.add_argument("--width", type=int, default=DEFAULTS["width"], help="hidden width of the MLP")
     p.add_argument("--features", type=int, default=DEFAULTS["features"], help="input/output width of the MLP")
-    p.add_argument("--batch", type=int, default=None,
-                   help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)",
+    )
     p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"], help="interleaved rounds")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="steps per timed sample")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="untimed rounds first")
-    p.add_argument("--bucket-cap-mb", type=float, default=DEFAULTS["bucket_cap_mb"],
-                   help="bucket cap (MiB) for clorch's and torch's DDP")
-    p.add_argument("--gpu-sample-ms", type=int, default=DEFAULTS["gpu_sample_ms"],
-                   help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
-                        "default: off; a second process that wakes often speeds up the host-bound "
-                        "candidates on some machines, so these figures are taken without it)")
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=DEFAULTS["bucket_cap_mb"],
+        help="bucket cap (MiB) for clorch's and torch's DDP",
+    )
+    p.add_argument(
+        "--gpu-sample-ms",
+        type=int,
+        default=DEFAULTS["gpu_sample_ms"],
+        help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
+        "default: off; a second process that wakes often speeds up the host-bound "
+        "candidates on some machines, so these figures are taken without it)",
+    )
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads per rank")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
-    p.add_argument("--trace", default=None, metavar="DIR",
-                   help="after timing, profile one step of each DDP candidate on every rank: Chrome "
-                        "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step")
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="after timing, profile one step of each DDP candidate on every rank: Chrome "
+        "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step",
+    )
     return p
 
 
@@ -147,8 +187,9 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         add(name, model, optimizer, model.optimizer_step)
 
     def add_torch(name: str, hook=None, **options) -> None:
-        model = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids,
-                                                          bucket_cap_mb=cap, **options)
+        model = torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(base), device_ids=ids, bucket_cap_mb=cap, **options
+        )
         if hook is not None:
             model.register_comm_hook(None, hook)
         add(name, model, work.optimizer(model.module), _plain_step)
@@ -159,8 +200,11 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         add_clorch("clorch DDP bucket path", bucket_path=True)
         add_clorch("clorch DDP bucket path grad views", bucket_path=True, gradient_as_bucket_view=True)
     if cuda:
-        add_clorch("clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies",
-                   bucket_path=one_rank, overlap_grad_copies=True)
+        add_clorch(
+            "clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies",
+            bucket_path=one_rank,
+            overlap_grad_copies=True,
+        )
     add_clorch("clorch DDP bf16", reduce_dtype="bf16")
     add_clorch("clorch DDP grad views", gradient_as_bucket_view=True)
     add_clorch("clorch DDP step_in_backward", stepping=True)
@@ -183,17 +227,19 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
 
 def _summary(medians: dict, world_size: int, tokens_per_step: int | None) -> str:
     """clorch / torch DDP step time, then the scaling efficiency of each DDP candidate."""
-    lines = [f"clorch DDP / torch DDP step time: {ratio(medians['clorch DDP'], medians['torch DDP']):.4f}",
-             f"clorch DDP / torch DDP best (gradient_as_bucket_view, static_graph) step time: "
-             f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}",
-             f"clorch DDP step_in_backward / torch DDP best step time: "
-             f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}",
-             f"clorch DDP bf16 / {TORCH_BF16} step time: "
-             f"{ratio(medians['clorch DDP bf16'], medians[TORCH_BF16]):.4f}"]
+    lines = [
+        f"clorch DDP / torch DDP step time: {ratio(medians['clorch DDP'], medians['torch DDP']):.4f}",
+        f"clorch DDP / torch DDP best (gradient_as_bucket_view, static_graph) step time: "
+        f"{ratio(medians['clorch DDP'], medians['torch DDP best']):.4f}",
+        f"clorch DDP step_in_backward / torch DDP best step time: "
+        f"{ratio(medians['clorch DDP step_in_backward'], medians['torch DDP best']):.4f}",
+        f"clorch DDP bf16 / {TORCH_BF16} step time: {ratio(medians['clorch DDP bf16'], medians[TORCH_BF16]):.4f}",
+    ]
     ddp = [name for name in medians if not name.startswith("one process")]
     eff = ", ".join(f"{name} {ratio(medians['one process'], medians[name]):.4f}" for name in ddp)
-    lines.append(f"scaling efficiency (one-process step time / {world_size}-rank step time, "
-                 f"same per-rank batch): {eff}")
+    lines.append(
+        f"scaling efficiency (one-process step time / {world_size}-rank step time, same per-rank batch): {eff}"
+    )
     if tokens_per_step:
         tps = ", ".join(f"{name} {world_size * tokens_per_step / medians[name]:,.0f}" for name in ddp)
         lines.append(f"tokens/s over {world_size} rank(s): {tps}")
@@ -207,13 +253,20 @@ def _traces(candidates: dict, directory: str, rank: int) -> str:
         path = Path(directory) / f"rank{rank}-{name.replace(' ', '_')}.json.gz"
         cd.barrier()
         figures = profile_step(candidates[name].one_step, path)
-        rows.append([name, figures["busy_us"] / 1e3, figures["compute_us"] / 1e3, figures["comm_us"] / 1e3,
-                     figures["exposed_comm_us"] / 1e3])
+        rows.append(
+            [
+                name,
+                figures["busy_us"] / 1e3,
+                figures["compute_us"] / 1e3,
+                figures["comm_us"] / 1e3,
+                figures["exposed_comm_us"] / 1e3,
+            ]
+        )
     if not any(row[1] for row in rows):
         return f"one profiled step per candidate in {directory} (no device kernels on CPU: open them in Perfetto)"
-    return (f"one profiled step per candidate (torch.profiler, rank {rank}; traces in {directory})\n"
-            + format_table(["candidate", "device busy ms", "compute ms", "communication ms",
-                            "exposed communication ms"], rows))
+    return f"one profiled step per candidate (torch.profiler, rank {rank}; traces in {directory})\n" + format_table(
+        ["candidate", "device busy ms", "compute ms", "communication ms", "exposed communication ms"], rows
+    )
 
 
 def worker(ctx: dict) -> dict:
@@ -232,11 +285,20 @@ def worker(ctx: dict) -> dict:
     with GpuMonitor(device, interval_ms=args["gpu_sample_ms"]) as monitor:
         samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
-    rows = [[name, medians[name] * 1e3, ratio(medians[name], medians["torch DDP"]),
-             ratio(medians[name], medians["one process"])] for name in medians]
+    rows = [
+        [
+            name,
+            medians[name] * 1e3,
+            ratio(medians[name], medians["torch DDP"]),
+            ratio(medians[name], medians["one process"]),
+        ]
+        for name in medians
+    ]
     n = ctx["world_size"]
-    title = (f"DDP step, {work.description}, {n} ranks, {ctx['backend']}, bucket_cap_mb "
-             f"{args['bucket_cap_mb']}, {args['rounds']} rounds x {args['steps']} steps (rank 0)")
+    title = (
+        f"DDP step, {work.description}, {n} ranks, {ctx['backend']}, bucket_cap_mb "
+        f"{args['bucket_cap_mb']}, {args['rounds']} rounds x {args['steps']} steps (rank 0)"
+    )
     table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
     if args["model"] != "mlp":  # the MLP's output stays as it was
         table += "\n" + _summary(medians, n, work.tokens_per_step)
@@ -244,13 +306,18 @@ def worker(ctx: dict) -> dict:
         table += "\n" + describe(monitor.summary(), monitor.problem)
     if args["trace"]:
         table += "\n" + _traces(candidates, args["trace"], ctx["rank"])
-    return {"table": table, "medians_s": medians, "params": sum(p.numel() for p in work.model.parameters()),
-            "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
-            "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),
-            "ratio_overlap_torch_best": ratio(medians["clorch DDP step_in_backward"], medians["torch DDP best"]),
-            "ratio_bf16_torch_bf16": ratio(medians["clorch DDP bf16"], medians[TORCH_BF16]),
-            "scaling_efficiency": {name: ratio(medians["one process"], medians[name]) for name in medians
-                                   if name != EMPTY_HOOKS}}
+    return {
+        "table": table,
+        "medians_s": medians,
+        "params": sum(p.numel() for p in work.model.parameters()),
+        "ratio_clorch_torch": ratio(medians["clorch DDP"], medians["torch DDP"]),
+        "ratio_clorch_torch_best": ratio(medians["clorch DDP"], medians["torch DDP best"]),
+        "ratio_overlap_torch_best": ratio(medians["clorch DDP step_in_backward"], medians["torch DDP best"]),
+        "ratio_bf16_torch_bf16": ratio(medians["clorch DDP bf16"], medians[TORCH_BF16]),
+        "scaling_efficiency": {
+            name: ratio(medians["one process"], medians[name]) for name in medians if name != EMPTY_HOOKS
+        },
+    }
 
 
 def _argv_args(ns: argparse.Namespace) -> dict:
@@ -262,26 +329,43 @@ def _argv_args(ns: argparse.Namespace) -> dict:
 
 def _check(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before any rank starts."""
-    errors = [f"--{name.replace('_', '-')} must be >= {low}, got {getattr(ns, name)}"
-              for name, low in (("batch", 1), ("rounds", 1), ("steps", 1), ("warmup", 0),
-                                ("threads", 1), ("nproc", 1), ("width", 2), ("features", 1),
-                                ("gpu_sample_ms", 0))
-              if getattr(ns, name) is not None and getattr(ns, name) < low]
+    errors = [
+        f"--{name.replace('_', '-')} must be >= {low}, got {getattr(ns, name)}"
+        for name, low in (
+            ("batch", 1),
+            ("rounds", 1),
+            ("steps", 1),
+            ("warmup", 0),
+            ("threads", 1),
+            ("nproc", 1),
+            ("width", 2),
+            ("features", 1),
+            ("gpu_sample_ms", 0),
+        )
+        if getattr(ns, name) is not None and getattr(ns, name) < low
+    ]
     if not ns.bucket_cap_mb > 0:
         errors.append(f"--bucket-cap-mb must be > 0 (MiB), got {ns.bucket_cap_mb}")
     if ns.device == "cuda" and not torch.cuda.is_available():
         errors.append("--device cuda: no CUDA device here (HINT: --device cpu --model gpt-tiny for a smoke run)")
     elif ns.device == "cuda" and "RANK" not in os.environ and ns.nproc > torch.cuda.device_count():
-        errors.append(f"--nproc must be <= the visible GPU count ({torch.cuda.device_count()}) "
-                      f"with --device cuda, got {ns.nproc}")
+        errors.append(
+            f"--nproc must be <= the visible GPU count ({torch.cuda.device_count()}) with --device cuda, got {ns.nproc}"
+        )
     if errors:
         p.error("; ".join(errors))
 
 
 def _under_launcher(ns: argparse.Namespace) -> int:
     with cd.process_group(backend="nccl" if ns.device == "cuda" else "gloo"):
-        ctx = {"rank": cd.rank(), "local_rank": cd.local_rank(), "world_size": cd.world_size(),
-               "backend": cd.backend(), "process_group": None, "args": _argv_args(ns)}
+        ctx = {
+            "rank": cd.rank(),
+            "local_rank": cd.local_rank(),
+            "world_size": cd.world_size(),
+            "backend": cd.backend(),
+            "process_group": None,
+            "args": _argv_args(ns),
+        }
         result = worker(ctx)
     if ctx["rank"] == 0:
         print(result["table"])
@@ -292,12 +376,26 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     try:
         from clorch.launch import await_job, job_logs, job_status, launch
     except ImportError:  # launcher not installed: fall back to torchrun
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={ns.nproc}", "-m", "clorch.bench.ddp", *argv]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ns.nproc}",
+            "-m",
+            "clorch.bench.ddp",
+            *argv,
+        ]
         return subprocess.call(cmd, env=with_multicast_off(os.environ))
     cuda = ns.device == "cuda"
-    job = launch("clorch.bench.ddp:worker", nproc_per_node=ns.nproc, backend="nccl" if cuda else "gloo",
-                 devices=list(range(ns.nproc)) if cuda else None, args=_argv_args(ns), timeout=1800)
+    job = launch(
+        "clorch.bench.ddp:worker",
+        nproc_per_node=ns.nproc,
+        backend="nccl" if cuda else "gloo",
+        devices=list(range(ns.nproc)) if cuda else None,
+        args=_argv_args(ns),
+        timeout=1800,
+    )
     status = await_job(job)
     if status.get("state") != "succeeded":
         print(job_logs(job, 0).get("stderr", ""), file=sys.stderr)

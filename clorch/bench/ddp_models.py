@@ -52,18 +52,26 @@ def build(args: dict, rank: int, device: torch.device) -> Workload:
 def _mlp_workload(args: dict, rank: int, device: torch.device) -> Workload:
     torch.manual_seed(0)
     f, w = args["features"], args["width"]
-    model = torch.nn.Sequential(torch.nn.Linear(f, w), torch.nn.ReLU(), torch.nn.Linear(w, w // 2),
-                                torch.nn.ReLU(), torch.nn.Linear(w // 2, w), torch.nn.ReLU(),
-                                torch.nn.Linear(w, f)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(f, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, w // 2),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w // 2, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, f),
+    ).to(device)
     gen = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(args["batch"], f, generator=gen).to(device)
     y = torch.randn(args["batch"], f, generator=gen).to(device)
     params = sum(p.numel() for p in model.parameters())
-    return Workload(model=model,
-                    loss=lambda m: torch.nn.functional.mse_loss(m(x), y),
-                    optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e-4),
-                    description=f"MLP {params / 1e6:.1f}M params, batch {args['batch']}/rank",
-                    tokens_per_step=None)
+    return Workload(
+        model=model,
+        loss=lambda m: torch.nn.functional.mse_loss(m(x), y),
+        optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e-4),
+        description=f"MLP {params / 1e6:.1f}M params, batch {args['batch']}/rank",
+        tokens_per_step=None,
+    )
 
 
 def _gpt_workload(args: dict, rank: int, device: torch.device) -> Workload:
@@ -80,10 +88,14 @@ def _gpt_workload(args: dict, rank: int, device: torch.device) -> Workload:
 
     # build_optimizer picks the fused AdamW kernel when every parameter is on CUDA.
     fused = device.type == "cuda"
-    return Workload(model=model, loss=loss,
-                    optimizer=lambda m: build_optimizer("adamw", m.parameters(), lr=3e-4,
-                                                        weight_decay=0.1),
-                    description=(f"{args['model']} {model.num_parameters() / 1e6:.1f}M params, "
-                                 f"batch {args['batch']}x{config.seq_len} tokens/rank, bf16 autocast, "
-                                 f"{'fused ' if fused else ''}AdamW"),
-                    tokens_per_step=args["batch"] * config.seq_len)
+    return Workload(
+        model=model,
+        loss=loss,
+        optimizer=lambda m: build_optimizer("adamw", m.parameters(), lr=3e-4, weight_decay=0.1),
+        description=(
+            f"{args['model']} {model.num_parameters() / 1e6:.1f}M params, "
+            f"batch {args['batch']}x{config.seq_len} tokens/rank, bf16 autocast, "
+            f"{'fused ' if fused else ''}AdamW"
+        ),
+        tokens_per_step=args["batch"] * config.seq_len,
+    )

@@ -55,8 +55,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench fsdp", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="gpt-tiny", help="the GPT's sizes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: gloo ranks; cuda: nccl")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: parameters gathered and computed in bf16, gradients reduced in fp32")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: parameters gathered and computed in bf16, gradients reduced in fp32",
+    )
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per timed sample")
@@ -128,36 +132,44 @@ def worker(ctx: dict) -> dict:
     device = torch.device("cuda", cd.local_rank()) if args["device"] == "cuda" else torch.device("cpu")
     config = MODELS[args["model"]]
     generator = torch.Generator().manual_seed(cd.rank())
-    tokens = torch.randint(0, config.vocab_size, (args["batch"], config.seq_len + 1),
-                           generator=generator).to(device)
+    tokens = torch.randint(0, config.vocab_size, (args["batch"], config.seq_len + 1), generator=generator).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     candidates = {
         CLORCH: _candidate(_clorch_model(config, args, device), clip_grad_norm_, tokens, args["steps"], sync),
-        TORCH: _candidate(_torch_model(config, args, device), torch.nn.utils.clip_grad_norm_, tokens,
-                          args["steps"], sync),
+        TORCH: _candidate(
+            _torch_model(config, args, device), torch.nn.utils.clip_grad_norm_, tokens, args["steps"], sync
+        ),
     }
     interleave(candidates, args["warmup"])
     samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
     tokens_per_step = args["batch"] * config.seq_len * cd.world_size()
-    rows = [[name, medians[name] * 1e3, tokens_per_step / medians[name], ratio(medians[TORCH], medians[name])]
-            for name in medians]
-    title = (f"FSDP2 training step, GPT {args['model']}, {cd.world_size()} ranks, {args['device']}, "
-             f"{args['precision']}{', compiled' if args['compile'] else ''}, {args['rounds']} rounds x "
-             f"{args['steps']} steps (rank 0)")
+    rows = [
+        [name, medians[name] * 1e3, tokens_per_step / medians[name], ratio(medians[TORCH], medians[name])]
+        for name in medians
+    ]
+    title = (
+        f"FSDP2 training step, GPT {args['model']}, {cd.world_size()} ranks, {args['device']}, "
+        f"{args['precision']}{', compiled' if args['compile'] else ''}, {args['rounds']} rounds x "
+        f"{args['steps']} steps (rank 0)"
+    )
     table = title + "\n" + format_table(["candidate", "median ms/step", "tokens/s", "speed / torch"], rows)
     return {"table": table, "medians_s": medians, "ratio_clorch_torch": ratio(medians[TORCH], medians[CLORCH])}
 
 
 def _args(ns: argparse.Namespace) -> dict:
-    return {key: getattr(ns, key) for key in ("model", "device", "precision", "batch", "rounds", "steps",
-                                             "warmup", "compile")}
+    return {
+        key: getattr(ns, key)
+        for key in ("model", "device", "precision", "batch", "rounds", "steps", "warmup", "compile")
+    }
 
 
 def _check(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
-    errors = [f"--{name} must be >= {low}, got {getattr(ns, name)}"
-              for name, low in (("batch", 1), ("rounds", 1), ("steps", 1), ("warmup", 0), ("nproc", 1))
-              if getattr(ns, name) < low]
+    errors = [
+        f"--{name} must be >= {low}, got {getattr(ns, name)}"
+        for name, low in (("batch", 1), ("rounds", 1), ("steps", 1), ("warmup", 0), ("nproc", 1))
+        if getattr(ns, name) < low
+    ]
     if ns.device == "cuda" and not torch.cuda.is_available():
         errors.append("--device cuda: no CUDA device here (HINT: --device cpu for a smoke run)")
     if errors:
@@ -176,8 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(result["table"])
         return 0
-    job = launch("clorch.bench.fsdp:worker", nproc_per_node=ns.nproc, backend=backend,
-                 devices=list(range(ns.nproc)) if ns.device == "cuda" else None, args=_args(ns), timeout=3600)
+    job = launch(
+        "clorch.bench.fsdp:worker",
+        nproc_per_node=ns.nproc,
+        backend=backend,
+        devices=list(range(ns.nproc)) if ns.device == "cuda" else None,
+        args=_args(ns),
+        timeout=3600,
+    )
     status = await_job(job)
     if status.get("state") != "succeeded":
         print(job_logs(job, 0).get("stderr", ""), file=sys.stderr)

@@ -27,8 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-FIELDS = ("clocks.sm", "clocks.max.sm", "power.draw", "power.limit",
-          "clocks_throttle_reasons.sw_power_cap", "temperature.gpu")
+FIELDS = (
+    "clocks.sm",
+    "clocks.max.sm",
+    "power.draw",
+    "power.limit",
+    "clocks_throttle_reasons.sw_power_cap",
+    "temperature.gpu",
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,9 @@ def summarize(samples: list[GpuSample]) -> dict | None:
     clocks = [s.sm_mhz for s in samples]
     return {
         "samples": len(samples),
-        "sm_mhz": statistics.median(clocks), "sm_mhz_min": min(clocks), "sm_mhz_max": max(clocks),
+        "sm_mhz": statistics.median(clocks),
+        "sm_mhz_min": min(clocks),
+        "sm_mhz_max": max(clocks),
         "max_sm_mhz": max(s.max_sm_mhz for s in samples),
         "power_w": statistics.median(s.power_w for s in samples),
         "power_limit_w": statistics.median(s.power_limit_w for s in samples),
@@ -79,12 +87,14 @@ def describe(summary: dict | None, problem: str | None = None) -> str:
     """One line for a benchmark's report (`problem`: why nothing was sampled, when known)."""
     if summary is None:
         return "GPU clock: not sampled" + (f" ({problem})" if problem else "")
-    return (f"GPU during the timed blocks ({summary['samples']} nvidia-smi samples): SM clock median "
-            f"{summary['sm_mhz']:.0f} MHz ({summary['sm_mhz_min']:.0f}-{summary['sm_mhz_max']:.0f}; "
-            f"the GPU's highest {summary['max_sm_mhz']:.0f}), "
-            f"power {summary['power_w']:.0f} W of {summary['power_limit_w']:.0f} W, "
-            f"power cap lowering clocks in {100 * summary['power_capped']:.0f}% of samples, "
-            f"up to {summary['temperature_c_max']:.0f} C")
+    return (
+        f"GPU during the timed blocks ({summary['samples']} nvidia-smi samples): SM clock median "
+        f"{summary['sm_mhz']:.0f} MHz ({summary['sm_mhz_min']:.0f}-{summary['sm_mhz_max']:.0f}; "
+        f"the GPU's highest {summary['max_sm_mhz']:.0f}), "
+        f"power {summary['power_w']:.0f} W of {summary['power_limit_w']:.0f} W, "
+        f"power cap lowering clocks in {100 * summary['power_capped']:.0f}% of samples, "
+        f"up to {summary['temperature_c_max']:.0f} C"
+    )
 
 
 class GpuMonitor:
@@ -121,9 +131,18 @@ class GpuMonitor:
         self._files = [tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")]
         try:
             self._proc = subprocess.Popen(
-                [smi, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
-                 "-i", self._target, f"--loop-ms={self._interval_ms}"],
-                stdout=self._files[0], stderr=self._files[1], text=True)
+                [
+                    smi,
+                    f"--query-gpu={','.join(FIELDS)}",
+                    "--format=csv,noheader,nounits",
+                    "-i",
+                    self._target,
+                    f"--loop-ms={self._interval_ms}",
+                ],
+                stdout=self._files[0],
+                stderr=self._files[1],
+                text=True,
+            )
         except OSError as exc:
             self.problem = f"nvidia-smi did not start: {exc}"
             self._close()

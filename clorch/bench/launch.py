@@ -60,8 +60,14 @@ def _run_clorch(nproc: int) -> float:
     work = Path(tempfile.mkdtemp(prefix="clorch-bench-launch-"))
     try:
         start = time.time()
-        job = launch("clorch.bench.launch:worker", nproc_per_node=nproc, backend="gloo",
-                     args={"stamp_dir": str(work)}, log_dir=work / "logs", timeout=300)
+        job = launch(
+            "clorch.bench.launch:worker",
+            nproc_per_node=nproc,
+            backend="gloo",
+            args={"stamp_dir": str(work)},
+            log_dir=work / "logs",
+            timeout=300,
+        )
         status = job.wait()
         if status["state"] != "succeeded":
             raise RuntimeError(f"clorch job failed: {status['error']}\n{job.logs(0)['stderr'][-2000:]}")
@@ -73,8 +79,17 @@ def _run_clorch(nproc: int) -> float:
 def _run_torchrun(nproc: int) -> float:
     work = Path(tempfile.mkdtemp(prefix="clorch-bench-torchrun-"))
     try:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "-m", "clorch.bench.launch", "--worker", str(work)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "clorch.bench.launch",
+            "--worker",
+            str(work),
+        ]
         start = time.time()
         # TMPDIR: torchrun's scratch directories go with the work dir.
         env = with_multicast_off({**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(work)})
@@ -96,16 +111,15 @@ def main(argv: list[str]) -> int:
         _torchrun_worker(options.worker)
         return 0
     if options.rounds < 1 or options.nproc_per_node < 1:
-        parser.error(f"--rounds and --nproc-per-node must be >= 1, got {options.rounds} and "
-                     f"{options.nproc_per_node}")
+        parser.error(f"--rounds and --nproc-per-node must be >= 1, got {options.rounds} and {options.nproc_per_node}")
     nproc = options.nproc_per_node
-    samples = interleave({"clorch launch": lambda: _run_clorch(nproc),
-                          "torchrun": lambda: _run_torchrun(nproc)}, options.rounds)
+    samples = interleave(
+        {"clorch launch": lambda: _run_clorch(nproc), "torchrun": lambda: _run_torchrun(nproc)}, options.rounds
+    )
     rows = [[name, median(values), min(values), max(values), len(values)] for name, values in samples.items()]
     print(f"time to the first all_reduce on every rank, {nproc} CPU ranks (gloo), seconds")
     print(format_table(["launcher", "median", "min", "max", "rounds"], rows))
-    print(f"ratio clorch/torchrun (median): "
-          f"{ratio(median(samples['clorch launch']), median(samples['torchrun'])):.3f}")
+    print(f"ratio clorch/torchrun (median): {ratio(median(samples['clorch launch']), median(samples['torchrun'])):.3f}")
     return 0
 
 

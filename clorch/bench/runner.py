@@ -97,18 +97,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per loop first")
     p.add_argument("--log-every", type=int, default=10, help="clorch metrics line every N steps")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
-    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
-                   help="torch.compile mode for both loops (the engine's compile_mode)")
+    p.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default="default",
+        help="torch.compile mode for both loops (the engine's compile_mode)",
+    )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--data", choices=("tensor", "dataset"), default="tensor",
-                   help="tensor: one fixed token tensor; dataset: the same tokens in a token file (uint16, "
-                        "as nanoGPT writes one), read by a map-style torch Dataset through a DataLoader on "
-                        "both sides (data._target_'s path)")
+    p.add_argument(
+        "--data",
+        choices=("tensor", "dataset"),
+        default="tensor",
+        help="tensor: one fixed token tensor; dataset: the same tokens in a token file (uint16, "
+        "as nanoGPT writes one), read by a map-style torch Dataset through a DataLoader on "
+        "both sides (data._target_'s path)",
+    )
     p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP")
-    p.add_argument("--gpu-sample-ms", type=int, default=200,
-                   help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP",
+    )
+    p.add_argument(
+        "--gpu-sample-ms",
+        type=int,
+        default=200,
+        help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)",
+    )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
     return p
 
@@ -138,8 +154,10 @@ def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
     def run(steps: int) -> None:
         for _ in range(steps):
             idx = torch.randint(0, len(task), (opts["batch_size"],), generator=gen)
-            batch = {k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
-                     for k, v in task.batch(idx).items()}
+            batch = {
+                k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
+                for k, v in task.batch(idx).items()
+            }
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = task.loss(compiled, batch)
             loss.backward()
@@ -157,12 +175,20 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     inner = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
-    parts = Components(model=ddp, raw_model=model, optimizer=optimizer,
-                       scheduler=build_scheduler(optimizer, "constant"), task=task, eval_task=task,
-                       sampler=DistributedSampler(len(task), seed=1), device=device,
-                       precision=MixedPrecision("bf16", device), batch_size=opts["batch_size"],
-                       accumulation=1,
-                       cuda_graphs=replays_cuda_graphs(opts["compile"], opts["compile_mode"], device))
+    parts = Components(
+        model=ddp,
+        raw_model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, "constant"),
+        task=task,
+        eval_task=task,
+        sampler=DistributedSampler(len(task), seed=1),
+        device=device,
+        precision=MixedPrecision("bf16", device),
+        batch_size=opts["batch_size"],
+        accumulation=1,
+        cuda_graphs=replays_cuda_graphs(opts["compile"], opts["compile_mode"], device),
+    )
     cfg = TrainConfig(log_every=opts["log_every"], eval_every=0)  # no checkpoints
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     hooks = StepHooks(cfg, parts, run_dir, opts["warmup"] + opts["rounds"] * opts["steps"], writer)
@@ -215,21 +241,29 @@ def worker(ctx: dict) -> dict:
     flops = plain_model.flops_per_token()
     tps = {name: median(v) for name, v in samples_s.items()}
     peak = opts["peak_tflops"] * 1e12 * cd.world_size()
-    return {"tokens_per_s": tps, "samples": samples_s, "ratio": tps["clorch"] / tps["plain"],
-            "mfu": {n: t * flops / peak for n, t in tps.items()}, "world_size": cd.world_size(),
-            "params": plain_model.num_parameters(), "metrics_lines": metrics_lines,
-            "gpu": monitor.summary(), "gpu_problem": monitor.problem,
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+    return {
+        "tokens_per_s": tps,
+        "samples": samples_s,
+        "ratio": tps["clorch"] / tps["plain"],
+        "mfu": {n: t * flops / peak for n, t in tps.items()},
+        "world_size": cd.world_size(),
+        "params": plain_model.num_parameters(),
+        "metrics_lines": metrics_lines,
+        "gpu": monitor.summary(),
+        "gpu_problem": monitor.problem,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    }
 
 
 def report(result: dict, opts: dict) -> str:
-    rows = [[name, result["tokens_per_s"][name], f"{100 * result['mfu'][name]:.1f}%"]
-            for name in ("plain", "clorch")]
-    head = (f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
-            f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
-            f"({opts['compile_mode']}), "
-            f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
-            f"{result['device']} x {result['world_size']}; median of {opts['rounds']} blocks x {opts['steps']} steps")
+    rows = [[name, result["tokens_per_s"][name], f"{100 * result['mfu'][name]:.1f}%"] for name in ("plain", "clorch")]
+    head = (
+        f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
+        f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
+        f"({opts['compile_mode']}), "
+        f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
+        f"{result['device']} x {result['world_size']}; median of {opts['rounds']} blocks x {opts['steps']} steps"
+    )
     table = format_table(["loop", "tokens/s", "MFU"], rows)
     text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
@@ -239,11 +273,20 @@ def report(result: dict, opts: dict) -> str:
 
 def _check(opts: dict, p: argparse.ArgumentParser) -> None:
     """Every bad argument at once, before anything starts (argparse's exit code 2)."""
-    errors = [f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
-              for name, low in (("batch_size", 1), ("steps", 1), ("rounds", 1), ("warmup", 0),
-                                ("log_every", 1), ("gpu_sample_ms", 0), ("num_workers", 0),
-                                ("nproc", 1))
-              if opts[name] < low]
+    errors = [
+        f"--{name.replace('_', '-')} must be >= {low}, got {opts[name]}"
+        for name, low in (
+            ("batch_size", 1),
+            ("steps", 1),
+            ("rounds", 1),
+            ("warmup", 0),
+            ("log_every", 1),
+            ("gpu_sample_ms", 0),
+            ("num_workers", 0),
+            ("nproc", 1),
+        )
+        if opts[name] < low
+    ]
     if not opts["peak_tflops"] > 0:
         errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")
     if opts["device"] == "cuda" and not torch.cuda.is_available():
@@ -263,8 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             print(report(worker({"args": opts}), opts))
         return 0
     backend = "nccl" if opts["device"] == "cuda" else "gloo"
-    job = cd.launch("clorch.bench.runner:worker", nproc_per_node=opts["nproc"], backend=backend,
-                    args=opts, devices=list(range(opts["nproc"])) if backend == "nccl" else None)
+    job = cd.launch(
+        "clorch.bench.runner:worker",
+        nproc_per_node=opts["nproc"],
+        backend=backend,
+        args=opts,
+        devices=list(range(opts["nproc"])) if backend == "nccl" else None,
+    )
     status = job.wait()
     if status["state"] != "succeeded":
         print(f"benchmark failed: {status}\n{cd.job_logs(job, 0)['stderr']}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """`clorch-bench runner --data dataset`: the same token windows as a map-style torch Dataset.
 
 The windows are read from a token file as nanoGPT's `prepare.py` writes one (uint16 token
-ids, no header), through a memory map, as a user's own Dataset over such a file does. Both loops read `(input, target)` items through torch's `DataLoader` with the same settings
+ids, no header), through a memory map, as a user's own Dataset over such a file does. Both loops
+read `(input, target)` items through torch's `DataLoader` with the same settings
 (`--num-workers`, pinned memory on CUDA, persistent workers with workers): the plain loop
 with a shuffling DataLoader as a user writes one, clorch through `data._target_`'s path
 (`clorch.data.user.DatasetTask`, fed by clorch's DistributedSampler). So the ratio
@@ -47,7 +48,7 @@ class TokenWindows(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.window
-        row = torch.from_numpy(self.tokens[start:start + self.window].astype(np.int64))
+        row = torch.from_numpy(self.tokens[start : start + self.window].astype(np.int64))
         return row[:-1], row[1:]
 
 
@@ -81,8 +82,9 @@ def plain_runner(model: torch.nn.Module, dataset: TokenWindows, opts: dict, devi
         order = {"sampler": sampler}
     else:
         sampler, order = None, {"shuffle": True, "generator": torch.Generator().manual_seed(1)}
-    loader = DataLoader(dataset, batch_size=opts["batch_size"], drop_last=True, **order,
-                        **loader_settings(opts, device))
+    loader = DataLoader(
+        dataset, batch_size=opts["batch_size"], drop_last=True, **order, **loader_settings(opts, device)
+    )
     batches, epoch = iter(loader), 0
 
     def run(steps: int) -> None:

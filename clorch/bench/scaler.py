@@ -47,8 +47,20 @@ def parser() -> argparse.ArgumentParser:
 def _shapes(layers: int, width: int) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = [(50304, width), (1024, width)]
     for _ in range(layers):
-        shapes += [(width,), (width,), (3 * width, width), (3 * width,), (width, width), (width,),
-                   (width,), (width,), (4 * width, width), (4 * width,), (width, 4 * width), (width,)]
+        shapes += [
+            (width,),
+            (width,),
+            (3 * width, width),
+            (3 * width,),
+            (width, width),
+            (width,),
+            (width,),
+            (width,),
+            (4 * width, width),
+            (4 * width,),
+            (width, 4 * width),
+            (width,),
+        ]
     return shapes + [(width,), (width,)]
 
 
@@ -101,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     interleave(candidates, 3)  # warm-up
     samples = interleave(candidates, ns.rounds)
     medians = {name: median(values) for name, values in samples.items()}
-    print(f"GradScaler step (unscale + overflow check + update), {len(_shapes(layers, ns.width))} "
-          f"tensors, {numel / 1e6:.1f}M fp32 gradients on {device}, {ns.rounds} rounds x {ns.steps} steps")
+    print(
+        f"GradScaler step (unscale + overflow check + update), {len(_shapes(layers, ns.width))} "
+        f"tensors, {numel / 1e6:.1f}M fp32 gradients on {device}, {ns.rounds} rounds x {ns.steps} steps"
+    )
     rows = [[name, medians[name] * 1e3, ratio(medians[name], medians["torch"])] for name in medians]
     print(format_table(["scaler", "median ms/step", "/ torch"], rows))
     return 0

@@ -71,8 +71,12 @@ def kernel_overlap(events: list[dict]) -> dict[str, float]:
         name = event.get("name", "").lower()
         (comm if any(marker in name for marker in COMM_MARKERS) else other).append(span)
     comm_u, other_u = _union(comm), _union(other)
-    return {"comm_us": _length(comm_u), "exposed_comm_us": _minus(comm_u, other_u),
-            "compute_us": _length(other_u), "busy_us": _length(_union(comm + other))}
+    return {
+        "comm_us": _length(comm_u),
+        "exposed_comm_us": _minus(comm_u, other_u),
+        "compute_us": _length(other_u),
+        "busy_us": _length(_union(comm + other)),
+    }
 
 
 def profile_step(run_step: Callable[[], object], path: Path) -> dict[str, float]:

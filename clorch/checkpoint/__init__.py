@@ -23,7 +23,13 @@ from clorch.checkpoint.policy import (
 )
 
 __all__ = [
-    "CheckpointError", "CheckpointPolicy", "latest_checkpoint", "load_checkpoint",
-    "prune_checkpoints", "save_checkpoint", "should_save", "step_checkpoint_path",
+    "CheckpointError",
+    "CheckpointPolicy",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "save_checkpoint",
+    "should_save",
+    "step_checkpoint_path",
     "verify_checkpoint",
 ]

@@ -46,10 +46,10 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def _check_stateful(name: str, obj: Any) -> None:
-    if obj is not None and not (callable(getattr(obj, "state_dict", None))
-                                and callable(getattr(obj, "load_state_dict", None))):
-        raise TypeError(f"{name} must have state_dict() and load_state_dict() methods, "
-                        f"got {type(obj).__name__}")
+    if obj is not None and not (
+        callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    ):
+        raise TypeError(f"{name} must have state_dict() and load_state_dict() methods, got {type(obj).__name__}")
 
 
 def _check_path(path: Any) -> Path:
@@ -122,12 +122,16 @@ def _check_replaceable(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
-        raise CheckpointError(f"save_checkpoint would overwrite {path}, which is {file_kind(mode)}, "
-                              "not a clorch checkpoint: nothing was written; pass another path")
+        raise CheckpointError(
+            f"save_checkpoint would overwrite {path}, which is {file_kind(mode)}, "
+            "not a clorch checkpoint: nothing was written; pass another path"
+        )
     if not metadata.is_checkpoint(path):
-        raise CheckpointError(f"save_checkpoint would overwrite {path}, which is not a clorch checkpoint "
-                              "(it cannot be parsed as clorch checkpoint metadata): nothing was written; "
-                              "delete it yourself or pass another path")
+        raise CheckpointError(
+            f"save_checkpoint would overwrite {path}, which is not a clorch checkpoint "
+            "(it cannot be parsed as clorch checkpoint metadata): nothing was written; "
+            "delete it yourself or pass another path"
+        )
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -150,7 +154,8 @@ def _disk_full(path: Path, needed: int, exc: OSError) -> CheckpointError:
     return CheckpointError(
         f"not enough disk space to save checkpoint {path}: it needs about {needed} bytes and {free} "
         f"in {path.parent} ({exc.strerror or exc}); the partial files were removed and whatever was at "
-        f"{path} is unchanged")
+        f"{path} is unchanged"
+    )
 
 
 def _write_files(path: Path, tensors: dict, state: dict, per_rank: list[dict]) -> Path:
@@ -159,9 +164,13 @@ def _write_files(path: Path, tensors: dict, state: dict, per_rank: list[dict]) -
     try:
         body = metadata.new_body(
             versions={"clorch_version": __version__, "torch_version": torch.__version__},
-            world_size=len(per_rank), state=state, archive={"file": archive_file.name, **info},
+            world_size=len(per_rank),
+            state=state,
+            archive={"file": archive_file.name, **info},
             contents={name: name in tensors for name in ("model", "optimizer", "scaler")},
-            samplers=[r["sampler"] for r in per_rank], rng=[r["rng"] for r in per_rank])
+            samplers=[r["sampler"] for r in per_rank],
+            rng=[r["rng"] for r in per_rank],
+        )
         temporary = write_durable(path.parent, f".{path.name}.", ".tmp", metadata.encode(body))
     except BaseException:
         remove_quietly(archive_file)
@@ -199,8 +208,15 @@ def _write(path: Path, model, optimizer, scaler, state: dict, per_rank: list[dic
         _remove_superseded(path, archive_file.name)
 
 
-def save_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,
-                    scaler: Any = None, state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: Any,
+    optimizer: Any = None,
+    sampler: Any = None,
+    scaler: Any = None,
+    state: dict[str, Any] | None = None,
+) -> Path:
     """Save model, optimizer, scaler, every rank's sampler and RNG states, and `state`, atomically.
 
     Collective: every rank of the process group must call it (without a group,
@@ -285,8 +301,10 @@ def _check_fit(path: Path, body: dict, tensors: dict, model, optimizer, sampler,
         raise ValueError(f"checkpoint {path} does not fit the model: " + "; ".join(problems))
     for name, obj in (("optimizer", optimizer), ("scaler", scaler)):
         if obj is not None and name not in tensors:
-            raise ValueError(f"{name} was given, but checkpoint {path} holds no {name} state "
-                             f"(it holds {sorted(tensors)}): pass {name}=None")
+            raise ValueError(
+                f"{name} was given, but checkpoint {path} holds no {name} state "
+                f"(it holds {sorted(tensors)}): pass {name}=None"
+            )
     if optimizer is not None:
         problems = optimizer_mismatches(optimizer, tensors["optimizer"])
         if problems:
@@ -295,12 +313,13 @@ def _check_fit(path: Path, body: dict, tensors: dict, model, optimizer, sampler,
     if sampler is not None:
         saved = body["samplers"]
         if body["world_size"] != world_size:
-            raise ValueError(f"sampler was given, but checkpoint {path} was saved by world_size "
-                             f"{body['world_size']} and this job has {world_size}")
+            raise ValueError(
+                f"sampler was given, but checkpoint {path} was saved by world_size "
+                f"{body['world_size']} and this job has {world_size}"
+            )
         if saved[rank] is None:
             raise ValueError(f"sampler was given, but checkpoint {path} holds no sampler state for rank {rank}")
-        problem = sampler.state_problem(saved[rank]) if callable(getattr(sampler, "state_problem", None)) \
-            else None
+        problem = sampler.state_problem(saved[rank]) if callable(getattr(sampler, "state_problem", None)) else None
         if problem is not None:  # a state no sampler of this kind writes: the metadata is corrupt
             raise CheckpointError(f"checkpoint metadata {path} is corrupt: field 'samplers[{rank}]' {problem}")
         if callable(getattr(sampler, "check_state_dict", None)):
@@ -319,12 +338,16 @@ def _apply(body: dict, tensors: dict, model, optimizer, sampler, scaler) -> None
     if body["world_size"] == cdist.world_size():
         restore_rng(body["rng"][rank])  # last: nothing above may consume random numbers after it
     else:
-        warnings.warn(f"checkpoint was saved by world_size {body['world_size']}, this job has "
-                      f"{cdist.world_size()}: RNG states not restored", stacklevel=3)
+        warnings.warn(
+            f"checkpoint was saved by world_size {body['world_size']}, this job has "
+            f"{cdist.world_size()}: RNG states not restored",
+            stacklevel=3,
+        )
 
 
-def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,
-                    scaler: Any = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None, scaler: Any = None
+) -> dict[str, Any]:
     """Restore what save_checkpoint saved, on every rank; return the training `state`.
 
     Collective: every rank of the process group must call it (without a group,
@@ -351,8 +374,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any = None, samp
     error, body, tensors = None, None, None
     try:
         path = _check_path(path)
-        for name, obj in (("model", model), ("optimizer", optimizer), ("sampler", sampler),
-                          ("scaler", scaler)):
+        for name, obj in (("model", model), ("optimizer", optimizer), ("sampler", sampler), ("scaler", scaler)):
             _check_stateful(name, obj)
         if model is None:
             raise TypeError("model is required (an nn.Module or anything with state_dict/load_state_dict)")

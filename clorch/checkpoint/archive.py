@@ -155,11 +155,16 @@ def checksums(info: dict[str, Any], path: Path, metadata_path: Path) -> tuple[st
     else:  # format_version 1
         found = "sha256", info.get("block_sha256"), info.get("sha256")
     algorithm, blocks, digest = found
-    if algorithm not in HASHES or not isinstance(blocks, list) or not isinstance(digest, str) \
-            or not all(isinstance(block, str) for block in blocks):
+    if (
+        algorithm not in HASHES
+        or not isinstance(blocks, list)
+        or not isinstance(digest, str)
+        or not all(isinstance(block, str) for block in blocks)
+    ):
         raise CheckpointError(
             f"refusing to load checkpoint archive {path} unverified: its metadata {metadata_path} "
-            "records no usable block checksums (a missing or null hash, block digests or digest)")
+            "records no usable block checksums (a missing or null hash, block digests or digest)"
+        )
     return algorithm, blocks, digest
 
 
@@ -204,8 +209,13 @@ def write_archive(directory: Path, prefix: str, obj: dict[str, Any]) -> tuple[Pa
         atomic.remove_quietly(path)
         raise
     blocks = writer.digests()
-    return path, {"bytes": writer.written, "block_bytes": BLOCK_BYTES, "hash": HASH,
-                  "block_digests": blocks, "digest": root_digest(blocks)}
+    return path, {
+        "bytes": writer.written,
+        "block_bytes": BLOCK_BYTES,
+        "hash": HASH,
+        "block_digests": blocks,
+        "digest": root_digest(blocks),
+    }
 
 
 def hash_blocks(fd: int, size: int, block_bytes: int, algorithm: str = HASH) -> list[str]:
@@ -216,8 +226,9 @@ def hash_blocks(fd: int, size: int, block_bytes: int, algorithm: str = HASH) -> 
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
         view = memoryview(mapped)
         try:
+
             def one(start: int) -> str:
-                return new_hasher(view[start:start + block_bytes]).hexdigest()
+                return new_hasher(view[start : start + block_bytes]).hexdigest()
 
             starts = range(0, size, block_bytes)
             return list(_executor().map(one, starts)) if _PARALLEL else [one(i) for i in starts]
@@ -237,7 +248,8 @@ def verify_open_archive(fd: int, path: Path, info: dict[str, Any], metadata_path
     if size != info["bytes"]:
         raise CheckpointError(
             f"checkpoint archive {path} is truncated or was changed: it has {size} bytes, "
-            f"its metadata {metadata_path} records {info['bytes']}")
+            f"its metadata {metadata_path} records {info['bytes']}"
+        )
     found = hash_blocks(fd, size, info["block_bytes"], algorithm)
     for index, (got, want) in enumerate(zip(found, blocks)):
         if got != want:
@@ -245,7 +257,8 @@ def verify_open_archive(fd: int, path: Path, info: dict[str, Any], metadata_path
             raise CheckpointError(
                 f"checkpoint archive {path} is corrupt: {algorithm} of bytes [{start}, "
                 f"{min(start + info['block_bytes'], size)}) is {got}, its metadata "
-                f"{metadata_path} records {want}")
+                f"{metadata_path} records {want}"
+            )
     if len(found) != len(blocks) or root_digest(found, algorithm) != digest:
         raise CheckpointError(f"checkpoint archive {path} does not match the checksum in {metadata_path}")
 
@@ -260,8 +273,7 @@ def open_archive(path: Path, metadata_path: Path) -> int:
     try:
         return atomic.open_regular(path, "checkpoint archive")
     except FileNotFoundError:
-        raise CheckpointError(
-            f"checkpoint archive {path}, named by {metadata_path}, is missing") from None
+        raise CheckpointError(f"checkpoint archive {path}, named by {metadata_path}, is missing") from None
 
 
 def load_verified(fd: int, path: Path) -> Any:
@@ -280,7 +292,8 @@ def load_verified(fd: int, path: Path) -> Any:
         raise CheckpointError(
             f"refusing to load {path}: it is not a plain tensor archive, torch.load(weights_only=True) "
             f"rejected it ({first}); clorch never loads with weights_only=False, so re-save it "
-            "from trusted code") from None
+            "from trusted code"
+        ) from None
     except (RuntimeError, ValueError, OSError, EOFError) as exc:
         raise CheckpointError(f"checkpoint archive {path} cannot be read as a torch archive: {exc}") from None
 

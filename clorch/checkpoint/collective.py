@@ -39,14 +39,18 @@ def _all_gather(obj: Any, call: str, action: str) -> list[Any]:
     except CollectiveMismatchError:
         raise
     except RuntimeError as exc:  # a timeout or a dead peer, as torch.distributed reports it
-        raise failure_like(exc, (
-            f"{call}: rank {cdist.rank()} waited for every rank to {action}, and the process group "
-            f"failed ({type(exc).__name__}: {exc}). {call} is collective: every rank must call it at "
-            "the same point of the program (not only rank 0, under `if rank == 0:`). A rank that "
-            "never did, or that died, leaves the others here until the collective timeout; so does "
-            "one still busy past it (rank 0 writing a large checkpoint: raise the timeout). HINT: "
-            "CLORCH_DEBUG_COLLECTIVES=1 names a rank that called another clorch collective "
-            "instead")) from exc
+        raise failure_like(
+            exc,
+            (
+                f"{call}: rank {cdist.rank()} waited for every rank to {action}, and the process group "
+                f"failed ({type(exc).__name__}: {exc}). {call} is collective: every rank must call it at "
+                "the same point of the program (not only rank 0, under `if rank == 0:`). A rank that "
+                "never did, or that died, leaves the others here until the collective timeout; so does "
+                "one still busy past it (rank 0 writing a large checkpoint: raise the timeout). HINT: "
+                "CLORCH_DEBUG_COLLECTIVES=1 names a rank that called another clorch collective "
+                "instead"
+            ),
+        ) from exc
     return out
 
 
@@ -54,8 +58,7 @@ def _summary(error: BaseException | None) -> str | None:
     return None if error is None else f"{type(error).__name__}: {error}"
 
 
-def exchange(local: Any, error: BaseException | None, action: str,
-             call: str = "save_checkpoint") -> list[Any]:
+def exchange(local: Any, error: BaseException | None, action: str, call: str = "save_checkpoint") -> list[Any]:
     """Give every rank every rank's `local` value, unless some rank failed to produce one.
 
     Collective: every rank of the group must call it, in the same order

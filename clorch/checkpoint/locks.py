@@ -118,8 +118,18 @@ class DirectoryLock:
         """First of the job: write who holds it, then share the lock with the job's other processes."""
         os.ftruncate(fd, 0)
         job = {} if self.job is None else {"job": self.job}
-        os.write(fd, json.dumps({**self.owner, **job, "pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {
+                    **self.owner,
+                    **job,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            ).encode(),
+        )
         # Not atomic (flock drops the exclusive lock first): a process that slips in between
         # takes the exclusive lock and rewrites the job id; then this one is refused below.
         if not _try_flock(fd, fcntl.LOCK_SH):
@@ -143,7 +153,8 @@ class DirectoryLock:
             f"checkpoint directory {self.directory} is in use by another run ({_describe(holder)}): "
             "two runs writing one directory would mix and prune each other's checkpoints; wait for "
             "it to end or choose another checkpoint.dir"
-            + (f" (the nodes of one job share it; this run is job {self.job})" if self.job else ""))
+            + (f" (the nodes of one job share it; this run is job {self.job})" if self.job else "")
+        )
 
     def release(self) -> None:
         if self._fd is not None:

@@ -35,11 +35,12 @@ FORMAT = "clorch-checkpoint"
 FORMAT_VERSION = 2
 # A metadata file is small (tens of KiB); refuse to slurp a large file passed by mistake.
 _MAX_METADATA_BYTES = 64 << 20
-_ARCHIVE_KEYS = {1: ("file", "bytes", "block_bytes", "block_sha256", "sha256"),
-                 2: ("file", "bytes", "block_bytes", "hash", "block_digests", "digest")}
+_ARCHIVE_KEYS = {
+    1: ("file", "bytes", "block_bytes", "block_sha256", "sha256"),
+    2: ("file", "bytes", "block_bytes", "hash", "block_digests", "digest"),
+}
 _HEX_DIGEST = {"sha256": re.compile(r"[0-9a-f]{64}"), "xxh3_128": re.compile(r"[0-9a-f]{32}")}
-_REQUIRED = ("format", "format_version", "world_size", "state", "archive", "contents",
-             "samplers", "rng", "checksum")
+_REQUIRED = ("format", "format_version", "world_size", "state", "archive", "contents", "samplers", "rng", "checksum")
 _OPTIONAL_TEXT = ("created", "clorch_version", "torch_version")
 _COMPONENTS = ("model", "optimizer", "scaler")
 
@@ -56,8 +57,7 @@ def check_json_state(value: Any, where: str = "state") -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise TypeError(f"{where} keys must be str to be saved as JSON, got {key!r} "
-                                f"({type(key).__name__})")
+                raise TypeError(f"{where} keys must be str to be saved as JSON, got {key!r} ({type(key).__name__})")
             check_json_state(item, f"{where}[{key!r}]")
         return
     if isinstance(value, (list, tuple)):
@@ -66,12 +66,12 @@ def check_json_state(value: Any, where: str = "state") -> None:
         return
     raise TypeError(
         f"{where} must be JSON-serializable (dict with str keys, list, tuple, str, int, float, "
-        f"bool, None), got {type(value).__name__}: store tensors in the model or optimizer instead")
+        f"bool, None), got {type(value).__name__}: store tensors in the model or optimizer instead"
+    )
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=True).encode()
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
 
 
 def encode(body: dict[str, Any]) -> bytes:
@@ -80,14 +80,30 @@ def encode(body: dict[str, Any]) -> bytes:
     return json.dumps(full, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=True).encode() + b"\n"
 
 
-def new_body(*, versions: dict[str, str], world_size: int, state: dict[str, Any],
-             archive: dict[str, Any], contents: dict[str, bool], samplers: list[Any],
-             rng: list[Any]) -> dict[str, Any]:
+def new_body(
+    *,
+    versions: dict[str, str],
+    world_size: int,
+    state: dict[str, Any],
+    archive: dict[str, Any],
+    contents: dict[str, bool],
+    samplers: list[Any],
+    rng: list[Any],
+) -> dict[str, Any]:
     """The metadata of a new checkpoint (everything but its checksum)."""
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": created,
-            "world_size": world_size, "state": state, "archive": archive, "contents": contents,
-            "samplers": samplers, "rng": rng, **versions}
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created": created,
+        "world_size": world_size,
+        "state": state,
+        "archive": archive,
+        "contents": contents,
+        "samplers": samplers,
+        "rng": rng,
+        **versions,
+    }
 
 
 def _read_json(path: Path) -> Any:
@@ -105,8 +121,10 @@ def _read_json(path: Path) -> Any:
     with os.fdopen(fd, "rb") as handle:
         raw = handle.read(_MAX_METADATA_BYTES + 1)
     if raw.startswith(b"PK") or len(raw) > _MAX_METADATA_BYTES:
-        raise CheckpointError(f"{path} is not a clorch checkpoint metadata file (it looks like a "
-                              "tensor archive or another large file): pass the path given to save_checkpoint")
+        raise CheckpointError(
+            f"{path} is not a clorch checkpoint metadata file (it looks like a "
+            "tensor archive or another large file): pass the path given to save_checkpoint"
+        )
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
@@ -162,8 +180,9 @@ def _shown(value: Any) -> str:
 
 
 def _malformed(path: Path, field: str, value: Any, allowed: str) -> CheckpointError:
-    return CheckpointError(f"checkpoint metadata {path} is corrupt: field {field!r} is {_shown(value)}, "
-                           f"expected {allowed}")
+    return CheckpointError(
+        f"checkpoint metadata {path} is corrupt: field {field!r} is {_shown(value)}, expected {allowed}"
+    )
 
 
 def _check_int(path: Path, field: str, value: Any, minimum: int) -> None:
@@ -181,11 +200,13 @@ def _check_archive(path: Path, archive: Any, version: int) -> None:
     if not isinstance(archive, dict) or any(key not in archive for key in keys):
         raise _malformed(path, "archive", archive, f"a dict with {list(keys)}")
     # The other format's checksum fields would make the reader verify against fields not checked here.
-    foreign = sorted(key for version_keys in _ARCHIVE_KEYS.values() for key in version_keys
-                     if key not in keys and key in archive)
+    foreign = sorted(
+        key for version_keys in _ARCHIVE_KEYS.values() for key in version_keys if key not in keys and key in archive
+    )
     if foreign:
-        raise _malformed(path, "archive", archive, f"a dict with {list(keys)} and none of {foreign} "
-                         f"(format_version {version})")
+        raise _malformed(
+            path, "archive", archive, f"a dict with {list(keys)} and none of {foreign} (format_version {version})"
+        )
     name = archive["file"]
     # The archive must sit beside the metadata: a name with a separator could point anywhere.
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
@@ -201,10 +222,17 @@ def _check_archive(path: Path, archive: Any, version: int) -> None:
     pattern = _HEX_DIGEST[algorithm]
     blocks = -(-archive["bytes"] // archive["block_bytes"])
     digests = archive[blocks_key]
-    if not isinstance(digests, list) or len(digests) != blocks or not all(
-            isinstance(d, str) and pattern.fullmatch(d) for d in digests):
-        raise _malformed(path, f"archive.{blocks_key}", digests,
-                         f"a list of {blocks} {algorithm} hex digests (bytes / block_bytes, rounded up)")
+    if (
+        not isinstance(digests, list)
+        or len(digests) != blocks
+        or not all(isinstance(d, str) and pattern.fullmatch(d) for d in digests)
+    ):
+        raise _malformed(
+            path,
+            f"archive.{blocks_key}",
+            digests,
+            f"a list of {blocks} {algorithm} hex digests (bytes / block_bytes, rounded up)",
+        )
     if not isinstance(archive[digest_key], str) or not pattern.fullmatch(archive[digest_key]):
         raise _malformed(path, f"archive.{digest_key}", archive[digest_key], f"a {algorithm} hex digest")
 
@@ -221,8 +249,10 @@ def validate(path: Path, body: dict[str, Any]) -> None:
     """
     version = body["format_version"]
     if type(version) is int and version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format_version {version!r}; this clorch reads "
-                              f"up to {FORMAT_VERSION}: upgrade clorch")
+        raise CheckpointError(
+            f"checkpoint {path} has format_version {version!r}; this clorch reads "
+            f"up to {FORMAT_VERSION}: upgrade clorch"
+        )
     _check_int(path, "format_version", version, 1)
     for key in _OPTIONAL_TEXT:
         if key in body and not isinstance(body[key], str):

@@ -46,8 +46,9 @@ def _delete_checkpoint(path: Path) -> None:
 
 
 def _delete_leftovers(path: Path) -> None:
-    for leftover in (created_files(path.parent, f"{path.name}.", ".tensors")
-                     + created_files(path.parent, f".{path.name}.", ".tmp")):
+    for leftover in created_files(path.parent, f"{path.name}.", ".tensors") + created_files(
+        path.parent, f".{path.name}.", ".tmp"
+    ):
         remove_quietly(leftover)
 
 
@@ -129,13 +130,11 @@ class CheckpointPolicy:
 
     def should_save(self, step: int, *, epoch_end: bool) -> bool:
         """`should_save(step, ...)` with this policy's settings."""
-        return should_save(step, every_n_steps=self.every_n_steps, epoch_end=epoch_end,
-                           at_epoch_end=self.at_epoch_end)
+        return should_save(step, every_n_steps=self.every_n_steps, epoch_end=epoch_end, at_epoch_end=self.at_epoch_end)
 
     def prune(self, directory: str | Path) -> list[Path]:
         """`prune_checkpoints(directory, keep_last)`, or nothing when keep_last is None."""
         return [] if self.keep_last is None else prune_checkpoints(directory, self.keep_last)
 
 
-__all__ = ["CheckpointPolicy", "latest_checkpoint", "prune_checkpoints", "should_save",
-           "step_checkpoint_path"]
+__all__ = ["CheckpointPolicy", "latest_checkpoint", "prune_checkpoints", "should_save", "step_checkpoint_path"]

@@ -50,8 +50,7 @@ def optimizer_mismatches(optimizer: Any, loaded: Any) -> list[str]:
     saved_sizes = [len(group.get("params", ())) for group in loaded["param_groups"]]
     live_sizes = [len(group["params"]) for group in optimizer.param_groups]
     if saved_sizes != live_sizes:
-        return [f"optimizer parameter groups differ: checkpoint has sizes {saved_sizes}, "
-                f"the optimizer {live_sizes}"]
+        return [f"optimizer parameter groups differ: checkpoint has sizes {saved_sizes}, the optimizer {live_sizes}"]
     saved_ids = [i for group in loaded["param_groups"] for i in group["params"]]
     position = {pid: index for index, pid in enumerate(saved_ids)}
     unexpected = [str(pid) for pid in loaded["state"] if pid not in position]
@@ -63,8 +62,7 @@ def optimizer_mismatches(optimizer: Any, loaded: Any) -> list[str]:
         for name, value in entry.items():
             # Per-parameter moments have the parameter's shape; scalars such as `step` do not.
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != want:
-                shapes.append(f"state[{pid}][{name!r}]: checkpoint {tuple(value.shape)}, "
-                              f"parameter {tuple(want)}")
+                shapes.append(f"state[{pid}][{name!r}]: checkpoint {tuple(value.shape)}, parameter {tuple(want)}")
     problems = []
     if unexpected:
         problems.append(f"unexpected optimizer state entries (no such parameter): {_listed(unexpected)}")

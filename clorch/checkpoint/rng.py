@@ -78,8 +78,7 @@ def restore_rng(state: dict[str, Any]) -> None:
     _set_python(random.setstate, state["python"])
     if state.get("numpy") is not None:
         if np is None:
-            warnings.warn("checkpoint holds a numpy RNG state but numpy is not installed; not restored",
-                          stacklevel=2)
+            warnings.warn("checkpoint holds a numpy RNG state but numpy is not installed; not restored", stacklevel=2)
         else:
             _set_numpy(np.random.set_state, state["numpy"])
     cuda = state.get("cuda")
@@ -87,8 +86,11 @@ def restore_rng(state: dict[str, Any]) -> None:
         if torch.cuda.is_available() and cuda["device"] < torch.cuda.device_count():
             torch.cuda.set_rng_state(_text_to_bytes(cuda["state"]), cuda["device"])
         else:
-            warnings.warn(f"checkpoint holds the RNG state of CUDA device {cuda['device']}, which this "
-                          "process does not have; CUDA RNG not restored", stacklevel=2)
+            warnings.warn(
+                f"checkpoint holds the RNG state of CUDA device {cuda['device']}, which this "
+                "process does not have; CUDA RNG not restored",
+                stacklevel=2,
+            )
 
 
 # Restoring raises these on a malformed state; OverflowError: a negative or huge int for an unsigned word.
@@ -108,8 +110,7 @@ def _torch_ok(text: Any) -> bool:
 
 
 def _python_ok(state: Any) -> bool:
-    return (isinstance(state, list) and len(state) == 3
-            and _restores(_set_python, random.Random().setstate, state))
+    return isinstance(state, list) and len(state) == 3 and _restores(_set_python, random.Random().setstate, state)
 
 
 def _numpy_ok(state: Any) -> bool:

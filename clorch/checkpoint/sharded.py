@@ -60,8 +60,14 @@ from clorch.checkpoint.errors import CheckpointError
 from clorch.checkpoint.rng import capture_rng, restore_rng
 from clorch.nn.parallel.ddp import unwrap_model
 
-__all__ = ["MARKER", "latest_sharded_checkpoint", "load_sharded", "prune_sharded_checkpoints",
-           "save_sharded", "sharded_step_path"]
+__all__ = [
+    "MARKER",
+    "latest_sharded_checkpoint",
+    "load_sharded",
+    "prune_sharded_checkpoints",
+    "save_sharded",
+    "sharded_step_path",
+]
 
 MARKER = "clorch.json"
 """clorch's file in a sharded checkpoint, written last: a directory without it is incomplete."""
@@ -86,8 +92,11 @@ def _one_process_is_intended() -> Iterator[None]:
 
 def _model_signature(model_state: dict[str, Any]) -> dict[str, list]:
     """Parameter name -> [global shape, dtype]: what must match for a checkpoint to fit a model."""
-    return {name: [list(value.shape), str(value.dtype).removeprefix("torch.")]
-            for name, value in model_state.items() if isinstance(value, torch.Tensor)}
+    return {
+        name: [list(value.shape), str(value.dtype).removeprefix("torch.")]
+        for name, value in model_state.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 def _signature_problems(saved: dict[str, list], mine: dict[str, list]) -> list[str]:
@@ -97,8 +106,11 @@ def _signature_problems(saved: dict[str, list], mine: dict[str, list]) -> list[s
         problems.append(f"parameters the checkpoint lacks: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     if unexpected:
         problems.append(f"parameters this model lacks: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-    differ = [f"{n}: saved {saved[n][0]} {saved[n][1]}, model {mine[n][0]} {mine[n][1]}"
-              for n in sorted(set(saved) & set(mine)) if saved[n] != mine[n]]
+    differ = [
+        f"{n}: saved {saved[n][0]} {saved[n][1]}, model {mine[n][0]} {mine[n][1]}"
+        for n in sorted(set(saved) & set(mine))
+        if saved[n] != mine[n]
+    ]
     if differ:
         problems.append("shapes or dtypes differ: " + "; ".join(differ[:8]))
     return problems
@@ -118,36 +130,42 @@ def _read_marker(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"sharded checkpoint {path} is not a directory")
     marker = path / MARKER
     if not marker.is_file() or not (path / ".metadata").is_file():
-        raise CheckpointError(f"sharded checkpoint {path} is incomplete: it has no {MARKER} or no DCP "
-                              ".metadata (a save that did not finish, or not a clorch checkpoint)")
+        raise CheckpointError(
+            f"sharded checkpoint {path} is incomplete: it has no {MARKER} or no DCP "
+            ".metadata (a save that did not finish, or not a clorch checkpoint)"
+        )
     try:
         body = json.loads(marker.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"sharded checkpoint {path}: {MARKER} is unreadable ({exc})") from exc
     if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise CheckpointError(f"sharded checkpoint {path}: {MARKER} is not a clorch sharded checkpoint "
-                              f"of format {FORMAT}")
+        raise CheckpointError(
+            f"sharded checkpoint {path}: {MARKER} is not a clorch sharded checkpoint of format {FORMAT}"
+        )
     return body
 
 
 def _local_info(model, sampler) -> dict[str, Any]:
     sampler_state = sampler.global_state_dict() if sampler is not None else None
-    return {"sampler": sampler_state, "rng": capture_rng(),
-            "signature": _model_signature(get_model_state_dict(model))}
+    return {"sampler": sampler_state, "rng": capture_rng(), "signature": _model_signature(get_model_state_dict(model))}
 
 
 def _check_replaceable(path: Path) -> None:
     if path.exists() and not (path.is_dir() and (path / MARKER).is_file()):
-        raise CheckpointError(f"save_sharded would replace {path}, which is not a clorch sharded checkpoint: "
-                              "nothing was written; pass another path")
+        raise CheckpointError(
+            f"save_sharded would replace {path}, which is not a clorch sharded checkpoint: "
+            "nothing was written; pass another path"
+        )
 
 
 def _prepare(path: Path, per_rank: list[dict]) -> Path:
     """Rank 0: check the ranks agree and the path may be written; make the temporary directory."""
     samplers = [r["sampler"] for r in per_rank]
     if any(s != samplers[0] for s in samplers):
-        raise CheckpointError(f"the ranks' samplers are at different positions ({samplers}); ranks must "
-                              "consume batches in step for a global position to exist")
+        raise CheckpointError(
+            f"the ranks' samplers are at different positions ({samplers}); ranks must "
+            "consume batches in step for a global position to exist"
+        )
     _check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.parent / f".{path.name}.{unique_token()}.tmp"
@@ -169,8 +187,9 @@ def _commit(temporary: Path, path: Path, body: dict[str, Any]) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def save_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None,
-                 state: dict[str, Any] | None = None) -> Path:
+def save_sharded(
+    path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None, state: dict[str, Any] | None = None
+) -> Path:
     """Save model and optimizer shards from every rank, plus sampler, RNG and `state`, atomically.
 
     Collective: every rank calls it. Three blocking steps: an all-gather of each
@@ -211,12 +230,20 @@ def save_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     temporary = Path(exchange(str(temporary), error, f"create {path}'s temporary", "save_sharded")[0])
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
     with _one_process_is_intended():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary,
-                 no_dist=not cdist.is_initialized())
-    body = {"format": FORMAT, "clorch_version": __version__, "torch_version": torch.__version__,
-            "world_size": len(per_rank), "state": state, "has_optimizer": optimizer is not None,
-            "signature": per_rank[0]["signature"], "sampler": per_rank[0]["sampler"],
-            "rng": [r["rng"] for r in per_rank]}
+        dcp.save(
+            {"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=not cdist.is_initialized()
+        )
+    body = {
+        "format": FORMAT,
+        "clorch_version": __version__,
+        "torch_version": torch.__version__,
+        "world_size": len(per_rank),
+        "state": state,
+        "has_optimizer": optimizer is not None,
+        "signature": per_rank[0]["signature"],
+        "sampler": per_rank[0]["sampler"],
+        "rng": [r["rng"] for r in per_rank],
+    }
     error = None
     if cdist.rank() == 0:
         try:
@@ -232,8 +259,9 @@ def _check_fit(path: Path, body: dict, model, optimizer) -> None:
     if problems:
         raise CheckpointError(f"sharded checkpoint {path} holds another model: " + "; ".join(problems))
     if optimizer is not None and not body["has_optimizer"]:
-        raise CheckpointError(f"optimizer was given, but sharded checkpoint {path} holds no optimizer "
-                              "state: pass optimizer=None")
+        raise CheckpointError(
+            f"optimizer was given, but sharded checkpoint {path} holds no optimizer state: pass optimizer=None"
+        )
 
 
 def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None) -> dict[str, Any]:
@@ -279,9 +307,12 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     if body["world_size"] == cdist.world_size():
         restore_rng(body["rng"][cdist.rank()])
     else:
-        warnings.warn(f"sharded checkpoint {path} was saved by world_size {body['world_size']}, this job has "
-                      f"{cdist.world_size()}: RNG states not restored (dropout and augmentation draw other "
-                      "numbers than the uninterrupted run; the data order is exact)", stacklevel=2)
+        warnings.warn(
+            f"sharded checkpoint {path} was saved by world_size {body['world_size']}, this job has "
+            f"{cdist.world_size()}: RNG states not restored (dropout and augmentation draw other "
+            "numbers than the uninterrupted run; the data order is exact)",
+            stacklevel=2,
+        )
     return body["state"]
 
 
@@ -293,8 +324,9 @@ def latest_sharded_checkpoint(directory: str | Path) -> Path | None:
     directory = Path(directory)
     if not directory.is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in directory.iterdir()
-                    if (m := _STEP_DIR.fullmatch(p.name))), reverse=True)
+    found = sorted(
+        ((int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.fullmatch(p.name))), reverse=True
+    )
     for _, path in found:
         try:
             _read_marker(path)
@@ -314,8 +346,9 @@ def prune_sharded_checkpoints(directory: str | Path, keep_last: int) -> list[Pat
     if cdist.rank() != 0:
         return []
     directory = Path(directory)
-    found = sorted(((int(m.group(1)), p) for p in directory.iterdir()
-                    if (m := _STEP_DIR.fullmatch(p.name))), reverse=True)
+    found = sorted(
+        ((int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.fullmatch(p.name))), reverse=True
+    )
     removed = [p for _, p in found[keep_last:]]
     newest = found[0][0] if found else None
     for leftover in directory.glob(".step_*.dcp.*"):

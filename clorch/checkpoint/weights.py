@@ -35,9 +35,11 @@ from clorch.checkpoint import archive, atomic, metadata
 from clorch.checkpoint.errors import CheckpointError
 from clorch.nn.parallel.ddp import unwrap_model
 
-KINDS = ("a clorch checkpoint (the path given to save_checkpoint)",
-         "a torch.save'd state_dict (alone, or under a 'model' or 'state_dict' key)",
-         "a .safetensors file")
+KINDS = (
+    "a clorch checkpoint (the path given to save_checkpoint)",
+    "a torch.save'd state_dict (alone, or under a 'model' or 'state_dict' key)",
+    "a .safetensors file",
+)
 """The kinds of file `read_weights` accepts, as its errors name them."""
 
 _ACCEPTED = "it must be " + ", ".join(KINDS[:-1]) + " or " + KINDS[-1]
@@ -88,7 +90,7 @@ def _strip_wrapper_prefixes(weights: dict[str, torch.Tensor]) -> dict[str, torch
         prefix = next((p for p in _WRAPPER_PREFIXES if all(name.startswith(p) for name in weights)), None)
         if prefix is None:
             break
-        weights = {name[len(prefix):]: tensor for name, tensor in weights.items()}
+        weights = {name[len(prefix) :]: tensor for name, tensor in weights.items()}
     return weights
 
 
@@ -101,8 +103,9 @@ def _read_clorch(path: Path) -> dict[str, torch.Tensor]:
     except CheckpointError as exc:
         raise ValueError(f"cannot read the weights of clorch checkpoint {path}: {exc}") from exc
     if not isinstance(tensors, dict) or not _is_state_dict(tensors.get("model")):
-        raise ValueError(f"cannot read the weights of clorch checkpoint {path}: its archive holds no "
-                         "'model' state dict of tensors")
+        raise ValueError(
+            f"cannot read the weights of clorch checkpoint {path}: its archive holds no 'model' state dict of tensors"
+        )
     return dict(tensors["model"])
 
 
@@ -130,31 +133,40 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
     except Exception as exc:  # arbitrary bytes make torch.load raise nearly any type; none ran code
         hint = ""
         if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in str(exc):
-            hint = (" (it holds pickled objects, not only tensors: a whole model saved with "
-                    "torch.save(model)? save model.state_dict() instead)")
-        raise ValueError(f"{path} is not a file of model weights: torch.load(weights_only=True) failed "
-                         f"with {_torch_load_reason(exc)}{hint}; {_ACCEPTED}") from None
+            hint = (
+                " (it holds pickled objects, not only tensors: a whole model saved with "
+                "torch.save(model)? save model.state_dict() instead)"
+            )
+        raise ValueError(
+            f"{path} is not a file of model weights: torch.load(weights_only=True) failed "
+            f"with {_torch_load_reason(exc)}{hint}; {_ACCEPTED}"
+        ) from None
     return _state_dict_in(path, loaded)
 
 
 def _is_state_dict(value: Any) -> bool:
     return isinstance(value, Mapping) and all(
-        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in value.items())
+        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in value.items()
+    )
 
 
 def _state_dict_in(path: Path, loaded: Any) -> dict[str, torch.Tensor]:
     """`loaded` itself when it is a state dict, else the one state dict under "model" or "state_dict"."""
     if _is_state_dict(loaded):
         return dict(loaded)
-    held = [key for key in ("model", "state_dict") if isinstance(loaded, Mapping)
-            and _is_state_dict(loaded.get(key))]
+    held = [key for key in ("model", "state_dict") if isinstance(loaded, Mapping) and _is_state_dict(loaded.get(key))]
     if len(held) > 1:
-        raise ValueError(f"{path} holds a state dict under both 'model' and 'state_dict': "
-                         "which one is the model's is ambiguous; save the one you mean alone")
+        raise ValueError(
+            f"{path} holds a state dict under both 'model' and 'state_dict': "
+            "which one is the model's is ambiguous; save the one you mean alone"
+        )
     if held:
         return dict(loaded[held[0]])
-    what = f"a dict with keys {_listed([str(k) for k in loaded])}" if isinstance(loaded, Mapping) \
+    what = (
+        f"a dict with keys {_listed([str(k) for k in loaded])}"
+        if isinstance(loaded, Mapping)
         else f"a {type(loaded).__name__}"
+    )
     raise ValueError(f"{path} is a torch.save file holding {what}, not a state dict of tensors: {_ACCEPTED}")
 
 
@@ -198,23 +210,30 @@ def _listed(names: list[str]) -> str:
 
 
 def _shape_errors(key: str, expected: Mapping[str, Any], weights: Mapping[str, Any]) -> list[str]:
-    not_tensors = [f"{name} ({type(value).__name__})" for name, value in weights.items()
-                   if not isinstance(value, torch.Tensor)]
-    shapes = [f"{name} (file {tuple(value.shape)}, model {tuple(expected[name].shape)})"
-              for name, value in weights.items()
-              if name in expected and isinstance(value, torch.Tensor)
-              and isinstance(expected[name], torch.Tensor) and value.shape != expected[name].shape]
+    not_tensors = [
+        f"{name} ({type(value).__name__})" for name, value in weights.items() if not isinstance(value, torch.Tensor)
+    ]
+    shapes = [
+        f"{name} (file {tuple(value.shape)}, model {tuple(expected[name].shape)})"
+        for name, value in weights.items()
+        if name in expected
+        and isinstance(value, torch.Tensor)
+        and isinstance(expected[name], torch.Tensor)
+        and value.shape != expected[name].shape
+    ]
     errors = []
     if not_tensors:
         errors.append(f"{key}: {len(not_tensors)} value(s) in the file are not tensors: {_listed(not_tensors)}")
     if shapes:
-        errors.append(f"{key}: {len(shapes)} tensor(s) have another shape in the file than in the model: "
-                      f"{_listed(shapes)}")
+        errors.append(
+            f"{key}: {len(shapes)} tensor(s) have another shape in the file than in the model: {_listed(shapes)}"
+        )
     return errors
 
 
-def fit_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], strict: bool = True,
-               key: str = "model.init_from") -> list[str]:
+def fit_errors(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor], strict: bool = True, key: str = "model.init_from"
+) -> list[str]:
     """Why `weights` would not load into `model`, one message per kind of problem (none: it fits).
 
     Only names and shapes are compared, so `model` may be on the `meta`
@@ -247,14 +266,17 @@ def fit_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], stri
     if strict and unexpected:
         errors.append(f"{key}: {len(unexpected)} key(s) in the file are not in the model: {_listed(unexpected)}")
     if not strict and expected and len(missing) == len(expected):
-        errors.append(f"{key}: none of the file's {len(weights)} key(s) is a key of the model, so a "
-                      f"non-strict load would load nothing: the file has {_listed(unexpected) or 'no keys'}; "
-                      f"the model has {_listed(missing)}")
+        errors.append(
+            f"{key}: none of the file's {len(weights)} key(s) is a key of the model, so a "
+            f"non-strict load would load nothing: the file has {_listed(unexpected) or 'no keys'}; "
+            f"the model has {_listed(missing)}"
+        )
     return errors + _shape_errors(key, expected, weights)
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike, strict: bool = True,
-                 key: str = "model.init_from") -> None:
+def load_weights(
+    model: torch.nn.Module, path: str | os.PathLike, strict: bool = True, key: str = "model.init_from"
+) -> None:
     """Copy the weights in `path` into `model`, in place, all or nothing.
 
     Local: not collective; each rank that calls it reads the file itself.
@@ -278,18 +300,23 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike, strict: bool =
     own = module.state_dict()
     on_meta = [name for name, value in own.items() if isinstance(value, torch.Tensor) and value.is_meta]
     if on_meta:
-        raise ValueError(f"{key}: load_weights needs a model with storage, but {len(on_meta)} of its tensors "
-                         f"are on the meta device ({_listed(on_meta)}): materialize it first, "
-                         "e.g. model.to_empty(device=...)")
+        raise ValueError(
+            f"{key}: load_weights needs a model with storage, but {len(on_meta)} of its tensors "
+            f"are on the meta device ({_listed(on_meta)}): materialize it first, "
+            "e.g. model.to_empty(device=...)"
+        )
     weights = read_weights(path)
     errors = fit_errors(model, weights, strict=strict, key=key)
     if errors:
         raise ValueError(f"{key}: the weights in {path} do not fit the model:\n" + "\n".join(errors))
     # The model's dtypes win (a float32 file into a bfloat16 model); load_state_dict copies
     # into the model's own tensors, so their devices stay.
-    cast = {name: value.to(own[name].dtype)
-            if isinstance(own.get(name), torch.Tensor) and value.dtype != own[name].dtype else value
-            for name, value in weights.items()}
+    cast = {
+        name: value.to(own[name].dtype)
+        if isinstance(own.get(name), torch.Tensor) and value.dtype != own[name].dtype
+        else value
+        for name, value in weights.items()
+    }
     module.load_state_dict(cast, strict=strict)
 
 
@@ -297,8 +324,10 @@ def _tensors_to_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     tensors, storages = {}, set()
     for name, value in module.state_dict().items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"save_safetensors saves tensors only, but the model's state_dict()[{name!r}] "
-                            f"is a {type(value).__name__}")
+            raise TypeError(
+                f"save_safetensors saves tensors only, but the model's state_dict()[{name!r}] "
+                f"is a {type(value).__name__}"
+            )
         if value.is_meta:
             raise ValueError(f"save_safetensors needs a model with values, but {name} is on the meta device")
         value = value.detach().cpu().contiguous()

@@ -22,8 +22,7 @@ from omegaconf import DictConfig
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
-from clorch.config.plan import (absolute, check_run_dir, config_key, plan_or_errors, resolve,
-                                run_errors_as_config_errors)
+from clorch.config.plan import absolute, check_run_dir, config_key, plan_or_errors, resolve, run_errors_as_config_errors
 from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
@@ -49,8 +48,13 @@ def report(result: RunResult) -> None:
 def _report_interrupted(result: RunResult) -> None:
     summary, run_dir, cfg = result.summary, Path(result.run_dir), result.plan.config
     step = last_step(summary)
-    print(Status.INTERRUPTED.line(f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
-                                  f"the ranks were stopped; outputs in {run_dir}"), file=sys.stderr)
+    print(
+        Status.INTERRUPTED.line(
+            f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
+            f"the ranks were stopped; outputs in {run_dir}"
+        ),
+        file=sys.stderr,
+    )
     # The directory clorch-train started in (hydra.job.chdir=true moves the job's): relative
     # paths of the command line are relative to it.
     base = get_original_cwd() if HydraConfig.initialized() else None

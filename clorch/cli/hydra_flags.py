@@ -14,14 +14,26 @@ MULTIRUN = ("-m", "--multirun")  # a sweep
 PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
 # Flags that would compose or load something other than clorch's config, unchecked (another
 # primary config may declare Hydra callbacks; a rerun file is a pickle): refused.
-OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                "--experimental-rerun")
+OTHER_CONFIG = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--experimental-rerun")
 # Flags that print the composed config instead of running it: checked like a run, no launch.
 PRINT_CONFIG = ("--cfg", "-c", "--resolve", "--package", "-p")
 # Every flag of Hydra's command line.
-LONG_FLAGS = ("--help", "--hydra-help", "--version", "--cfg", "--resolve", "--package", "--run",
-              "--multirun", "--shell-completion", "--config-path", "--config-name", "--config-dir",
-              "--experimental-rerun", "--info")
+LONG_FLAGS = (
+    "--help",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "--resolve",
+    "--package",
+    "--run",
+    "--multirun",
+    "--shell-completion",
+    "--config-path",
+    "--config-name",
+    "--config-dir",
+    "--experimental-rerun",
+    "--info",
+)
 SHORT_FLAGS = ("-h", "-c", "-p", "-r", "-m", "-sc", "-cp", "-cn", "-cd", "-i")
 
 
@@ -36,22 +48,32 @@ def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     out, errors = [], []
     if "--" in args:  # argparse's end of flags: what follows is overrides, which never start with '-'
         end = args.index("--")
-        errors += [f"{arg} comes after '--', so it would be read as an override, and an override cannot "
-                   "start with '-': put flags before '--'" for arg in args[end + 1:] if arg.startswith("-")]
-        args = args[:end] + [arg for arg in args[end + 1:] if not arg.startswith("-")]
+        errors += [
+            f"{arg} comes after '--', so it would be read as an override, and an override cannot "
+            "start with '-': put flags before '--'"
+            for arg in args[end + 1 :]
+            if arg.startswith("-")
+        ]
+        args = args[:end] + [arg for arg in args[end + 1 :] if not arg.startswith("-")]
     for arg in args:
         if arg.startswith("--"):
             name, sep, value = arg.partition("=")
-            matches = [flag for flag in LONG_FLAGS if flag == name] or \
-                      [flag for flag in LONG_FLAGS if flag.startswith(name)]
+            matches = [flag for flag in LONG_FLAGS if flag == name] or [
+                flag for flag in LONG_FLAGS if flag.startswith(name)
+            ]
             if len(matches) == 1:
                 arg = matches[0] + sep + value
             else:
-                errors.append(f"{name} is not a clorch-train flag (Hydra's flags: {', '.join(LONG_FLAGS)})"
-                              if not matches else f"{name} is ambiguous: it could be {', '.join(matches)}")
+                errors.append(
+                    f"{name} is not a clorch-train flag (Hydra's flags: {', '.join(LONG_FLAGS)})"
+                    if not matches
+                    else f"{name} is ambiguous: it could be {', '.join(matches)}"
+                )
         elif arg.startswith("-") and len(arg) > 1 and arg.split("=")[0] not in SHORT_FLAGS:
-            errors.append(f"{arg}: write each short flag and its value separately (e.g. -m -c job); "
-                          f"the short flags are {', '.join(SHORT_FLAGS)}")
+            errors.append(
+                f"{arg}: write each short flag and its value separately (e.g. -m -c job); "
+                f"the short flags are {', '.join(SHORT_FLAGS)}"
+            )
         out.append(arg)
     return out, errors
 

@@ -19,14 +19,40 @@ from clorch._files import unwritable
 from clorch.cli.hydra_flags import MULTIRUN
 
 # Keys (and everything below them) a user may set.
-ALLOWED_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir",
-                "hydra.job.name", "hydra.verbose")
+ALLOWED_KEYS = (
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+    "hydra.sweep.subdir",
+    "hydra.job.chdir",
+    "hydra.job.name",
+    "hydra.verbose",
+)
 # The submitit launchers' resource keys; not `setup`, `srun_args`, `additional_parameters` or
 # `submitit_folder`, which put shell lines into the job script or write anywhere.
-LAUNCHER_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes",
-                 "name", "stderr_to_stdout", "partition", "qos", "comment", "constraint", "exclude", "gres",
-                 "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "account", "signal_delay_s",
-                 "max_num_timeout", "array_parallelism")
+LAUNCHER_KEYS = (
+    "timeout_min",
+    "cpus_per_task",
+    "gpus_per_node",
+    "tasks_per_node",
+    "mem_gb",
+    "nodes",
+    "name",
+    "stderr_to_stdout",
+    "partition",
+    "qos",
+    "comment",
+    "constraint",
+    "exclude",
+    "gres",
+    "cpus_per_gpu",
+    "gpus_per_task",
+    "mem_per_gpu",
+    "mem_per_cpu",
+    "account",
+    "signal_delay_s",
+    "max_num_timeout",
+    "array_parallelism",
+)
 # Group choices a user may make: Hydra's built-in logging configs and the launchers clorch supports.
 ALLOWED_CHOICES = {
     "hydra/launcher": ("basic", "submitit_local", "submitit_slurm"),
@@ -34,9 +60,24 @@ ALLOWED_CHOICES = {
     "hydra/hydra_logging": ("default", "disabled", "none"),
 }
 # What clorch (and Hydra, for clorch) writes into a run or sweep directory.
-RUN_FILES = {".hydra", "config.yaml", "env.json", "logs", "metrics.jsonl", "events.jsonl", "summary.json", "checkpoints",
-             "loss.png", "clorch-train.log", "tensorboard", ".submitit", "multirun.yaml",
-             "sweep_summary.csv", "sweep_summary.md", "preflight.json"}
+RUN_FILES = {
+    ".hydra",
+    "config.yaml",
+    "env.json",
+    "logs",
+    "metrics.jsonl",
+    "events.jsonl",
+    "summary.json",
+    "checkpoints",
+    "loss.png",
+    "clorch-train.log",
+    "tensorboard",
+    ".submitit",
+    "multirun.yaml",
+    "sweep_summary.csv",
+    "sweep_summary.md",
+    "preflight.json",
+}
 
 
 def _parts(arg: str) -> tuple[str, str, bool]:
@@ -65,8 +106,9 @@ def _key_error(key: str, value: str, group: bool) -> str | None:
     if group:
         allowed = ALLOWED_CHOICES.get(key)
         if allowed is None:
-            return (f"{key}={value} is not allowed: clorch-train accepts these Hydra groups: "
-                    f"{', '.join(ALLOWED_CHOICES)}")
+            return (
+                f"{key}={value} is not allowed: clorch-train accepts these Hydra groups: {', '.join(ALLOWED_CHOICES)}"
+            )
         if value not in allowed:
             return f"{key}={value} is not allowed; choose one of: {', '.join(allowed)}"
         return None
@@ -83,19 +125,25 @@ def _key_error(key: str, value: str, group: bool) -> str | None:
     if key == "hydra.sweep.subdir" and (value.startswith("/") or ".." in Path(value).parts):
         return f"hydra.sweep.subdir={value} is not allowed: a path inside the sweep directory"
     if not any(key == k or key.startswith(k + ".") for k in ALLOWED_KEYS):
-        return (f"{key} is not allowed: Hydra's callbacks, logging and output settings can run code "
-                f"or write outside the run; clorch-train accepts: {', '.join(ALLOWED_KEYS)} (and below), "
-                "and hydra.launcher's resource keys")
+        return (
+            f"{key} is not allowed: Hydra's callbacks, logging and output settings can run code "
+            f"or write outside the run; clorch-train accepts: {', '.join(ALLOWED_KEYS)} (and below), "
+            "and hydra.launcher's resource keys"
+        )
     return None
 
 
 def _foreign(directory: Path) -> list[str]:
     """Entries of an existing directory that clorch did not write (numbered trial dirs are ours)."""
-    return sorted(p.name for p in directory.iterdir()
-                  if p.name not in RUN_FILES and not p.name.isdigit()
-                  # (.clorch-probe-*: another launch checking, a moment ago, that it can write here;
-                  # .plan-*: the launch plan of a node running launcher=torchrun)
-                  and not p.name.startswith((".rank0_result", ".clorch-probe-", ".plan-")))
+    return sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.name not in RUN_FILES
+        and not p.name.isdigit()
+        # (.clorch-probe-*: another launch checking, a moment ago, that it can write here;
+        # .plan-*: the launch plan of a node running launcher=torchrun)
+        and not p.name.startswith((".rank0_result", ".clorch-probe-", ".plan-"))
+    )
 
 
 def directory_error(key: str, value: str) -> str | None:
@@ -118,8 +166,7 @@ def directory_error(key: str, value: str) -> str | None:
             foreign = _foreign(target)
             if foreign:
                 shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-                return (f"{key}={value} holds files clorch did not write ({shown}); choose a new or "
-                        "empty directory")
+                return f"{key}={value} holds files clorch did not write ({shown}); choose a new or empty directory"
     problem = unwritable(target)  # Hydra makes this directory before clorch's own checks run
     if problem:
         return f"{key}={value}: cannot write there ({problem}); choose a writable location"

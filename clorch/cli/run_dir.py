@@ -87,6 +87,9 @@ def remove_refused(footprint: Footprint | None, refused: bool) -> None:
     if footprint is None:
         return
     if refused and not footprint.undo():
-        print(f"clorch-train: left {footprint.path} as it was: another process is using it (another "
-              "node of the same job, or another run), and the files there may be its own", file=sys.stderr)
+        print(
+            f"clorch-train: left {footprint.path} as it was: another process is using it (another "
+            "node of the same job, or another run), and the files there may be its own",
+            file=sys.stderr,
+        )
     footprint.release()

@@ -18,8 +18,7 @@ import hydra
 from clorch._version import __version__
 from clorch.cli import run_dir
 from clorch.cli.hydra_app import CHECKED, remember_plan, run_hydra
-from clorch.cli.hydra_flags import (MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set,
-                                    flags_first, whole_flags)
+from clorch.cli.hydra_flags import MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set, flags_first, whole_flags
 from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
@@ -66,8 +65,7 @@ def train_main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         args = rewrite_recipe_overrides(args)
-        external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) \
-            else detect_external()
+        external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) else detect_external()
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
         print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
         return EXIT_CONFIG
@@ -83,10 +81,16 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:
     """Flags, Hydra keys and output directories clorch-train refuses, before composing anything."""
-    return flag_errors + hydra_key_errors(args) + [
-        f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
-        "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
-        "CLORCH_RECIPE_PATH)" for flag in sorted(flags & set(OTHER_CONFIG))]
+    return (
+        flag_errors
+        + hydra_key_errors(args)
+        + [
+            f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
+            "first; put your settings in a recipe (+recipe=/path/to/file.yaml, or a folder on "
+            "CLORCH_RECIPE_PATH)"
+            for flag in sorted(flags & set(OTHER_CONFIG))
+        ]
+    )
 
 
 def _check_and_run(args: list[str], flags: set[str]) -> int:
@@ -95,8 +99,12 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     overrides = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     multirun = bool(flags & set(MULTIRUN))
     if multirun and flags & {"--cfg", "-c"}:  # Hydra allows one mode: run, multirun or print
-        print_config_errors([f"{sorted(flags & {'--cfg', '-c'})[0]} prints one config and cannot run with "
-                             f"{sorted(flags & set(MULTIRUN))[0]} (a sweep): drop one of the two"])
+        print_config_errors(
+            [
+                f"{sorted(flags & {'--cfg', '-c'})[0]} prints one config and cannot run with "
+                f"{sorted(flags & set(MULTIRUN))[0]} (a sweep): drop one of the two"
+            ]
+        )
         return EXIT_CONFIG
     CHECKED.clear()
     if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
@@ -115,8 +123,12 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
         extra, created, footprint = run_dir.launch_overrides(args, multirun)
     except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
         layout, key = ("multirun", "hydra.sweep.dir") if multirun else ("outputs", "hydra.run.dir")
-        print_config_errors([f"cannot create the run directory {layout}/DATE/TIME under {os.getcwd()} "
-                             f"({exc.strerror or exc}); run from a writable directory or set {key}"])
+        print_config_errors(
+            [
+                f"cannot create the run directory {layout}/DATE/TIME under {os.getcwd()} "
+                f"({exc.strerror or exc}); run from a writable directory or set {key}"
+            ]
+        )
         return EXIT_CONFIG
     OUTCOME.is_sweep = multirun
     footprint = None if multirun else footprint

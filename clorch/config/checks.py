@@ -82,24 +82,33 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
     if True:
         values = cfg.get(group)
         if not isinstance(values, Mapping):
-            errors.append(f"{group} must be a config group (mapping), got {values!r}"
-                          if group in cfg else f"{group} is missing: choose one of "
-                          f"{', '.join(sorted(schema.OPTIONS[group]))} ({group}=OPTION)")
+            errors.append(
+                f"{group} must be a config group (mapping), got {values!r}"
+                if group in cfg
+                else f"{group} is missing: choose one of {', '.join(sorted(schema.OPTIONS[group]))} ({group}=OPTION)"
+            )
             return
         if group in schema.TARGET_SCHEMAS and "_target_" in values:
             errors += target_section_errors(group, values)
             return
         if group in schema.TARGET_GROUPS and values.get("name") == schema.CUSTOM:
-            errors.append(f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
-                          f"{group}._target_=my_project.models.Net) or a built-in option: "
-                          f"{', '.join(sorted(schema.OPTIONS[group]))}")
+            errors.append(
+                f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
+                f"{group}._target_=my_project.models.Net) or a built-in option: "
+                f"{', '.join(sorted(schema.OPTIONS[group]))}"
+            )
             return
         option, problems = _option_of(group, values)
         if option is None:
             errors += problems
             return
-        errors += check_section(f"{group}.", values, schema.option_schemas(group)[option],
-                                owner=f"{group}={option}", siblings=schema.option_schemas(group))
+        errors += check_section(
+            f"{group}.",
+            values,
+            schema.option_schemas(group)[option],
+            owner=f"{group}={option}",
+            siblings=schema.option_schemas(group),
+        )
 
 
 def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -111,16 +120,18 @@ def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         if key not in known:
             allowed = ", ".join([*known, *(f"{g} (group)" for g in groups)])
             nested = _group_keys_named(key)
-            hint = (f"did you mean {' or '.join(nested)}? " if nested
-                    else did_you_mean(key, [*known, *groups]))
+            hint = f"did you mean {' or '.join(nested)}? " if nested else did_you_mean(key, [*known, *groups])
             errors.append(f"{key} is not a known key; {hint}allowed: {allowed}")
     return errors, check_section("", {k: v for k, v in top.items() if k in known}, schema.TopConfig)
 
 
 def _group_keys_named(key: str) -> list[str]:
     """`group.key` for every group with an option that has `key` (sample_count -> data.sample_count)."""
-    return [f"{group}.{key}" for group, options in sorted(schema.OPTIONS.items())
-            if any(key in {f.name for f in dataclasses.fields(type(o))} for o in options.values())]
+    return [
+        f"{group}.{key}"
+        for group, options in sorted(schema.OPTIONS.items())
+        if any(key in {f.name for f in dataclasses.fields(type(o))} for o in options.values())
+    ]
 
 
 def _target_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
@@ -129,16 +140,19 @@ def _target_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
     errors, refused = trusted_module_errors(), set()
     for where, target in find_targets(cfg):
         group = where.split(".")[0]
-        nested = group in schema.TARGET_GROUPS and isinstance(cfg.get(group), Mapping) \
-            and "_target_" in cfg[group]  # an object built for an argument of your own code
+        nested = (
+            group in schema.TARGET_GROUPS and isinstance(cfg.get(group), Mapping) and "_target_" in cfg[group]
+        )  # an object built for an argument of your own code
         if where in TARGET_KEYS or nested:
             found = check_target(where, target)
             errors += found
             if found:
                 refused.add(group)
         else:
-            errors.append(f"{where} is not supported: only {', '.join(TARGET_KEYS)} are honoured, and "
-                          f"objects nested in their sections' arguments (got {where}={target!r}; remove it)")
+            errors.append(
+                f"{where} is not supported: only {', '.join(TARGET_KEYS)} are honoured, and "
+                f"objects nested in their sections' arguments (got {where}={target!r}; remove it)"
+            )
     return errors, refused
 
 
@@ -147,20 +161,19 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     errors = []
     model, data = cfg.model, cfg.data
     want = MODEL_FOR_DATA.get(getattr(data, "name", None))
-    if want and model is not None and model.name != want \
-            and not isinstance(model, schema.TargetModelConfig):
+    if want and model is not None and model.name != want and not isinstance(model, schema.TargetModelConfig):
         errors.append(f"model={model.name} cannot train data={data.name}: use model={want}")
     if isinstance(model, schema.GPTConfig) and model.d_model % model.n_head:
-        errors.append(f"model.d_model ({model.d_model}) must be divisible by "
-                      f"model.n_head ({model.n_head})")
+        errors.append(f"model.d_model ({model.d_model}) must be divisible by model.n_head ({model.n_head})")
     if isinstance(data, schema.TextDataConfig):
         if data.path is None:
             errors.append("data.path is required for data=text: name a UTF-8 file")
         elif not Path(data.path).expanduser().is_file():
             errors.append(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, schema.TokensDataConfig) and data.train_path is None:
-        errors.append("data.train_path is required for data=tokens: name a token file "
-                      "(nanoGPT's train.bin, or an llm.c .bin)")
+        errors.append(
+            "data.train_path is required for data=tokens: name a token file (nanoGPT's train.bin, or an llm.c .bin)"
+        )
     if cfg.preflight is not None:
         errors += cfg.preflight.errors()
     if cfg.checkpoint is not None and cfg.launcher is not None:
@@ -170,31 +183,43 @@ def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
     if complete(cfg, "top"):
         errors += _unused_top_keys(cfg)
     if isinstance(cfg.precision, schema.FP16Config) and not cfg.precision.scaler.enabled:
-        errors.append("precision.scaler.enabled=false with precision=fp16 risks underflow: "
-                      "keep the scaler on for fp16 (use bf16 for no scaler)")
+        errors.append(
+            "precision.scaler.enabled=false with precision=fp16 risks underflow: "
+            "keep the scaler on for fp16 (use bf16 for no scaler)"
+        )
     if isinstance(cfg.precision, schema.FP16Config) and cfg.ddp is not None and cfg.ddp.step_in_backward:
-        errors.append("ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
-                      "to skip a step only after every gradient is in, and backward would already have "
-                      "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)")
+        errors.append(
+            "ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
+            "to skip a step only after every gradient is in, and backward would already have "
+            "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)"
+        )
     if isinstance(cfg.parallel, schema.FSDPParallelConfig) and isinstance(cfg.precision, schema.FP16Config):
-        errors.append("precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not work on "
-                      "sharded gradients (use precision=bf16 or fp32)")
+        errors.append(
+            "precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not work on "
+            "sharded gradients (use precision=bf16 or fp32)"
+        )
     if cfg.ddp is not None and cfg.ddp.step_in_backward and cfg.optim.grad_clip is not None:
-        errors.append(f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: each "
-                      "bucket's parameters are stepped before the whole gradient's norm is known "
-                      "(set optim.grad_clip=null or ddp.step_in_backward=false)")
+        errors.append(
+            f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: each "
+            "bucket's parameters are stepped before the whole gradient's norm is known "
+            "(set optim.grad_clip=null or ddp.step_in_backward=false)"
+        )
     if cfg.compile and cfg.compile_mode in schema.CUDA_GRAPH_MODES and cfg.accumulation > 1:
-        errors.append(f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "
-                      f"at every forward, so gradients cannot accumulate over micro-batches (got "
-                      f"accumulation={cfg.accumulation}): use accumulation=1, or compile_mode=default or "
-                      "max-autotune-no-cudagraphs")
+        errors.append(
+            f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "
+            f"at every forward, so gradients cannot accumulate over micro-batches (got "
+            f"accumulation={cfg.accumulation}): use accumulation=1, or compile_mode=default or "
+            "max-autotune-no-cudagraphs"
+        )
     errors += user_code.cross_errors(cfg)
     if cfg.logger is not None:
         errors += [f"logger.trackers: {e}" for e in missing_extras(cfg.logger.trackers)]
     if cfg.logger is not None and cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        errors.append("logger=tensorboard needs the tensorboard package: "
-                      "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "
-                      "or use logger=jsonl")
+        errors.append(
+            "logger=tensorboard needs the tensorboard package: "
+            "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "
+            "or use logger=jsonl"
+        )
     return errors
 
 
@@ -208,27 +233,32 @@ def _nnodes_errors(launcher: Any) -> list[str]:
     except ValueError:
         low, high = 0, -1
     if isinstance(value, bool) or not 1 <= low <= high:
-        return [f"launcher.nnodes={value!r} is not allowed; give a node count >= 1 or a range "
-                f"MIN:MAX with 1 <= MIN <= MAX (e.g. 2 or 1:4)"]
+        return [
+            f"launcher.nnodes={value!r} is not allowed; give a node count >= 1 or a range "
+            f"MIN:MAX with 1 <= MIN <= MAX (e.g. 2 or 1:4)"
+        ]
     return []
 
 
 def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str]:
     errors = _unused_checkpoint_keys(ckpt)
     if ckpt.policy == "periodic" and ckpt.every_n_steps < 1:
-        errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, "
-                      f"got {ckpt.every_n_steps}")
+        errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, got {ckpt.every_n_steps}")
     # resume=latest with checkpoint.dir null resumes from <run dir>/checkpoints, the default
     # directory: hydra.run.dir=<a run> goes on in place (none there yet: a fresh start, as torch's
     # and Lightning's "last" do).
     if ckpt.resume not in ("none", "latest") and not Path(ckpt.resume).expanduser().exists():
-        errors.append(f"checkpoint.resume={ckpt.resume!r}: no such checkpoint "
-                      "(allowed: none, latest, or an existing checkpoint path)")
+        errors.append(
+            f"checkpoint.resume={ckpt.resume!r}: no such checkpoint "
+            "(allowed: none, latest, or an existing checkpoint path)"
+        )
     if ckpt.resume == "none" and ckpt.policy == "periodic" and ckpt.dir is not None:
         errors += reused_dir_errors("checkpoint.dir", ckpt.dir)
     if launcher.max_restarts > 0 and ckpt.policy != "periodic":
-        errors.append(f"launcher.max_restarts={launcher.max_restarts} resumes from the latest "
-                      f"checkpoint: use checkpoint=periodic (got checkpoint={ckpt.policy})")
+        errors.append(
+            f"launcher.max_restarts={launcher.max_restarts} resumes from the latest "
+            f"checkpoint: use checkpoint=periodic (got checkpoint={ckpt.policy})"
+        )
     return errors
 
 
@@ -244,17 +274,20 @@ def _unused_checkpoint_keys(ckpt: schema.CheckpointConfig) -> list[str]:
         if key in used or value == getattr(defaults, key):
             continue
         needs = "periodic" if key in ("every_n_steps", "keep_last") else "final or checkpoint=periodic"
-        errors.append(f"checkpoint.{key}={value!r} does nothing with checkpoint={ckpt.policy}: "
-                      f"it writes no {'step ' if needs == 'periodic' else ''}checkpoints; "
-                      f"choose checkpoint={needs}")
+        errors.append(
+            f"checkpoint.{key}={value!r} does nothing with checkpoint={ckpt.policy}: "
+            f"it writes no {'step ' if needs == 'periodic' else ''}checkpoints; "
+            f"choose checkpoint={needs}"
+        )
     return errors
 
 
 def _unused_top_keys(cfg: schema.TrainConfig) -> list[str]:
     """Top-level keys that another key switches off."""
     if not cfg.compile and cfg.compile_mode != schema.TopConfig.compile_mode:
-        return [f"compile_mode={cfg.compile_mode} does nothing with compile=false: "
-                "add compile=true, or drop compile_mode"]
+        return [
+            f"compile_mode={cfg.compile_mode} does nothing with compile=false: add compile=true, or drop compile_mode"
+        ]
     return []
 
 
@@ -272,8 +305,10 @@ def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
     if not found:
         return []
     shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-    return [f"{key}={str(directory)} already holds checkpoints ({shown}); pass "
-            "checkpoint.resume=latest to continue that run, or choose an empty directory"]
+    return [
+        f"{key}={str(directory)} already holds checkpoints ({shown}); pass "
+        "checkpoint.resume=latest to continue that run, or choose an empty directory"
+    ]
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

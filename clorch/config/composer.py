@@ -47,7 +47,6 @@ _recipe_keys: dict[str, tuple[str, set[str]]] = {}  # recipe name -> (where it i
 _path_recipes: dict[str, Path] = {}  # recipes registered from a file path, by their name
 
 
-
 def recipes_dir() -> Traversable:
     """The shipped recipes (a package folder: `/ "name.yaml"` and `.read_text()` work on it)."""
     return resources.files("clorch.recipes")
@@ -64,8 +63,7 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
     if defaults is None:
         return [], []
     if not isinstance(defaults, list):
-        return [], [f"{where}: defaults must be a list of '- override /GROUP: OPTION' entries, "
-                    f"got {defaults!r}"]
+        return [], [f"{where}: defaults must be a list of '- override /GROUP: OPTION' entries, got {defaults!r}"]
     kept, errors = [], []
     groups = config_groups()
     for entry in defaults:
@@ -73,24 +71,28 @@ def _defaults_errors(where: str, defaults: Any) -> tuple[list[Any], list[str]]:
             kept.append(entry)
             continue
         if not isinstance(entry, dict) or len(entry) != 1:
-            errors.append(f"{where}: defaults entry {entry!r} is not allowed; use "
-                          "'- override /GROUP: OPTION' entries and '_self_'")
+            errors.append(
+                f"{where}: defaults entry {entry!r} is not allowed; use "
+                "'- override /GROUP: OPTION' entries and '_self_'"
+            )
             continue
         ((key, option),) = entry.items()
         group = str(key).replace("override", "").strip().lstrip("/")
         if group not in groups:
-            errors.append(f"{where}: defaults entry '{key}: {option}' names no config group; "
-                          f"groups: {', '.join(groups)}")
+            errors.append(
+                f"{where}: defaults entry '{key}: {option}' names no config group; groups: {', '.join(groups)}"
+            )
         elif option not in _group_options(group):
-            errors.append(f"{where}: defaults entry '{key}: {option}': {group}={option} is not "
-                          f"allowed; choose one of: {', '.join(_group_options(group))}")
+            errors.append(
+                f"{where}: defaults entry '{key}: {option}': {group}={option} is not "
+                f"allowed; choose one of: {', '.join(_group_options(group))}"
+            )
         else:
             kept.append(entry)
     return kept, errors
 
 
-def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
-                  without: Iterable[str] = ()) -> None:
+def _store_recipe(name: str, path: Path | Traversable, where: str | None = None, without: Iterable[str] = ()) -> None:
     """Store recipe `name` in Hydra's ConfigStore, less its sections for the groups in `without`
     (those the command line chooses an option of: see `chosen_groups`)."""
     where = where or f"recipe {name} ({path})"
@@ -101,9 +103,14 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
     else:
         if not isinstance(node, dict):
             shown = repr(node) if len(repr(node)) <= 60 else repr(node)[:57] + "..."
-            node, errors = {}, [f"{where} is not a YAML mapping of config keys (got a "
-                                f"{type(node).__name__}: {shown}); a recipe looks like 'batch_size: 32' "
-                                "lines, with '- override /GROUP: OPTION' entries under 'defaults:'"]
+            node, errors = (
+                {},
+                [
+                    f"{where} is not a YAML mapping of config keys (got a "
+                    f"{type(node).__name__}: {shown}); a recipe looks like 'batch_size: 32' "
+                    "lines, with '- override /GROUP: OPTION' entries under 'defaults:'"
+                ],
+            )
         else:
             node["defaults"], errors = _defaults_errors(where, node.get("defaults"))
             _drop_groups(node, set(without))
@@ -113,18 +120,19 @@ def _store_recipe(name: str, path: Path | Traversable, where: str | None = None,
             for section, key in SHORTHAND.items():  # `preflight: only` is `preflight: {mode: only}`
                 if section in node and not isinstance(node[section], dict):
                     if node[section] in _group_options(section):  # `loss: from_model` chooses that option,
-                        choice = node.pop(section)                 # with its own keys and defaults
+                        choice = node.pop(section)  # with its own keys and defaults
                         node["defaults"].append({f"override /{section}": choice})
                     else:
                         node[section] = {key: node[section]}
             if "hydra" in node:  # a recipe is data: it must not reach Hydra's callbacks or logging
                 del node["hydra"]
-                errors.append(f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "
-                              "logging and output directories can run code and write files): "
-                              "remove them; choose the run directory with hydra.run.dir on the command line")
+                errors.append(
+                    f"{where} sets hydra keys, which a recipe may not (Hydra's callbacks, "
+                    "logging and output directories can run code and write files): "
+                    "remove them; choose the run directory with hydra.run.dir on the command line"
+                )
     _recipe_errors[name] = errors
-    ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_",
-                                 provider="clorch")
+    ConfigStore.instance().store(group="recipe", name=name, node=node, package="_global_", provider="clorch")
 
 
 def _drop_groups(node: dict, groups: set[str]) -> None:
@@ -136,15 +144,23 @@ def _drop_groups(node: dict, groups: set[str]) -> None:
     """
     for group in groups:
         node.pop(group, None)
-    node["defaults"] = [entry for entry in node["defaults"] if not isinstance(entry, dict)
-                        or not {str(k).replace("override", "").strip().lstrip("/") for k in entry} & groups]
+    node["defaults"] = [
+        entry
+        for entry in node["defaults"]
+        if not isinstance(entry, dict)
+        or not {str(k).replace("override", "").strip().lstrip("/") for k in entry} & groups
+    ]
 
 
 def _select_custom(node: dict) -> None:
     """A recipe whose section names a `_target_` (`model: {_target_: my_pkg.Net, width: 64}`)
     selects that group's `custom` option, unless its defaults list chose one."""
-    chosen = {str(k).replace("override", "").strip().lstrip("/") for entry in node["defaults"]
-              if isinstance(entry, dict) for k in entry}
+    chosen = {
+        str(k).replace("override", "").strip().lstrip("/")
+        for entry in node["defaults"]
+        if isinstance(entry, dict)
+        for k in entry
+    }
     for group in TARGET_GROUPS:
         section = node.get(group)
         if isinstance(section, dict) and "_target_" in section and group not in chosen:
@@ -194,7 +210,7 @@ def available_recipes() -> dict[str, Path | Traversable]:
         if directory.is_dir():
             for path in sorted(directory.iterdir(), key=lambda p: p.name):
                 if path.name.endswith(".yaml"):
-                    found[path.name[:-len(".yaml")]] = path
+                    found[path.name[: -len(".yaml")]] = path
     return found
 
 
@@ -256,8 +272,7 @@ def chosen_groups(overrides: Iterable[str]) -> set[str]:
         key = _key(item)
         if item.startswith("~") or "=" not in item:
             continue
-        if key in groups or (key.endswith("._target_") and key.split(".")[0] in TARGET_GROUPS
-                             and key.count(".") == 1):
+        if key in groups or (key.endswith("._target_") and key.split(".")[0] in TARGET_GROUPS and key.count(".") == 1):
             chosen.add(key.split(".")[0])
     return chosen
 
@@ -290,8 +305,12 @@ def with_shorthand(overrides: list[str]) -> list[str]:
     for item in overrides:
         key, sep, value = item.partition("=")
         section = key.lstrip("+")
-        if sep and section in SHORTHAND and not key.startswith("~") \
-                and not set(value.split(",")) <= set(_group_options(section)):
+        if (
+            sep
+            and section in SHORTHAND
+            and not key.startswith("~")
+            and not set(value.split(",")) <= set(_group_options(section))
+        ):
             item = f"{key}.{SHORTHAND[section]}={value}"
         out.append(item)
     return out
@@ -321,8 +340,9 @@ def with_custom(overrides: list[str]) -> list[str]:
             out.insert(at, f"{group}={CUSTOM}")
         if any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in out):
             given = {_key(o) for o in out if not o.startswith("~")}
-            out = [o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.")
-                                          and _key(o) not in given)]
+            out = [
+                o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.") and _key(o) not in given)
+            ]
             out = _added_keys(out, group)
     return out
 
@@ -330,8 +350,10 @@ def with_custom(overrides: list[str]) -> list[str]:
 def _added_keys(overrides: list[str], group: str) -> list[str]:
     """`GROUP.KEY=V` as `++GROUP.KEY=V`: the custom option has no keys of its own, so each one
     given is added to it."""
-    return [f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.")
-            else o for o in overrides]
+    return [
+        f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.") else o
+        for o in overrides
+    ]
 
 
 def _recipe_names_target(overrides: list[str], group: str) -> bool:

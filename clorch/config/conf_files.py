@@ -28,8 +28,12 @@ import yaml
 
 from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
 
-CUSTOM_EXAMPLES = {"model": "my_pkg.Net", "data": "my_pkg.data.Shapes", "loss": "my_pkg.losses.focal",
-                   "step": "my_pkg.train.step"}
+CUSTOM_EXAMPLES = {
+    "model": "my_pkg.Net",
+    "data": "my_pkg.data.Shapes",
+    "loss": "my_pkg.losses.focal",
+    "step": "my_pkg.train.step",
+}
 TOP = "top"  # conf/top.yaml, first in config.yaml's defaults list
 _EDIT_HINT = "# Written from {where}: edit that dataclass, then run python -m clorch.config.conf_files"
 
@@ -39,8 +43,8 @@ def rendered() -> dict[str, str]:
     files = {f"{TOP}.yaml": _render(TopConfig(), header="# @package _global_\n")}
     for backend in BACKENDS:
         files[f"backend/{backend}.yaml"] = (
-            "# @package _global_\n# Sets the top-level key backend (the process-group backend).\n"
-            f"backend: {backend}\n")
+            f"# @package _global_\n# Sets the top-level key backend (the process-group backend).\nbackend: {backend}\n"
+        )
     for group, options in OPTIONS.items():
         for name, values in options.items():
             files[f"{group}/{name}.yaml"] = _render(values)
@@ -48,7 +52,8 @@ def rendered() -> dict[str, str]:
         files[f"{group}/{CUSTOM}.yaml"] = (
             f"# Your own code: {group}._target_={CUSTOM_EXAMPLES[group]} plus its keyword arguments\n"
             f"# selects this option (a target outside clorch, torch.nn and torch.optim must be trusted\n"
-            f"# with CLORCH_TRUSTED_MODULES). It has no keys of its own.\nname: {CUSTOM}\n")
+            f"# with CLORCH_TRUSTED_MODULES). It has no keys of its own.\nname: {CUSTOM}\n"
+        )
     return files
 
 
@@ -74,16 +79,18 @@ def _lines(values: Any, depth: int) -> Iterator[str]:
 
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
-    return text[:-len("\n...")].strip() if text.endswith("...") else text
+    return text[: -len("\n...")].strip() if text.endswith("...") else text
 
 
 @lru_cache(maxsize=None)
 def _field_comments(cls: type) -> dict[str, str]:
     """Field name -> the comment written beside it (or on the lines just above) in the source."""
     source = inspect.getsource(cls)
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     lines = source.splitlines()
     found = {}
     for node in ast.parse(source).body[0].body:
@@ -104,8 +111,11 @@ def stale(conf_dir: Path) -> list[str]:
     """The files under `conf_dir` that differ from their rendering, are missing, or are extra."""
     wanted = rendered()
     present = {str(p.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml")} - {"config.yaml"}
-    out = [name for name, text in wanted.items()
-           if not (conf_dir / name).is_file() or (conf_dir / name).read_text() != text]
+    out = [
+        name
+        for name, text in wanted.items()
+        if not (conf_dir / name).is_file() or (conf_dir / name).read_text() != text
+    ]
     return sorted(out + [f"{name} (no such option)" for name in present - set(wanted)])
 
 
@@ -120,11 +130,18 @@ def write(conf_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clorch.config.conf_files", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m clorch.config.conf_files",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--check", action="store_true", help="report stale files; write nothing")
-    parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parents[2] / "conf",
-                        help="the conf/ folder (default: this checkout's)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "conf",
+        help="the conf/ folder (default: this checkout's)",
+    )
     args = parser.parse_args(argv)
     if args.check:
         bad = stale(args.dir)

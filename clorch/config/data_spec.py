@@ -21,8 +21,7 @@ import json
 from dataclasses import asdict
 from typing import Any, Callable
 
-from clorch.config.schema import (FromModelLossConfig, LossConfig, TargetDataConfig, TargetFunctionConfig,
-                                  TrainConfig)
+from clorch.config.schema import FromModelLossConfig, LossConfig, TargetDataConfig, TargetFunctionConfig, TrainConfig
 from clorch.config.targets import instantiate_nested, resolve_target
 from clorch.config.user_code import takes
 
@@ -105,16 +104,26 @@ def user_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     data = cfg.data
     collate = None
     if data.collate_fn is not None:
-        collate = _call(TargetFunctionConfig(target=data.collate_fn["_target_"],
-                                             kwargs={k: v for k, v in data.collate_fn.items() if k != "_target_"}),
-                        "data.collate_fn")
+        collate = _call(
+            TargetFunctionConfig(
+                target=data.collate_fn["_target_"], kwargs={k: v for k, v in data.collate_fn.items() if k != "_target_"}
+            ),
+            "data.collate_fn",
+        )
     pin = device_type == "cuda" if data.pin_memory is None else data.pin_memory
-    loader = {"collate_fn": collate, "num_workers": data.num_workers, "pin_memory": pin,
-              "persistent_workers": data.persistent_workers, "prefetch_factor": data.prefetch_factor}
+    loader = {
+        "collate_fn": collate,
+        "num_workers": data.num_workers,
+        "pin_memory": pin,
+        "persistent_workers": data.persistent_workers,
+        "prefetch_factor": data.prefetch_factor,
+    }
     loss, step = loss_of(cfg), step_of(cfg)
     train, held_out = user_datasets(data)
-    return (DatasetTask(train, loss=loss, step=step, seed=cfg.seed, **loader),
-            DatasetTask(held_out, loss=loss, step=step, seed=cfg.seed, **loader))
+    return (
+        DatasetTask(train, loss=loss, step=step, seed=cfg.seed, **loader),
+        DatasetTask(held_out, loss=loss, step=step, seed=cfg.seed, **loader),
+    )
 
 
 def build_splits(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
@@ -124,8 +133,10 @@ def build_splits(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     from clorch.data.tasks import build_task  # lazy: clorch.data imports torch
 
     kwargs = data_kwargs(cfg)
-    splits = (build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs),
-              build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs))
+    splits = (
+        build_task(cfg.data.name, split="train", seed=cfg.seed, **kwargs),
+        build_task(cfg.data.name, split="eval", seed=cfg.seed, **kwargs),
+    )
     step = step_of(cfg)
     if step is None:
         return splits
@@ -142,8 +153,10 @@ def split_sizes(cfg: TrainConfig) -> tuple[int, int]:
     from clorch.data.tasks import split_size  # lazy: clorch.data imports torch
 
     kwargs = data_kwargs(cfg)
-    return (split_size(cfg.data.name, "train", cfg.seed, **kwargs),
-            split_size(cfg.data.name, "eval", cfg.seed, **kwargs))
+    return (
+        split_size(cfg.data.name, "train", cfg.seed, **kwargs),
+        split_size(cfg.data.name, "eval", cfg.seed, **kwargs),
+    )
 
 
 def model_sizes_of(cfg: TrainConfig) -> dict[str, Any]:

@@ -44,9 +44,14 @@ def _env_value(key: str, value: Any) -> Any:
     """`${oc.env:NAME,default}` as `${oc.decode:${oc.env:NAME,default}}` for a key that takes
     more than text: the variable's text is read as YAML would read it (`3` an int, `true` a bool),
     as the key needs and as the config errors recommend."""
-    if isinstance(value, str) and value.startswith("${oc.env:") and value.endswith("}") \
-            and value.count("${") == 1 and not _takes_text_only(key):
-        name, comma, _ = value[len("${oc.env:"):-1].partition(",")
+    if (
+        isinstance(value, str)
+        and value.startswith("${oc.env:")
+        and value.endswith("}")
+        and value.count("${") == 1
+        and not _takes_text_only(key)
+    ):
+        name, comma, _ = value[len("${oc.env:") : -1].partition(",")
         if comma or name.strip() in os.environ:  # else left as typed, for the error to show it so
             return "${oc.decode:" + value + "}"
     return value

@@ -77,14 +77,21 @@ def non_finite(value: Any) -> bool:
 
 def _rule_errors(key: str, value: Any, meta: Mapping[str, Any]) -> list[str]:
     if isinstance(value, (list, tuple)) and "length" in meta:
-        if len(value) != meta["length"] or _rule_errors(key, value, meta["items"]) \
-                or any(_rule_errors(key, v, meta["items"]) for v in value):
+        if (
+            len(value) != meta["length"]
+            or _rule_errors(key, value, meta["items"])
+            or any(_rule_errors(key, v, meta["items"]) for v in value)
+        ):
             return [f"{key} must be {meta['length']} numbers {meta['words']}, got {list(value)!r}"]
         return []
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return []
-    for name, test, words in (("gt", lambda v, b: v > b, "> "), ("ge", lambda v, b: v >= b, ">= "),
-                              ("lt", lambda v, b: v < b, "< "), ("le", lambda v, b: v <= b, "<= ")):
+    for name, test, words in (
+        ("gt", lambda v, b: v > b, "> "),
+        ("ge", lambda v, b: v >= b, ">= "),
+        ("lt", lambda v, b: v < b, "< "),
+        ("le", lambda v, b: v <= b, "<= "),
+    ):
         if name in meta and not test(value, meta[name]):
             unit = f" ({meta['unit']})" if "unit" in meta else ""
             return [f"{key} must be {words}{meta[name]}{unit}, got {value!r}"]
@@ -96,22 +103,27 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
     return f"did you mean {close[0]}? " if close else ""
 
 
-def _unknown_key(prefix: str, key: str, fields: Mapping[str, Any], owner: str | None,
-                 siblings: Mapping[str, type]) -> str:
+def _unknown_key(
+    prefix: str, key: str, fields: Mapping[str, Any], owner: str | None, siblings: Mapping[str, type]
+) -> str:
     """The error for a key the schema does not have, naming the option it belongs to if any."""
     full, allowed = f"{prefix}{key}", ", ".join(fields)
     if owner is not None:
         group, option = owner.split("=")
-        others = [name for name, cls in siblings.items()
-                  if name != option and key in {f.name for f in dataclasses.fields(cls)}]
+        others = [
+            name
+            for name, cls in siblings.items()
+            if name != option and key in {f.name for f in dataclasses.fields(cls)}
+        ]
         if others:
-            return (f"{full} is not a key of {owner} (it belongs to {group}={' / '.join(others)}); "
-                    f"{owner} takes: {allowed}")
+            return (
+                f"{full} is not a key of {owner} (it belongs to {group}={' / '.join(others)}); {owner} takes: {allowed}"
+            )
     return f"{full} is not a known key; {did_you_mean(key, fields)}allowed: {allowed}"
 
 
 def _with_article(name: str) -> str:
-    """"an integer", "a float", "a list of str": the type's name as a sentence names it."""
+    """ "an integer", "a float", "a list of str": the type's name as a sentence names it."""
     name = "integer" if name == "int" else name
     return name if name.startswith(("a ", "an ")) else ("an " if name[0] in "aeiou" else "a ") + name
 
@@ -122,12 +134,21 @@ def _value_errors(full: str, value: Any, annotation: Any, meta: Mapping[str, Any
         return [f"{full} must {what}, got {value!r}"]
     choices = _literals(annotation)
     members = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else ()
-    others = [_with_article(_type_name(a)) for a in members
-              if typing.get_origin(a) is not typing.Literal and a is not type(None)]
+    others = [
+        _with_article(_type_name(a))
+        for a in members
+        if typing.get_origin(a) is not typing.Literal and a is not type(None)
+    ]
     if choices and others and (not _matches(value, annotation) or _rule_errors(full, value, meta)):
         # One wording whatever is wrong: `auto` or an integer >= 1, for 0 and for "many" alike.
-        bound = next((f" {words}{meta[name]}" for name, words in
-                      (("gt", "> "), ("ge", ">= "), ("lt", "< "), ("le", "<= ")) if name in meta), "")
+        bound = next(
+            (
+                f" {words}{meta[name]}"
+                for name, words in (("gt", "> "), ("ge", ">= "), ("lt", "< "), ("le", "<= "))
+                if name in meta
+            ),
+            "",
+        )
         shown = " or ".join(_shown(c) for c in choices)
         return [f"{full} must be {shown} or {' or '.join(others)}{bound}, got {value!r}"]
     if choices and not _matches(value, annotation):
@@ -138,8 +159,13 @@ def _value_errors(full: str, value: Any, annotation: Any, meta: Mapping[str, Any
     return _rule_errors(full, value, meta)
 
 
-def check_section(prefix: str, values: Mapping[str, Any], cls: type, owner: str | None = None,
-                  siblings: Mapping[str, type] | None = None) -> list[str]:
+def check_section(
+    prefix: str,
+    values: Mapping[str, Any],
+    cls: type,
+    owner: str | None = None,
+    siblings: Mapping[str, type] | None = None,
+) -> list[str]:
     """Check one section against its dataclass: unknown and missing keys, types, rules.
 
     Args:
@@ -172,6 +198,8 @@ def check_section(prefix: str, values: Mapping[str, Any], cls: type, owner: str 
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             shown = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
             where = f" of {owner}" if owner else ""
-            errors.append(f"{prefix}{key} is missing (removed with ~{prefix}{key}?): every key{where} "
-                          f"needs a value; its default is {format_value(shown)}")
+            errors.append(
+                f"{prefix}{key} is missing (removed with ~{prefix}{key}?): every key{where} "
+                f"needs a value; its default is {format_value(shown)}"
+            )
     return errors

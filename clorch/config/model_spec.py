@@ -25,8 +25,11 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
     and its nested `{_target_: ...}` arguments (`model.config._target_`) are built first.
     """
     model = cfg.model
-    given = model.kwargs if isinstance(model, TargetModelConfig) \
+    given = (
+        model.kwargs
+        if isinstance(model, TargetModelConfig)
         else {k: v for k, v in asdict(model).items() if k != "name" and k not in MODEL_LOAD_KEYS}
+    )
     given = {k: v for k, v in given.items() if v is not None}
     if isinstance(model, TargetModelConfig):
         target = resolve_target(model.target)

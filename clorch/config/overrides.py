@@ -18,8 +18,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config.checks import check_config
-from clorch.config.composer import (_is_path, compose, config_groups, group_options, name_recipe_in_errors,
-                                    recipe_errors, registered_name)
+from clorch.config.composer import (
+    _is_path,
+    compose,
+    config_groups,
+    group_options,
+    name_recipe_in_errors,
+    recipe_errors,
+    registered_name,
+)
 from clorch.config.fields import did_you_mean
 from clorch.config.schema import CUSTOM, TARGET_GROUPS
 
@@ -87,11 +94,16 @@ def _group_slips(override, prefix: str) -> list[str]:
     key, line = override.key_or_group, override.input_line
     if prefix == "~":
         return []  # a group removed is reported by the checks: `optim is missing: choose one of ...`
-    value = override.get_value_element_as_str() if not override.is_sweep_override() else \
-        ",".join(override.sweep_string_iterator())
+    value = (
+        override.get_value_element_as_str()
+        if not override.is_sweep_override()
+        else ",".join(override.sweep_string_iterator())
+    )
     what = "'+' adds a group that is not chosen yet" if prefix == "+" else "'++' adds or sets a key, not a group"
-    return [f"{line}: every config group has an option already ({key} has its default), and {what}; "
-            f"choose another option with {key}={value}"]
+    return [
+        f"{line}: every config group has an option already ({key} has its default), and {what}; "
+        f"choose another option with {key}={value}"
+    ]
 
 
 def _add_and_delete_slips(parsed: list, forms: list[list[str]]) -> tuple[list[str], list[list[str]]]:
@@ -102,9 +114,14 @@ def _add_and_delete_slips(parsed: list, forms: list[list[str]]) -> tuple[list[st
     `Could not delete from config`); these say what to write instead. Judged on the
     config the other overrides compose to (the first value of each sweep).
     """
-    slipped = [o for o in parsed if o.key_or_group.split(".")[0] != "hydra" and "/" not in o.key_or_group
-               and o.key_or_group not in set(config_groups()) | {"recipe"}
-               and (o.type.name == "ADD" or o.is_delete())]
+    slipped = [
+        o
+        for o in parsed
+        if o.key_or_group.split(".")[0] != "hydra"
+        and "/" not in o.key_or_group
+        and o.key_or_group not in set(config_groups()) | {"recipe"}
+        and (o.type.name == "ADD" or o.is_delete())
+    ]
     if not slipped:
         return [], forms
     judged = {f"{'~' if o.is_delete() else '++'}{o.key_or_group}" for o in slipped}
@@ -119,19 +136,25 @@ def _add_and_delete_slips(parsed: list, forms: list[list[str]]) -> tuple[list[st
         found = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if override.type.name == "ADD" and found is not _ABSENT:
             value = line.partition("=")[2]
-            errors.append(f"{line}: {key} is in the config already, and '+' adds only a key that is not; "
-                          f"set it with {key}={value}")
+            errors.append(
+                f"{line}: {key} is in the config already, and '+' adds only a key that is not; "
+                f"set it with {key}={value}"
+            )
         elif override.is_delete() and found is _ABSENT:
             parent, _, leaf = key.rpartition(".")
             section = OmegaConf.select(cfg, parent, default=None) if parent else cfg
             known = [str(k) for k in section] if OmegaConf.is_dict(section) else []
             hint = did_you_mean(leaf, known)
-            errors.append(f"{line}: the config has no key {key} to delete; {hint}"
-                          f"{'keys here: ' + ', '.join(known) if known else 'leave it out'}")
+            errors.append(
+                f"{line}: the config has no key {key} to delete; {hint}"
+                f"{'keys here: ' + ', '.join(known) if known else 'leave it out'}"
+            )
             absent.add(f"~{key}")
         elif override.is_delete() and override.value() is not None and _shown(found) != _shown(override.value()):
-            errors.append(f"{line}: {key} is {_shown(found)}, not {_shown(override.value())}; write ~{key} to "
-                          "delete it whatever its value")
+            errors.append(
+                f"{line}: {key} is {_shown(found)}, not {_shown(override.value())}; write ~{key} to "
+                "delete it whatever its value"
+            )
             absent.add(f"~{key}")
     return errors, [f for f in forms if f[0].partition("=")[0] not in absent]
 
@@ -147,13 +170,18 @@ def _recipe_slips(parsed: list) -> list[str]:
     """Hydra's two common recipe mistakes, as config errors: `recipe=NAME` without `+` (recipe is
     not in the defaults list, so it must be added) and more than one recipe."""
     recipes = [o for o in parsed if o.key_or_group == "recipe" and not o.is_delete()]
-    errors = [f"{o.input_line} needs a '+': a recipe is added to the defaults, so write +{o.input_line}"
-              for o in recipes if o.type.name == "CHANGE"]
+    errors = [
+        f"{o.input_line} needs a '+': a recipe is added to the defaults, so write +{o.input_line}"
+        for o in recipes
+        if o.type.name == "CHANGE"
+    ]
     if len(recipes) > 1:
         named = ", ".join(o.input_line for o in recipes)
-        errors.append(f"one recipe per run, got {len(recipes)}: {named}; put what you need from one into "
-                      "the other (a recipe file may list another recipe's groups), or sweep over recipes "
-                      "with -m +recipe=a,b")
+        errors.append(
+            f"one recipe per run, got {len(recipes)}: {named}; put what you need from one into "
+            "the other (a recipe file may list another recipe's groups), or sweep over recipes "
+            "with -m +recipe=a,b"
+        )
     return errors
 
 
@@ -183,13 +211,18 @@ def grammar_errors(overrides: Iterable[str]) -> list[str]:
             OverridesParser.create().parse_overrides([override])
         except Exception as exc:
             reason = str(exc).strip().splitlines()[0]
-            errors.append(f"{override!r} is not a valid override ({reason}); a value with brackets, "
-                          "commas or spaces needs quotes in the shell, e.g. 'optim.betas=[0.9,0.95]'")
+            errors.append(
+                f"{override!r} is not a valid override ({reason}); a value with brackets, "
+                "commas or spaces needs quotes in the shell, e.g. 'optim.betas=[0.9,0.95]'"
+            )
     return errors
 
 
-def check_overrides(overrides: Iterable[str], extra: Callable[[DictConfig], list[str]] | None = None,
-              max_combinations: int = MAX_COMBINATIONS) -> list[str]:
+def check_overrides(
+    overrides: Iterable[str],
+    extra: Callable[[DictConfig], list[str]] | None = None,
+    max_combinations: int = MAX_COMBINATIONS,
+) -> list[str]:
     """Every error in the config these overrides compose to (all sweep combinations).
 
     Args:
@@ -210,8 +243,7 @@ def check_overrides(overrides: Iterable[str], extra: Callable[[DictConfig], list
             found = [str(exc).strip()]
         else:
             found = extra(cfg) if extra is not None else check_config(cfg)
-            recipes = [_recipe_name(c.partition("=")[2]) for c in combo
-                       if c.partition("=")[0].lstrip("+") == "recipe"]
+            recipes = [_recipe_name(c.partition("=")[2]) for c in combo if c.partition("=")[0].lstrip("+") == "recipe"]
             found = name_recipe_in_errors(found, recipes, overrides)
         for error in found:
             if error not in errors:
@@ -240,5 +272,4 @@ def _listed(group: str, allowed: list[str]) -> str:
     said that way."""
     if group not in TARGET_GROUPS:
         return ", ".join(allowed)
-    return (f"{', '.join(o for o in allowed if o != CUSTOM)}, or your own class with "
-            f"{group}._target_=my_project.Class")
+    return f"{', '.join(o for o in allowed if o != CUSTOM)}, or your own class with {group}._target_=my_project.Class"

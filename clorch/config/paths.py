@@ -13,7 +13,14 @@ from clorch.config.checks import to_plain
 
 
 # Config keys that name files or directories, resolved against the directory the user ran from.
-PATH_KEYS = (("data", "path"), ("data", "train_path"), ("data", "eval_path"), ("checkpoint", "dir"), ("checkpoint", "path"), ("checkpoint", "resume"))
+PATH_KEYS = (
+    ("data", "path"),
+    ("data", "train_path"),
+    ("data", "eval_path"),
+    ("checkpoint", "dir"),
+    ("checkpoint", "path"),
+    ("checkpoint", "resume"),
+)
 _NOT_PATHS = {"none", "latest"}  # checkpoint.resume's words
 
 

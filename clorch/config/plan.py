@@ -39,10 +39,22 @@ from clorch.config.checks import ConfigError, checked_partial, complete
 from clorch.config.data_spec import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
 from clorch.config.paths import with_absolute_paths
-from clorch.config.plan_checks import (data_errors, drop_last, external_ranks, local_ranks, memory_errors,
-                                       min_nodes, model_errors, node_errors, path_errors, plan_steps,
-                                       rank_count_errors, schedule_errors, token_file_errors,
-                                       top_backend)
+from clorch.config.plan_checks import (
+    data_errors,
+    drop_last,
+    external_ranks,
+    local_ranks,
+    memory_errors,
+    min_nodes,
+    model_errors,
+    node_errors,
+    path_errors,
+    plan_steps,
+    rank_count_errors,
+    schedule_errors,
+    token_file_errors,
+    top_backend,
+)
 from clorch.config.resume import resume_errors
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
@@ -54,27 +66,29 @@ from clorch.precision import get_precision
 class Plan:
     """What the config became on this machine; the ranks run exactly this."""
 
-    config: TrainConfig          # the checked config
-    backend: str                 # "nccl" or "gloo"
-    nproc_per_node: int          # ranks on this node
-    devices: list[int] | None    # CUDA device indices, None for CPU ranks
-    world_size: int              # ranks in the whole job
-    device_type: str             # "cuda" or "cpu"
-    train_size: int              # samples in the training split
-    eval_size: int               # samples in the held-out split
-    shard_size: int              # samples per rank per epoch
-    steps_per_epoch: int         # optimizer steps per epoch
-    total_steps: int             # optimizer steps in the run
-    preflight: str = "false"     # "false", "true" (check the machines, then train) or "only"
+    config: TrainConfig  # the checked config
+    backend: str  # "nccl" or "gloo"
+    nproc_per_node: int  # ranks on this node
+    devices: list[int] | None  # CUDA device indices, None for CPU ranks
+    world_size: int  # ranks in the whole job
+    device_type: str  # "cuda" or "cpu"
+    train_size: int  # samples in the training split
+    eval_size: int  # samples in the held-out split
+    shard_size: int  # samples per rank per epoch
+    steps_per_epoch: int  # optimizer steps per epoch
+    total_steps: int  # optimizer steps in the run
+    preflight: str = "false"  # "false", "true" (check the machines, then train) or "only"
     # the modules the person running the job trusted for `_target_`, by where each was named
     # (CLORCH_TRUSTED_MODULES, installed packages' entry points, register_target_prefix)
     trusted_modules: dict[str, list[str]] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for the user: where and how the job runs."""
-        where = (f"{self.nproc_per_node} CUDA rank(s) on devices {self.devices} over {self.backend}"
-                 if self.device_type == "cuda"
-                 else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)")
+        where = (
+            f"{self.nproc_per_node} CUDA rank(s) on devices {self.devices} over {self.backend}"
+            if self.device_type == "cuda"
+            else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)"
+        )
         amp = get_precision(self.config.precision.name).describe(self.device_type)
         nodes = f" x {self.world_size // self.nproc_per_node} nodes" if self.world_size > self.nproc_per_node else ""
         if self.preflight == "only":
@@ -82,10 +96,15 @@ class Plan:
         first = ""
         if self.preflight == "true":
             chosen = self.config.preflight.mode_for(nodes=1) == "true"  # set, not implied by the nodes
-            first = "preflight first" + ("" if chosen else " (the default on more than one node; "
-                                         "preflight=false skips it)") + ", then "
-        return (f"clorch: running {where}{nodes}, {amp}; {first}"
-                f"{self.total_steps} steps of {self.steps_per_epoch} per epoch")
+            first = (
+                "preflight first"
+                + ("" if chosen else " (the default on more than one node; preflight=false skips it)")
+                + ", then "
+            )
+        return (
+            f"clorch: running {where}{nodes}, {amp}; {first}"
+            f"{self.total_steps} steps of {self.steps_per_epoch} per epoch"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (env.json, the ranks' arguments); `from_dict` reverses it."""
@@ -139,8 +158,9 @@ def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
     return [message]
 
 
-def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None,
-           sized: bool = True) -> Plan | None:
+def _build(
+    cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None, sized: bool = True
+) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
     `cfg` may be a `Partial` (some sections have errors): each check runs when the
@@ -185,18 +205,30 @@ def _build(cfg: Any, run_dir: Path | None, problems: list[str], external: Any = 
         problems += resume_errors(cfg, world, run_dir)
     if problems:
         return None
-    return Plan(config=cfg, backend=backend, nproc_per_node=nproc, devices=devices,
-                world_size=world, device_type="cuda" if backend == "nccl" else "cpu",
-                train_size=sizes[0], eval_size=sizes[1], shard_size=shard,
-                steps_per_epoch=per_epoch, total_steps=total,
-                preflight=cfg.preflight.mode_for(nodes=max(1, world // max(1, nproc))),
-                trusted_modules={k: v for k, v in trusted_modules().items() if v})
+    return Plan(
+        config=cfg,
+        backend=backend,
+        nproc_per_node=nproc,
+        devices=devices,
+        world_size=world,
+        device_type="cuda" if backend == "nccl" else "cpu",
+        train_size=sizes[0],
+        eval_size=sizes[1],
+        shard_size=shard,
+        steps_per_epoch=per_epoch,
+        total_steps=total,
+        preflight=cfg.preflight.mode_for(nodes=max(1, world // max(1, nproc))),
+        trusted_modules={k: v for k, v in trusted_modules().items() if v},
+    )
 
 
-def plan_or_errors(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
-                   run_dir: str | os.PathLike | None = None,
-                   external: Any = None, base: str | os.PathLike | None = None,
-                   sized: bool = True) -> tuple[Plan | None, list[str]]:
+def plan_or_errors(
+    cfg: DictConfig | Mapping[str, Any] | TrainConfig,
+    run_dir: str | os.PathLike | None = None,
+    external: Any = None,
+    base: str | os.PathLike | None = None,
+    sized: bool = True,
+) -> tuple[Plan | None, list[str]]:
     """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
 
     Args:
@@ -287,8 +319,7 @@ def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> 
     errors = data_errors(cfg, plan.train_size, plan.eval_size, world_size)
     errors += resume_errors(cfg, world_size, run_dir)
     shard, per_epoch, total = plan_steps(cfg, plan.train_size, world_size)
-    return replace(plan, world_size=world_size, shard_size=shard, steps_per_epoch=per_epoch,
-                   total_steps=total), errors
+    return replace(plan, world_size=world_size, shard_size=shard, steps_per_epoch=per_epoch, total_steps=total), errors
 
 
 @contextlib.contextmanager
@@ -328,8 +359,11 @@ def resolve_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     return plan_or_errors(cfg)[1]
 
 
-def resolve(cfg: DictConfig | Mapping[str, Any] | TrainConfig,
-            run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Plan:
+def resolve(
+    cfg: DictConfig | Mapping[str, Any] | TrainConfig,
+    run_dir: str | os.PathLike | None = None,
+    base: str | os.PathLike | None = None,
+) -> Plan:
     """Check `cfg` and resolve it on this machine into the launch plan.
 
     Args:

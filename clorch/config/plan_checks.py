@@ -34,8 +34,7 @@ def local_ranks(launcher: Any, backend: str, problems: list[str]) -> tuple[int, 
     count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
     for i in range(before, len(problems)):  # the launcher names its arguments bare, in Python
         text = problems[i].replace("devices=None", "launcher.devices=null")
-        problems[i] = f"launcher.{text}" if text.startswith(("devices", "nproc")) \
-            else f"backend={backend}: {text}"
+        problems[i] = f"launcher.{text}" if text.startswith(("devices", "nproc")) else f"backend={backend}: {text}"
     if cuda is None:
         return count, None, name or "gloo"
     return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"
@@ -72,13 +71,17 @@ def data_errors(cfg: TrainConfig, train: int, held_out: int, world: int) -> list
     errors = []
     shard = plan_steps(cfg, train, world)[0]
     if cfg.batch_size > shard:
-        errors.append(f"batch_size={cfg.batch_size} is larger than a rank's shard: "
-                      f"{train} training samples over {world} ranks give {shard} per rank "
-                      f"(use batch_size <= {shard}, more data, or fewer ranks)")
+        errors.append(
+            f"batch_size={cfg.batch_size} is larger than a rank's shard: "
+            f"{train} training samples over {world} ranks give {shard} per rank "
+            f"(use batch_size <= {shard}, more data, or fewer ranks)"
+        )
     if held_out < world:
-        errors.append(f"data={cfg.data.name}: the eval split has {held_out} sample(s), fewer than "
-                      f"the job's {world} ranks (every rank evaluates at least one): raise "
-                      f"data.sample_count or data.eval_fraction, or use fewer ranks")
+        errors.append(
+            f"data={cfg.data.name}: the eval split has {held_out} sample(s), fewer than "
+            f"the job's {world} ranks (every rank evaluates at least one): raise "
+            f"data.sample_count or data.eval_fraction, or use fewer ranks"
+        )
     return errors
 
 
@@ -91,8 +94,10 @@ def model_errors(cfg: TrainConfig) -> list[str]:
     for key in ("seq_len", "vocab_size"):
         value = getattr(cfg.model, key)
         if value is not None and key in needed and value < needed[key]:
-            errors.append(f"model.{key}={value} is smaller than data={cfg.data.name}'s "
-                          f"{needed[key]}: use model.{key} >= {needed[key]}, or null (the data's)")
+            errors.append(
+                f"model.{key}={value} is smaller than data={cfg.data.name}'s "
+                f"{needed[key]}: use model.{key} >= {needed[key]}, or null (the data's)"
+            )
     return errors
 
 
@@ -112,8 +117,10 @@ def token_file_errors(cfg: TrainConfig) -> list[str]:
             continue
         largest = largest_token(path, data.dtype, data.header)
         if largest >= data.vocab_size:
-            errors.append(f"data.{key}={path!r} holds token id {largest}, not below data.vocab_size="
-                          f"{data.vocab_size}: set data.vocab_size > {largest} (or check data.dtype)")
+            errors.append(
+                f"data.{key}={path!r} holds token id {largest}, not below data.vocab_size="
+                f"{data.vocab_size}: set data.vocab_size > {largest} (or check data.dtype)"
+            )
     return errors
 
 
@@ -126,8 +133,10 @@ def rank_count_errors(nproc: int, backend: str) -> list[str]:
     """CPU ranks far beyond this machine's cores (GPU ranks are checked against the GPUs)."""
     cores = os.cpu_count() or 1
     if backend == "gloo" and nproc > RANKS_PER_CPU * cores:
-        return [f"launcher.nproc_per_node={nproc} is far more ranks than this machine's {cores} CPU "
-                f"core(s) can run (at most {RANKS_PER_CPU * cores}, {RANKS_PER_CPU} per core)"]
+        return [
+            f"launcher.nproc_per_node={nproc} is far more ranks than this machine's {cores} CPU "
+            f"core(s) can run (at most {RANKS_PER_CPU * cores}, {RANKS_PER_CPU} per core)"
+        ]
     return []
 
 
@@ -137,8 +146,15 @@ def node_errors(launcher: Any) -> list[str]:
         return []
 
     problems: list[str] = []
-    check_nodes({"nnodes": launcher.nnodes, "node_rank": launcher.node_rank,
-                 "master_addr": launcher.master_addr, "master_port": launcher.master_port}, problems)
+    check_nodes(
+        {
+            "nnodes": launcher.nnodes,
+            "node_rank": launcher.node_rank,
+            "master_addr": launcher.master_addr,
+            "master_port": launcher.master_port,
+        },
+        problems,
+    )
     return [f"launcher.{p}".replace("got None", "got null") for p in problems]
 
 
@@ -171,16 +187,20 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     need, have = params * TRAINING_BYTES_PER_PARAMETER * ranks_here, _available_memory()
     if have is None or need <= have:
         return []
-    return [f"model={cfg.model.name}: {params:,} parameters need about {need / 2**30:.1f} GiB to train "
-            f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state, per rank), "
-            f"more than the memory available for {ranks_here} rank(s) ({have / 2**30:.1f} GiB)"]
+    return [
+        f"model={cfg.model.name}: {params:,} parameters need about {need / 2**30:.1f} GiB to train "
+        f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state, per rank), "
+        f"more than the memory available for {ranks_here} rank(s) ({have / 2**30:.1f} GiB)"
+    ]
 
 
 def schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
     schedule = cfg.schedule
     if schedule.name == "cosine" and total <= schedule.warmup_steps:
-        return [f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
-                f"{total} optimizer steps for schedule=cosine"]
+        return [
+            f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
+            f"{total} optimizer steps for schedule=cosine"
+        ]
     return []
 
 

@@ -23,10 +23,14 @@ RECORD_KEY = "run"
 def run_record(cfg: Any, world_size: int) -> dict[str, Any]:
     """What a resumed run must keep: the model, the data, the batch and the world size."""
     model = cfg.model
-    model_values = {"_target_": model.target, **model.kwargs} \
-        if isinstance(model, TargetModelConfig) else asdict(model)
-    return {"world_size": world_size, "batch_size": cfg.batch_size,
-            "accumulation": cfg.accumulation, "model": model_values, "data": asdict(cfg.data)}
+    model_values = {"_target_": model.target, **model.kwargs} if isinstance(model, TargetModelConfig) else asdict(model)
+    return {
+        "world_size": world_size,
+        "batch_size": cfg.batch_size,
+        "accumulation": cfg.accumulation,
+        "model": model_values,
+        "data": asdict(cfg.data),
+    }
 
 
 def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
@@ -45,8 +49,7 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
 
 def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str) -> list[str]:
     keys = sorted(set(saved) | set(now))
-    return [f"{prefix}{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})"
-            for k in keys if saved.get(k) != now.get(k)]
+    return [f"{prefix}{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in keys if saved.get(k) != now.get(k)]
 
 
 def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
@@ -62,6 +65,7 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
         return []
     # lazy: clorch.checkpoint.errors imports torch, kept out of clorch-train's start
     from clorch.checkpoint.errors import CheckpointError
+
     # lazy: clorch.checkpoint.metadata imports torch, kept out of clorch-train's start
     from clorch.checkpoint.metadata import read
 
@@ -74,22 +78,28 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
         return [f"{key}: {path} cannot be resumed: {exc}"]
     errors = []
     if body["world_size"] != world_size:
-        errors.append(f"{key}: {path} was written by {body['world_size']} rank(s), this job has "
-                      f"{world_size}; each rank resumes its own sampler position, so resume with "
-                      f"{body['world_size']} ranks (launcher.nproc_per_node) or start afresh")
+        errors.append(
+            f"{key}: {path} was written by {body['world_size']} rank(s), this job has "
+            f"{world_size}; each rank resumes its own sampler position, so resume with "
+            f"{body['world_size']} ranks (launcher.nproc_per_node) or start afresh"
+        )
     saved = (body.get("state") or {}).get(RECORD_KEY)
     if not isinstance(saved, dict):
         return errors  # written by an older clorch, or by user code: nothing more to compare
     now = run_record(cfg, world_size)
     for name in ("batch_size", "accumulation"):
         if saved.get(name) != now[name]:
-            errors.append(f"{key}: {name}={now[name]} but the checkpoint was trained with "
-                          f"{name}={saved.get(name)}; a resumed run continues in the same steps "
-                          f"and epochs, so keep {name}={saved.get(name)}")
+            errors.append(
+                f"{key}: {name}={now[name]} but the checkpoint was trained with "
+                f"{name}={saved.get(name)}; a resumed run continues in the same steps "
+                f"and epochs, so keep {name}={saved.get(name)}"
+            )
     for name in ("model", "data"):
         recorded = saved.get(name)
         diff = _differences(recorded if isinstance(recorded, dict) else {}, now[name], f"{name}.")
         if diff:
-            errors.append(f"{key}: the checkpoint holds another {name}: {', '.join(diff)}; "
-                          f"resume with the {name} it was trained with")
+            errors.append(
+                f"{key}: the checkpoint holds another {name}: {', '.join(diff)}; "
+                f"resume with the {name} it was trained with"
+            )
     return errors

@@ -71,9 +71,15 @@ class ScalerConfig:
 
     enabled: bool = True  # scale the loss and skip steps whose gradients overflow
     initial_scale: float = field(default=default_of(GradScaler, "init_scale"), metadata=rule(gt=0))  # first loss scale
-    growth_factor: float = field(default=default_of(GradScaler, "growth_factor"), metadata=rule(gt=1))  # scale *= this after growth_interval good steps
-    backoff_factor: float = field(default=default_of(GradScaler, "backoff_factor"), metadata=rule(gt=0, lt=1))  # scale *= this on overflow
-    growth_interval: int = field(default=default_of(GradScaler, "growth_interval"), metadata=rule(ge=1))  # steps without overflow before growing
+    growth_factor: float = field(
+        default=default_of(GradScaler, "growth_factor"), metadata=rule(gt=1)
+    )  # scale *= this after growth_interval good steps
+    backoff_factor: float = field(
+        default=default_of(GradScaler, "backoff_factor"), metadata=rule(gt=0, lt=1)
+    )  # scale *= this on overflow
+    growth_interval: int = field(
+        default=default_of(GradScaler, "growth_interval"), metadata=rule(ge=1)
+    )  # steps without overflow before growing
 
 
 @dataclass
@@ -106,17 +112,24 @@ class SamplerConfig:
     name: Literal["distributed"] = "distributed"
     seed: Optional[int] = None  # shuffling seed; null uses the top-level seed
     shuffle: bool = default_of(DistributedSampler, "shuffle")  # a new permutation each epoch (set_epoch)
-    drop_last: bool = default_of(DistributedSampler, "drop_last")  # drop the tail instead of padding every rank to equal length
+    drop_last: bool = default_of(
+        DistributedSampler, "drop_last"
+    )  # drop the tail instead of padding every rank to equal length
 
 
 @dataclass
 class DDPConfig:
     """clorch.nn.parallel.DistributedDataParallel settings."""
 
-    bucket_cap_mb: float = field(default=source_constant("clorch.nn.parallel.ddp", "DEFAULT_BUCKET_CAP_MB"), metadata=rule(gt=0, unit="MiB"))  # gradient bucket size, MiB
-    first_bucket_cap_mb: float = field(default=default_of(DistributedDataParallel, "first_bucket_cap_mb"),
-                                       metadata=rule(gt=0, unit="MiB"))  # first bucket: starts communication early, MiB
-    broadcast_buffers: bool = default_of(DistributedDataParallel, "broadcast_buffers")  # broadcast rank 0's buffers before each forward
+    bucket_cap_mb: float = field(
+        default=source_constant("clorch.nn.parallel.ddp", "DEFAULT_BUCKET_CAP_MB"), metadata=rule(gt=0, unit="MiB")
+    )  # gradient bucket size, MiB
+    first_bucket_cap_mb: float = field(
+        default=default_of(DistributedDataParallel, "first_bucket_cap_mb"), metadata=rule(gt=0, unit="MiB")
+    )  # first bucket: starts communication early, MiB
+    broadcast_buffers: bool = default_of(
+        DistributedDataParallel, "broadcast_buffers"
+    )  # broadcast rank 0's buffers before each forward
     # dtype gradient buckets travel in; null: the gradients' own
     reduce_dtype: ReduceDtype = None
     # keep .grad in the buckets across zero_grad(set_to_none=True): backward accumulates in place
@@ -147,9 +160,12 @@ class FSDPParallelConfig:
     # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
     # every child with >= min_params parameters) or a list of class names, e.g. [Block]
     shard: Union[Literal["auto"], list[str]] = "auto"
-    min_params: int = field(default=source_constant("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"),
-                            metadata=rule(ge=1))  # shard=auto: parameters a child needs to be a unit of its own
-    reshard_after_forward: bool = True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
+    min_params: int = field(
+        default=source_constant("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"), metadata=rule(ge=1)
+    )  # shard=auto: parameters a child needs to be a unit of its own
+    reshard_after_forward: bool = (
+        True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
+    )
     cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
 
 
@@ -159,11 +175,15 @@ class CheckpointConfig:
 
     policy: Literal["none", "final", "periodic"] = "none"  # none | final (at the end) | periodic (+ final)
     dir: Optional[str] = None  # checkpoint directory; null is <run dir>/checkpoints
-    path: Optional[str] = None  # the final checkpoint (a directory under parallel=fsdp); null is <dir>/final.ckpt (final.dcp)
+    path: Optional[str] = (
+        None  # the final checkpoint (a directory under parallel=fsdp); null is <dir>/final.ckpt (final.dcp)
+    )
     every_n_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # periodic: steps between checkpoints
     keep_last: int = field(default=2, metadata=rule(ge=1))  # periodic: how many step checkpoints to keep
     resume: str = "none"  # none | latest (newest in dir) | a checkpoint file
-    export: Literal["none", "safetensors"] = "none"  # safetensors: the final weights as model.safetensors in the run directory
+    export: Literal["none", "safetensors"] = (
+        "none"  # safetensors: the final weights as model.safetensors in the run directory
+    )
 
 
 # --- model ------------------------------------------------------------------------------------
@@ -174,7 +194,9 @@ class MLPConfig:
     name: Literal["mlp"] = "mlp"
     hidden_features: int = field(default=default_of(MLP, "hidden_features"), metadata=rule(ge=1))  # hidden width
     depth: int = field(default=default_of(MLP, "depth"), metadata=rule(ge=1))  # Linear layers
-    init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    init_from: Optional[str] = (
+        None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    )
     init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
 
 
@@ -196,7 +218,9 @@ class GPTConfig:
     bias: bool = _gpt_default("bias")  # biases in linear layers and layer norms
     vocab_size: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's (256 bytes)
     seq_len: Optional[int] = field(default=None, metadata=rule(ge=1))  # null: the data's
-    init_from: Optional[str] = None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    init_from: Optional[str] = (
+        None  # start from these weights: a clorch checkpoint, a torch state_dict file or .safetensors
+    )
     init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
     # recompute each block's activations in backward instead of keeping them (less memory, about
     # one more forward of compute); under parallel=ddp and fsdp alike
@@ -225,10 +249,16 @@ class SyntheticDataConfig:
     """Regression against a fixed random teacher (for the mlp)."""
 
     name: Literal["synthetic"] = "synthetic"
-    sample_count: int = field(default=default_of(SyntheticRegression, "sample_count"), metadata=rule(ge=1))  # training samples
+    sample_count: int = field(
+        default=default_of(SyntheticRegression, "sample_count"), metadata=rule(ge=1)
+    )  # training samples
     in_features: int = field(default=default_of(SyntheticRegression, "in_features"), metadata=rule(ge=1))  # input width
-    out_features: int = field(default=default_of(SyntheticRegression, "out_features"), metadata=rule(ge=1))  # target width
-    noise: float = field(default=default_of(SyntheticRegression, "noise"), metadata=rule(ge=0))  # std of the target noise
+    out_features: int = field(
+        default=default_of(SyntheticRegression, "out_features"), metadata=rule(ge=1)
+    )  # target width
+    noise: float = field(
+        default=default_of(SyntheticRegression, "noise"), metadata=rule(ge=0)
+    )  # std of the target noise
 
 
 @dataclass
@@ -236,9 +266,13 @@ class ArithmeticDataConfig:
     """Generated sums such as 123+456=579 (for the gpt); eval reports exact match."""
 
     name: Literal["arithmetic"] = "arithmetic"
-    sample_count: int = field(default=default_of(ArithmeticTask, "sample_count"), metadata=rule(ge=1))  # training samples
+    sample_count: int = field(
+        default=default_of(ArithmeticTask, "sample_count"), metadata=rule(ge=1)
+    )  # training samples
     digits: int = field(default=default_of(ArithmeticTask, "digits"), metadata=rule(ge=1, le=9))  # digits per operand
-    eval_fraction: float = field(default=default_of(ArithmeticTask, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out share of the pairs
+    eval_fraction: float = field(
+        default=default_of(ArithmeticTask, "eval_fraction"), metadata=rule(gt=0, lt=1)
+    )  # held-out share of the pairs
 
 
 @dataclass
@@ -248,8 +282,12 @@ class TextDataConfig:
     name: Literal["text"] = "text"
     path: Optional[str] = None  # the UTF-8 file to model (required)
     seq_len: int = field(default=default_of(ByteTextTask, "seq_len"), metadata=rule(ge=2))  # bytes per sample
-    sample_count: Optional[int] = field(default=default_of(ByteTextTask, "sample_count"), metadata=rule(ge=1))  # windows; null: tile the file
-    eval_fraction: float = field(default=default_of(ByteTextTask, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail of the file
+    sample_count: Optional[int] = field(
+        default=default_of(ByteTextTask, "sample_count"), metadata=rule(ge=1)
+    )  # windows; null: tile the file
+    eval_fraction: float = field(
+        default=default_of(ByteTextTask, "eval_fraction"), metadata=rule(gt=0, lt=1)
+    )  # held-out tail of the file
 
 
 @dataclass
@@ -259,12 +297,22 @@ class TokensDataConfig:
     name: Literal["tokens"] = "tokens"
     train_path: Optional[str] = None  # the training tokens (required)
     eval_path: Optional[str] = None  # the held-out tokens; null holds out the train file's last eval_fraction
-    seq_len: int = field(default=default_of(TokenFiles, "seq_len"), metadata=rule(ge=1))  # tokens per sample (the model's seq_len follows)
-    vocab_size: int = field(default=default_of(TokenFiles, "vocab_size"), metadata=rule(ge=1))  # the model's vocabulary; every id must be below it
+    seq_len: int = field(
+        default=default_of(TokenFiles, "seq_len"), metadata=rule(ge=1)
+    )  # tokens per sample (the model's seq_len follows)
+    vocab_size: int = field(
+        default=default_of(TokenFiles, "vocab_size"), metadata=rule(ge=1)
+    )  # the model's vocabulary; every id must be below it
     dtype: Literal["uint16", "uint32"] = default_of(TokenFiles, "dtype")  # token width of a headerless file
-    header: Literal["auto", "none", "llmc"] = default_of(TokenFiles, "header")  # auto: llm.c's 256-int32 header when its magic is there
-    sample_count: Optional[int] = field(default=default_of(TokenFiles, "sample_count"), metadata=rule(ge=1))  # windows; null: every non-overlapping window
-    eval_fraction: float = field(default=default_of(TokenFiles, "eval_fraction"), metadata=rule(gt=0, lt=1))  # held-out tail without eval_path
+    header: Literal["auto", "none", "llmc"] = default_of(
+        TokenFiles, "header"
+    )  # auto: llm.c's 256-int32 header when its magic is there
+    sample_count: Optional[int] = field(
+        default=default_of(TokenFiles, "sample_count"), metadata=rule(ge=1)
+    )  # windows; null: every non-overlapping window
+    eval_fraction: float = field(
+        default=default_of(TokenFiles, "eval_fraction"), metadata=rule(gt=0, lt=1)
+    )  # held-out tail without eval_path
 
 
 @dataclass
@@ -278,16 +326,25 @@ class TargetDataConfig:
     target: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     name: str = "custom"
-    eval_fraction: float = field(default=0.1, metadata=rule(gt=0, lt=1))  # held-out tail when the class takes no `split` argument
-    collate_fn: Optional[dict[str, Any]] = None  # {_target_: my_pkg.collate}: merges items into a batch; null: torch's default_collate
-    num_workers: int = field(default=0, metadata=rule(ge=0))  # DataLoader worker processes per rank; 0 loads in the rank
+    eval_fraction: float = field(
+        default=0.1, metadata=rule(gt=0, lt=1)
+    )  # held-out tail when the class takes no `split` argument
+    collate_fn: Optional[dict[str, Any]] = (
+        None  # {_target_: my_pkg.collate}: merges items into a batch; null: torch's default_collate
+    )
+    num_workers: int = field(
+        default=0, metadata=rule(ge=0)
+    )  # DataLoader worker processes per rank; 0 loads in the rank
     pin_memory: Optional[bool] = None  # page-locked host batches; null: on CUDA
     persistent_workers: bool = False  # keep the workers between epochs (num_workers > 0)
-    prefetch_factor: Optional[int] = field(default=None, metadata=rule(ge=1))  # batches each worker loads ahead; null: torch's (2)
+    prefetch_factor: Optional[int] = field(
+        default=None, metadata=rule(ge=1)
+    )  # batches each worker loads ahead; null: torch's (2)
 
 
-DATA_LOADER_KEYS = tuple(f.name for f in dataclasses.fields(TargetDataConfig)
-                         if f.name not in ("target", "kwargs", "name"))
+DATA_LOADER_KEYS = tuple(
+    f.name for f in dataclasses.fields(TargetDataConfig) if f.name not in ("target", "kwargs", "name")
+)
 """Keys of a `data._target_` section that clorch reads; the others go to the dataset's class."""
 
 
@@ -296,7 +353,9 @@ DATA_LOADER_KEYS = tuple(f.name for f in dataclasses.fields(TargetDataConfig)
 class LossConfig:
     """The training loss: the data's own (auto), or a torch loss applied to model(input) and the target."""
 
-    name: Literal["auto", "cross_entropy", "mse"] = "auto"  # auto: the built-in data's loss; cross_entropy: integer class targets (eval adds accuracy)
+    name: Literal["auto", "cross_entropy", "mse"] = (
+        "auto"  # auto: the built-in data's loss; cross_entropy: integer class targets (eval adds accuracy)
+    )
 
 
 @dataclass
@@ -304,8 +363,12 @@ class FromModelLossConfig:
     """The loss your model computes itself: model(input, target) returns it (nanoGPT, Hugging Face)."""
 
     name: Literal["from_model"] = "from_model"
-    target_arg: Optional[str] = None  # keyword the target is passed as (labels for Hugging Face); null: second positional
-    labels: Literal["target", "input"] = "target"  # input: pass the input itself as the target, for models that shift it (HF causal LMs)
+    target_arg: Optional[str] = (
+        None  # keyword the target is passed as (labels for Hugging Face); null: second positional
+    )
+    labels: Literal["target", "input"] = (
+        "target"  # input: pass the input itself as the target, for models that shift it (HF causal LMs)
+    )
 
 
 @dataclass
@@ -336,8 +399,10 @@ class AdamWConfig:
     decay: Decay = source_constant(Optimizers, "DEFAULT_DECAY")
     # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
     grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
-    betas: list[float] = field(default_factory=lambda: list(source_constant(Optimizers, "ADAMW_BETAS")),  # moment decays
-                               metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"))
+    betas: list[float] = field(
+        default_factory=lambda: list(source_constant(Optimizers, "ADAMW_BETAS")),  # moment decays
+        metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"),
+    )
     fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
 
@@ -352,7 +417,9 @@ class SGDConfig:
     decay: Decay = source_constant(Optimizers, "DEFAULT_DECAY")
     # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
     grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
-    momentum: float = field(default=source_constant(Optimizers, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1))  # momentum factor
+    momentum: float = field(
+        default=source_constant(Optimizers, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1)
+    )  # momentum factor
     fused: Optional[bool] = None  # fused kernels; null lets torch decide
 
 
@@ -369,10 +436,12 @@ class CosineScheduleConfig:
     """Linear warmup, then cosine decay to min_lr_ratio * lr."""
 
     name: Literal["cosine"] = "cosine"
-    warmup_steps: int = field(default=source_constant(Schedules, "COSINE_WARMUP_STEPS"),
-                              metadata=rule(ge=0, unit="steps"))  # linear warmup
-    min_lr_ratio: float = field(default=source_constant(Schedules, "COSINE_MIN_LR_RATIO"),
-                                metadata=rule(ge=0, le=1))  # floor / peak lr
+    warmup_steps: int = field(
+        default=source_constant(Schedules, "COSINE_WARMUP_STEPS"), metadata=rule(ge=0, unit="steps")
+    )  # linear warmup
+    min_lr_ratio: float = field(
+        default=source_constant(Schedules, "COSINE_MIN_LR_RATIO"), metadata=rule(ge=0, le=1)
+    )  # floor / peak lr
 
 
 # --- launcher and logger ----------------------------------------------------------------------
@@ -381,16 +450,28 @@ class LocalLauncherConfig:
     """clorch.distributed.launch on this machine (one node, or one launcher per node)."""
 
     name: Literal["local"] = "local"
-    nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node; auto: one per GPU, or 2 on CPU
+    nproc_per_node: Union[Literal["auto"], int] = field(
+        default="auto", metadata=rule(ge=1)
+    )  # ranks on this node; auto: one per GPU, or 2 on CPU
     devices: Optional[list[int]] = None  # CUDA device indices, one per local rank, e.g. [0,1]
-    timeout: Optional[float] = field(default=default_of(launch, "timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # whole-job limit; null: none
+    timeout: Optional[float] = field(
+        default=default_of(launch, "timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds")
+    )  # whole-job limit; null: none
     nnodes: int = field(default=default_of(launch, "nnodes"), metadata=rule(ge=1))  # nodes in the job
     node_rank: int = field(default=default_of(launch, "node_rank"), metadata=rule(ge=0))  # this node's index
     master_addr: str = default_of(launch, "master_addr")  # rendezvous host
-    master_port: Optional[int] = field(default=default_of(launch, "master_port"), metadata=rule(ge=1, le=65535))  # null picks a free port
-    max_restarts: int = field(default=default_of(launch, "max_restarts"), metadata=rule(ge=0))  # restart a failed job, resuming from latest
-    rdzv_timeout: float = field(default=default_of(launch, "rdzv_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # nnodes > 1: wait this long for the other nodes
-    collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
+    master_port: Optional[int] = field(
+        default=default_of(launch, "master_port"), metadata=rule(ge=1, le=65535)
+    )  # null picks a free port
+    max_restarts: int = field(
+        default=default_of(launch, "max_restarts"), metadata=rule(ge=0)
+    )  # restart a failed job, resuming from latest
+    rdzv_timeout: float = field(
+        default=default_of(launch, "rdzv_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds")
+    )  # nnodes > 1: wait this long for the other nodes
+    collective_timeout: float = field(
+        default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds")
+    )  # a rank stuck this long in one collective fails the job
 
 
 @dataclass
@@ -405,9 +486,13 @@ class TorchrunLauncherConfig:
     nnodes: Union[int, str] = 1  # nodes in the job, or "MIN:MAX" for an elastic range
     rdzv_endpoint: str = "127.0.0.1:29400"  # HOST:PORT of the c10d rendezvous (the first node)
     rdzv_id: str = "clorch"  # the job's id, the same on every node
-    rdzv_timeout: float = field(default=900.0, metadata=rule(gt=0, le=YEAR, unit="seconds"))  # wait this long for the nodes
+    rdzv_timeout: float = field(
+        default=900.0, metadata=rule(gt=0, le=YEAR, unit="seconds")
+    )  # wait this long for the nodes
     max_restarts: int = field(default=0, metadata=rule(ge=0))  # restart the ranks, resuming from latest
-    collective_timeout: float = field(default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds"))  # a rank stuck this long in one collective fails the job
+    collective_timeout: float = field(
+        default=default_of(launch, "collective_timeout"), metadata=rule(gt=0, le=YEAR, unit="seconds")
+    )  # a rank stuck this long in one collective fails the job
 
 
 TRACKERS = ("mlflow", "wandb")
@@ -420,9 +505,15 @@ class LoggerConfig:
     name: Literal["jsonl", "tensorboard", "mlflow", "wandb"] = "jsonl"
     tensorboard: bool = False  # also write TensorBoard event files (needs the tensorboard extra)
     progress: Literal["auto", "bar", "lines", "off"] = "auto"  # auto: a bar on a terminal, else lines
-    trackers: list[Literal[TRACKERS]] = field(default_factory=list)  # experiment trackers the run's metrics go to: mlflow, wandb
-    experiment: Optional[str] = None  # the MLflow experiment and W&B project; null: $MLFLOW_EXPERIMENT_NAME / $WANDB_PROJECT, else clorch
-    tracking_uri: Optional[str] = None  # MLflow's store or server; null: $MLFLOW_TRACKING_URI, else sqlite mlflow.db beside outputs/
+    trackers: list[Literal[TRACKERS]] = field(
+        default_factory=list
+    )  # experiment trackers the run's metrics go to: mlflow, wandb
+    experiment: Optional[str] = (
+        None  # the MLflow experiment and W&B project; null: $MLFLOW_EXPERIMENT_NAME / $WANDB_PROJECT, else clorch
+    )
+    tracking_uri: Optional[str] = (
+        None  # MLflow's store or server; null: $MLFLOW_TRACKING_URI, else sqlite mlflow.db beside outputs/
+    )
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # W&B: auto is online when logged in, else offline
 
 
@@ -455,21 +546,34 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "sampler": {"distributed": SamplerConfig()},
     "ddp": {"default": DDPConfig()},
     "parallel": {"ddp": DDPParallelConfig(), "fsdp": FSDPParallelConfig()},
-    "checkpoint": {"none": CheckpointConfig(),
-                   "final": CheckpointConfig(policy="final"),
-                   "periodic": CheckpointConfig(policy="periodic", every_n_steps=50)},
+    "checkpoint": {
+        "none": CheckpointConfig(),
+        "final": CheckpointConfig(policy="final"),
+        "periodic": CheckpointConfig(policy="periodic", every_n_steps=50),
+    },
     "model": {"mlp": MLPConfig(), "gpt": GPTConfig()},
-    "data": {"synthetic": SyntheticDataConfig(), "arithmetic": ArithmeticDataConfig(),
-             "text": TextDataConfig(), "tokens": TokensDataConfig()},
+    "data": {
+        "synthetic": SyntheticDataConfig(),
+        "arithmetic": ArithmeticDataConfig(),
+        "text": TextDataConfig(),
+        "tokens": TokensDataConfig(),
+    },
     "optim": {"adamw": AdamWConfig(), "sgd": SGDConfig()},
     "schedule": {"constant": ConstantScheduleConfig(), "cosine": CosineScheduleConfig()},
     "launcher": {"local": LocalLauncherConfig(), "torchrun": TorchrunLauncherConfig()},
-    "logger": {"jsonl": LoggerConfig(), "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True),
-               "mlflow": LoggerConfig(name="mlflow", trackers=["mlflow"]),
-               "wandb": LoggerConfig(name="wandb", trackers=["wandb"])},
+    "logger": {
+        "jsonl": LoggerConfig(),
+        "tensorboard": LoggerConfig(name="tensorboard", tensorboard=True),
+        "mlflow": LoggerConfig(name="mlflow", trackers=["mlflow"]),
+        "wandb": LoggerConfig(name="wandb", trackers=["wandb"]),
+    },
     "preflight": {"default": PreflightConfig()},
-    "loss": {"auto": LossConfig(), "cross_entropy": LossConfig(name="cross_entropy"), "mse": LossConfig(name="mse"),
-             "from_model": FromModelLossConfig()},
+    "loss": {
+        "auto": LossConfig(),
+        "cross_entropy": LossConfig(name="cross_entropy"),
+        "mse": LossConfig(name="mse"),
+        "from_model": FromModelLossConfig(),
+    },
     "step": {"auto": StepConfig()},
 }
 """Config group -> option name -> that option's values (an instance of its schema)."""
@@ -541,14 +645,21 @@ class TrainConfig(TopConfig):
             section = getattr(self, group)
             if hasattr(section, "target"):  # clorch's own keys only where they differ from the default
                 defaults = {f.name: f.default for f in dataclasses.fields(section)}
-                own = {k: v for k, v in dataclasses.asdict(section).items()
-                       if k not in ("target", "kwargs", "name") and v != defaults[k]}
+                own = {
+                    k: v
+                    for k, v in dataclasses.asdict(section).items()
+                    if k not in ("target", "kwargs", "name") and v != defaults[k]
+                }
                 out[group] = {"_target_": section.target, **section.kwargs, **own}
         return out
 
 
-TARGET_SCHEMAS = {"model": TargetModelConfig, "data": TargetDataConfig, "loss": TargetFunctionConfig,
-                  "step": TargetFunctionConfig}
+TARGET_SCHEMAS = {
+    "model": TargetModelConfig,
+    "data": TargetDataConfig,
+    "loss": TargetFunctionConfig,
+    "step": TargetFunctionConfig,
+}
 """The schema of a group's section when it names `_target_`."""
 
 

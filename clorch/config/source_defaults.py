@@ -20,9 +20,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-              ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg,
-              ast.UAdd: operator.pos}
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def source_default(module: str, owner: str, name: str) -> Any:
@@ -38,8 +44,7 @@ def source_default(module: str, owner: str, name: str) -> Any:
         TypeError: the default is not a constant expression.
     """
     tree = _module_tree(module)
-    node = next((n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))
-                 and n.name == owner), None)
+    node = next((n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == owner), None)
     if node is None:
         raise LookupError(f"{module} defines no {owner}")
     expression = _default_expression(node, name)
@@ -79,12 +84,18 @@ def _default_expression(node: ast.ClassDef | ast.FunctionDef, name: str) -> ast.
     if isinstance(node, ast.ClassDef):
         init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         if init is None:  # a dataclass: `name: type = value` or `= field(default=value)`
-            return next((_field_value(n.value) for n in node.body if isinstance(n, ast.AnnAssign)
-                         and isinstance(n.target, ast.Name) and n.target.id == name), None)
+            return next(
+                (
+                    _field_value(n.value)
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+                ),
+                None,
+            )
         node = init
     args = node.args
     positional = args.posonlyargs + args.args
-    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
     pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
     return next((d for a, d in pairs if a.arg == name), None)
 
@@ -117,10 +128,13 @@ def _evaluate(node: ast.expr, names: dict[str, ast.expr], where: str, depth: int
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         return _OPERATORS[type(node.op)](_evaluate(node.operand, names, where, depth + 1))
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.left, names, where, depth + 1),
-                                         _evaluate(node.right, names, where, depth + 1))
+        return _OPERATORS[type(node.op)](
+            _evaluate(node.left, names, where, depth + 1), _evaluate(node.right, names, where, depth + 1)
+        )
     if isinstance(node, (ast.Tuple, ast.List)):
         items = [_evaluate(item, names, where, depth + 1) for item in node.elts]
         return tuple(items) if isinstance(node, ast.Tuple) else items
-    raise TypeError(f"{where}: the default {ast.unparse(node)!r} is not a constant clorch can read "
-                    "without importing the module; write it as a literal or a module-level constant")
+    raise TypeError(
+        f"{where}: the default {ast.unparse(node)!r} is not a constant clorch can read "
+        "without importing the module; write it as a literal or a module-level constant"
+    )

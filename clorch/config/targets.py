@@ -65,8 +65,11 @@ def trusted_modules(environ: Mapping[str, str] | None = None) -> dict[str, list[
     {"CLORCH_TRUSTED_MODULES": [...], "entry points": [...], "registered": [...]}
     (only the valid names; `trusted_module_errors` reports the others)."""
     environ = os.environ if environ is None else environ
-    found = {TRUSTED_VARIABLE: _env_modules(environ), "entry points": list(_entry_point_modules()),
-             "registered": list(_user_prefixes)}
+    found = {
+        TRUSTED_VARIABLE: _env_modules(environ),
+        "entry points": list(_entry_point_modules()),
+        "registered": list(_user_prefixes),
+    }
     return {where: [m for m in names if _MODULE_NAME.match(m)] for where, names in found.items()}
 
 
@@ -74,10 +77,12 @@ def trusted_module_errors(environ: Mapping[str, str] | None = None) -> list[str]
     """An error for each name in CLORCH_TRUSTED_MODULES or an entry point that is no module name."""
     environ = os.environ if environ is None else environ
     bad = [(TRUSTED_VARIABLE, m) for m in _env_modules(environ) if not _MODULE_NAME.match(m)]
-    bad += [(f"entry point group {ENTRY_POINT_GROUP}", m) for m in _entry_point_modules()
-            if not _MODULE_NAME.match(m)]
-    return [f"{where} names {m!r}, which is not a dotted module name; write e.g. "
-            f"{TRUSTED_VARIABLE}=my_project,other_pkg.models" for where, m in bad]
+    bad += [(f"entry point group {ENTRY_POINT_GROUP}", m) for m in _entry_point_modules() if not _MODULE_NAME.match(m)]
+    return [
+        f"{where} names {m!r}, which is not a dotted module name; write e.g. "
+        f"{TRUSTED_VARIABLE}=my_project,other_pkg.models"
+        for where, m in bad
+    ]
 
 
 def _trusted() -> tuple[str, ...]:
@@ -139,21 +144,26 @@ def check_target(where: str, path: Any) -> list[str]:
         return [f"{where} must be a dotted name, got {path!r}"]
     if not _allowed(path):
         top = path.split(".")[0]
-        return [f"{where}={path!r} is not allowed: targets must live under {allowed}; to trust your "
-                f"own code, name it where you run the job: {TRUSTED_VARIABLE}={top} clorch-train ... "
-                f"(or declare the entry-point group {ENTRY_POINT_GROUP} in its package); a config "
-                "file cannot extend this list"]
+        return [
+            f"{where}={path!r} is not allowed: targets must live under {allowed}; to trust your "
+            f"own code, name it where you run the job: {TRUSTED_VARIABLE}={top} clorch-train ... "
+            f"(or declare the entry-point group {ENTRY_POINT_GROUP} in its package); a config "
+            "file cannot extend this list"
+        ]
     try:
         obj = _import(path)
     except (ImportError, AttributeError) as exc:
-        return [f"{where}={path!r} does not import: {exc} (the working directory and the installed "
-                "packages are searched)"]
+        return [
+            f"{where}={path!r} does not import: {exc} (the working directory and the installed packages are searched)"
+        ]
     except Exception as exc:  # the user's module raised while importing
         return [f"{where}={path!r} does not import: {type(exc).__name__}: {exc}"]
     module = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
     if not _allowed(module):
-        return [f"{where}={path!r} resolves to {module}.{getattr(obj, '__qualname__', '?')}, "
-                f"outside the allow-list ({allowed})"]
+        return [
+            f"{where}={path!r} resolves to {module}.{getattr(obj, '__qualname__', '?')}, "
+            f"outside the allow-list ({allowed})"
+        ]
     return []
 
 

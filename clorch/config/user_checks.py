@@ -14,7 +14,6 @@ every other error. They need torch, so `--cfg job` leaves them to the plan.
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 import traceback
 from typing import Any, Mapping
@@ -26,8 +25,10 @@ from clorch.config.targets import TargetBuildError, has_target
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
 # Frames of these are not your code: an error is shown at the last frame outside them.
-_LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(d), "") for d in
-                      {sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.dirname(__file__))})
+_LIBRARY_DIRS = tuple(
+    os.path.join(os.path.realpath(d), "")
+    for d in {sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.dirname(__file__))}
+)
 _LIBRARY_PACKAGES = ("torch", "hydra", "omegaconf")
 
 
@@ -40,8 +41,9 @@ def _is_library(filename: str) -> bool:
 
 def _root(exc: BaseException) -> BaseException:
     """The exception a wrapper (Hydra's InstantiationException, TargetBuildError) was raised from."""
-    while exc.__cause__ is not None and (isinstance(exc, TargetBuildError)
-                                         or type(exc).__module__.startswith(("hydra", "omegaconf"))):
+    while exc.__cause__ is not None and (
+        isinstance(exc, TargetBuildError) or type(exc).__module__.startswith(("hydra", "omegaconf"))
+    ):
         exc = exc.__cause__
     return exc
 
@@ -65,13 +67,16 @@ def _dict_hint(cfg: TrainConfig) -> str:
     plain = [k for k, v in kwargs.items() if isinstance(v, Mapping) and not has_target(v)]
     if not plain:
         return ""
-    return (f"; model.{plain[0]} is a plain mapping: if the model wants an object there, name its class "
-            f"with model.{plain[0]}._target_=... (built first, with the other keys as its arguments)")
+    return (
+        f"; model.{plain[0]} is a plain mapping: if the model wants an object there, name its class "
+        f"with model.{plain[0]}._target_=... (built first, with the other keys as its arguments)"
+    )
 
 
 def _model_key(cfg: TrainConfig) -> str:
-    return f"model._target_={cfg.model.target}" if isinstance(cfg.model, TargetModelConfig) \
-        else f"model={cfg.model.name}"
+    return (
+        f"model._target_={cfg.model.target}" if isinstance(cfg.model, TargetModelConfig) else f"model={cfg.model.name}"
+    )
 
 
 def _built_key(cfg: TrainConfig, exc: BaseException) -> str:
@@ -110,23 +115,29 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     try:
         model = build_model_for(cfg, train.model_kwargs())
     except Exception as exc:
-        return [f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
-                f"{_dict_hint(cfg)} (a built-in model takes its sizes from the dataset's model_kwargs(); "
-                "or name your model with model._target_)"]
+        return [
+            f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
+            f"{_dict_hint(cfg)} (a built-in model takes its sizes from the dataset's model_kwargs(); "
+            "or name your model with model._target_)"
+        ]
     try:
         with torch.no_grad():
             train.loss(model, batch)
     except Exception as exc:
-        return [f"data._target_={data.target}: a batch of items {indices} does not fit {_step_name(cfg)} "
-                f"(tried on the CPU before launch): {_where(exc)}"]
+        return [
+            f"data._target_={data.target}: a batch of items {indices} does not fit {_step_name(cfg)} "
+            f"(tried on the CPU before launch): {_where(exc)}"
+        ]
     return []
 
 
 def _needs_model_check(cfg: TrainConfig) -> bool:
     """Code of yours runs on the built-in data: a model of yours, a step, or the model's loss."""
-    return not is_user_data(cfg) and (isinstance(cfg.model, TargetModelConfig)
-                                      or isinstance(cfg.step, TargetFunctionConfig)
-                                      or isinstance(cfg.loss, FromModelLossConfig))
+    return not is_user_data(cfg) and (
+        isinstance(cfg.model, TargetModelConfig)
+        or isinstance(cfg.step, TargetFunctionConfig)
+        or isinstance(cfg.loss, FromModelLossConfig)
+    )
 
 
 def _meta_batch(task: Any, indices: list[int]) -> Any:
@@ -200,8 +211,10 @@ def _forward_error(cfg: TrainConfig, exc: BaseException) -> str:
     hint = ""
     if _step_name(cfg) == "model(input) and the loss":
         hint = " (if the model returns its own loss, as nanoGPT's and Hugging Face's do: loss=from_model)"
-    return (f"{_model_key(cfg)}: a batch of data={cfg.data.name} (shape of {TRIAL_ITEMS} samples) does not "
-            f"run through {_step_name(cfg)} (tried before launch): {_where(exc)}{hint}")
+    return (
+        f"{_model_key(cfg)}: a batch of data={cfg.data.name} (shape of {TRIAL_ITEMS} samples) does not "
+        f"run through {_step_name(cfg)} (tried before launch): {_where(exc)}{hint}"
+    )
 
 
 def init_from_errors(cfg: TrainConfig) -> list[str]:

@@ -26,8 +26,13 @@ from clorch.config.fields import check_section, did_you_mean, non_finite
 from clorch.config.targets import check_target, resolve_target
 
 # Target key -> the arguments clorch passes itself (positionally or by name).
-CALLED_WITH = {"model._target_": (), "data._target_": ("split",), "data.collate_fn._target_": ("batch",),
-               "loss._target_": ("outputs", "targets"), "step._target_": ("model", "batch")}
+CALLED_WITH = {
+    "model._target_": (),
+    "data._target_": ("split",),
+    "data.collate_fn._target_": ("batch",),
+    "loss._target_": ("outputs", "targets"),
+    "step._target_": ("model", "batch"),
+}
 TARGET_KEYS = tuple(CALLED_WITH)
 
 
@@ -57,8 +62,9 @@ def parameters(target: Any) -> list[inspect.Parameter] | None:
 
 
 def keyword_names(params: list[inspect.Parameter]) -> list[str]:
-    return [p.name for p in params
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    return [
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
 
 
 def takes(target: Any, name: str) -> bool:
@@ -88,20 +94,27 @@ def argument_errors(where: str, target_path: str, kwargs: Mapping[str, Any]) -> 
         if value is None:
             continue
         if key in passed:
-            errors.append(f"{section}.{key} is passed by clorch (it calls {_call_shape(where)}); "
-                          f"remove it with ~{section}.{key}")
+            errors.append(
+                f"{section}.{key} is passed by clorch (it calls {_call_shape(where)}); remove it with ~{section}.{key}"
+            )
         elif key not in names:
             free = [n for n in names if n not in passed]
-            errors.append(f"{section}.{key}={value!r} is not an argument of {where}={target_path}; "
-                          f"{did_you_mean(key, free)}its arguments: {', '.join(free) or 'none'} "
-                          f"(remove it with ~{section}.{key})")
+            errors.append(
+                f"{section}.{key}={value!r} is not an argument of {where}={target_path}; "
+                f"{did_you_mean(key, free)}its arguments: {', '.join(free) or 'none'} "
+                f"(remove it with ~{section}.{key})"
+            )
     return errors
 
 
 def _call_shape(where: str) -> str:
-    shapes = {"model._target_": "Class(**its keys)", "data._target_": "Class(**its keys, split=...)",
-              "data.collate_fn._target_": "fn(items, **its keys)",
-              "loss._target_": "fn(outputs, targets, **its keys)", "step._target_": "fn(model, batch, **its keys)"}
+    shapes = {
+        "model._target_": "Class(**its keys)",
+        "data._target_": "Class(**its keys, split=...)",
+        "data.collate_fn._target_": "fn(items, **its keys)",
+        "loss._target_": "fn(outputs, targets, **its keys)",
+        "step._target_": "fn(model, batch, **its keys)",
+    }
     return shapes[where]
 
 
@@ -117,11 +130,14 @@ def target_section_errors(group: str, values: Mapping[str, Any]) -> list[str]:
     collate = values.get("collate_fn") if group == "data" else None
     if isinstance(collate, Mapping):
         if "_target_" not in collate:
-            errors.append(f"data.collate_fn must name a function with _target_, got {dict(collate)!r} "
-                          "(e.g. data.collate_fn._target_=my_project.data.collate)")
+            errors.append(
+                f"data.collate_fn must name a function with _target_, got {dict(collate)!r} "
+                "(e.g. data.collate_fn._target_=my_project.data.collate)"
+            )
         elif not check_target("data.collate_fn._target_", collate["_target_"]):
-            errors += argument_errors("data.collate_fn._target_", collate["_target_"],
-                                      {k: v for k, v in collate.items() if k != "_target_"})
+            errors += argument_errors(
+                "data.collate_fn._target_", collate["_target_"], {k: v for k, v in collate.items() if k != "_target_"}
+            )
     return errors
 
 
@@ -136,24 +152,34 @@ def cross_errors(cfg: Any) -> list[str]:
     own_step = isinstance(step, schema.TargetFunctionConfig)
     errors = []
     if own_data and not own_loss and not own_step:
-        errors.append(f"data._target_={data.target} needs a loss: loss=cross_entropy (integer class "
-                      "targets), loss=mse, loss=from_model (the model returns its own loss), "
-                      "loss._target_=my_project.losses.fn (called fn(outputs, targets)), "
-                      "or step._target_=my_project.train.step (called fn(model, batch))")
+        errors.append(
+            f"data._target_={data.target} needs a loss: loss=cross_entropy (integer class "
+            "targets), loss=mse, loss=from_model (the model returns its own loss), "
+            "loss._target_=my_project.losses.fn (called fn(outputs, targets)), "
+            "or step._target_=my_project.train.step (called fn(model, batch))"
+        )
     if not own_data and own_loss and not from_model and not own_step:
         what = f"loss._target_={loss.target}" if hasattr(loss, "target") else f"loss={loss.name}"
-        errors.append(f"{what} applies to a dataset of your own (data._target_): data={data.name} "
-                      "trains with its own loss; drop it, use loss=from_model (the model's own loss) or "
-                      "step._target_ (called fn(model, batch)), or name your dataset with data._target_")
+        errors.append(
+            f"{what} applies to a dataset of your own (data._target_): data={data.name} "
+            "trains with its own loss; drop it, use loss=from_model (the model's own loss) or "
+            "step._target_ (called fn(model, batch)), or name your dataset with data._target_"
+        )
     if from_model and cfg.model is not None and not isinstance(cfg.model, schema.TargetModelConfig):
-        errors.append(f"loss=from_model takes the loss the model returns, and model={cfg.model.name} returns "
-                      "only its outputs: name a model that computes its own loss with model._target_, or "
-                      "drop loss=from_model")
+        errors.append(
+            f"loss=from_model takes the loss the model returns, and model={cfg.model.name} returns "
+            "only its outputs: name a model that computes its own loss with model._target_, or "
+            "drop loss=from_model"
+        )
     if own_step and own_loss:
-        errors.append(f"step._target_={step.target} computes the loss itself: loss="
-                      f"{getattr(loss, 'target', getattr(loss, 'name', '?'))} would be ignored; drop the loss key")
+        errors.append(
+            f"step._target_={step.target} computes the loss itself: loss="
+            f"{getattr(loss, 'target', getattr(loss, 'name', '?'))} would be ignored; drop the loss key"
+        )
     if own_data and data.num_workers == 0 and (data.persistent_workers or data.prefetch_factor is not None):
         key = "persistent_workers" if data.persistent_workers else "prefetch_factor"
-        errors.append(f"data.{key}={getattr(data, key)!r} needs worker processes: set data.num_workers >= 1 "
-                      f"(got data.num_workers=0)")
+        errors.append(
+            f"data.{key}={getattr(data, key)!r} needs worker processes: set data.num_workers >= 1 "
+            f"(got data.num_workers=0)"
+        )
     return errors

@@ -20,8 +20,15 @@ import torch
 from torch import nn
 
 from clorch.data.base import (
-    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, count_like,
-    derive_seed, generator,
+    TaskSizes,
+    as_index,
+    check_fraction,
+    check_positive_int,
+    check_seed,
+    check_split,
+    count_like,
+    derive_seed,
+    generator,
 )
 from clorch.data.text import VOCAB_SIZE, lm_per_sample_loss
 
@@ -36,11 +43,10 @@ def min_seq_len(digits: int) -> int:
     return 3 * digits + 3
 
 
-def _in_eval_split(a: torch.Tensor, b: torch.Tensor, digits: int, seed: int,
-                   eval_fraction: float) -> torch.Tensor:
+def _in_eval_split(a: torch.Tensor, b: torch.Tensor, digits: int, seed: int, eval_fraction: float) -> torch.Tensor:
     """Whether each pair (a, b) belongs to the eval split: a seeded splitmix64 hash of the pair."""
     key = np.uint64(derive_seed(seed, _SPLIT_HASH))
-    x = (a.numpy().astype(np.uint64) * np.uint64(10 ** digits) + b.numpy().astype(np.uint64)) ^ key
+    x = (a.numpy().astype(np.uint64) * np.uint64(10**digits) + b.numpy().astype(np.uint64)) ^ key
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps on purpose
         x = x + np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -50,8 +56,9 @@ def _in_eval_split(a: torch.Tensor, b: torch.Tensor, digits: int, seed: int,
     return torch.from_numpy(uniform < eval_fraction)
 
 
-def _rounds(count: int, digits: int, split: str, seed: int,
-            eval_fraction: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _rounds(
+    count: int, digits: int, split: str, seed: int, eval_fraction: float
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Rejection rounds for `count` pairs of this split: `(a, b, keep)` per round.
 
     The caller stops once it has kept `count` pairs; a caller still asking after
@@ -61,8 +68,8 @@ def _rounds(count: int, digits: int, split: str, seed: int,
     share = eval_fraction if split == "eval" else 1.0 - eval_fraction
     per_round = max(4096, math.ceil(1.2 * count / share))
     for _ in range(_MAX_ROUNDS):
-        a = torch.randint(0, 10 ** digits, (per_round,), generator=stream)
-        b = torch.randint(0, 10 ** digits, (per_round,), generator=stream)
+        a = torch.randint(0, 10**digits, (per_round,), generator=stream)
+        b = torch.randint(0, 10**digits, (per_round,), generator=stream)
         yield a, b, _in_eval_split(a, b, digits, seed, eval_fraction) == (split == "eval")
     raise ValueError(
         f"arithmetic: could not draw {count} {split} pairs with digits={digits}, "
@@ -71,8 +78,9 @@ def _rounds(count: int, digits: int, split: str, seed: int,
     )
 
 
-def _draw_pairs(count: int, digits: int, split: str, seed: int,
-                eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw_pairs(
+    count: int, digits: int, split: str, seed: int, eval_fraction: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` pairs of this split, drawn uniformly (with replacement) by rejection."""
     found_a, found_b, found = [], [], 0
     for a, b, keep in _rounds(count, digits, split, seed, eval_fraction):
@@ -98,8 +106,9 @@ def _check_drawable(count: int, digits: int, split: str, seed: int, eval_fractio
             return
 
 
-def _check_arguments(sample_count: object, digits: object, seq_len: object,
-                     eval_fraction: object, split: object, seed: object) -> int:
+def _check_arguments(
+    sample_count: object, digits: object, seq_len: object, eval_fraction: object, split: object, seed: object
+) -> int:
     """The model input length (`seq_len`, or the shortest that fits when None).
 
     Raises:
@@ -113,8 +122,7 @@ def _check_arguments(sample_count: object, digits: object, seq_len: object,
     seq_len = need if seq_len is None else seq_len
     check_positive_int("arithmetic", "seq_len", seq_len)
     if seq_len < need:
-        raise ValueError(f"arithmetic.seq_len must be >= {need} for digits={digits} "
-                         f"(3 * digits + 3), got {seq_len}")
+        raise ValueError(f"arithmetic.seq_len must be >= {need} for digits={digits} (3 * digits + 3), got {seq_len}")
     check_fraction("arithmetic", "eval_fraction", eval_fraction)
     check_split("arithmetic", split)
     check_seed("arithmetic", seed)
@@ -137,8 +145,11 @@ def encode(a: torch.Tensor, b: torch.Tensor, digits: int, width: int) -> tuple[t
     n = a.numel()
     one = lambda value: torch.full((n, 1), value, dtype=torch.long)  # noqa: E731
     yes, no = torch.ones(n, 1, dtype=torch.bool), torch.zeros(n, 1, dtype=torch.bool)
-    (da, va), (db, vb), (dc, vc) = (_digit_columns(a, digits), _digit_columns(b, digits),
-                                    _digit_columns(a + b, digits + 1))
+    (da, va), (db, vb), (dc, vc) = (
+        _digit_columns(a, digits),
+        _digit_columns(b, digits),
+        _digit_columns(a + b, digits + 1),
+    )
     chars = torch.cat([da, one(PLUS), db, one(EQUALS), dc, one(END)], dim=1)
     valid = torch.cat([va, yes, vb, yes, vc, yes], dim=1)
     answer = torch.cat([torch.zeros_like(va), no, torch.zeros_like(vb), no, vc, yes], dim=1)
@@ -181,8 +192,16 @@ class ArithmeticTask:
     ARGUMENTS = ("sample_count", "digits", "seq_len", "eval_fraction")
     default_model = "gpt"
 
-    def __init__(self, sample_count: int = 2048, digits: int = 3, seq_len: int | None = None,
-                 eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> None:
+    def __init__(
+        self,
+        sample_count: int = 2048,
+        digits: int = 3,
+        seq_len: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> None:
         seq_len = _check_arguments(sample_count, digits, seq_len, eval_fraction, split, seed)
         self.split, self.seed, self.digits, self.seq_len = split, seed, digits, seq_len
         self.tokens_per_sample = seq_len
@@ -192,8 +211,16 @@ class ArithmeticTask:
         self.answer_mask = answer[:, 1:].contiguous()  # aligned with the targets
 
     @classmethod
-    def sizes(cls, sample_count: int = 2048, digits: int = 3, seq_len: int | None = None,
-              eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> TaskSizes:
+    def sizes(
+        cls,
+        sample_count: int = 2048,
+        digits: int = 3,
+        seq_len: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises. The length is always

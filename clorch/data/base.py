@@ -114,8 +114,9 @@ def check_split(owner: str, split: object) -> None:
         raise ValueError(f"{owner}.split must be one of {', '.join(SPLITS)}, got {split!r}")
 
 
-def as_index(indices: torch.Tensor | list[int], device: torch.device | None = None,
-             size: int | None = None) -> torch.Tensor:
+def as_index(
+    indices: torch.Tensor | list[int], device: torch.device | None = None, size: int | None = None
+) -> torch.Tensor:
     """Indices as an int64 tensor on `device` (the CPU by default), for gathering a split there.
 
     On the CPU an out-of-range index fails in the gather, as in torch. For a

@@ -31,8 +31,9 @@ class Blobs(Dataset):
         ValueError: a count below 1 or a negative seed or spread.
     """
 
-    def __init__(self, sample_count: int = 512, features: int = 8, classes: int = 4, spread: float = 0.5,
-                 seed: int = 0):
+    def __init__(
+        self, sample_count: int = 512, features: int = 8, classes: int = 4, spread: float = 0.5, seed: int = 0
+    ):
         for name, value in (("sample_count", sample_count), ("features", features), ("classes", classes)):
             check_positive_int("Blobs", name, value)
         check_seed("Blobs", seed)
@@ -55,8 +56,9 @@ class Blobs(Dataset):
         return {"in_features": self.features, "out_features": self.classes}
 
 
-def classification_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
-                        label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def classification_step(
+    model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A step function as `step._target_` names one: `(loss, {"accuracy": ...})` of a batch.
 
     What `loss=cross_entropy` does, written out, with label smoothing as an argument

@@ -43,12 +43,16 @@ def model_loss(out: Any) -> torch.Tensor:
         if len(scalars) == 1:
             return scalars[0]
         if len(scalars) > 1:
-            raise TypeError(f"loss=from_model: the model returned a {type(out).__name__} with "
-                            f"{len(scalars)} 0-d tensors; it must hold exactly one (the loss), or name "
-                            "a step of your own with step._target_")
-    raise TypeError(f"loss=from_model: the model returned {_shape(out)}, which holds no loss: return the "
-                    "loss as a 0-d tensor, a tuple with one 0-d tensor (nanoGPT's (logits, loss)), or an "
-                    "object with .loss (Hugging Face's ModelOutput; is loss.target_arg=labels set?)")
+            raise TypeError(
+                f"loss=from_model: the model returned a {type(out).__name__} with "
+                f"{len(scalars)} 0-d tensors; it must hold exactly one (the loss), or name "
+                "a step of your own with step._target_"
+            )
+    raise TypeError(
+        f"loss=from_model: the model returned {_shape(out)}, which holds no loss: return the "
+        "loss as a 0-d tensor, a tuple with one 0-d tensor (nanoGPT's (logits, loss)), or an "
+        "object with .loss (Hugging Face's ModelOutput; is loss.target_arg=labels set?)"
+    )
 
 
 def _shape(out: Any) -> str:
@@ -111,8 +115,7 @@ class SteppedTask:
 
     def _loss_and_metrics(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         out = self.step(model, batch)
-        loss, metrics = out if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping) \
-            else (out, {})
+        loss, metrics = out if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping) else (out, {})
         _check_scalar(loss)
         return loss, dict(metrics)
 
@@ -124,10 +127,13 @@ class SteppedTask:
         """`count`, `loss_sum` and a `<metric>_sum` per metric (batch means times the batch size)."""
         loss, metrics = self._loss_and_metrics(model, batch)
         count = batch_size_of(batch)
-        sums = {"count": torch.full((), count, dtype=torch.float64, device=loss.device),
-                "loss_sum": loss.detach().to(torch.float64) * count}
+        sums = {
+            "count": torch.full((), count, dtype=torch.float64, device=loss.device),
+            "loss_sum": loss.detach().to(torch.float64) * count,
+        }
         for name, value in metrics.items():
-            value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value,
-                                    dtype=torch.float64, device=loss.device)
+            value = torch.as_tensor(
+                value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float64, device=loss.device
+            )
             sums[f"{name}_sum"] = value * count
         return sums

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-DEVICE_DATA_LIMIT_BYTES = 2 * 1024 ** 3
+DEVICE_DATA_LIMIT_BYTES = 2 * 1024**3
 """Splits larger than this stay on the host (batches are then pinned and copied)."""
 
 

@@ -53,8 +53,7 @@ import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
 from clorch.distributed.groups import check_group_joined
 
-_STATE_KEYS = ("epoch", "seed", "rank", "num_replicas", "dataset_size", "shuffle",
-               "drop_last", "consumed")
+_STATE_KEYS = ("epoch", "seed", "rank", "num_replicas", "dataset_size", "shuffle", "drop_last", "consumed")
 # Keys that must agree between a saved state and the sampler it is loaded into;
 # epoch and consumed are what loading restores.
 _FIXED_KEYS = ("dataset_size", "num_replicas", "rank", "seed", "shuffle", "drop_last")
@@ -91,18 +90,25 @@ def accumulation_for(global_batch_size: int, batch_size: int, world_size: int) -
             not a multiple of batch_size x world_size (the message names all three and
             the batch sizes that would fit).
     """
-    for name, value in (("global_batch_size", global_batch_size), ("batch_size", batch_size),
-                        ("world_size", world_size)):
+    for name, value in (
+        ("global_batch_size", global_batch_size),
+        ("batch_size", batch_size),
+        ("world_size", world_size),
+    ):
         _int_arg(name, value, 1)
     per_step = batch_size * world_size
     if global_batch_size % per_step:
         fits = [b for b in range(1, batch_size + 1) if global_batch_size % (b * world_size) == 0]
-        hint = f"batch_size values that fit: {fits}" if fits else \
-            f"no batch_size fits: {world_size} ranks do not divide {global_batch_size}"
+        hint = (
+            f"batch_size values that fit: {fits}"
+            if fits
+            else f"no batch_size fits: {world_size} ranks do not divide {global_batch_size}"
+        )
         raise ValueError(
             f"global batch {global_batch_size} cannot be kept on world_size {world_size} with batch_size "
             f"{batch_size}: {global_batch_size} is not a multiple of {batch_size} x {world_size} = "
-            f"{per_step}; {hint}")
+            f"{per_step}; {hint}"
+        )
     return global_batch_size // per_step
 
 
@@ -112,8 +118,7 @@ def _dataset_size(dataset: Any) -> int:
         return _int_arg("dataset", dataset, 0)
     if hasattr(dataset, "__len__"):
         return len(dataset)
-    raise TypeError(f"dataset must be a dataset with len() or a sample count (int >= 0), "
-                    f"got {type(dataset).__name__}")
+    raise TypeError(f"dataset must be a dataset with len() or a sample count (int >= 0), got {type(dataset).__name__}")
 
 
 class DistributedSampler(TorchDistributedSampler):
@@ -157,22 +162,27 @@ class DistributedSampler(TorchDistributedSampler):
             `clorch.distributed.groups.check_group_joined`).
     """
 
-    def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
         # Not torch's __init__: it asks torch.distributed for the defaults, which needs a group.
         Sampler.__init__(self)
         if num_replicas is None or rank is None:
             check_group_joined("DistributedSampler")
         self.dataset_size = _dataset_size(dataset)
         self.dataset = dataset
-        self.num_replicas = _int_arg(
-            "num_replicas", cdist.world_size() if num_replicas is None else num_replicas, 1)
+        self.num_replicas = _int_arg("num_replicas", cdist.world_size() if num_replicas is None else num_replicas, 1)
         rank = cdist.rank() if rank is None else rank
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise TypeError(f"rank must be an int, got {rank!r} ({type(rank).__name__})")
         if not 0 <= rank < self.num_replicas:
-            raise ValueError(
-                f"rank must be in [0, {self.num_replicas}) (num_replicas={self.num_replicas}), got {rank}")
+            raise ValueError(f"rank must be in [0, {self.num_replicas}) (num_replicas={self.num_replicas}), got {rank}")
         self.rank = rank
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
@@ -226,9 +236,9 @@ class DistributedSampler(TorchDistributedSampler):
         if carried is None:
             indices = self._global_indices(self.num_replicas)
         else:
-            indices = self._global_indices(carried[1])[carried[2]:]
+            indices = self._global_indices(carried[1])[carried[2] :]
             indices = _fit(indices, self.num_replicas, self.drop_last)
-        mine = indices[self.rank:: self.num_replicas]
+        mine = indices[self.rank :: self.num_replicas]
         self._cache = (self._epoch, mine)
         return mine
 
@@ -248,7 +258,7 @@ class DistributedSampler(TorchDistributedSampler):
 
         A pure read: the position moves only through `advance` or iteration.
         """
-        return list(self._epoch_indices()[self._consumed:])
+        return list(self._epoch_indices()[self._consumed :])
 
     def remaining(self) -> int:
         """How many of this epoch's indices this rank has not consumed yet."""
@@ -262,8 +272,7 @@ class DistributedSampler(TorchDistributedSampler):
         """
         n = _int_arg("n", n, 0)
         if n > self.remaining():
-            raise ValueError(
-                f"n must be in [0, {self.remaining()}] (indices left in epoch {self._epoch}), got {n}")
+            raise ValueError(f"n must be in [0, {self.remaining()}] (indices left in epoch {self._epoch}), got {n}")
         self._consumed += n
         self._resume_here = True
 
@@ -300,11 +309,20 @@ class DistributedSampler(TorchDistributedSampler):
                 (`load_global_state_dict`); save `global_state_dict()` instead.
         """
         if self._carried is not None and self._carried[0] == self._epoch:
-            raise RuntimeError("this epoch continues a run of another world size; its position is "
-                               "global_state_dict(), not state_dict() (sharded checkpoints save that)")
-        return {"epoch": self._epoch, "seed": self.seed, "rank": self.rank,
-                "num_replicas": self.num_replicas, "dataset_size": self.dataset_size,
-                "shuffle": self.shuffle, "drop_last": self.drop_last, "consumed": self._consumed}
+            raise RuntimeError(
+                "this epoch continues a run of another world size; its position is "
+                "global_state_dict(), not state_dict() (sharded checkpoints save that)"
+            )
+        return {
+            "epoch": self._epoch,
+            "seed": self.seed,
+            "rank": self.rank,
+            "num_replicas": self.num_replicas,
+            "dataset_size": self.dataset_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "consumed": self._consumed,
+        }
 
     @staticmethod
     def state_problem(state: Any) -> str | None:
@@ -340,18 +358,22 @@ class DistributedSampler(TorchDistributedSampler):
         missing = [k for k in _STATE_KEYS if k not in state]
         unknown = sorted(str(k) for k in state if k not in _STATE_KEYS)
         if missing or unknown:
-            raise ValueError(f"sampler state has missing keys {missing} and unknown keys {unknown}; "
-                             f"expected exactly {list(_STATE_KEYS)}")
+            raise ValueError(
+                f"sampler state has missing keys {missing} and unknown keys {unknown}; "
+                f"expected exactly {list(_STATE_KEYS)}"
+            )
         mine = self.state_dict()
-        differs = [f"{k}: saved {state[k]!r}, this sampler {mine[k]!r}"
-                   for k in _FIXED_KEYS if state[k] != mine[k] or type(state[k]) is not type(mine[k])]
+        differs = [
+            f"{k}: saved {state[k]!r}, this sampler {mine[k]!r}"
+            for k in _FIXED_KEYS
+            if state[k] != mine[k] or type(state[k]) is not type(mine[k])
+        ]
         if differs:
             raise ValueError("sampler state was saved by a different sampler: " + "; ".join(differs))
         _int_arg("sampler state 'epoch'", state["epoch"], 0)
         consumed = state["consumed"]
         if isinstance(consumed, bool) or not isinstance(consumed, int) or not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"sampler state 'consumed' must be an int in [0, {self.num_samples}], "
-                             f"got {consumed!r}")
+            raise ValueError(f"sampler state 'consumed' must be an int in [0, {self.num_samples}], got {consumed!r}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the epoch and position saved by `state_dict()`; the next index is the one after.
@@ -378,9 +400,15 @@ class DistributedSampler(TorchDistributedSampler):
         carried = self._carried if self._carried and self._carried[0] == self._epoch else None
         layout, offset = (carried[1], carried[2]) if carried else (self.num_replicas, 0)
         full = _fit_length(self.dataset_size, layout, self.drop_last)
-        return {"epoch": self._epoch, "dataset_size": self.dataset_size, "seed": self.seed,
-                "shuffle": self.shuffle, "drop_last": self.drop_last, "layout_replicas": layout,
-                "position": min(full, offset + self._consumed * self.num_replicas)}
+        return {
+            "epoch": self._epoch,
+            "dataset_size": self.dataset_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "layout_replicas": layout,
+            "position": min(full, offset + self._consumed * self.num_replicas),
+        }
 
     def load_global_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the epoch of `global_state_dict()` on this sampler's world size and rank.
@@ -391,8 +419,7 @@ class DistributedSampler(TorchDistributedSampler):
         epoch, layout, position = self.check_global_state_dict(state)
         self._epoch, self._consumed, self._resume_here = epoch, 0, True
         # The same world size and a position on a rank boundary is the ordinary state.
-        self._carried = None if layout == self.num_replicas and position % layout == 0 else \
-            (epoch, layout, position)
+        self._carried = None if layout == self.num_replicas and position % layout == 0 else (epoch, layout, position)
         if self._carried is None:
             self._consumed = position // layout
         self._cache = None
@@ -414,8 +441,11 @@ class DistributedSampler(TorchDistributedSampler):
         missing = [k for k in keys if k not in state]
         if missing:
             raise ValueError(f"sampler global state misses keys {missing}; expected {list(keys)}")
-        differs = [f"{k}: saved {state[k]!r}, this sampler {getattr(self, k)!r}"
-                   for k in self._GLOBAL_FIXED if state[k] != getattr(self, k)]
+        differs = [
+            f"{k}: saved {state[k]!r}, this sampler {getattr(self, k)!r}"
+            for k in self._GLOBAL_FIXED
+            if state[k] != getattr(self, k)
+        ]
         if differs:
             raise ValueError("sampler global state was saved by a different sampler: " + "; ".join(differs))
         epoch = _int_arg("sampler global state 'epoch'", state["epoch"], 0)
@@ -427,6 +457,8 @@ class DistributedSampler(TorchDistributedSampler):
         return epoch, layout, position
 
     def __repr__(self) -> str:
-        return (f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "
-                f"rank={self.rank}, seed={self.seed}, shuffle={self.shuffle}, "
-                f"drop_last={self.drop_last}, epoch={self._epoch}, consumed={self._consumed})")
+        return (
+            f"DistributedSampler(dataset_size={self.dataset_size}, num_replicas={self.num_replicas}, "
+            f"rank={self.rank}, seed={self.seed}, shuffle={self.shuffle}, "
+            f"drop_last={self.drop_last}, epoch={self._epoch}, consumed={self._consumed})"
+        )

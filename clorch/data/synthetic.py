@@ -7,18 +7,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from clorch.data.base import (
-    TaskSizes, as_index, check_positive_int, check_seed, check_split, count_like, generator,
+    TaskSizes,
+    as_index,
+    check_positive_int,
+    check_seed,
+    check_split,
+    count_like,
+    generator,
 )
 
 # Independent random streams of one seed.
 _TEACHER, _TRAIN, _EVAL = 0, 1, 2
 
 
-def _check_arguments(sample_count: object, in_features: object, out_features: object,
-                     noise: object, split: object, seed: object) -> None:
+def _check_arguments(
+    sample_count: object, in_features: object, out_features: object, noise: object, split: object, seed: object
+) -> None:
     """Raise ValueError for the first bad argument, in the order the constructor checks them."""
-    for name, value in (("sample_count", sample_count), ("in_features", in_features),
-                        ("out_features", out_features)):
+    for name, value in (("sample_count", sample_count), ("in_features", in_features), ("out_features", out_features)):
         check_positive_int("synthetic", name, value)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"synthetic.noise must be a number >= 0, got {noise!r}")
@@ -50,13 +56,21 @@ class SyntheticRegression:
     tokens_per_sample = None
     default_model = "mlp"
 
-    def __init__(self, sample_count: int = 1024, in_features: int = 32, out_features: int = 8,
-                 noise: float = 0.01, *, split: str = "train", seed: int = 0) -> None:
+    def __init__(
+        self,
+        sample_count: int = 1024,
+        in_features: int = 32,
+        out_features: int = 8,
+        noise: float = 0.01,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> None:
         _check_arguments(sample_count, in_features, out_features, noise, split, seed)
         self.split, self.seed = split, seed
         self.in_features, self.out_features = in_features, out_features
         teacher = generator(seed, _TEACHER)
-        weight = torch.randn(in_features, out_features, generator=teacher) / in_features ** 0.5
+        weight = torch.randn(in_features, out_features, generator=teacher) / in_features**0.5
         bias = 0.5 * torch.randn(out_features, generator=teacher)
         stream = generator(seed, _TRAIN if split == "train" else _EVAL)
         self.inputs = torch.randn(sample_count, in_features, generator=stream)
@@ -64,8 +78,16 @@ class SyntheticRegression:
         self.targets = self.inputs @ weight + bias + float(noise) * noise_draw
 
     @classmethod
-    def sizes(cls, sample_count: int = 1024, in_features: int = 32, out_features: int = 8,
-              noise: float = 0.01, *, split: str = "train", seed: int = 0) -> TaskSizes:
+    def sizes(
+        cls,
+        sample_count: int = 1024,
+        in_features: int = 32,
+        out_features: int = 8,
+        noise: float = 0.01,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises.

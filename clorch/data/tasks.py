@@ -17,11 +17,12 @@ from clorch.data.synthetic import SyntheticRegression
 from clorch.data.text import ByteTextTask
 from clorch.data.tokens import TokenFileTask
 
-__all__ = ["SPLITS", "TASK_NAMES", "Task", "build_task", "finalize_metrics", "model_sizes",
-           "split_size"]
+__all__ = ["SPLITS", "TASK_NAMES", "Task", "build_task", "finalize_metrics", "model_sizes", "split_size"]
 
 _CLASSES: dict[str, type] = {
-    "synthetic": SyntheticRegression, "arithmetic": ArithmeticTask, "text": ByteTextTask,
+    "synthetic": SyntheticRegression,
+    "arithmetic": ArithmeticTask,
+    "text": ByteTextTask,
     "tokens": TokenFileTask,
 }
 TASK_NAMES = tuple(_CLASSES)

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from clorch.data.base import (
-    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, count_like,
+    TaskSizes,
+    as_index,
+    check_fraction,
+    check_positive_int,
+    check_seed,
+    check_split,
+    count_like,
     generator,
 )
 
@@ -19,8 +25,9 @@ _TRAIN, _EVAL = 1, 2
 VOCAB_SIZE = 256  # one token per byte value
 
 
-def lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
-                       mask: torch.Tensor | None = None, compiled: bool | str = False) -> torch.Tensor:
+def lm_per_sample_loss(
+    logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, compiled: bool | str = False
+) -> torch.Tensor:
     """Next-token cross-entropy averaged over each sample's counted positions, shape (B,).
 
     Under autocast, cross_entropy's log-softmax runs in float32 without an explicit copy
@@ -43,8 +50,7 @@ def _compiled_loss(mode: str):
     return _COMPILED_LOSS[mode]
 
 
-def _lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
-                        mask: torch.Tensor | None) -> torch.Tensor:
+def _lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
     per_token = per_token.view_as(target).float()
     if mask is None:
@@ -53,8 +59,7 @@ def _lm_per_sample_loss(logits: torch.Tensor, target: torch.Tensor,
     return (per_token * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-def _check_arguments(seq_len: object, sample_count: object, eval_fraction: object,
-                     split: object, seed: object) -> None:
+def _check_arguments(seq_len: object, sample_count: object, eval_fraction: object, split: object, seed: object) -> None:
     """Raise ValueError for the first bad argument other than `path`, in the constructor's order."""
     check_positive_int("text", "seq_len", seq_len)
     if sample_count is not None:
@@ -79,8 +84,7 @@ def _file_size(path: object, minimum: int) -> int:
     return size
 
 
-def _region(path: str | os.PathLike, size: int, seq_len: int, eval_fraction: float,
-            split: str) -> tuple[int, int]:
+def _region(path: str | os.PathLike, size: int, seq_len: int, eval_fraction: float, split: str) -> tuple[int, int]:
     """`[start, stop)`, the bytes of a `size`-byte file that `split` owns.
 
     Raises:
@@ -121,8 +125,16 @@ class ByteTextTask:
     ARGUMENTS = ("path", "seq_len", "sample_count", "eval_fraction")
     default_model = "gpt"
 
-    def __init__(self, path: str | os.PathLike, seq_len: int = 128, sample_count: int | None = None,
-                 eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        seq_len: int = 128,
+        sample_count: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> None:
         _check_arguments(seq_len, sample_count, eval_fraction, split, seed)
         _file_size(path, 2 * (seq_len + 1))
         data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
@@ -140,8 +152,16 @@ class ByteTextTask:
         self._offsets = torch.arange(seq_len + 1)
 
     @classmethod
-    def sizes(cls, path: str | os.PathLike, seq_len: int = 128, sample_count: int | None = None,
-              eval_fraction: float = 0.1, *, split: str = "train", seed: int = 0) -> TaskSizes:
+    def sizes(
+        cls,
+        path: str | os.PathLike,
+        seq_len: int = 128,
+        sample_count: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises; it stats the file

@@ -20,7 +20,13 @@ import numpy as np
 import torch
 
 from clorch.data.base import (
-    TaskSizes, as_index, check_fraction, check_positive_int, check_seed, check_split, generator,
+    TaskSizes,
+    as_index,
+    check_fraction,
+    check_positive_int,
+    check_seed,
+    check_split,
+    generator,
 )
 from clorch.data.text import ByteTextTask
 
@@ -37,18 +43,21 @@ def _header_bytes(path: str, header: str) -> int:
         return 0
     with open(path, "rb") as f:
         raw = f.read(4 * LLMC_HEADER_INTS)
-    head = np.frombuffer(raw[:len(raw) // 4 * 4], dtype=np.int32)
+    head = np.frombuffer(raw[: len(raw) // 4 * 4], dtype=np.int32)
     if head.size < LLMC_HEADER_INTS or head[0] != LLMC_MAGIC:
         if header == "llmc":
             raise ValueError(f"tokens: {path!r} has no llm.c header (magic {LLMC_MAGIC} in its first int32)")
         return 0
     if head[1] != LLMC_VERSION:
-        raise ValueError(f"tokens: {path!r} is llm.c version {int(head[1])}; version {LLMC_VERSION} "
-                         "(uint16 tokens) is read")
+        raise ValueError(
+            f"tokens: {path!r} is llm.c version {int(head[1])}; version {LLMC_VERSION} (uint16 tokens) is read"
+        )
     size = os.path.getsize(path) - 4 * LLMC_HEADER_INTS
     if size != 2 * int(head[2]):
-        raise ValueError(f"tokens: {path!r}: its llm.c header counts {int(head[2])} tokens, but the file "
-                         f"holds {size} bytes after the header ({size / 2:g} uint16 tokens)")
+        raise ValueError(
+            f"tokens: {path!r}: its llm.c header counts {int(head[2])} tokens, but the file "
+            f"holds {size} bytes after the header ({size / 2:g} uint16 tokens)"
+        )
     return 4 * LLMC_HEADER_INTS
 
 
@@ -72,8 +81,10 @@ def token_count(path: object, dtype: str, header: str, key: str) -> tuple[int, i
     np_dtype = np.dtype(np.uint16 if offset else DTYPES[dtype])
     size = os.path.getsize(path) - offset
     if size % np_dtype.itemsize:
-        raise ValueError(f"data.{key}={path!r} holds {size} bytes, not a whole number of {np_dtype.name} "
-                         f"tokens ({np_dtype.itemsize} bytes each): is data.dtype right?")
+        raise ValueError(
+            f"data.{key}={path!r} holds {size} bytes, not a whole number of {np_dtype.name} "
+            f"tokens ({np_dtype.itemsize} bytes each): is data.dtype right?"
+        )
     return size // np_dtype.itemsize, offset, np_dtype
 
 
@@ -81,11 +92,12 @@ def largest_token(path: str, dtype: str = "uint16", header: str = "auto") -> int
     """The largest id in a token file (read in chunks through the memory map)."""
     count, offset, np_dtype = token_count(path, dtype, header, "path")
     ids = np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=(count,))
-    return max(int(ids[i:i + SCAN_CHUNK].max()) for i in range(0, count, SCAN_CHUNK)) if count else -1
+    return max(int(ids[i : i + SCAN_CHUNK].max()) for i in range(0, count, SCAN_CHUNK)) if count else -1
 
 
-def _check_arguments(seq_len: object, vocab_size: object, sample_count: object, eval_fraction: object,
-                     split: object, seed: object) -> None:
+def _check_arguments(
+    seq_len: object, vocab_size: object, sample_count: object, eval_fraction: object, split: object, seed: object
+) -> None:
     check_positive_int("tokens", "seq_len", seq_len)
     check_positive_int("tokens", "vocab_size", vocab_size)
     if sample_count is not None:
@@ -95,8 +107,9 @@ def _check_arguments(seq_len: object, vocab_size: object, sample_count: object, 
     check_seed("tokens", seed)
 
 
-def _region(train_path: str, eval_path: str | None, dtype: str, header: str, seq_len: int,
-            eval_fraction: float, split: str) -> tuple[str, int, int, int, np.dtype]:
+def _region(
+    train_path: str, eval_path: str | None, dtype: str, header: str, seq_len: int, eval_fraction: float, split: str
+) -> tuple[str, int, int, int, np.dtype]:
     """(file, header bytes, first token, end token) of the tokens `split` reads."""
     if eval_path is not None and split == "eval":
         path, key = eval_path, "eval_path"
@@ -106,14 +119,17 @@ def _region(train_path: str, eval_path: str | None, dtype: str, header: str, seq
     window = seq_len + 1
     if eval_path is not None:
         if count < window:
-            raise ValueError(f"data.{key}={str(path)!r} holds {count} tokens, fewer than one window of "
-                             f"seq_len + 1 = {window}")
+            raise ValueError(
+                f"data.{key}={str(path)!r} holds {count} tokens, fewer than one window of seq_len + 1 = {window}"
+            )
         return str(path), offset, 0, count, np_dtype
     held = max(math.ceil(count * eval_fraction), window)
     if count - held < window:
-        raise ValueError(f"data.train_path={str(path)!r} holds {count} tokens; with eval_fraction="
-                         f"{eval_fraction} (no data.eval_path) the train split keeps {count - held}, "
-                         f"fewer than seq_len + 1 = {window}")
+        raise ValueError(
+            f"data.train_path={str(path)!r} holds {count} tokens; with eval_fraction="
+            f"{eval_fraction} (no data.eval_path) the train split keeps {count - held}, "
+            f"fewer than seq_len + 1 = {window}"
+        )
     start, stop = (0, count - held) if split == "train" else (count - held, count)
     return str(path), offset, start, stop, np_dtype
 
@@ -146,17 +162,27 @@ class TokenFileTask:
 
     compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
-    ARGUMENTS = ("train_path", "eval_path", "seq_len", "vocab_size", "dtype", "header", "sample_count",
-                 "eval_fraction")
+    ARGUMENTS = ("train_path", "eval_path", "seq_len", "vocab_size", "dtype", "header", "sample_count", "eval_fraction")
     default_model = "gpt"
 
-    def __init__(self, train_path: str | os.PathLike, eval_path: str | os.PathLike | None = None,
-                 seq_len: int = 256, vocab_size: int = 50257, dtype: str = "uint16", header: str = "auto",
-                 sample_count: int | None = None, eval_fraction: float = 0.1, *, split: str = "train",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        train_path: str | os.PathLike,
+        eval_path: str | os.PathLike | None = None,
+        seq_len: int = 256,
+        vocab_size: int = 50257,
+        dtype: str = "uint16",
+        header: str = "auto",
+        sample_count: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> None:
         _check_arguments(seq_len, vocab_size, sample_count, eval_fraction, split, seed)
-        path, offset, start, stop, np_dtype = _region(str(train_path), eval_path and str(eval_path), dtype,
-                                                     header, seq_len, eval_fraction, split)
+        path, offset, start, stop, np_dtype = _region(
+            str(train_path), eval_path and str(eval_path), dtype, header, seq_len, eval_fraction, split
+        )
         self.tokens = np.memmap(path, dtype=np_dtype, mode="r", offset=offset)[start:stop]
         self.split, self.seq_len, self.vocab_size = split, seq_len, vocab_size
         self.tokens_per_sample = seq_len
@@ -171,15 +197,26 @@ class TokenFileTask:
         self._offsets = np.arange(seq_len + 1)
 
     @classmethod
-    def sizes(cls, train_path: str | os.PathLike, eval_path: str | os.PathLike | None = None,
-              seq_len: int = 256, vocab_size: int = 50257, dtype: str = "uint16", header: str = "auto",
-              sample_count: int | None = None, eval_fraction: float = 0.1, *, split: str = "train",
-              seed: int = 0) -> TaskSizes:
+    def sizes(
+        cls,
+        train_path: str | os.PathLike,
+        eval_path: str | os.PathLike | None = None,
+        seq_len: int = 256,
+        vocab_size: int = 50257,
+        dtype: str = "uint16",
+        header: str = "auto",
+        sample_count: int | None = None,
+        eval_fraction: float = 0.1,
+        *,
+        split: str = "train",
+        seed: int = 0,
+    ) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it
         (one stat and the header of its file)."""
         _check_arguments(seq_len, vocab_size, sample_count, eval_fraction, split, seed)
-        _, _, start, stop, _ = _region(str(train_path), eval_path and str(eval_path), dtype, header,
-                                       seq_len, eval_fraction, split)
+        _, _, start, stop, _ = _region(
+            str(train_path), eval_path and str(eval_path), dtype, header, seq_len, eval_fraction, split
+        )
         if sample_count is None:
             sample_count = (stop - start - seq_len - 1) // seq_len + 1
         return TaskSizes(sample_count, {"vocab_size": vocab_size, "seq_len": seq_len})

@@ -32,19 +32,24 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, defau
 from clorch.data.base import derive_seed
 
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {
-    "cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss,
+    "cross_entropy": nn.functional.cross_entropy,
+    "mse": nn.functional.mse_loss,
 }
 
 
 def check_map_style(dataset: Any, where: str = "data._target_") -> None:
     """Raise TypeError unless `dataset` is a sized, indexable (map-style) dataset."""
     if isinstance(dataset, IterableDataset):
-        raise TypeError(f"{where} built an IterableDataset ({type(dataset).__name__}); clorch shards and "
-                        "resumes by index, so it takes map-style datasets (__getitem__ and __len__): "
-                        "wrap your stream in a Dataset that indexes it, or write a worker with the library API")
+        raise TypeError(
+            f"{where} built an IterableDataset ({type(dataset).__name__}); clorch shards and "
+            "resumes by index, so it takes map-style datasets (__getitem__ and __len__): "
+            "wrap your stream in a Dataset that indexes it, or write a worker with the library API"
+        )
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise TypeError(f"{where} built a {type(dataset).__name__}, which has no __getitem__ and __len__: "
-                        "it must be a map-style torch.utils.data.Dataset")
+        raise TypeError(
+            f"{where} built a {type(dataset).__name__}, which has no __getitem__ and __len__: "
+            "it must be a map-style torch.utils.data.Dataset"
+        )
 
 
 def dataset_model_kwargs(dataset: Any) -> dict:
@@ -64,8 +69,10 @@ def hold_out(dataset: Dataset, eval_fraction: float) -> tuple[Dataset, Dataset]:
     size = len(dataset)
     held = max(1, int(size * eval_fraction))
     if size - held < 1:
-        raise ValueError(f"the dataset has {size} sample(s): holding out data.eval_fraction="
-                         f"{eval_fraction} of it leaves no training samples")
+        raise ValueError(
+            f"the dataset has {size} sample(s): holding out data.eval_fraction="
+            f"{eval_fraction} of it leaves no training samples"
+        )
     return Subset(dataset, range(size - held)), Subset(dataset, range(size - held, size))
 
 
@@ -80,9 +87,11 @@ def split_parts(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     shape = f"a dict with keys {sorted(batch)}" if isinstance(batch, Mapping) else type(batch).__name__
-    raise TypeError(f"a batch must be an (input, target) pair or a dict with 'input' and 'target' keys, "
-                    f"got {shape}: return one of those from your dataset or collate_fn, or name a step "
-                    "function with step._target_ (called step(model, batch))")
+    raise TypeError(
+        f"a batch must be an (input, target) pair or a dict with 'input' and 'target' keys, "
+        f"got {shape}: return one of those from your dataset or collate_fn, or name a step "
+        "function with step._target_ (called step(model, batch))"
+    )
 
 
 def batch_size_of(batch: Any) -> int:
@@ -134,10 +143,19 @@ class DatasetTask:
 
     tokens_per_sample = None
 
-    def __init__(self, dataset: Dataset, *, loss: str | Callable[..., torch.Tensor] | None = None,
-                 step: Callable[..., Any] | None = None, collate_fn: Callable[[list], Any] | None = None,
-                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False,
-                 prefetch_factor: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        loss: str | Callable[..., torch.Tensor] | None = None,
+        step: Callable[..., Any] | None = None,
+        collate_fn: Callable[[list], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        seed: int = 0,
+    ):
         check_map_style(dataset)
         if isinstance(loss, str) and loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)} or a function, got {loss!r}")
@@ -148,10 +166,16 @@ class DatasetTask:
         self._index_batches = _IndexBatches()
         self._generator = torch.Generator()
         workers = {"prefetch_factor": prefetch_factor} if num_workers and prefetch_factor else {}
-        self.loader = DataLoader(dataset, batch_sampler=self._index_batches, collate_fn=self.collate,
-                                 num_workers=num_workers, pin_memory=pin_memory,
-                                 persistent_workers=persistent_workers and num_workers > 0,
-                                 generator=self._generator, **workers)
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self._index_batches,
+            collate_fn=self.collate,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers and num_workers > 0,
+            generator=self._generator,
+            **workers,
+        )
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -175,8 +199,10 @@ class DatasetTask:
             out = self.step(model, batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
             if not isinstance(metrics, Mapping):
-                raise TypeError(f"step returned ({type(loss).__name__}, {type(metrics).__name__}); "
-                                "it must return the loss, or (loss, dict of metrics)")
+                raise TypeError(
+                    f"step returned ({type(loss).__name__}, {type(metrics).__name__}); "
+                    "it must return the loss, or (loss, dict of metrics)"
+                )
             return loss, dict(metrics)
         inputs, targets = split_parts(batch)
         outputs = model(inputs)
@@ -201,11 +227,14 @@ class DatasetTask:
         loss, metrics = self._loss_and_metrics(model, batch)
         _check_scalar("the loss", loss)
         count = batch_size_of(batch)
-        sums = {"count": torch.full((), count, dtype=torch.float64, device=loss.device),
-                "loss_sum": loss.detach().to(torch.float64) * count}
+        sums = {
+            "count": torch.full((), count, dtype=torch.float64, device=loss.device),
+            "loss_sum": loss.detach().to(torch.float64) * count,
+        }
         for name, value in metrics.items():
-            value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value,
-                                    dtype=torch.float64, device=loss.device)
+            value = torch.as_tensor(
+                value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float64, device=loss.device
+            )
             _check_scalar(f"metric {name!r}", value)
             sums[f"{name}_sum"] = value * count
         return sums

@@ -46,6 +46,7 @@ from clorch.distributed.groups import (
     world_size,
 )
 from clorch.env import DistEnv, read_env
+
 # clorch.launch never imports clorch.distributed (or torch) at module level, so
 # importing it here adds no cycle; it stays importable without torch on its own.
 from clorch.launch import Job, await_job, job_logs, job_status, launch, stop_job
@@ -73,12 +74,39 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "OPS", "Work", "CollectiveMismatchError", "DistEnv", "read_env",
-    "all_gather_into", "all_reduce", "all_to_all_single", "barrier", "broadcast",
-    "recv", "reduce", "reduce_scatter_into", "send", "wait",
-    "ReduceOp", "get_rank", "get_world_size",
-    "launch", "Job", "job_status", "await_job", "job_logs", "stop_job",
-    "backend", "destroy_process_group", "device", "init_process_group", "is_initialized",
-    "local_rank", "local_world_size", "process_group", "rank", "world_size",
+    "OPS",
+    "Work",
+    "CollectiveMismatchError",
+    "DistEnv",
+    "read_env",
+    "all_gather_into",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "recv",
+    "reduce",
+    "reduce_scatter_into",
+    "send",
+    "wait",
+    "ReduceOp",
+    "get_rank",
+    "get_world_size",
+    "launch",
+    "Job",
+    "job_status",
+    "await_job",
+    "job_logs",
+    "stop_job",
+    "backend",
+    "destroy_process_group",
+    "device",
+    "init_process_group",
+    "is_initialized",
+    "local_rank",
+    "local_world_size",
+    "process_group",
+    "rank",
+    "world_size",
     *_LAZY,
 ]

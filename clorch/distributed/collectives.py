@@ -94,12 +94,13 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())} "
-                         f"for shape {tuple(tensor.shape)}: pass tensor.contiguous()")
+        raise ValueError(
+            f"{name} must be contiguous, got strides {tuple(tensor.stride())} "
+            f"for shape {tuple(tensor.shape)}: pass tensor.contiguous()"
+        )
     device, expected = tensor.device, pg.device()  # the group's device: known since init
     if device != expected:
-        raise ValueError(f"{name} must be on {expected} for backend {pg.backend()}, "
-                         f"got a tensor on {device}")
+        raise ValueError(f"{name} must be on {expected} for backend {pg.backend()}, got a tensor on {device}")
     return tensor
 
 
@@ -154,8 +155,15 @@ def _fast_op(tensor: object, op: object):
     full path costs about a microsecond more a call.
     """
     state = pg._state  # clorch's record of the group it made (inlined pg._live_state())
-    if (state is None or state.group is not pg._default_group() or state.debug or type(op) is not str
-            or type(tensor) is not torch.Tensor or tensor.device != state.device or not tensor.is_contiguous()):
+    if (
+        state is None
+        or state.group is not pg._default_group()
+        or state.debug
+        or type(op) is not str
+        or type(tensor) is not torch.Tensor
+        or tensor.device != state.device
+        or not tensor.is_contiguous()
+    ):
         return None
     return _PLAIN_OPS.get(op)
 
@@ -218,8 +226,10 @@ def _check_stacked(out_name: str, out: torch.Tensor, in_name: str, inp: torch.Te
     else:
         expected = (inp.shape[0] * size, *inp.shape[1:])
     if tuple(out.shape) != tuple(expected):
-        raise ValueError(f"{out_name} must have shape {tuple(expected)} (world_size {size} x "
-                         f"{in_name} {tuple(inp.shape)} along dim 0), got {tuple(out.shape)}")
+        raise ValueError(
+            f"{out_name} must have shape {tuple(expected)} (world_size {size} x "
+            f"{in_name} {tuple(inp.shape)} along dim 0), got {tuple(out.shape)}"
+        )
 
 
 def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
@@ -234,8 +244,9 @@ def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, async_op: bool =
     return _run(work, async_op)
 
 
-def reduce_scatter_into(output: torch.Tensor, tensor: torch.Tensor, op: str = "sum",
-                        async_op: bool = False) -> Work | None:
+def reduce_scatter_into(
+    output: torch.Tensor, tensor: torch.Tensor, op: str = "sum", async_op: bool = False
+) -> Work | None:
     """Reduce `tensor` across ranks and keep this rank's dim-0 chunk in `output`. All ranks call."""
     op = _op_name(op)
     _require_group()
@@ -266,22 +277,25 @@ def _check_splits(name: str, splits: Sequence[int] | None, tensor_name: str, ten
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
         if rows % size:
-            raise ValueError(f"{tensor_name} dim 0 ({rows}) must divide evenly by world_size "
-                             f"{size} when {name} is None")
+            raise ValueError(
+                f"{tensor_name} dim 0 ({rows}) must divide evenly by world_size {size} when {name} is None"
+            )
         return None
     splits = list(splits)
     if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits):
         raise ValueError(f"{name} must be {size} non-negative ints (one per rank), got {splits}")
     if sum(splits) != rows:
-        raise ValueError(f"{name} must add up to {tensor_name} dim 0 ({rows}), got sum {sum(splits)} "
-                         f"from {splits}")
+        raise ValueError(f"{name} must add up to {tensor_name} dim 0 ({rows}), got sum {sum(splits)} from {splits}")
     return splits
 
 
-def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor,
-                      output_split_sizes: Sequence[int] | None = None,
-                      input_split_sizes: Sequence[int] | None = None,
-                      async_op: bool = False) -> Work | None:
+def all_to_all_single(
+    output: torch.Tensor,
+    tensor: torch.Tensor,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    async_op: bool = False,
+) -> Work | None:
     """Scatter dim-0 slices of `tensor` to every rank and gather theirs into `output`. All ranks call."""
     _require_group()
     _check_tensor("output", output)
@@ -293,8 +307,9 @@ def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor,
     if pg.debug_enabled():
         check_fingerprint("all_to_all_single", dtype=str(tensor.dtype), trailing=tuple(tensor.shape[1:]))
         size = pg.world_size()
-        check_all_to_all_splits(in_splits or [tensor.shape[0] // size] * size,
-                                out_splits or [output.shape[0] // size] * size)
+        check_all_to_all_splits(
+            in_splits or [tensor.shape[0] // size] * size, out_splits or [output.shape[0] // size] * size
+        )
     work = dist.all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
     return _run(work, async_op)
 

@@ -61,17 +61,30 @@ def check_all_to_all_splits(input_splits: list[int], output_splits: list[int]) -
                 raise CollectiveMismatchError(
                     f"collective mismatch across ranks: all_to_all_single: rank {sender} sends "
                     f"{inputs[receiver]} rows to rank {receiver} (input_split_sizes={inputs}), but rank "
-                    f"{receiver} expects {outputs[sender]} from it (output_split_sizes={outputs})")
+                    f"{receiver} expects {outputs[sender]} from it (output_split_sizes={outputs})"
+                )
 
 
 _P2P_SLOTS = 12  # dtype code, ndim, then up to 10 dims: a fixed-size message, so no size can hang
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 def _p2p_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else -1
-    shape = list(tensor.shape)[:_P2P_SLOTS - 2]
+    shape = list(tensor.shape)[: _P2P_SLOTS - 2]
     values = [code, tensor.dim(), *shape] + [0] * (_P2P_SLOTS - 2 - len(shape))
     return torch.tensor(values, dtype=torch.int64, device=tensor.device)
 
@@ -79,7 +92,7 @@ def _p2p_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
 def _describe_p2p(fingerprint: list[int]) -> str:
     code, ndim = fingerprint[0], fingerprint[1]
     dtype = str(_DTYPES[code]).replace("torch.", "") if 0 <= code < len(_DTYPES) else "other"
-    return f"shape={tuple(fingerprint[2:2 + ndim])}, dtype={dtype}"
+    return f"shape={tuple(fingerprint[2 : 2 + ndim])}, dtype={dtype}"
 
 
 def check_send(tensor: torch.Tensor, dst: int) -> None:
@@ -109,4 +122,5 @@ def check_recv(tensor: torch.Tensor, src: int) -> None:
 def _p2p_error(sender: int, sent: list[int], receiver: int, expected: list[int]) -> CollectiveMismatchError:
     return CollectiveMismatchError(
         f"collective mismatch: rank {sender} sends a tensor of {_describe_p2p(sent)} to rank {receiver}, "
-        f"which receives into {_describe_p2p(expected)}")
+        f"which receives into {_describe_p2p(expected)}"
+    )

@@ -161,8 +161,14 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
     start may then wait for its collective timeout before restarting again.
     """
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
-                          is_master=env.rank == 0 and not agent_hosts, timeout=timeout, multi_tenant=True)
+    store = dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=env.rank == 0 and not agent_hosts,
+        timeout=timeout,
+        multi_tenant=True,
+    )
     return dist.PrefixStore(f"clorch/start_{restart_count()}", store) if agent_hosts else store
 
 
@@ -198,8 +204,9 @@ def init_process_group(
     env = read_env()
     delta = _timeout(timeout)
     debug_on = _debug_enabled(debug)
-    dist.init_process_group(name, store=_rendezvous_store(env, delta), rank=env.rank,
-                            world_size=env.world_size, timeout=delta)
+    dist.init_process_group(
+        name, store=_rendezvous_store(env, delta), rank=env.rank, world_size=env.world_size, timeout=delta
+    )
     device = torch.device("cpu")
     try:
         if name == "nccl":
@@ -283,7 +290,8 @@ def check_group_joined(caller: str) -> None:
             "process group is initialized, so it would train alone as a world of 1. Join the job "
             "first: wrap the training in `with clorch.distributed.process_group():` or call "
             "`clorch.distributed.init_process_group()` (torch.distributed.init_process_group works "
-            "too); to run a single process on purpose, unset WORLD_SIZE")
+            "too); to run a single process on purpose, unset WORLD_SIZE"
+        )
 
 
 def local_rank() -> int:
@@ -303,7 +311,7 @@ def local_world_size() -> int:
 
 
 def backend() -> str | None:
-    """"nccl" or "gloo" inside a group, None outside."""
+    """ "nccl" or "gloo" inside a group, None outside."""
     state = _live_state()
     if state is not None:
         return state.backend  # known since init: no look-up on the collectives' path

@@ -12,9 +12,15 @@ from clorch.engine.run import execute
 from clorch.precision import get_precision
 
 # Keyword arguments run_local takes as shorthands, and the config keys they set.
-SHORTHANDS = {"epochs": "epochs", "sample_count": "data.sample_count", "batch_size": "batch_size",
-              "accumulation": "accumulation", "max_steps": "max_steps", "seed": "seed",
-              "backend": "backend"}
+SHORTHANDS = {
+    "epochs": "epochs",
+    "sample_count": "data.sample_count",
+    "batch_size": "batch_size",
+    "accumulation": "accumulation",
+    "max_steps": "max_steps",
+    "seed": "seed",
+    "backend": "backend",
+}
 
 
 def _precision(value: Any) -> str:
@@ -22,8 +28,9 @@ def _precision(value: Any) -> str:
     return f"precision={get_precision(name).name}"
 
 
-def overrides_for(devices: Sequence[int] | None, nproc_per_node: int | None, recipe: str | None,
-                  kwargs: dict[str, Any]) -> list[str]:
+def overrides_for(
+    devices: Sequence[int] | None, nproc_per_node: int | None, recipe: str | None, kwargs: dict[str, Any]
+) -> list[str]:
     """Hydra overrides for run_local's arguments.
 
     Keyword arguments are shorthands (epochs, sample_count, batch_size,
@@ -46,9 +53,15 @@ def overrides_for(devices: Sequence[int] | None, nproc_per_node: int | None, rec
     return out
 
 
-def run_local(devices: Sequence[int] | None = None, nproc_per_node: int | None = None,
-              recipe: str | None = "ddp_bf16", *, run_dir: str | Path | None = None,
-              progress: str = "off", **overrides: Any) -> dict[str, Any]:
+def run_local(
+    devices: Sequence[int] | None = None,
+    nproc_per_node: int | None = None,
+    recipe: str | None = "ddp_bf16",
+    *,
+    run_dir: str | Path | None = None,
+    progress: str = "off",
+    **overrides: Any,
+) -> dict[str, Any]:
     """Compose a recipe with overrides, launch it on this machine, wait, and report.
 
     Example:

@@ -72,8 +72,13 @@ def _report_errors(errors: list[str], rank: Any, always: bool = False) -> Status
     return Status.CONFIG_ERROR
 
 
-def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None,
-           verdict_failed: Callable[[RankResult], None] | None = None) -> RankResult:
+def _train(
+    plan: Any,
+    run_dir: Path,
+    rank: Any,
+    worker: str | None = None,
+    verdict_failed: Callable[[RankResult], None] | None = None,
+) -> RankResult:
     """Join the job's process group and train as this rank, with the engine's worker
     (or `worker`, "module:function" taking the launcher's context, as `execute(worker=)`).
 
@@ -84,15 +89,20 @@ def _train(plan: Any, run_dir: Path, rank: Any, worker: str | None = None,
     """
     # lazy: clorch.distributed imports torch, kept out of clorch-train's start
     from clorch.distributed import barrier, destroy_process_group, init_process_group
+
     # lazy: clorch.engine.worker imports torch, kept out of clorch-train's start
     from clorch.engine.worker import train
 
     os.environ.update(rank_environ(rank))
     init_process_group(plan.backend, timeout=plan.config.launcher.collective_timeout)
     try:
-        ctx = {"rank": rank.env.rank, "world_size": rank.env.world_size,
-               "local_rank": rank.env.local_rank, "backend": plan.backend,
-               "args": {"plan": plan.to_dict(), "run_dir": str(run_dir)}}
+        ctx = {
+            "rank": rank.env.rank,
+            "world_size": rank.env.world_size,
+            "local_rank": rank.env.local_rank,
+            "backend": plan.backend,
+            "args": {"plan": plan.to_dict(), "run_dir": str(run_dir)},
+        }
         if worker is not None:
             return RankResult.from_dict(resolve_target(worker)(ctx))
         result = RankResult.from_dict(train(plan, run_dir, ctx))
@@ -124,15 +134,15 @@ def _shared_verdict(verdict: PreflightVerdict | None) -> PreflightVerdict:
 
 def run_as_rank(overrides: list[str], rank: Any) -> int:
     """Compose, check, and train as this rank; returns the exit status."""
-    cfg, errors = compose_once([o for o in overrides
-                                if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
+    cfg, errors = compose_once([o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")])
     if cfg is None:
         return _report_errors(errors, rank).exit_code
     return train_as_rank(cfg, run_dir_for(rank, overrides), rank, errors).exit_code
 
 
-def train_as_rank(cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = (),
-                  base: str | None = None) -> Status:
+def train_as_rank(
+    cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = (), base: str | None = None
+) -> Status:
     """Check the composed config and train as this rank; returns the job's status as this
     rank knows it (its exit code is the same on every rank: `_run_checked`).
 
@@ -160,15 +170,17 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     """
     if rank.env.rank == 0:
         write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
-        print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"),
-              flush=True)
+        print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"), flush=True)
     start = time.perf_counter()
     record = functools.partial(_record, plan, run_dir, rank, start)
     try:
         # Rank 0 writes the checkpoints (save_checkpoint), so it alone holds the directory, for the
         # job (the launcher's job id): a restarted rank 0 of the same job takes it again.
-        holding = owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}") \
-            if rank.env.rank == 0 else contextlib.nullcontext()
+        holding = (
+            owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}")
+            if rank.env.rank == 0
+            else contextlib.nullcontext()
+        )
         using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
         with run_errors_as_config_errors(), using, holding:
             result = _train(plan, run_dir, rank, verdict_failed=record)
@@ -176,8 +188,11 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
         return _report_errors(exc.errors, rank, always=True)
     except Exception:
         traceback.print_exc()
-        print(f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed "
-              f"(run directory {run_dir})", file=sys.stderr, flush=True)
+        print(
+            f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed (run directory {run_dir})",
+            file=sys.stderr,
+            flush=True,
+        )
         return Status.FAILED  # the launcher ends the other ranks
     failed = result.preflight is not None and not result.preflight.passed
     if failed:  # rank 0 recorded it inside the group; each node's console says it
@@ -239,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     # The ranks exit 0 after a failed preflight too: the launching process of each node says
     # preflight_failed from this record (an exit 1 would have torch's agent restart them).
     if rank.env.local_rank == 0:  # for the launching process, which puts it into summary.json
-        node = NodeResult(rank0=rank.env.rank == 0, result=result if rank.env.rank == 0 else None,
-                          preflight=result.preflight, restarts=restart_count())
+        node = NodeResult(
+            rank0=rank.env.rank == 0,
+            result=result if rank.env.rank == 0 else None,
+            preflight=result.preflight,
+            restarts=restart_count(),
+        )
         # The elastic agent runs inside the launching process, which started this rank.
         write_json(rank0_result_path(options.run_dir, os.getppid()), node.to_dict())
     return Status.SUCCEEDED.exit_code

@@ -17,10 +17,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from clorch.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                               save_checkpoint, step_checkpoint_path)
-from clorch.checkpoint.sharded import (latest_sharded_checkpoint, load_sharded, prune_sharded_checkpoints,
-                                       save_sharded, sharded_step_path)
+from clorch.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    step_checkpoint_path,
+)
+from clorch.checkpoint.sharded import (
+    latest_sharded_checkpoint,
+    load_sharded,
+    prune_sharded_checkpoints,
+    save_sharded,
+    sharded_step_path,
+)
 from clorch.config.resume import RECORD_KEY, run_record
 from clorch.config.schema import FSDPParallelConfig, TrainConfig
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
@@ -96,8 +107,7 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return path
 
 
-def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
-         run_dir: Path | None = None) -> None:
+def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_dir: Path | None = None) -> None:
     """Write a checkpoint of everything needed to continue.
 
     Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint, or
@@ -112,19 +122,28 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState,
     # The open logging window travels too, so the first metrics line after a
     # resume averages the same steps as an uninterrupted run's (one host read).
     window = _gather_window(parts, state)
-    training = {RECORD_KEY: run_record(cfg, parts.world_size),
-                "step": state.step, "epoch": state.epoch,
-                "scheduler": _scheduler_state(parts.scheduler),
-                "window_loss": window, "window_steps": state.window_steps,
-                "window_samples": state.window_samples,
-                "window_norm": _window_norm(state),
-                "run_dir": None if run_dir is None else str(run_dir)}
+    training = {
+        RECORD_KEY: run_record(cfg, parts.world_size),
+        "step": state.step,
+        "epoch": state.epoch,
+        "scheduler": _scheduler_state(parts.scheduler),
+        "window_loss": window,
+        "window_steps": state.window_steps,
+        "window_samples": state.window_samples,
+        "window_norm": _window_norm(state),
+        "run_dir": None if run_dir is None else str(run_dir),
+    }
     if parts.sharded:  # the scaler is None: fp16 is refused under fsdp
-        save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
-                     state=training)
+        save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, state=training)
         return
-    save_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler,
-                    scaler=parts.scaler, state=training)
+    save_checkpoint(
+        path,
+        model=parts.raw_model,
+        optimizer=parts.optimizer,
+        sampler=parts.sampler,
+        scaler=parts.scaler,
+        state=training,
+    )
 
 
 def restore(parts: Components, path: Path) -> LoopState:
@@ -139,8 +158,9 @@ def restore(parts: Components, path: Path) -> LoopState:
         saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
         _check_world_size(path, saved, parts.world_size)
     else:
-        saved = load_checkpoint(path, model=parts.raw_model, optimizer=parts.optimizer,
-                                sampler=parts.sampler, scaler=parts.scaler)
+        saved = load_checkpoint(
+            path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, scaler=parts.scaler
+        )
     _check_training_state(path, saved, parts.world_size)
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
@@ -149,14 +169,18 @@ def restore(parts: Components, path: Path) -> LoopState:
     if window is not None:  # each rank continues its own window
         window = torch.tensor(window[parts.rank], dtype=torch.float32, device=parts.device)
     norm = saved.get("window_norm")  # the same on every rank (the gradients are all-reduced)
-    norms = None if norm is None else [torch.tensor(float(x), dtype=torch.float32, device=parts.device)
-                                       for x in norm]
-    return LoopState(step=int(saved["step"]), epoch=int(saved["epoch"]), resumed=True,
-                     window_loss=window, window_norm=None if norms is None else norms[0],
-                     window_norms=None if norms is None else norms[1],
-                     window_steps=int(saved.get("window_steps", 0)),
-                     window_samples=int(saved.get("window_samples", 0)),
-                     resumed_run_dir=saved.get("run_dir") or _run_dir_of(path))
+    norms = None if norm is None else [torch.tensor(float(x), dtype=torch.float32, device=parts.device) for x in norm]
+    return LoopState(
+        step=int(saved["step"]),
+        epoch=int(saved["epoch"]),
+        resumed=True,
+        window_loss=window,
+        window_norm=None if norms is None else norms[0],
+        window_norms=None if norms is None else norms[1],
+        window_steps=int(saved.get("window_steps", 0)),
+        window_samples=int(saved.get("window_samples", 0)),
+        resumed_run_dir=saved.get("run_dir") or _run_dir_of(path),
+    )
 
 
 def _check_world_size(path: Path, saved: Any, world_size: int) -> None:
@@ -169,9 +193,11 @@ def _check_world_size(path: Path, saved: Any, world_size: int) -> None:
     record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
     saved_world = record.get("world_size") if isinstance(record, dict) else None
     if saved_world is not None and saved_world != world_size:
-        raise CheckpointError(f"sharded checkpoint {path} was saved by {saved_world} ranks, this run has "
-                              f"{world_size}: clorch-train resumes on the same number of ranks only "
-                              f"(set launcher.nproc_per_node to match, or resume from another checkpoint)")
+        raise CheckpointError(
+            f"sharded checkpoint {path} was saved by {saved_world} ranks, this run has "
+            f"{world_size}: clorch-train resumes on the same number of ranks only "
+            f"(set launcher.nproc_per_node to match, or resume from another checkpoint)"
+        )
 
 
 def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
@@ -183,27 +209,49 @@ def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
     Raises:
         CheckpointError: the first field that is not what `save` writes.
     """
+
     def count(value: Any) -> bool:
         return type(value) is int and value >= 0
 
-    rules = {"step": (count, "an int >= 0"), "epoch": (count, "an int >= 0"),
-             "window_steps": (lambda v: v is None or count(v), "an int >= 0"),
-             "window_samples": (lambda v: v is None or count(v), "an int >= 0"),
-             "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
-             "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
-             "window_norm": (lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(
-                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
-                 "null or [sum, count] of the window's gradient norms"),
-             "window_loss": (lambda v: v is None or (isinstance(v, list) and len(v) == world_size and all(
-                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
-                 f"null or a list of {world_size} numbers (one per rank)")}
+    rules = {
+        "step": (count, "an int >= 0"),
+        "epoch": (count, "an int >= 0"),
+        "window_steps": (lambda v: v is None or count(v), "an int >= 0"),
+        "window_samples": (lambda v: v is None or count(v), "an int >= 0"),
+        "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
+        "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
+        "window_norm": (
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, list)
+                    and len(v) == 2
+                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+                )
+            ),
+            "null or [sum, count] of the window's gradient norms",
+        ),
+        "window_loss": (
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, list)
+                    and len(v) == world_size
+                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+                )
+            ),
+            f"null or a list of {world_size} numbers (one per rank)",
+        ),
+    }
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path}: its state is {type(saved).__name__}, not a dict")
     for key, (fits, allowed) in rules.items():
         value = saved.get(key) if key not in ("step", "epoch") else saved.get(key, "missing")
         if not fits(value):
-            raise CheckpointError(f"checkpoint {path} is not one clorch's engine wrote: state field "
-                                  f"{key!r} is {value!r:.80}, expected {allowed}")
+            raise CheckpointError(
+                f"checkpoint {path} is not one clorch's engine wrote: state field "
+                f"{key!r} is {value!r:.80}, expected {allowed}"
+            )
 
 
 def _run_dir_of(path: Path) -> str | None:

@@ -17,8 +17,14 @@ from clorch.amp import MixedPrecision
 from clorch.checkpoint.weights import load_weights
 from clorch.config.data_spec import build_splits
 from clorch.config.model_spec import build_model_for
-from clorch.config.schema import (CUDA_GRAPH_MODES, AdamWConfig, CosineScheduleConfig, FP16Config,
-                                  FSDPParallelConfig, TrainConfig)
+from clorch.config.schema import (
+    CUDA_GRAPH_MODES,
+    AdamWConfig,
+    CosineScheduleConfig,
+    FP16Config,
+    FSDPParallelConfig,
+    TrainConfig,
+)
 from clorch.data import DistributedSampler
 from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
@@ -38,23 +44,22 @@ class Components:
     backward and the optimizer step; `scaler` and `autocast_dtype` read it.
     """
 
-    model: Any                      # clorch.nn.parallel.DistributedDataParallel, or a ShardedTrainer (parallel=fsdp)
+    model: Any  # clorch.nn.parallel.DistributedDataParallel, or a ShardedTrainer (parallel=fsdp)
     raw_model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: Any                  # torch.optim.lr_scheduler.LRScheduler
-    task: Any                       # training split (clorch.data.tasks.Task)
-    eval_task: Any                  # held-out split
-    sampler: Any                    # clorch.data.DistributedSampler
+    scheduler: Any  # torch.optim.lr_scheduler.LRScheduler
+    task: Any  # training split (clorch.data.tasks.Task)
+    eval_task: Any  # held-out split
+    sampler: Any  # clorch.data.DistributedSampler
     device: torch.device
-    batch_size: int                 # samples per micro-batch per rank
-    accumulation: int               # micro-batches per optimizer step
+    batch_size: int  # samples per micro-batch per rank
+    accumulation: int  # micro-batches per optimizer step
     precision: MixedPrecision
     rank: int = 0
     world_size: int = 1
-    cuda_graphs: bool = False       # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
+    cuda_graphs: bool = False  # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
     grad_clip: float | None = None  # max total 2-norm of the gradients (optim.grad_clip); None: not clipped
-    sharded: bool = False           # parallel=fsdp: raw_model's parameters are DTensor shards
-
+    sharded: bool = False  # parallel=fsdp: raw_model's parameters are DTensor shards
 
     @property
     def scaler(self) -> Any:
@@ -80,8 +85,7 @@ class Components:
 def _device(ctx: Mapping[str, Any]) -> torch.device:
     if is_initialized():
         return device()
-    return torch.device("cuda", torch.cuda.current_device()) if ctx.get("backend") == "nccl" \
-        else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if ctx.get("backend") == "nccl" else torch.device("cpu")
 
 
 def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
@@ -110,8 +114,7 @@ def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     optim = cfg.optim
     extra = {"betas": tuple(optim.betas)} if isinstance(optim, AdamWConfig) else {"momentum": optim.momentum}
     groups = param_groups(model, optim.weight_decay, optim.decay)
-    return build_optimizer(optim.name, groups, lr=optim.lr, weight_decay=optim.weight_decay,
-                           fused=optim.fused, **extra)
+    return build_optimizer(optim.name, groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=optim.fused, **extra)
 
 
 # derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,
@@ -142,8 +145,13 @@ def training_seed(seed: int, rank: int) -> int:
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     schedule = cfg.schedule
     if isinstance(schedule, CosineScheduleConfig):
-        return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps,
-                               total_steps=total_steps, min_lr_ratio=schedule.min_lr_ratio)
+        return build_scheduler(
+            optimizer,
+            schedule.name,
+            warmup_steps=schedule.warmup_steps,
+            total_steps=total_steps,
+            min_lr_ratio=schedule.min_lr_ratio,
+        )
     return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps)
 
 
@@ -155,9 +163,16 @@ def _precision(cfg: TrainConfig, device: torch.device) -> Any:
     scaling = precision.scaler
     if not scaling.enabled:  # the config checks refuse it; built as asked: fp16 autocast, unscaled
         return MixedPrecision(precision.name, device, scaler=False)
-    return MixedPrecision(precision.name, device, scaler={
-        "init_scale": scaling.initial_scale, "growth_factor": scaling.growth_factor,
-        "backoff_factor": scaling.backoff_factor, "growth_interval": scaling.growth_interval})
+    return MixedPrecision(
+        precision.name,
+        device,
+        scaler={
+            "init_scale": scaling.initial_scale,
+            "growth_factor": scaling.growth_factor,
+            "backoff_factor": scaling.backoff_factor,
+            "growth_interval": scaling.growth_interval,
+        },
+    )
 
 
 def compile_mode_arg(mode: str) -> str | None:
@@ -197,16 +212,32 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         raw, model, optimizer = _data_parallel(cfg, task, device)
     seed_training_draws(cfg.seed, rank)
     sampling = cfg.sampler
-    sampler = DistributedSampler(len(task), num_replicas=world, rank=rank,
-                                 seed=cfg.seed if sampling.seed is None else sampling.seed,
-                                 shuffle=sampling.shuffle, drop_last=sampling.drop_last)
-    return Components(model=model, raw_model=raw, optimizer=optimizer,
-                      scheduler=_scheduler(cfg, optimizer, total_steps), precision=_precision(cfg, device),
-                      task=task, eval_task=eval_task, sampler=sampler, device=device,
-                      batch_size=cfg.batch_size, accumulation=cfg.accumulation,
-                      rank=rank, world_size=world, grad_clip=cfg.optim.grad_clip,
-                      cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device),
-                      sharded=isinstance(cfg.parallel, FSDPParallelConfig))
+    sampler = DistributedSampler(
+        len(task),
+        num_replicas=world,
+        rank=rank,
+        seed=cfg.seed if sampling.seed is None else sampling.seed,
+        shuffle=sampling.shuffle,
+        drop_last=sampling.drop_last,
+    )
+    return Components(
+        model=model,
+        raw_model=raw,
+        optimizer=optimizer,
+        scheduler=_scheduler(cfg, optimizer, total_steps),
+        precision=_precision(cfg, device),
+        task=task,
+        eval_task=eval_task,
+        sampler=sampler,
+        device=device,
+        batch_size=cfg.batch_size,
+        accumulation=cfg.accumulation,
+        rank=rank,
+        world_size=world,
+        grad_clip=cfg.optim.grad_clip,
+        cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device),
+        sharded=isinstance(cfg.parallel, FSDPParallelConfig),
+    )
 
 
 def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, Any, Any]:
@@ -215,16 +246,22 @@ def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[n
     raw = build_raw_model(cfg, task).to(device)
     inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
     ddp = cfg.ddp
-    model = DistributedDataParallel(inner, bucket_cap_mb=ddp.bucket_cap_mb,
-                                    first_bucket_cap_mb=ddp.first_bucket_cap_mb,
-                                    broadcast_buffers=ddp.broadcast_buffers, reduce_dtype=ddp.reduce_dtype,
-                                    gradient_as_bucket_view=ddp.gradient_as_bucket_view,
-                                    overlap_grad_copies=ddp.overlap_grad_copies)
+    model = DistributedDataParallel(
+        inner,
+        bucket_cap_mb=ddp.bucket_cap_mb,
+        first_bucket_cap_mb=ddp.first_bucket_cap_mb,
+        broadcast_buffers=ddp.broadcast_buffers,
+        reduce_dtype=ddp.reduce_dtype,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        overlap_grad_copies=ddp.overlap_grad_copies,
+    )
     optimizer = _optimizer(cfg, raw)
     if ddp.step_in_backward and cfg.optim.grad_clip is not None:
-        raise ValueError(f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: "
-                         "each bucket's parameters are stepped before the whole gradient's norm is known "
-                         "(set optim.grad_clip=null or ddp.step_in_backward=false)")
+        raise ValueError(
+            f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: "
+            "each bucket's parameters are stepped before the whole gradient's norm is known "
+            "(set optim.grad_clip=null or ddp.step_in_backward=false)"
+        )
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)
     return raw, model, optimizer
@@ -244,14 +281,22 @@ def _sharded(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Modu
     """
     parallel = cfg.parallel
     if isinstance(cfg.precision, FP16Config):
-        raise ValueError("precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not "
-                         "work on sharded gradients (use precision=bf16 or fp32)")
+        raise ValueError(
+            "precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not "
+            "work on sharded gradients (use precision=bf16 or fp32)"
+        )
     raw = build_raw_model(cfg, task)
     if device.type == "cuda" and not parallel.cpu_offload:
         torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
     # bf16: parameters all-gathered and computed in bf16, gradients reduce-scattered in fp32.
-    shard_model(raw, mesh=device_mesh(device.type), shard_modules=parallel.shard,
-                min_params=parallel.min_params, reshard_after_forward=parallel.reshard_after_forward,
-                precision=cfg.precision.name, cpu_offload=parallel.cpu_offload)
+    shard_model(
+        raw,
+        mesh=device_mesh(device.type),
+        shard_modules=parallel.shard,
+        min_params=parallel.min_params,
+        reshard_after_forward=parallel.reshard_after_forward,
+        precision=cfg.precision.name,
+        cpu_offload=parallel.cpu_offload,
+    )
     compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
     return raw, ShardedTrainer(raw, compiled)

@@ -22,8 +22,7 @@ from clorch.nn.parallel.buffers import rank0_buffers
 def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
     indices = torch.arange(parts.rank, len(parts.eval_task), parts.world_size)
     sums: dict[str, torch.Tensor] = {}
-    index_batches = [indices[start:start + parts.batch_size]
-                     for start in range(0, indices.numel(), parts.batch_size)]
+    index_batches = [indices[start : start + parts.batch_size] for start in range(0, indices.numel(), parts.batch_size)]
     if parts.sharded:
         _pad_forwards(parts, index_batches)
     for batch in micro_batches(parts.eval_task, index_batches):
@@ -43,8 +42,7 @@ def _pad_forwards(parts: Components, index_batches: list[torch.Tensor]) -> None:
     """
     batches_of_rank0 = -(-len(range(0, len(parts.eval_task), parts.world_size)) // parts.batch_size)
     if len(index_batches) < batches_of_rank0:
-        batch = next(iter(micro_batches(parts.eval_task, [index_batches[0] if index_batches
-                                                          else torch.tensor([0])])))
+        batch = next(iter(micro_batches(parts.eval_task, [index_batches[0] if index_batches else torch.tensor([0])])))
         with parts.autocast():
             parts.eval_task.eval_sums(parts.raw_model, to_device(batch, parts.device, parts.pin_memory))
 
@@ -64,8 +62,9 @@ def evaluate(parts: Components) -> dict[str, float]:
         ValueError: the eval split has fewer samples than ranks.
     """
     if len(parts.eval_task) < parts.world_size:
-        raise ValueError(f"the eval split has {len(parts.eval_task)} samples, fewer than the "
-                         f"{parts.world_size} ranks: use more data")
+        raise ValueError(
+            f"the eval split has {len(parts.eval_task)} samples, fewer than the {parts.world_size} ranks: use more data"
+        )
     was_training = parts.raw_model.training
     world = parts.world_size if is_initialized() else 1
     parts.raw_model.eval()

@@ -63,8 +63,7 @@ def _run_at_interrupt(exc: Interrupted) -> None:
         try:
             action(exc)
         except Exception as error:  # the interrupt's own exit status and message come first
-            print(f"clorch-train: while ending the interrupted run: {type(error).__name__}: {error}",
-                  file=sys.stderr)
+            print(f"clorch-train: while ending the interrupted run: {type(error).__name__}: {error}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -118,8 +117,10 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
     from clorch.engine.checkpoints import checkpoint_dir
 
     if cfg.checkpoint.policy != "periodic":
-        return (f"checkpoint.policy is {cfg.checkpoint.policy}, so no checkpoint was written: "
-                "a new run starts from the beginning")
+        return (
+            f"checkpoint.policy is {cfg.checkpoint.policy}, so no checkpoint was written: "
+            "a new run starts from the beginning"
+        )
     base = os.getcwd() if base is None else base
     run_dir = Path(base, run_dir).resolve()
     directory = Path(base, checkpoint_dir(cfg, run_dir)).resolve()
@@ -128,8 +129,12 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
         return f"no checkpoint was written yet in {directory}: a new run starts from the beginning"
     args = _job_args(argv, run_dir)
     kept = [a for a in args if a.partition("=")[0].lstrip("+~") not in _REPLACED]
-    command = pasteable([*kept, f"hydra.run.dir={run_dir}", f"checkpoint.dir={directory}",
-                         "checkpoint.resume=latest"], base, os.environ.get(TRUST_VARIABLE), cd=False)
+    command = pasteable(
+        [*kept, f"hydra.run.dir={run_dir}", f"checkpoint.dir={directory}", "checkpoint.resume=latest"],
+        base,
+        os.environ.get(TRUST_VARIABLE),
+        cd=False,
+    )
     return f"the latest checkpoint is step {found[0][0]}; resume with: {command}"
 
 

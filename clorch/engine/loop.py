@@ -26,13 +26,13 @@ __all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_
 class StepResult:
     """What one optimizer step produced."""
 
-    loss: torch.Tensor   # this rank's mean micro-batch loss, detached, on the device
-    stepped: Any         # False when the scaler skipped the update (fp16 overflow); a 0-d bool
-                         # tensor when the scaler decided on the device (read it only when needed)
-    samples: int         # samples this rank trained on in the step
-    lr: float = 0.0      # the learning rate the step ran with (the first param group's)
+    loss: torch.Tensor  # this rank's mean micro-batch loss, detached, on the device
+    stepped: Any  # False when the scaler skipped the update (fp16 overflow); a 0-d bool
+    # tensor when the scaler decided on the device (read it only when needed)
+    samples: int  # samples this rank trained on in the step
+    lr: float = 0.0  # the learning rate the step ran with (the first param group's)
     grad_norm: Any = None  # total 2-norm of the averaged, unscaled gradients before clipping
-                           # (a 0-d device tensor; None: no parameter had a gradient)
+    # (a 0-d device tensor; None: no parameter had a gradient)
 
 
 def to_device(batch: Any, device: torch.device, pin: bool) -> Any:
@@ -95,9 +95,11 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     count = len(micro_batches)
     if parts.cuda_graphs:
         if count > 1:
-            raise ValueError(f"train_step got {count} micro-batches, but the model replays CUDA graphs "
-                             "(compile_mode reduce-overhead or max-autotune), whose outputs, gradients "
-                             "included, are overwritten by the next forward: pass one micro-batch a step")
+            raise ValueError(
+                f"train_step got {count} micro-batches, but the model replays CUDA graphs "
+                "(compile_mode reduce-overhead or max-autotune), whose outputs, gradients "
+                "included, are overwritten by the next forward: pass one micro-batch a step"
+            )
         # A new step: the CUDA graphs may reuse the memory of the last step's outputs (the
         # gradients were stepped and set to None; `total` below is a fresh tensor).
         torch.compiler.cudagraph_mark_step_begin()
@@ -107,7 +109,7 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
         batch = to_device(batch, parts.device, parts.pin_memory)
         samples += batch_size_of(batch)
         last = i == count - 1
-        with (contextlib.nullcontext() if last else parts.model.no_sync()):
+        with contextlib.nullcontext() if last else parts.model.no_sync():
             with precision.autocast():
                 loss = parts.task.loss(parts.model, batch) / count
             precision.backward(loss)
@@ -115,8 +117,11 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     # After the all-reduce (the last backward) and unscaling, the same on every rank: the norm is
     # logged, and clipped to optim.grad_clip when set.
     clip = getattr(parts.model, "clip_gradients", None)  # a sharded model: collective over its ranks
-    grad_norm = (clip(parts.grad_clip) if clip is not None
-                 else clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision))
+    grad_norm = (
+        clip(parts.grad_clip)
+        if clip is not None
+        else clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision)
+    )
     lr = parts.optimizer.param_groups[0]["lr"]  # before the schedule moves it on to the next step's
     # Through DDP's optimizer_step: it steps (skipping an fp16 overflow) and zeroes the gradients.
     stepped = precision.optimizer_step(parts.optimizer, model=parts.model)
@@ -130,11 +135,11 @@ class LoopState:
 
     step: int = 0
     epoch: int = 0
-    resumed: bool = False            # the sampler's epoch is already set and partly consumed
-    window_loss: Any = None          # device tensor: sum of step losses since the last log
-    window_norm: Any = None          # device tensors: sum and count of the finite gradient norms
-    window_norms: Any = None         #   since the last log (an fp16 overflow's inf is left out)
-    lr: float | None = None          # the learning rate of the last step
+    resumed: bool = False  # the sampler's epoch is already set and partly consumed
+    window_loss: Any = None  # device tensor: sum of step losses since the last log
+    window_norm: Any = None  # device tensors: sum and count of the finite gradient norms
+    window_norms: Any = None  #   since the last log (an fp16 overflow's inf is left out)
+    lr: float | None = None  # the learning rate of the last step
     window_steps: int = 0
     window_samples: int = 0
     window_start: float = field(default_factory=time.perf_counter)
@@ -158,13 +163,14 @@ def _add_norm(state: LoopState, norm: torch.Tensor | None) -> None:
 def _step_chunks(indices: Any, per_step: int, batch_size: int) -> list[list[Any]]:
     steps = []
     for start in range(0, len(indices), per_step):
-        chunk = indices[start:start + per_step]
-        steps.append([chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)])
+        chunk = indices[start : start + per_step]
+        steps.append([chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)])
     return steps
 
 
-def fit(parts: Components, total_steps: int, state: LoopState,
-        after_step: Callable[[LoopState, StepResult], None]) -> LoopState:
+def fit(
+    parts: Components, total_steps: int, state: LoopState, after_step: Callable[[LoopState, StepResult], None]
+) -> LoopState:
     """Train until `total_steps`, calling `after_step` (logging, eval, checkpoints) after each step.
 
     Every rank must call it with the same arguments: each step is a

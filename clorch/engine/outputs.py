@@ -110,8 +110,9 @@ def write_json(path: Path, data: Any) -> None:
 def _git_commit(directory: Path) -> str | None:
     """The commit checked out where `directory` lies (any folder of a git checkout), else None."""
     try:
-        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -153,14 +154,20 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
         except Exception:  # torch built without NCCL
             nccl = None
     return {
-        "python": sys.version.split()[0], "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cuda_available": cuda, "nccl": nccl,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "nccl": nccl,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         # The user's code: the checkout the run was started from; and clorch's own, when it runs
         # from a checkout (an editable install).
-        "git_commit": _git_commit(Path.cwd()), "clorch_git_commit": _git_commit(Path(__file__).parent),
-        "host": socket.gethostname(), "platform": platform.platform(),
-        "command": _command(argv), "cwd": os.getcwd(),
+        "git_commit": _git_commit(Path.cwd()),
+        "clorch_git_commit": _git_commit(Path(__file__).parent),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "command": _command(argv),
+        "cwd": os.getcwd(),
         # As typed, when clorch-train recorded it (typed_command): what `clorch-runs show` re-runs.
         "argv": list(_typed[-1]) if argv is None and _typed else None,
         "time": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -200,8 +207,7 @@ class MetricsWriter:
             history too, when the directory is new: a resume into another run directory).
     """
 
-    def __init__(self, path: Path, history: list[dict[str, Any]] | None = None,
-                 tensorboard_dir: Path | None = None):
+    def __init__(self, path: Path, history: list[dict[str, Any]] | None = None, tensorboard_dir: Path | None = None):
         self.path = Path(path)
         # Atomic: the launching process follows this file while it is rewritten.
         write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in history or []))
@@ -241,6 +247,7 @@ def resumed_history(records: list[dict[str, Any]], step: int, last_step: int) ->
     was taken) are trained and logged again. A checkpoint at the last step
     evaluates again, so that step's evaluation is left to the resumed run.
     """
+
     def kept(record: dict[str, Any]) -> bool:
         at = record.get("step", 0)
         return at < step or (at == step and not (step >= last_step and record.get("kind") == "eval"))
@@ -321,8 +328,7 @@ def plot_loss(run_dir: Path) -> Path | None:
         return _draw(run_dir / "loss.png", train, _eval_metrics(records), plt)
 
 
-def _draw(out: Path, train: list[tuple[int, float]], evals: dict[str, list[tuple[int, float]]],
-          plt: Any) -> Path:
+def _draw(out: Path, train: list[tuple[int, float]], evals: dict[str, list[tuple[int, float]]], plt: Any) -> Path:
     others = {k: v for k, v in evals.items() if k != "eval_loss"}
     rows = 2 if others else 1
     fig, axes = plt.subplots(rows, 1, figsize=(6, 4 * rows), sharex=True, squeeze=False)

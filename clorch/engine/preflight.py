@@ -44,11 +44,13 @@ def run_first(plan: Plan, run_dir: Path, checkpoint_dir: Path | None, rank: int)
     if plan.preflight == "false":
         return None
 
-    result = run_preflight(plan.config.preflight, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
-                           **_estimate(plan))
+    result = run_preflight(plan.config.preflight, run_dir=run_dir, checkpoint_dir=checkpoint_dir, **_estimate(plan))
     if rank == 0:
-        verdict = (f"preflight passed on {plan.world_size} rank(s) in {result.elapsed_s:.1f} s"
-                   if result.passed else f"preflight failed: {'; '.join(result.failures)}")
+        verdict = (
+            f"preflight passed on {plan.world_size} rank(s) in {result.elapsed_s:.1f} s"
+            if result.passed
+            else f"preflight failed: {'; '.join(result.failures)}"
+        )
         announce(run_dir, verdict)
     return result
 

@@ -135,9 +135,15 @@ class JobEnd:
         """From clorch.launch's status dict (its keys: see clorch.launch.launcher.Job.status),
         with `changes` (as `state=Status.INTERRUPTED, interrupted_by="SIGINT"`) over it."""
         raw = {**status, **{k: str(v) if isinstance(v, Status) else v for k, v in changes.items()}}
-        end = _build(cls, {**raw, "raw": raw},
-                      state=Status.of, results=_rank_results, error=JobError.from_dict,
-                      restart_count=lambda n: n or 0, attempt_errors=list)
+        end = _build(
+            cls,
+            {**raw, "raw": raw},
+            state=Status.of,
+            results=_rank_results,
+            error=JobError.from_dict,
+            restart_count=lambda n: n or 0,
+            attempt_errors=list,
+        )
         attempts = _build(_Attempts, raw).attempts  # the launcher's list: counted, and each failure
         end.attempts, end.attempt_errors = _attempt_count(attempts), _attempt_errors(attempts)
         return end
@@ -165,8 +171,10 @@ class _Attempts:
 
 
 def _attempt_errors(attempts: Any) -> list[JobError | None]:
-    return [JobError.from_dict(_build(_Attempts, a).error) if isinstance(a, Mapping) else None
-            for a in (attempts if isinstance(attempts, list) else [])]
+    return [
+        JobError.from_dict(_build(_Attempts, a).error) if isinstance(a, Mapping) else None
+        for a in (attempts if isinstance(attempts, list) else [])
+    ]
 
 
 @dataclass
@@ -182,8 +190,13 @@ class NodeResult:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any] | None) -> "NodeResult":
-        return _build(cls, record, result=RankResult.from_dict,
-                      preflight=PreflightVerdict.from_dict, restarts=lambda n: int(n or 0))
+        return _build(
+            cls,
+            record,
+            result=RankResult.from_dict,
+            preflight=PreflightVerdict.from_dict,
+            restarts=lambda n: int(n or 0),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,9 +242,16 @@ class RunSummary:
     @classmethod
     def from_dict(cls, record: Mapping[str, Any] | None) -> "RunSummary":
         """summary.json's content, from any version of clorch (a key it lacks takes its default)."""
-        return _build(cls, {"status": None, **(record if isinstance(record, Mapping) else {})},
-                      status=Status.of, error=JobError.from_dict, preflight=PreflightVerdict.from_dict,
-                      final=_or_empty, best=_or_empty, trusted_modules=_or_empty)
+        return _build(
+            cls,
+            {"status": None, **(record if isinstance(record, Mapping) else {})},
+            status=Status.of,
+            error=JobError.from_dict,
+            preflight=PreflightVerdict.from_dict,
+            final=_or_empty,
+            best=_or_empty,
+            trusted_modules=_or_empty,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (the keys it always had; the optional ones when set)."""
@@ -280,6 +300,11 @@ class RunResult:
         return self.summary.status
 
     def __getitem__(self, key: str) -> Any:
-        legacy = {"status": self.job.raw, "summary": self.summary.to_dict(), "logs": self.logs,
-                  "run_dir": self.run_dir, "plan": self.plan}
+        legacy = {
+            "status": self.job.raw,
+            "summary": self.summary.to_dict(),
+            "logs": self.logs,
+            "run_dir": self.run_dir,
+            "plan": self.plan,
+        }
         return legacy[key]

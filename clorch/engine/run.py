@@ -35,13 +35,22 @@ WORKER = "clorch.engine.worker:main"
 
 def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
     launcher = plan.config.launcher
-    return launch(worker, nproc_per_node=plan.nproc_per_node, devices=plan.devices,
-                  backend=plan.backend, timeout=launcher.timeout,
-                  args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
-                  log_dir=run_dir / "logs", nnodes=launcher.nnodes, node_rank=launcher.node_rank,
-                  master_addr=launcher.master_addr, master_port=launcher.master_port,
-                  max_restarts=launcher.max_restarts, rdzv_timeout=launcher.rdzv_timeout,
-                  collective_timeout=launcher.collective_timeout)
+    return launch(
+        worker,
+        nproc_per_node=plan.nproc_per_node,
+        devices=plan.devices,
+        backend=plan.backend,
+        timeout=launcher.timeout,
+        args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
+        log_dir=run_dir / "logs",
+        nnodes=launcher.nnodes,
+        node_rank=launcher.node_rank,
+        master_addr=launcher.master_addr,
+        master_port=launcher.master_port,
+        max_restarts=launcher.max_restarts,
+        rdzv_timeout=launcher.rdzv_timeout,
+        collective_timeout=launcher.collective_timeout,
+    )
 
 
 def _follow(job: Any, progress: Progress, feed: TrackerFeed = NO_TRACKERS) -> dict[str, Any]:
@@ -79,13 +88,13 @@ def _announce_restarts(status: dict[str, Any], shown: int, limit: int, progress:
         cause = causes[number - 1] if number - 1 < len(causes) else None
         what = cause.describe() if cause else "a failure"
         # Recorded in events.jsonl; the progress shows it from there, like the ranks' events.
-        announce(progress.path.parent, f"restart {number} of {limit} after {what}; "
-                 "resuming from the latest checkpoint")
+        announce(progress.path.parent, f"restart {number} of {limit} after {what}; resuming from the latest checkpoint")
     return max(count, shown)
 
 
-def execute(plan: Plan, run_dir: str | Path, *,
-            progress: str | None = None, echo: bool = True, worker: str = WORKER) -> RunResult:
+def execute(
+    plan: Plan, run_dir: str | Path, *, progress: str | None = None, echo: bool = True, worker: str = WORKER
+) -> RunResult:
     """Launch the ranks of a checked plan, wait, and write the run's outputs into `run_dir`.
 
     Args:
@@ -107,8 +116,9 @@ def execute(plan: Plan, run_dir: str | Path, *,
         DirectoryInUse: another live job holds the checkpoint directory.
     """
     if not isinstance(plan, Plan):
-        raise TypeError(f"execute() takes the Plan clorch.config.plan.resolve(cfg, run_dir) returns, "
-                        f"got {type(plan).__name__}")
+        raise TypeError(
+            f"execute() takes the Plan clorch.config.plan.resolve(cfg, run_dir) returns, got {type(plan).__name__}"
+        )
     run_dir = Path(run_dir).resolve()
     # In use while the run lives: a launch refused meanwhile never takes this run's files back.
     with using_run_dir(run_dir), owning_checkpoint_dir(plan, run_dir):
@@ -131,6 +141,7 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> 
         return
     # lazy: clorch.checkpoint.locks imports torch, kept out of clorch-train's start
     from clorch.checkpoint.locks import DirectoryLock
+
     # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
     from clorch.engine.checkpoints import checkpoint_dir
 
@@ -181,8 +192,7 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
     write_summary(run_dir, summary)
     feed.finish(summary.status, run_dir)
     logs = {rank: job.logs(rank) for rank in (end.ranks or range(plan.nproc_per_node))}
-    return RunResult(job=end, summary=summary, run_dir=str(run_dir), plan=plan, logs=logs,
-                     preflight=summary.preflight)
+    return RunResult(job=end, summary=summary, run_dir=str(run_dir), plan=plan, logs=logs, preflight=summary.preflight)
 
 
 def _one_node(nnodes: int | str) -> bool:
@@ -199,8 +209,9 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.json"
     write_plan(plan, plan_path)
     try:
-        run_torchrun(plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker,
-                     entry="clorch.engine.as_rank")
+        run_torchrun(
+            plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker, entry="clorch.engine.as_rank"
+        )
         end = JobEnd.from_launcher({"state": Status.SUCCEEDED})
     except TorchrunError as exc:
         end = JobEnd.from_launcher({"state": "failed", "error": {"type": "TorchrunError", "message": str(exc)}})
@@ -208,8 +219,9 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         # torch's agent has its own SIGINT/SIGTERM/SIGHUP handlers: it ends the ranks, then
         # raises this; the run is recorded as interrupted, as under clorch's launcher.
         signum = getattr(exc, "sigval", None) or getattr(exc, "signum")
-        end = JobEnd.from_launcher({"state": Status.INTERRUPTED,
-                                    "interrupted_by": Interrupted(int(signum)).signal_name})
+        end = JobEnd.from_launcher(
+            {"state": Status.INTERRUPTED, "interrupted_by": Interrupted(int(signum)).signal_name}
+        )
     finally:
         plan_path.unlink(missing_ok=True)
     node = _node_result(run_dir)
@@ -218,16 +230,16 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     end.raw.update(state=str(end.state), results=[r.to_dict() for r in end.results])
     summary = summarize(end, run_dir, plan, time.perf_counter() - start)
     summary.launcher = "torchrun"
-    if not node.rank0 and end.state is Status.SUCCEEDED and node.preflight is not None \
-            and not node.preflight.passed:
+    if not node.rank0 and end.state is Status.SUCCEEDED and node.preflight is not None and not node.preflight.passed:
         # Another node's rank 0 writes summary.json; this node's ranks learnt the job's verdict.
         summary.status, summary.preflight = Status.PREFLIGHT_FAILED, node.preflight
     if end.results or end.state is not Status.SUCCEEDED:
         write_summary(run_dir, summary)
     if end.results or _one_node(plan.config.launcher.nnodes):
         feed_at_end(plan, run_dir, summary.status)  # torch's agent held this process until now
-    return RunResult(job=end, summary=summary, run_dir=str(run_dir), plan=plan,
-                     preflight=node.preflight or summary.preflight)
+    return RunResult(
+        job=end, summary=summary, run_dir=str(run_dir), plan=plan, preflight=node.preflight or summary.preflight
+    )
 
 
 def _node_result(run_dir: Path) -> NodeResult:

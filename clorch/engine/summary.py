@@ -49,24 +49,43 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
     final.update({f"eval_{k}": v for k, v in rank0.final_eval.items()})
     steps = rank0.steps if rank0.steps is not None else step_of(final)
     return RunSummary(
-        status=job_status(end, rank0.preflight), exit_codes=end.exit_codes, failed_rank=end.failed_rank,
-        error=end.error, steps=steps, planned_steps=plan.total_steps, final=final, best=_best(records),
-        wall_time_s=wall_s, train_time_s=rank0.train_time_s, samples_per_s=rank0.samples_per_s,
-        tokens_per_s=rank0.tokens_per_s, weights_sha256=rank0.weights_sha256,
-        resumed_from=rank0.resumed_from, world_size=plan.world_size, backend=plan.backend,
-        attempts=end.attempts, trusted_modules=plan.trusted_modules, exported=rank0.exported,
-        interrupted_by=end.interrupted_by or None, preflight=rank0.preflight)
+        status=job_status(end, rank0.preflight),
+        exit_codes=end.exit_codes,
+        failed_rank=end.failed_rank,
+        error=end.error,
+        steps=steps,
+        planned_steps=plan.total_steps,
+        final=final,
+        best=_best(records),
+        wall_time_s=wall_s,
+        train_time_s=rank0.train_time_s,
+        samples_per_s=rank0.samples_per_s,
+        tokens_per_s=rank0.tokens_per_s,
+        weights_sha256=rank0.weights_sha256,
+        resumed_from=rank0.resumed_from,
+        world_size=plan.world_size,
+        backend=plan.backend,
+        attempts=end.attempts,
+        trusted_modules=plan.trusted_modules,
+        exported=rank0.exported,
+        interrupted_by=end.interrupted_by or None,
+        preflight=rank0.preflight,
+    )
 
 
 Line = tuple[str, bool]
 """One console line, and whether it goes to stderr (what went wrong does)."""
 
+
 def shown_metrics(final: Mapping[str, Any]) -> str:
     """The final loss and every eval metric (eval_*, your own eval function's included), as
     `loss 0.1, eval_loss 0.2, eval_accuracy 0.9`: the numbers among them, loss first."""
     keys = ["loss"] + [k for k in final if k.startswith("eval_")]
-    return ", ".join(f"{k} {final[k]:.4g}" for k in keys
-                     if isinstance(final.get(k), (int, float)) and not isinstance(final.get(k), bool))
+    return ", ".join(
+        f"{k} {final[k]:.4g}"
+        for k in keys
+        if isinstance(final.get(k), (int, float)) and not isinstance(final.get(k), bool)
+    )
 
 
 def show(lines: list[Line]) -> None:
@@ -74,16 +93,26 @@ def show(lines: list[Line]) -> None:
         print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
 
-def preflight_lines(verdict: PreflightVerdict, world_size: int | None, run_dir: str | Path,
-                    table: bool = True) -> list[Line]:
+def preflight_lines(
+    verdict: PreflightVerdict, world_size: int | None, run_dir: str | Path, table: bool = True
+) -> list[Line]:
     """preflight=only, or a preflight that failed: the table (with `table`), then the verdict:
     the status's line and, when it failed, each failure (naming the rank and its host)."""
     lines = [(verdict.table, False)] if table and verdict.table else []
     if verdict.passed:
-        return lines + [(Status.SUCCEEDED.line(f": preflight passed on {world_size} rank(s) in "
-                                               f"{verdict.elapsed_s:.1f} s; preflight.json in {run_dir}"), False)]
-    return lines + [(Status.PREFLIGHT_FAILED.line(f"; preflight.json in {run_dir}"), True),
-                    *((f"  - {line}", True) for line in verdict.failures)]
+        return lines + [
+            (
+                Status.SUCCEEDED.line(
+                    f": preflight passed on {world_size} rank(s) in "
+                    f"{verdict.elapsed_s:.1f} s; preflight.json in {run_dir}"
+                ),
+                False,
+            )
+        ]
+    return lines + [
+        (Status.PREFLIGHT_FAILED.line(f"; preflight.json in {run_dir}"), True),
+        *((f"  - {line}", True) for line in verdict.failures),
+    ]
 
 
 def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) -> list[Line]:
@@ -98,12 +127,12 @@ def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) ->
     if summary.preflight is not None and (status is Status.PREFLIGHT_FAILED or not summary.steps):
         return preflight_lines(summary.preflight, summary.world_size, run_dir)
     if status is Status.SUCCEEDED and not final_node:
-        return [(status.line(f"; this node's ranks finished, rank 0's node writes the metrics; "
-                             f"logs in {run_dir}"), False)]
+        return [
+            (status.line(f"; this node's ranks finished, rank 0's node writes the metrics; logs in {run_dir}"), False)
+        ]
     if status is Status.SUCCEEDED:
         shown = shown_metrics(summary.final)
-        return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"),
-                 False)]
+        return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"), False)]
     error = summary.error or JobError()
     what = dataclasses.replace(error, rank=summary.failed_rank).describe(failed="failed first")
     lines = [(status.line(f": {what}; run directory {run_dir}"), True)]
@@ -125,8 +154,12 @@ def write_summary(run_dir: Path, summary: RunSummary, plot: bool = True) -> bool
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "summary.json", summary.to_dict())
     except OSError as exc:
-        print(f"clorch-train: no summary.json: cannot write it in {run_dir} ({exc.strerror or exc}); "
-              f"the run ended {summary.status}", file=sys.stderr, flush=True)
+        print(
+            f"clorch-train: no summary.json: cannot write it in {run_dir} ({exc.strerror or exc}); "
+            f"the run ended {summary.status}",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     if plot:
         plot_loss(run_dir)
@@ -137,7 +170,9 @@ def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # Atomic: under launcher=torchrun every node writes it, while other nodes' ranks may read it.
-    write_text_atomic(run_dir / "config.yaml", trusted_comment(plan.trusted_modules)
-                      + yaml.safe_dump(plan.config.to_dict(), sort_keys=False))
+    write_text_atomic(
+        run_dir / "config.yaml",
+        trusted_comment(plan.trusted_modules) + yaml.safe_dump(plan.config.to_dict(), sort_keys=False),
+    )
     shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
     write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})

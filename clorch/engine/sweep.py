@@ -88,15 +88,27 @@ class SweepRow:
 
     @classmethod
     def of(cls, job: str, overrides: dict[str, str], summary: RunSummary) -> "SweepRow":
-        return cls(job=job, overrides=overrides, status=summary.status, steps=summary.steps,
-                   metrics={m: summary.final.get(m) for m in METRICS}, samples_per_s=summary.samples_per_s,
-                   tokens_per_s=summary.tokens_per_s, wall_time_s=summary.wall_time_s)
+        return cls(
+            job=job,
+            overrides=overrides,
+            status=summary.status,
+            steps=summary.steps,
+            metrics={m: summary.final.get(m) for m in METRICS},
+            samples_per_s=summary.samples_per_s,
+            tokens_per_s=summary.tokens_per_s,
+            wall_time_s=summary.wall_time_s,
+        )
 
     def results(self) -> dict[str, Any]:
         """The result columns (RESULTS), by name."""
-        return {"status": str(self.status), "steps": self.steps, **self.metrics,
-                "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
-                "wall_time_s": self.wall_time_s}
+        return {
+            "status": str(self.status),
+            "steps": self.steps,
+            **self.metrics,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_time_s": self.wall_time_s,
+        }
 
     def cells(self, keys: list[str]) -> dict[str, Any]:
         """The row of sweep_summary.csv: job, the override `keys`, then the results."""
@@ -115,8 +127,7 @@ def _summary_of(job_dir: Path, interrupted: bool) -> RunSummary:
     return RunSummary.from_dict(json.loads(path.read_text()))
 
 
-def collect(sweep_dir: Path, planned: list[list[str]] | None = None,
-            interrupted: bool = False) -> list[SweepRow]:
+def collect(sweep_dir: Path, planned: list[list[str]] | None = None, interrupted: bool = False) -> list[SweepRow]:
     """One row per job directory (a numbered subdirectory) of `sweep_dir`: its overrides
     and its results.
 
@@ -153,8 +164,9 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_summary(sweep_dir: Path, planned: list[list[str]] | None = None,
-                  interrupted: bool = False) -> tuple[Path, Path]:
+def write_summary(
+    sweep_dir: Path, planned: list[list[str]] | None = None, interrupted: bool = False
+) -> tuple[Path, Path]:
     """Write sweep_summary.csv and sweep_summary.md; return their paths.
 
     Columns: job, one per overridden key (its value in that job; empty where the
@@ -208,6 +220,8 @@ class SweepSummaryCallback(Callback):
         if interrupt is None:
             print(f"clorch-train: sweep summary in {md_path} (and .csv)")
         else:
-            print(f"clorch-train: sweep interrupted by {interrupt.signal_name}; its summary (every job's "
-                  f"status) in {md_path} (and .csv)")
+            print(
+                f"clorch-train: sweep interrupted by {interrupt.signal_name}; its summary (every job's "
+                f"status) in {md_path} (and .csv)"
+            )
         print(md_path.read_text())

@@ -95,9 +95,15 @@ def tracker_feed(plan: Plan, run_dir: Path) -> TrackerFeed:
     """The feed for the trackers `plan.config.logger` names (none started yet; cheap: the
     trackers' packages are imported when they start)."""
     logger = plan.config.logger
-    trackers = build_trackers(logger.trackers, run_dir, run_name=run_name(run_dir),
-                              tracking_uri=logger.tracking_uri, experiment=logger.experiment,
-                              wandb_mode=logger.mode, wandb_project=logger.experiment)
+    trackers = build_trackers(
+        logger.trackers,
+        run_dir,
+        run_name=run_name(run_dir),
+        tracking_uri=logger.tracking_uri,
+        experiment=logger.experiment,
+        wandb_mode=logger.mode,
+        wandb_project=logger.experiment,
+    )
     return TrackerFeed(trackers, plan.config.to_dict())
 
 

@@ -69,8 +69,7 @@ EXPORT_FILE = "model.safetensors"  # checkpoint.export=safetensors, in the run d
 class StepHooks:
     """What happens after each optimizer step: log, evaluate, checkpoint."""
 
-    def __init__(self, cfg: TrainConfig, parts: Components, run_dir: Path, total: int,
-                 writer: MetricsWriter | None):
+    def __init__(self, cfg: TrainConfig, parts: Components, run_dir: Path, total: int, writer: MetricsWriter | None):
         self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
@@ -101,11 +100,17 @@ class StepHooks:
         loss = window.item() / (parts.world_size * state.window_steps)
         elapsed = max(time.perf_counter() - state.window_start, 1e-9)
         samples_per_s = state.window_samples * parts.world_size / elapsed
-        record = {"kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss,
-                  "grad_norm": _mean_norm(state),
-                  "lr": state.lr if state.lr is not None else parts.optimizer.param_groups[0]["lr"],
-                  "loss_scale": parts.precision.scale, "skipped_steps": parts.precision.skipped_steps,
-                  "samples_per_s": samples_per_s}
+        record = {
+            "kind": "train",
+            "step": state.step,
+            "epoch": state.epoch,
+            "loss": loss,
+            "grad_norm": _mean_norm(state),
+            "lr": state.lr if state.lr is not None else parts.optimizer.param_groups[0]["lr"],
+            "loss_scale": parts.precision.scale,
+            "skipped_steps": parts.precision.skipped_steps,
+            "samples_per_s": samples_per_s,
+        }
         if self.tokens:
             record["tokens_per_s"] = samples_per_s * self.tokens
         state.window_loss, state.window_steps, state.window_samples = None, 0, 0
@@ -114,17 +119,24 @@ class StepHooks:
         if self.writer is not None:
             self.writer.write(record)
             norm = "" if record["grad_norm"] is None else f" grad_norm {record['grad_norm']:.4g}"
-            print(f"step {state.step}/{self.total} epoch {state.epoch} loss {loss:.6g}{norm} "
-                  f"lr {record['lr']:.3g} {samples_per_s:,.0f} samples/s", flush=True)
+            print(
+                f"step {state.step}/{self.total} epoch {state.epoch} loss {loss:.6g}{norm} "
+                f"lr {record['lr']:.3g} {samples_per_s:,.0f} samples/s",
+                flush=True,
+            )
 
     def eval(self, state: LoopState) -> dict[str, float]:
         """Evaluate on the held-out split (collective: every rank calls it) and log it."""
         start = time.perf_counter()
         metrics = evaluate(self.parts)
         self.last_eval = metrics
-        record = {"kind": "eval", "step": state.step, "epoch": state.epoch,
-                  **{f"eval_{k}": v for k, v in metrics.items()},
-                  "time_s": time.perf_counter() - start}
+        record = {
+            "kind": "eval",
+            "step": state.step,
+            "epoch": state.epoch,
+            **{f"eval_{k}": v for k, v in metrics.items()},
+            "time_s": time.perf_counter() - start,
+        }
         if self.writer is not None:
             self.writer.write(record)
             shown = " ".join(f"eval_{k} {v:.6g}" for k, v in metrics.items())
@@ -134,8 +146,9 @@ class StepHooks:
         return metrics
 
 
-def _start(cfg: TrainConfig, parts: Components, run_dir: Path,
-           total: int) -> tuple[LoopState, str | None, list[dict[str, Any]] | None]:
+def _start(
+    cfg: TrainConfig, parts: Components, run_dir: Path, total: int
+) -> tuple[LoopState, str | None, list[dict[str, Any]] | None]:
     """The loop state to start from, the checkpoint resumed (or None) and, on rank 0 of a
     resumed run, the metrics records its metrics.jsonl starts with."""
     path = checkpoints.agreed_resume_path(cfg, run_dir)
@@ -148,8 +161,10 @@ def _start(cfg: TrainConfig, parts: Components, run_dir: Path,
         history, note, fields = _history(run_dir, state, total)
         message = f"resuming from {path} at step {state.step} (epoch {state.epoch})"
         if state.step >= total:
-            message = (f"{path} is already at step {state.step}, the run's last ({total}): "
-                       "nothing is left to train; evaluating and saving only")
+            message = (
+                f"{path} is already at step {state.step}, the run's last ({total}): "
+                "nothing is left to train; evaluating and saving only"
+            )
         # Announced before metrics.jsonl is written: the console then knows which of its
         # records are carried over (and shows this line instead of them).
         announce(run_dir, message + note, **fields)
@@ -188,8 +203,9 @@ def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
     return train(plan, Path(ctx["args"]["run_dir"]), ctx)
 
 
-def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
-          hooks_class: type[StepHooks] = StepHooks) -> dict[str, Any] | None:
+def train(
+    plan: Plan, run_dir: Path, ctx: Mapping[str, Any], hooks_class: type[StepHooks] = StepHooks
+) -> dict[str, Any] | None:
     """`main`'s body, for one rank: build, resume, fit, evaluate, checkpoint, summarize.
 
     Args:
@@ -200,8 +216,9 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
     """
     cfg, total = plan.config, plan.total_steps
     rank = int(ctx.get("rank", 0))
-    checked = preflight.run_first(plan, run_dir, checkpoints.checkpoint_dir(cfg, run_dir)
-                                  if cfg.checkpoint.policy != "none" else None, rank)
+    checked = preflight.run_first(
+        plan, run_dir, checkpoints.checkpoint_dir(cfg, run_dir) if cfg.checkpoint.policy != "none" else None, rank
+    )
     if preflight.stops_here(plan, checked):  # failed, or preflight=only: nothing is built
         return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
     parts = build_components(cfg, ctx, total)
@@ -232,13 +249,19 @@ def train(plan: Plan, run_dir: Path, ctx: Mapping[str, Any],
     earlier = state.resumed_run_dir if resumed_from else None
     if earlier is not None and Path(earlier).resolve() == run_dir.resolve():
         earlier = None
-    return {"steps": state.step, "epoch": state.epoch, "resumed_from": resumed_from,
-            "resumed_run_dir": earlier,
-            "train_time_s": train_time, "samples_per_s": samples / max(train_time, 1e-9),
-            "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
-            "final_eval": final_eval, "weights_sha256": digest,
-            "preflight": preflight.summary_of(checked) if checked is not None else None,
-            "exported": exported}
+    return {
+        "steps": state.step,
+        "epoch": state.epoch,
+        "resumed_from": resumed_from,
+        "resumed_run_dir": earlier,
+        "train_time_s": train_time,
+        "samples_per_s": samples / max(train_time, 1e-9),
+        "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
+        "final_eval": final_eval,
+        "weights_sha256": digest,
+        "preflight": preflight.summary_of(checked) if checked is not None else None,
+        "exported": exported,
+    }
 
 
 class _Weights:
@@ -261,8 +284,9 @@ def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
         return None
     model: Any = parts.raw_model
     if parts.sharded:
-        model = _Weights(get_model_state_dict(parts.raw_model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True)))
+        model = _Weights(
+            get_model_state_dict(parts.raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        )
     if parts.rank != 0:
         return None
     return str(save_safetensors(model, run_dir / EXPORT_FILE))

@@ -18,12 +18,17 @@ TIMED_OUT_EXIT = 124
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m clorch.launch",
-                                     description="Run package.module:function on one process per rank.")
+    parser = argparse.ArgumentParser(
+        prog="python -m clorch.launch", description="Run package.module:function on one process per rank."
+    )
     parser.add_argument("main", help="entry point, package.module:function, called with the rank's ctx dict")
     parser.add_argument("--nproc-per-node", type=int, default=None, help="ranks on this node")
-    parser.add_argument("--devices", type=lambda s: [int(d) for d in s.split(",")], default=None,
-                        help="CUDA device indices, comma-separated, one per local rank")
+    parser.add_argument(
+        "--devices",
+        type=lambda s: [int(d) for d in s.split(",")],
+        default=None,
+        help="CUDA device indices, comma-separated, one per local rank",
+    )
     parser.add_argument("--args", type=json.loads, default=None, help="JSON value passed as ctx['args']")
     parser.add_argument("--backend", default="auto", help="auto, nccl, gloo or none")
     parser.add_argument("--timeout", type=float, default=None, help="seconds for the whole job")

@@ -81,19 +81,29 @@ def resolve_target(target: str) -> Any:
 def _write_error(log_dir: Path, rank: int, exc: BaseException) -> None:
     code = exc.code if isinstance(exc, SystemExit) else None
     message = f"sys.exit({code!r})" if isinstance(exc, SystemExit) else str(exc)
-    write_json_atomic(log_dir / f"rank_{rank}.error.json", {
-        "rank": rank, "pid": os.getpid(), "timestamp": time.time(),
-        "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
-        "traceback": "".join(traceback.format_exception(exc)),
-    })
+    write_json_atomic(
+        log_dir / f"rank_{rank}.error.json",
+        {
+            "rank": rank,
+            "pid": os.getpid(),
+            "timestamp": time.time(),
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": message,
+            "traceback": "".join(traceback.format_exception(exc)),
+        },
+    )
 
 
 def _write_result(log_dir: Path, rank: int, result: Any) -> None:
     try:
         write_json_atomic(log_dir / f"rank_{rank}.result.json", result, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        print(f"clorch: rank {rank}: main returned a value that is not JSON-serializable "
-              f"({type(result).__name__}: {exc}); it is not stored", file=sys.stderr)
+        print(
+            f"clorch: rank {rank}: main returned a value that is not JSON-serializable "
+            f"({type(result).__name__}: {exc}); it is not stored",
+            file=sys.stderr,
+        )
 
 
 # How a rank joins its process group: clorch.distributed's lifecycle (device binding, timeouts,
@@ -104,8 +114,11 @@ GROUP_OPENER = "clorch.distributed.groups:process_group"
 
 def _call(fn: Any, backend: str, args: Any) -> Any:
     ctx = {
-        "rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]),
-        "world_size": int(os.environ["WORLD_SIZE"]), "backend": None, "process_group": None,
+        "rank": int(os.environ["RANK"]),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "backend": None,
+        "process_group": None,
         "args": args,
     }
     if backend == "none":

@@ -32,22 +32,22 @@ _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 class LaunchConfig:
     """A validated launch: what `Job` needs to start and restart the ranks."""
 
-    main: str                      # "pkg.mod:function", imported in each child
-    nproc_per_node: int            # ranks on this node
+    main: str  # "pkg.mod:function", imported in each child
+    nproc_per_node: int  # ranks on this node
     cuda_devices: list[str] | None  # CUDA_VISIBLE_DEVICES value per local rank, None on CPU
-    args_json: str                 # the `args` passed to main, as JSON
-    backend: str | None            # "nccl", "gloo", or None (no process group)
-    timeout: float | None          # seconds for the whole job, restarts included
-    log_dir: str                   # per-rank logs, error files, results and job.json
-    env: dict[str, str]            # extra environment variables for every rank
-    nnodes: int                    # launchers (nodes) in the job
-    node_rank: int                 # this launcher's node, in [0, nnodes)
-    master_addr: str               # host of rank 0's rendezvous store
-    master_port: int | None        # its port; None: a free port per attempt (one node only)
-    max_restarts: int              # whole-group restarts after a failure
-    grace_period: float            # seconds between SIGTERM and SIGKILL
-    rdzv_timeout: float            # seconds the nodes wait for each other (nnodes > 1)
-    collective_timeout: float      # seconds a rank waits in one collective before failing
+    args_json: str  # the `args` passed to main, as JSON
+    backend: str | None  # "nccl", "gloo", or None (no process group)
+    timeout: float | None  # seconds for the whole job, restarts included
+    log_dir: str  # per-rank logs, error files, results and job.json
+    env: dict[str, str]  # extra environment variables for every rank
+    nnodes: int  # launchers (nodes) in the job
+    node_rank: int  # this launcher's node, in [0, nnodes)
+    master_addr: str  # host of rank 0's rendezvous store
+    master_port: int | None  # its port; None: a free port per attempt (one node only)
+    max_restarts: int  # whole-group restarts after a failure
+    grace_period: float  # seconds between SIGTERM and SIGKILL
+    rdzv_timeout: float  # seconds the nodes wait for each other (nnodes > 1)
+    collective_timeout: float  # seconds a rank waits in one collective before failing
 
     @property
     def world_size(self) -> int:
@@ -81,8 +81,7 @@ def _name_defined(source_file: str, name: str) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return True
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any(alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name
-                   for alias in node.names):
+            if any(alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
                 return True
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and sub.id == name:
@@ -104,11 +103,15 @@ def main_target(main: str | Callable[..., Any]) -> str:
     elif callable(main) and hasattr(main, "__module__") and hasattr(main, "__qualname__"):
         qualname = main.__qualname__
         if "." in qualname or "<" in qualname:
-            raise ValueError(f"main must be a module-level function, got {qualname!r} "
-                             "(a method, lambda or nested function cannot be imported by the ranks)")
+            raise ValueError(
+                f"main must be a module-level function, got {qualname!r} "
+                "(a method, lambda or nested function cannot be imported by the ranks)"
+            )
         if main.__module__ == "__main__":
-            raise ValueError(f"main {qualname!r} is defined in __main__, which the ranks cannot "
-                             "import: move it to a module or pass 'package.module:function'")
+            raise ValueError(
+                f"main {qualname!r} is defined in __main__, which the ranks cannot "
+                "import: move it to a module or pass 'package.module:function'"
+            )
         target = f"{main.__module__}:{qualname}"
     else:
         raise TypeError(f"main must be 'package.module:function' or a module-level function, got {main!r}")
@@ -132,8 +135,9 @@ def _args_json(args: Any) -> str:
     try:
         return json.dumps(args, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"args must be JSON-serializable (dict, list, str, number, bool, None), "
-                        f"got {type(args).__name__}: {exc}") from None
+        raise TypeError(
+            f"args must be JSON-serializable (dict, list, str, number, bool, None), got {type(args).__name__}: {exc}"
+        ) from None
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -172,8 +176,9 @@ def check_nodes(kw: dict[str, Any], problems: list[str]) -> None:
     if port is not None and not (_is_int(port) and 1 <= port <= 65535):
         problems.append(f"master_port must be None or an integer in [1, 65535], got {port!r}")
     if _is_int(nnodes) and nnodes > 1 and port is None:
-        problems.append(f"master_port is required when nnodes > 1 (got nnodes={nnodes}): "
-                        "every node must be given the same port")
+        problems.append(
+            f"master_port is required when nnodes > 1 (got nnodes={nnodes}): every node must be given the same port"
+        )
     if not (isinstance(addr, str) and addr):
         problems.append(f"master_addr must be a non-empty host name or address, got {addr!r}")
 
@@ -214,16 +219,26 @@ def build_config(main: Any, **kw: Any) -> LaunchConfig:
     _check_numbers(kw, problems)
     check_nodes(kw, problems)
     _check_log_dir(kw["log_dir"], problems)
-    nproc, devices, backend = resolve_ranks(kw["nproc_per_node"], kw["devices"], kw["backend"],
-                                            {**os.environ, **env}, problems)
+    nproc, devices, backend = resolve_ranks(
+        kw["nproc_per_node"], kw["devices"], kw["backend"], {**os.environ, **env}, problems
+    )
     if problems:
         raise ValueError("invalid launch arguments: " + "; ".join(problems))
     return LaunchConfig(
-        main=target, nproc_per_node=nproc, cuda_devices=devices, args_json=args_json,
-        backend=backend, timeout=None if kw["timeout"] is None else float(kw["timeout"]),
+        main=target,
+        nproc_per_node=nproc,
+        cuda_devices=devices,
+        args_json=args_json,
+        backend=backend,
+        timeout=None if kw["timeout"] is None else float(kw["timeout"]),
         log_dir="" if kw["log_dir"] is None else os.fspath(Path(kw["log_dir"]).absolute()),
-        env=env, nnodes=kw["nnodes"], node_rank=kw["node_rank"], master_addr=kw["master_addr"],
-        master_port=kw["master_port"], max_restarts=kw["max_restarts"],
-        grace_period=float(kw["grace_period"]), rdzv_timeout=float(kw["rdzv_timeout"]),
+        env=env,
+        nnodes=kw["nnodes"],
+        node_rank=kw["node_rank"],
+        master_addr=kw["master_addr"],
+        master_port=kw["master_port"],
+        max_restarts=kw["max_restarts"],
+        grace_period=float(kw["grace_period"]),
+        rdzv_timeout=float(kw["rdzv_timeout"]),
         collective_timeout=float(kw["collective_timeout"]),
     )

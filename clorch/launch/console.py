@@ -107,14 +107,13 @@ class SafeStream:
         *lines, self._line = self._line.split("\n")
         for line in lines:
             if line.startswith(LOGGED_PREFIX):
-                to_run_log(line[len(LOGGED_PREFIX):], self._level)
+                to_run_log(line[len(LOGGED_PREFIX) :], self._level)
 
 
 def to_run_log(message: str, level: int = logging.INFO) -> None:
     """Write `message` to the run's log file only (the root logger's file handlers, which
     Hydra's job logging sets up for each run), not to the console; nothing without one."""
-    handlers = [h for h in logging.getLogger().handlers
-                if isinstance(h, logging.FileHandler) and level >= h.level]
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and level >= h.level]
     if not handlers:
         return
     record = logging.LogRecord(_LOGGER_NAME, level, __file__, 0, message, None, None)

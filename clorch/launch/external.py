@@ -27,9 +27,9 @@ from clorch.launch.slurm import first_host, port_for_job
 class ExternalRank:
     """This process's place in a job started by another launcher."""
 
-    launcher: str   # "torchrun", "slurm" or "submitit"
-    run_id: str     # the same on every rank of the job: it names the run directory
-    env: DistEnv    # rank, world size, local rank, master address and port
+    launcher: str  # "torchrun", "slurm" or "submitit"
+    run_id: str  # the same on every rank of the job: it names the run directory
+    env: DistEnv  # rank, world size, local rank, master address and port
 
     @property
     def run_name(self) -> str:
@@ -59,17 +59,22 @@ def slurm_rank_environ(environ: Mapping[str, str]) -> dict[str, str] | None:
     try:
         tasks, nodes = int(environ["SLURM_NTASKS"]), int(environ.get("SLURM_NNODES", "1") or 1)
     except ValueError:
-        raise ValueError("environment variables SLURM_NTASKS and SLURM_NNODES must be integers, "
-                         f"got {environ.get('SLURM_NTASKS')!r} and {environ.get('SLURM_NNODES')!r}") from None
+        raise ValueError(
+            "environment variables SLURM_NTASKS and SLURM_NNODES must be integers, "
+            f"got {environ.get('SLURM_NTASKS')!r} and {environ.get('SLURM_NNODES')!r}"
+        ) from None
     if tasks <= nodes:  # one task per node: clorch's launcher runs on each node
         return None
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
     per_node = re.match(r"\d+", environ.get("SLURM_NTASKS_PER_NODE", "") or "")
-    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": str(tasks),
-            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
-            "LOCAL_WORLD_SIZE": per_node.group(0) if per_node else str(tasks // nodes),
-            "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
-            "MASTER_PORT": environ.get("MASTER_PORT") or str(port_for_job(environ["SLURM_JOB_ID"]))}
+    return {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": str(tasks),
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": per_node.group(0) if per_node else str(tasks // nodes),
+        "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
+        "MASTER_PORT": environ.get("MASTER_PORT") or str(port_for_job(environ["SLURM_JOB_ID"])),
+    }
 
 
 def _slurm(environ: Mapping[str, str]) -> ExternalRank | None:
@@ -91,9 +96,14 @@ def _submitit_local(environ: Mapping[str, str]) -> ExternalRank | None:
     if job.num_tasks <= job.num_nodes:  # one task per node: clorch's launcher runs the ranks
         return None
     port = environ.get("MASTER_PORT") or str(port_for_job(str(job.job_id)))
-    variables = {"RANK": str(job.global_rank), "WORLD_SIZE": str(job.num_tasks),
-                 "LOCAL_RANK": str(job.local_rank), "LOCAL_WORLD_SIZE": str(job.num_tasks // job.num_nodes),
-                 "MASTER_ADDR": environ.get("MASTER_ADDR") or "127.0.0.1", "MASTER_PORT": port}
+    variables = {
+        "RANK": str(job.global_rank),
+        "WORLD_SIZE": str(job.num_tasks),
+        "LOCAL_RANK": str(job.local_rank),
+        "LOCAL_WORLD_SIZE": str(job.num_tasks // job.num_nodes),
+        "MASTER_ADDR": environ.get("MASTER_ADDR") or "127.0.0.1",
+        "MASTER_PORT": port,
+    }
     return ExternalRank("submitit", f"local{job.job_id}", read_env(variables))
 
 
@@ -110,6 +120,11 @@ def detect(environ: Mapping[str, str] | None = None) -> ExternalRank | None:
 def rank_environ(rank: ExternalRank) -> dict[str, str]:
     """The standard variables for `clorch.distributed.init_process_group` (SLURM's become them)."""
     e = rank.env
-    return {"RANK": str(e.rank), "WORLD_SIZE": str(e.world_size), "LOCAL_RANK": str(e.local_rank),
-            "LOCAL_WORLD_SIZE": str(e.local_world_size), "MASTER_ADDR": e.master_addr,
-            "MASTER_PORT": str(e.master_port)}
+    return {
+        "RANK": str(e.rank),
+        "WORLD_SIZE": str(e.world_size),
+        "LOCAL_RANK": str(e.local_rank),
+        "LOCAL_WORLD_SIZE": str(e.local_world_size),
+        "MASTER_ADDR": e.master_addr,
+        "MASTER_PORT": str(e.master_port),
+    }

@@ -31,23 +31,30 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
 
 
 def _check_devices(devices: Any, visible: list[str], problems: list[str]) -> list[int] | None:
-    if not isinstance(devices, (list, tuple)) or not devices or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+    if (
+        not isinstance(devices, (list, tuple))
+        or not devices
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)
+    ):
         problems.append(f"devices must be a non-empty list of CUDA device indices >= 0, got {devices!r}")
         return None
     if len(set(devices)) != len(devices):
         twice = sorted({d for d in devices if list(devices).count(d) > 1})
-        problems.append(f"devices must be distinct (one GPU per local rank), got {list(devices)!r}: "
-                        f"{twice} appear more than once")
+        problems.append(
+            f"devices must be distinct (one GPU per local rank), got {list(devices)!r}: {twice} appear more than once"
+        )
         return None
     if not visible:
-        problems.append(f"devices {list(devices)!r} were given but no CUDA GPU is visible on this "
-                        "machine: leave devices=None to run CPU ranks")
+        problems.append(
+            f"devices {list(devices)!r} were given but no CUDA GPU is visible on this "
+            "machine: leave devices=None to run CPU ranks"
+        )
         return None
     missing = [d for d in devices if d >= len(visible)]
     if missing:
-        problems.append(f"devices {missing} do not exist: {len(visible)} CUDA device(s) visible "
-                        f"(indices 0..{len(visible) - 1})")
+        problems.append(
+            f"devices {missing} do not exist: {len(visible)} CUDA device(s) visible (indices 0..{len(visible) - 1})"
+        )
         return None
     return list(devices)
 
@@ -59,8 +66,9 @@ def _check_nproc(nproc: Any, problems: list[str]) -> bool:
     return True
 
 
-def resolve_ranks(nproc: Any, devices: Any, backend: Any, environ: Mapping[str, str],
-                  problems: list[str]) -> tuple[int, list[str] | None, str | None]:
+def resolve_ranks(
+    nproc: Any, devices: Any, backend: Any, environ: Mapping[str, str], problems: list[str]
+) -> tuple[int, list[str] | None, str | None]:
     """(ranks per node, CUDA_VISIBLE_DEVICES per rank or None, resolved backend).
 
     GPU ranks: `devices` given, or backend "auto"/"nccl" with GPUs visible.
@@ -70,16 +78,20 @@ def resolve_ranks(nproc: Any, devices: Any, backend: Any, environ: Mapping[str, 
     nproc_ok = _check_nproc(nproc, problems)
     use_gpus = devices is not None or (backend in ("auto", "nccl") and bool(visible))
     if backend == "nccl" and not visible:
-        problems.append("backend 'nccl' needs CUDA GPUs, but none is visible on this machine: "
-                        "use backend='gloo' or 'auto' for CPU ranks")
+        problems.append(
+            "backend 'nccl' needs CUDA GPUs, but none is visible on this machine: "
+            "use backend='gloo' or 'auto' for CPU ranks"
+        )
     if not use_gpus:
         resolved = "gloo" if backend == "auto" else backend
         return (nproc if nproc_ok and nproc is not None else 2), None, resolved
     resolved = "nccl" if backend == "auto" else backend
     if devices is None:
         if nproc_ok and nproc is not None and nproc > len(visible):
-            problems.append(f"nproc_per_node={nproc} asks for {nproc} GPU ranks but only {len(visible)} "
-                            "CUDA device(s) are visible: pass fewer ranks, or backend='gloo' for CPU ranks")
+            problems.append(
+                f"nproc_per_node={nproc} asks for {nproc} GPU ranks but only {len(visible)} "
+                "CUDA device(s) are visible: pass fewer ranks, or backend='gloo' for CPU ranks"
+            )
             return 1, None, resolved
         count = len(visible) if nproc is None or not nproc_ok else nproc
         return count, visible[:count], resolved
@@ -87,6 +99,7 @@ def resolve_ranks(nproc: Any, devices: Any, backend: Any, environ: Mapping[str, 
     if checked is None:
         return 1, None, resolved
     if nproc_ok and nproc is not None and nproc != len(checked):
-        problems.append(f"nproc_per_node={nproc} does not match devices {checked} "
-                        f"({len(checked)} GPU ranks, one per device)")
+        problems.append(
+            f"nproc_per_node={nproc} does not match devices {checked} ({len(checked)} GPU ranks, one per device)"
+        )
     return len(checked), [visible[d] for d in checked], resolved

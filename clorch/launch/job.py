@@ -63,8 +63,10 @@ class Job:
             record["status"]["state"]
         except (ValueError, KeyError, TypeError) as exc:
             # The launcher writes it atomically: a damaged one was cut or edited by something else.
-            raise ValueError(f"the job record {path} cannot be read ({type(exc).__name__}: {exc}); it is "
-                             "damaged (clorch writes it whole), so this job cannot be followed") from None
+            raise ValueError(
+                f"the job record {path} cannot be read ({type(exc).__name__}: {exc}); it is "
+                "damaged (clorch writes it whole), so this job cannot be followed"
+            ) from None
         return cls(Path(log_dir), record, owner=False)
 
     def _read_record(self) -> dict[str, Any]:
@@ -77,10 +79,18 @@ class Job:
             # The launcher died without writing the end; its ranks died with it (PDEATHSIG).
             # "stopped" when someone had asked for that, since the ranks are gone as asked.
             stopped = (self.log_dir / STOP_REQUEST).exists()
-            status.update(state="stopped" if stopped else "failed", error={
-                "rank": None, "type": None, "traceback": None, "exit_code": None, "signal": None,
-                "message": f"the launcher (pid {record['launcher_pid']}) ended without recording "
-                           "the job's end; its ranks were killed with it"})
+            status.update(
+                state="stopped" if stopped else "failed",
+                error={
+                    "rank": None,
+                    "type": None,
+                    "traceback": None,
+                    "exit_code": None,
+                    "signal": None,
+                    "message": f"the launcher (pid {record['launcher_pid']}) ended without recording "
+                    "the job's end; its ranks were killed with it",
+                },
+            )
         return record
 
     @staticmethod

@@ -77,10 +77,22 @@ def launch(
         ValueError: any other invalid argument; nothing has started.
     """
     config = build_config(
-        main, nproc_per_node=nproc_per_node, devices=devices, args=args, backend=backend,
-        timeout=timeout, log_dir=log_dir, env=env, nnodes=nnodes, node_rank=node_rank,
-        master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
-        grace_period=grace_period, rdzv_timeout=rdzv_timeout, collective_timeout=collective_timeout,
+        main,
+        nproc_per_node=nproc_per_node,
+        devices=devices,
+        args=args,
+        backend=backend,
+        timeout=timeout,
+        log_dir=log_dir,
+        env=env,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        max_restarts=max_restarts,
+        grace_period=grace_period,
+        rdzv_timeout=rdzv_timeout,
+        collective_timeout=collective_timeout,
     )
     config = _with_log_dir(config)
     job = Job(Path(config.log_dir), _initial_record(config), owner=True)
@@ -116,14 +128,28 @@ def _initial_record(config: LaunchConfig) -> dict[str, Any]:
     ranks = [config.global_rank(r) for r in range(config.nproc_per_node)]
     none = [None] * config.world_size
     return {
-        "version": 1, "config": config.to_json(), "command": rank_command(config),
-        "launcher_pid": os.getpid(), "host": socket.gethostname(), "created_at": time.time(),
+        "version": 1,
+        "config": config.to_json(),
+        "command": rank_command(config),
+        "launcher_pid": os.getpid(),
+        "host": socket.gethostname(),
+        "created_at": time.time(),
         "python": sys.executable,
         "status": {
-            "state": "running", "log_dir": config.log_dir, "world_size": config.world_size,
-            "ranks": ranks, "pids": [], "master_port": config.master_port, "restart_count": 0,
-            "exit_codes": list(none), "signals": list(none), "failed_rank": None, "error": None,
-            "results": list(none), "attempts": [], "ended_at": None,
+            "state": "running",
+            "log_dir": config.log_dir,
+            "world_size": config.world_size,
+            "ranks": ranks,
+            "pids": [],
+            "master_port": config.master_port,
+            "restart_count": 0,
+            "exit_codes": list(none),
+            "signals": list(none),
+            "failed_rank": None,
+            "error": None,
+            "results": list(none),
+            "attempts": [],
+            "ended_at": None,
         },
     }
 

@@ -56,7 +56,7 @@ def set_parent_death_signal(signum: int) -> bool:
 
 
 def signal_name(signum: int) -> str:
-    """"SIGSEGV" for 11; "signal 99" for numbers without a name."""
+    """ "SIGSEGV" for 11; "signal 99" for numbers without a name."""
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -179,8 +179,7 @@ def _process_table() -> list[_Process]:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # it exited meanwhile
-        table.append(_Process(int(name), int(fields[1]), int(fields[2]), int(fields[3]),
-                              fields[0] in ("Z", "X")))
+        table.append(_Process(int(name), int(fields[1]), int(fields[2]), int(fields[3]), fields[0] in ("Z", "X")))
     return table
 
 
@@ -191,8 +190,10 @@ def _carries_job_marker(pid: int, job_id: str) -> bool:
             entries = set(handle.read().split(b"\0"))  # a zombie's reads empty
     except OSError:
         return False
-    return (f"{LAUNCHER_PID_VARIABLE}={os.getpid()}".encode() in entries
-            and f"{JOB_ID_VARIABLE}={job_id}".encode() in entries)
+    return (
+        f"{LAUNCHER_PID_VARIABLE}={os.getpid()}".encode() in entries
+        and f"{JOB_ID_VARIABLE}={job_id}".encode() in entries
+    )
 
 
 def _leftovers(job_id: str, sessions: set[int], known: set[int]) -> list[_Process]:
@@ -205,9 +206,18 @@ def _leftovers(job_id: str, sessions: set[int], known: set[int]) -> list[_Proces
     me = os.getpid()
     with _live_ranks_lock:
         spared = set(_live_ranks)
-    return [p for p in _process_table() if p.pid not in spared and p.pid != me and (
-        p.sid in sessions or p.pgid in sessions or (p.ppid == me and p.pid in known)
-        or (p.ppid == me and not p.zombie and _carries_job_marker(p.pid, job_id)))]
+    return [
+        p
+        for p in _process_table()
+        if p.pid not in spared
+        and p.pid != me
+        and (
+            p.sid in sessions
+            or p.pgid in sessions
+            or (p.ppid == me and p.pid in known)
+            or (p.ppid == me and not p.zombie and _carries_job_marker(p.pid, job_id))
+        )
+    ]
 
 
 def _kill_and_reap(process: _Process) -> bool:

@@ -43,8 +43,9 @@ def _joined_text(joined: list[int], nnodes: int) -> str:
     return f"node(s) {names} joined ({len(joined)} of {nnodes})"
 
 
-def meet_nodes(addr: str, port: int, nnodes: int, node_rank: int, timeout: float,
-               stopped: Callable[[], bool] = lambda: False) -> None:
+def meet_nodes(
+    addr: str, port: int, nnodes: int, node_rank: int, timeout: float, stopped: Callable[[], bool] = lambda: False
+) -> None:
     """Block until the launchers of all `nnodes` nodes have met at addr:port.
 
     `stopped` is asked about once a second; when it says True the wait ends.
@@ -71,13 +72,13 @@ def _listen(addr: str, port: int) -> socket.socket:
     except OSError as exc:
         server.close()
         raise RendezvousTimeout(
-            f"node 0 cannot listen on port {port} (master_port) for the other nodes: {exc}") from None
+            f"node 0 cannot listen on port {port} (master_port) for the other nodes: {exc}"
+        ) from None
     server.listen(64)
     return server
 
 
-def _host(addr: str, port: int, nnodes: int, timeout: float, deadline: float,
-          stopped: Callable[[], bool]) -> None:
+def _host(addr: str, port: int, nnodes: int, timeout: float, deadline: float, stopped: Callable[[], bool]) -> None:
     server = _listen(addr, port)
     waiting: dict[int, socket.socket] = {}
     try:
@@ -87,8 +88,10 @@ def _host(addr: str, port: int, nnodes: int, timeout: float, deadline: float,
                 raise RendezvousStopped("stopped while waiting for the other nodes")
             left = deadline - time.monotonic()
             if left <= 0:
-                message = (f"the nodes did not meet at {_endpoint(addr, port)} (master_addr:master_port) "
-                           f"within {timeout:g} s (rdzv_timeout): {_joined_text([0, *waiting], nnodes)}")
+                message = (
+                    f"the nodes did not meet at {_endpoint(addr, port)} (master_addr:master_port) "
+                    f"within {timeout:g} s (rdzv_timeout): {_joined_text([0, *waiting], nnodes)}"
+                )
                 _answer_all(waiting, f"fail {message}")
                 raise RendezvousTimeout(message)
             server.settimeout(min(left, 1.0))
@@ -135,30 +138,34 @@ def _answer_all(waiting: dict[int, socket.socket], line: str) -> None:
             pass
 
 
-def _join(addr: str, port: int, nnodes: int, node_rank: int, timeout: float, deadline: float,
-          stopped: Callable[[], bool]) -> None:
+def _join(
+    addr: str, port: int, nnodes: int, node_rank: int, timeout: float, deadline: float, stopped: Callable[[], bool]
+) -> None:
     where = _endpoint(addr, port)
     while True:
         conn = _connect(addr, port, deadline, stopped)
         if conn is None:
             raise RendezvousTimeout(
                 f"the nodes did not meet at {where} (master_addr:master_port) within {timeout:g} s "
-                f"(rdzv_timeout): node 0 never answered there; node {node_rank} waited")
+                f"(rdzv_timeout): node 0 never answered there; node {node_rank} waited"
+            )
         try:
             _send(conn, f"{_GREETING} {nnodes} {node_rank}")
             # Node 0 answers by its deadline; a second more covers the clocks' difference.
             answer = _await_answer(conn, deadline + 1.0, stopped)
         except OSError as exc:
             if time.monotonic() >= deadline:
-                raise RendezvousTimeout(f"the nodes did not meet at {where}: node 0 did not answer node "
-                                        f"{node_rank} within {timeout:g} s (rdzv_timeout): {exc}") from None
+                raise RendezvousTimeout(
+                    f"the nodes did not meet at {where}: node 0 did not answer node "
+                    f"{node_rank} within {timeout:g} s (rdzv_timeout): {exc}"
+                ) from None
             answer = ""  # reset by whatever holds the port for now: ask again below
         finally:
             conn.close()
         if answer == "go":
             return
         if answer.startswith("fail "):
-            raise RendezvousTimeout(answer[len("fail "):])
+            raise RendezvousTimeout(answer[len("fail ") :])
         # Closed without a clorch answer: something else holds the port for now, such as node 0's
         # ranks' store while that node has not yet noticed this one's restart. Ask again.
         time.sleep(_RETRY_S)
@@ -201,4 +208,3 @@ def _connect(addr: str, port: int, deadline: float, stopped: Callable[[], bool])
 
 def _send(conn: socket.socket, line: str) -> None:
     conn.sendall((line + "\n").encode())
-

@@ -25,17 +25,24 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job
     # its ranks would then expect the agent to host their store.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
     env.update(config.env)
-    env.update({
-        "RANK": str(config.global_rank(local_rank)), "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(config.world_size), "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
-        "GROUP_RANK": str(config.node_rank), "MASTER_ADDR": config.master_addr,
-        "MASTER_PORT": str(port), RESTART_VARIABLE: str(attempt),
-        COLLECTIVE_TIMEOUT_VARIABLE: repr(config.collective_timeout),
-        LAUNCHER_PID_VARIABLE: str(os.getpid()), JOB_ID_VARIABLE: job_id,
-        SYS_PATH_VARIABLE: json.dumps(sys.path),
-        # Unbuffered: what a rank prints right before it crashes still reaches its log file.
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "RANK": str(config.global_rank(local_rank)),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(config.world_size),
+            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+            "GROUP_RANK": str(config.node_rank),
+            "MASTER_ADDR": config.master_addr,
+            "MASTER_PORT": str(port),
+            RESTART_VARIABLE: str(attempt),
+            COLLECTIVE_TIMEOUT_VARIABLE: repr(config.collective_timeout),
+            LAUNCHER_PID_VARIABLE: str(os.getpid()),
+            JOB_ID_VARIABLE: job_id,
+            SYS_PATH_VARIABLE: json.dumps(sys.path),
+            # Unbuffered: what a rank prints right before it crashes still reaches its log file.
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if config.nproc_per_node > 1:
         # Ranks sharing a node would otherwise each start one thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -46,12 +53,20 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job
 
 def rank_command(config: LaunchConfig) -> list[str]:
     """The command line every rank runs (the same for all; the environment tells them apart)."""
-    return [sys.executable, "-m", "clorch.launch.child", "--main", config.main,
-            "--log-dir", config.log_dir, "--backend", config.backend or "none"]
+    return [
+        sys.executable,
+        "-m",
+        "clorch.launch.child",
+        "--main",
+        config.main,
+        "--log-dir",
+        config.log_dir,
+        "--backend",
+        config.backend or "none",
+    ]
 
 
-def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int,
-               job_id: str) -> subprocess.Popen:
+def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str) -> subprocess.Popen:
     """Start one rank in a new session (so its group id is its pid), output straight to its files.
 
     Call it from the thread that supervises the job: the rank's parent-death
@@ -68,6 +83,11 @@ def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int,
             err.write(banner)
             out.flush()
             err.flush()
-        return subprocess.Popen(rank_command(config), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                env=rank_env(config, local_rank, port, attempt, job_id),
-                                start_new_session=True)
+        return subprocess.Popen(
+            rank_command(config),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=rank_env(config, local_rank, port, attempt, job_id),
+            start_new_session=True,
+        )

@@ -24,8 +24,16 @@ from typing import Any
 from clorch._files import unique_token
 from clorch.launch.config import LaunchConfig
 from clorch.launch.job import STOP_REQUEST, Job
-from clorch.launch.procs import (become_child_subreaper, describe_returncode, end_leftovers, forget_rank,
-                                 kill_group, release_port, reserve_free_port, track_rank)
+from clorch.launch.procs import (
+    become_child_subreaper,
+    describe_returncode,
+    end_leftovers,
+    forget_rank,
+    kill_group,
+    release_port,
+    reserve_free_port,
+    track_rank,
+)
 from clorch.launch.rendezvous import RendezvousStopped, RendezvousTimeout, meet_nodes
 from clorch.launch.spawn import spawn_rank
 
@@ -35,8 +43,7 @@ _NO_PIDFD_POLL_S = 0.02
 class _Attempt:
     """One start of the whole group of this node's ranks."""
 
-    def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None,
-                 job_id: str) -> None:
+    def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None, job_id: str) -> None:
         self.job, self.config, self.number, self.deadline = job, config, number, deadline
         self.job_id = job_id
         self.port = config.master_port or reserve_free_port()
@@ -85,9 +92,11 @@ class _Attempt:
 
     def _first_failure(self, failed: list[subprocess.Popen]) -> subprocess.Popen:
         """Among ranks seen failing together, the one whose error file is oldest, else the lowest."""
+
         def key(proc: subprocess.Popen) -> tuple[float, int]:
             error = _read_json(self._error_path(proc))
             return (error or {}).get("timestamp", float("inf")), self.procs.index(proc)
+
         return min(failed, key=key)
 
     def _error_path(self, proc: subprocess.Popen) -> Path:
@@ -110,8 +119,7 @@ class _Attempt:
 
     def _wait(self, running: list[subprocess.Popen]) -> None:
         now = time.monotonic()
-        limits = [t - now for t in (self.deadline if self.ending is None else None, self.kill_at)
-                  if t is not None]
+        limits = [t - now for t in (self.deadline if self.ending is None else None, self.kill_at) if t is not None]
         fds = [self.job._wake_r] + [self.pidfds[p.pid] for p in running if p.pid in self.pidfds]
         if len(fds) <= len(running):
             limits.append(_NO_PIDFD_POLL_S)
@@ -144,24 +152,31 @@ class _Attempt:
         code, sig = self.failed.returncode, describe_returncode(self.failed.returncode)
         written = _read_json(self._error_path(self.failed))
         if written is not None:
-            return {**_error(rank, code, sig, written["message"]), "type": written["type"],
-                    "traceback": written["traceback"]}
+            return {
+                **_error(rank, code, sig, written["message"]),
+                "type": written["type"],
+                "traceback": written["traceback"],
+            }
         text = f"killed by {sig}" if sig else f"exited with code {code} and wrote no error file"
         return _error(rank, code, sig, f"rank {rank} {text}")
 
     def record(self) -> dict[str, Any]:
         return {
-            "attempt": self.number, "state": self.ending or "succeeded", "master_port": self.port,
-            "pids": [p.pid for p in self.procs], "exit_codes": [p.returncode for p in self.procs],
+            "attempt": self.number,
+            "state": self.ending or "succeeded",
+            "master_port": self.port,
+            "pids": [p.pid for p in self.procs],
+            "exit_codes": [p.returncode for p in self.procs],
             "signals": [describe_returncode(p.returncode) for p in self.procs],
             "failed_rank": None if self.failed is None else self.config.global_rank(self.procs.index(self.failed)),
-            "error": self.error(), "started_at": self.started_at, "ended_at": time.time(),
+            "error": self.error(),
+            "started_at": self.started_at,
+            "ended_at": time.time(),
         }
 
 
 def _error(rank: int | None, code: int | None, sig: str | None, message: str) -> dict[str, Any]:
-    return {"rank": rank, "exit_code": code, "signal": sig, "type": None, "message": message,
-            "traceback": None}
+    return {"rank": rank, "exit_code": code, "signal": sig, "type": None, "message": message, "traceback": None}
 
 
 def _read_json(path: Path) -> Any:
@@ -187,15 +202,27 @@ def _per_rank(config: LaunchConfig, values: list[Any]) -> list[Any]:
 
 
 def _results(config: LaunchConfig) -> list[Any]:
-    return _per_rank(config, [_read_json(Path(config.log_dir) / f"rank_{config.global_rank(r)}.result.json")
-                              for r in range(config.nproc_per_node)])
+    return _per_rank(
+        config,
+        [
+            _read_json(Path(config.log_dir) / f"rank_{config.global_rank(r)}.result.json")
+            for r in range(config.nproc_per_node)
+        ],
+    )
 
 
 def _publish_end(job: Job, config: LaunchConfig, attempts: list[dict[str, Any]]) -> None:
     last = attempts[-1]
-    job._update(state=last["state"], attempts=attempts, exit_codes=_per_rank(config, last["exit_codes"]),
-                signals=_per_rank(config, last["signals"]), failed_rank=last["failed_rank"],
-                error=last["error"], results=_results(config), ended_at=last["ended_at"])
+    job._update(
+        state=last["state"],
+        attempts=attempts,
+        exit_codes=_per_rank(config, last["exit_codes"]),
+        signals=_per_rank(config, last["signals"]),
+        failed_rank=last["failed_rank"],
+        error=last["error"],
+        results=_results(config),
+        ended_at=last["ended_at"],
+    )
 
 
 def _meet_other_nodes(job: Job, config: LaunchConfig, number: int, attempts: list[dict[str, Any]]) -> bool:
@@ -207,18 +234,33 @@ def _meet_other_nodes(job: Job, config: LaunchConfig, number: int, attempts: lis
     if config.nnodes == 1:
         return True
     try:
-        meet_nodes(config.master_addr, config.master_port, config.nnodes, config.node_rank,
-                   config.rdzv_timeout, stopped=lambda: job._stop_signal is not None)
+        meet_nodes(
+            config.master_addr,
+            config.master_port,
+            config.nnodes,
+            config.node_rank,
+            config.rdzv_timeout,
+            stopped=lambda: job._stop_signal is not None,
+        )
         return True
     except (RendezvousTimeout, RendezvousStopped) as exc:
         stopped = isinstance(exc, RendezvousStopped)
         now = time.time()
         error = None if stopped else {**_error(None, None, None, str(exc)), "type": "RendezvousTimeout"}
-        attempts.append({"attempt": number, "state": "stopped" if stopped else "failed",
-                         "master_port": config.master_port, "pids": [],
-                         "exit_codes": [None] * config.nproc_per_node,
-                         "signals": [None] * config.nproc_per_node, "failed_rank": None,
-                         "error": error, "started_at": now, "ended_at": now})
+        attempts.append(
+            {
+                "attempt": number,
+                "state": "stopped" if stopped else "failed",
+                "master_port": config.master_port,
+                "pids": [],
+                "exit_codes": [None] * config.nproc_per_node,
+                "signals": [None] * config.nproc_per_node,
+                "failed_rank": None,
+                "error": error,
+                "started_at": now,
+                "ended_at": now,
+            }
+        )
         _publish_end(job, config, attempts)
         return False
 
@@ -240,8 +282,7 @@ def run_job(job: Job, config: LaunchConfig) -> None:
             try:
                 attempt.start()
             finally:
-                job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port,
-                            restart_count=number)
+                job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port, restart_count=number)
             state = attempt.supervise()
             attempts.append(attempt.record())
             job._update(attempts=attempts)
@@ -250,8 +291,11 @@ def run_job(job: Job, config: LaunchConfig) -> None:
                 break
         _publish_end(job, config, attempts)
     except BaseException as exc:  # the job must end, and say why, whatever went wrong here
-        job._update(state="failed", attempts=attempts, error=_error(
-            None, None, None, f"the launcher failed: {type(exc).__name__}: {exc}"))
+        job._update(
+            state="failed",
+            attempts=attempts,
+            error=_error(None, None, None, f"the launcher failed: {type(exc).__name__}: {exc}"),
+        )
         raise
     finally:
         if config.master_port is None:

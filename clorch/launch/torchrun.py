@@ -49,13 +49,16 @@ def _describe_failure(exc: BaseException) -> str:
     shown = []
     for rank, failure in sorted(failures.items()):
         detail = getattr(failure, "message", "") or ""
-        shown.append(f"rank {rank} exited with code {getattr(failure, 'exitcode', '?')}"
-                     + (f" ({detail})" if detail and detail != "N/A" else ""))
+        shown.append(
+            f"rank {rank} exited with code {getattr(failure, 'exitcode', '?')}"
+            + (f" ({detail})" if detail and detail != "N/A" else "")
+        )
     return "; ".join(shown) or str(exc)
 
 
-def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: Path,
-                 worker: str | None = None, *, entry: str) -> dict[int, Any]:
+def run_torchrun(
+    launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: Path, worker: str | None = None, *, entry: str
+) -> dict[int, Any]:
     """Run this node's part of the job under torch's elastic agent; block until it ends.
 
     Every node of the job must call it with the same rdzv_endpoint and rdzv_id. Its
@@ -68,21 +71,32 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
     """
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing import Std
+
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     low, high = _node_range(launcher.nnodes)
     timeout = int(max(1, round(launcher.rdzv_timeout)))
-    config = LaunchConfig(min_nodes=low, max_nodes=high, nproc_per_node=nproc_per_node,
-                          run_id=launcher.rdzv_id, rdzv_endpoint=launcher.rdzv_endpoint,
-                          rdzv_backend="c10d", rdzv_configs={"join_timeout": timeout, "timeout": timeout},
-                          rdzv_timeout=timeout, max_restarts=launcher.max_restarts,
-                          start_method="spawn", logs_specs=run_logs(run_dir / "logs", Std),
-                          log_line_prefix_template="[rank${rank}]:")
+    config = LaunchConfig(
+        min_nodes=low,
+        max_nodes=high,
+        nproc_per_node=nproc_per_node,
+        run_id=launcher.rdzv_id,
+        rdzv_endpoint=launcher.rdzv_endpoint,
+        rdzv_backend="c10d",
+        rdzv_configs={"join_timeout": timeout, "timeout": timeout},
+        rdzv_timeout=timeout,
+        max_restarts=launcher.max_restarts,
+        start_method="spawn",
+        logs_specs=run_logs(run_dir / "logs", Std),
+        log_line_prefix_template="[rank${rank}]:",
+    )
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
     args = ["-u", "-m", entry, "--plan", str(plan_path), "--run-dir", str(run_dir)]
     if worker is not None:
@@ -98,7 +112,8 @@ def run_torchrun(launcher: Any, nproc_per_node: int, plan_path: Path, run_dir: P
             f"the nodes did not meet at launcher.rdzv_endpoint={launcher.rdzv_endpoint} "
             f"(rdzv_id {launcher.rdzv_id}): launcher.nnodes={launcher.nnodes} needs {low} node(s); "
             f"{watcher.describe()} within launcher.rdzv_timeout={launcher.rdzv_timeout:g} s "
-            f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
+            f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
+        ) from None
     finally:
         watcher.stop()
 

@@ -44,18 +44,17 @@ class GPTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if self.d_model % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig.d_model must be divisible by n_head ({self.n_head}), got {self.d_model}"
-            )
+            raise ValueError(f"GPTConfig.d_model must be divisible by n_head ({self.n_head}), got {self.d_model}")
         ratio = self.mlp_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0 \
-                or int(ratio * self.d_model) < 1:
-            raise ValueError(
-                f"GPTConfig.mlp_ratio must be a number > 0 giving a hidden width >= 1, got {ratio!r}"
-            )
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or ratio <= 0
+            or int(ratio * self.d_model) < 1
+        ):
+            raise ValueError(f"GPTConfig.mlp_ratio must be a number > 0 giving a hidden width >= 1, got {ratio!r}")
         dropout = self.dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
-                or not 0.0 <= dropout < 1.0:
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1), got {dropout!r}")
         for name in ("tie_weights", "bias"):
             if not isinstance(getattr(self, name), bool):
@@ -90,9 +89,7 @@ class CausalSelfAttention(nn.Module):
         # (B, T, 3, H, D) -> (3, B, H, T, D): views whose last dim stays contiguous.
         qkv = self.qkv(x).view(batch, steps, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).reshape(batch, steps, width)
         return self.resid_dropout(self.proj(y))
 
@@ -182,9 +179,7 @@ class GPT(nn.Module):
             raise ValueError(f"GPT input idx must be (batch, time), got shape {tuple(idx.shape)}")
         steps = idx.size(1)
         if steps > self.config.seq_len:
-            raise ValueError(
-                f"GPT input length must be <= seq_len ({self.config.seq_len}), got {steps}"
-            )
+            raise ValueError(f"GPT input length must be <= seq_len ({self.config.seq_len}), got {steps}")
         pos = torch.arange(steps, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:

@@ -27,11 +27,16 @@ class MLP(nn.Module):
         ValueError: a size or the depth is not a positive int.
     """
 
-    def __init__(self, in_features: int = 128, hidden_features: int = 512,
-                 out_features: int = 32, depth: int = 2) -> None:
+    def __init__(
+        self, in_features: int = 128, hidden_features: int = 512, out_features: int = 32, depth: int = 2
+    ) -> None:
         super().__init__()
-        for name, value in (("in_features", in_features), ("hidden_features", hidden_features),
-                            ("out_features", out_features), ("depth", depth)):
+        for name, value in (
+            ("in_features", in_features),
+            ("hidden_features", hidden_features),
+            ("out_features", out_features),
+            ("depth", depth),
+        ):
             _check_positive_int(name, value)
         widths = [in_features] + [hidden_features] * (depth - 1) + [out_features]
         layers: list[nn.Module] = []

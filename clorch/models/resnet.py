@@ -30,8 +30,9 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_channels != channels:  # the shortcut must match the new shape
-            self.downsample = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(channels))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False), nn.BatchNorm2d(channels)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -54,12 +55,22 @@ class ResNet(nn.Module):
         ValueError: a count that is not a positive int, or no stage.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, layers: Sequence[int] = (2, 2, 2, 2),
-                 width: int = 64, small_input: bool = True) -> None:
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        layers: Sequence[int] = (2, 2, 2, 2),
+        width: int = 64,
+        small_input: bool = True,
+    ) -> None:
         super().__init__()
         layers = list(layers)
-        for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width),
-                            *((f"layers[{i}]", n) for i, n in enumerate(layers))):
+        for name, value in (
+            ("num_classes", num_classes),
+            ("in_channels", in_channels),
+            ("width", width),
+            *((f"layers[{i}]", n) for i, n in enumerate(layers)),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ResNet.{name} must be a positive int, got {value!r}")
         if not layers:
@@ -74,7 +85,7 @@ class ResNet(nn.Module):
         self.stem = nn.Sequential(*stem)
         stages, channels = [], width
         for i, blocks in enumerate(layers):
-            out = width * 2 ** i
+            out = width * 2**i
             stage = [BasicBlock(channels, out, stride=1 if i == 0 else 2)]
             stage += [BasicBlock(out, out) for _ in range(blocks - 1)]
             stages.append(nn.Sequential(*stage))

@@ -17,12 +17,21 @@ import torch
 
 from clorch.optim.schedule import SCHEDULES, WarmupCosine, build_scheduler
 
-__all__ = ["build_optimizer", "build_scheduler", "param_groups", "OPTIMIZERS", "SCHEDULES", "DECAY_RULES",
-           "ADAMW_BETAS", "SGD_MOMENTUM", "WarmupCosine"]
+__all__ = [
+    "build_optimizer",
+    "build_scheduler",
+    "param_groups",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "DECAY_RULES",
+    "ADAMW_BETAS",
+    "SGD_MOMENTUM",
+    "WarmupCosine",
+]
 
 OPTIMIZERS = ("adamw", "sgd")
 ADAMW_BETAS = (0.9, 0.95)  # nanoGPT's and GPT-3's; torch's own default is (0.9, 0.999)
-SGD_MOMENTUM = 0.9         # torch's own default is 0 (plain SGD)
+SGD_MOMENTUM = 0.9  # torch's own default is 0 (plain SGD)
 DECAY_RULES = ("matrices", "all")
 DEFAULT_DECAY = "matrices"
 
@@ -59,8 +68,7 @@ def _all_cuda(groups: list) -> bool:
     return bool(tensors) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in tensors)
 
 
-def _check_number(name: str, value: object, low: float, high: float | None = None,
-                  open_low: bool = False) -> None:
+def _check_number(name: str, value: object, low: float, high: float | None = None, open_low: bool = False) -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float))
     ok = ok and (value > low if open_low else value >= low) and (high is None or value < high)
     if not ok:
@@ -68,9 +76,16 @@ def _check_number(name: str, value: object, low: float, high: float | None = Non
         raise ValueError(f"optim.{name} must be a number {bound}, got {value!r}")
 
 
-def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: float = 0.0,
-                    betas: tuple[float, float] | None = None, momentum: float | None = None,
-                    fused: bool | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str,
+    params: Iterable,
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] | None = None,
+    momentum: float | None = None,
+    fused: bool | None = None,
+) -> torch.optim.Optimizer:
     """Build "adamw" or "sgd" over `params` (tensors or param-group dicts).
 
     Args:
@@ -106,8 +121,7 @@ def build_optimizer(name: str, params: Iterable, *, lr: float, weight_decay: flo
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {betas!r}")
         for i, beta in enumerate(betas):
             _check_number(f"betas[{i}]", beta, 0.0, 1.0)
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-                                 fused=fused)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused)
     if betas is not None:
         warnings.warn("optim 'sgd' ignores betas (use momentum)", stacklevel=2)
     momentum = SGD_MOMENTUM if momentum is None else momentum

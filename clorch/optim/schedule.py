@@ -48,8 +48,14 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"schedule.{name} must be an int >= {minimum}, got {value!r}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup_steps: int | None = None,
-                    total_steps: int | None = None, min_lr_ratio: float | None = None) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    *,
+    warmup_steps: int | None = None,
+    total_steps: int | None = None,
+    min_lr_ratio: float | None = None,
+) -> LambdaLR:
     """A `LambdaLR` for `optimizer`; call `scheduler.step()` after each `optimizer.step()`.
 
     Args:
@@ -79,8 +85,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup_steps
     warmup_steps = COSINE_WARMUP_STEPS if warmup_steps is None else warmup_steps
     min_lr_ratio = COSINE_MIN_LR_RATIO if min_lr_ratio is None else min_lr_ratio
     _check_int("warmup_steps", warmup_steps, 0)
-    if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) \
-            or not 0.0 <= min_lr_ratio <= 1.0:
+    if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) or not 0.0 <= min_lr_ratio <= 1.0:
         raise ValueError(f"schedule.min_lr_ratio must be a number in [0, 1], got {min_lr_ratio!r}")
     if total_steps is None:
         raise ValueError("schedule.total_steps is required by 'cosine' (an int > warmup_steps), got None")

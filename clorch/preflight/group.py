@@ -1,7 +1,8 @@
 """Checks the ranks run on each other: all-reduce bus bandwidth, the nodes' leaders, a neighbour round trip.
 
 Every rank of the default group calls `make_groups` as soon as the arrival
-meeting found them all present, and `group_checks` after its local checks. The collectives run on private groups made for
+meeting found them all present, and `group_checks` after its local checks. The collectives run
+on private groups made for
 the preflight, each collective waited for with its own deadline
 (`timing.wait_for`), so a hung or dead peer ends a rank's group checks with a
 failure line instead of a wait of the job's collective timeout. After the first
@@ -41,16 +42,28 @@ def _new_group(ranks: list[int] | None, backend: str, timeout_s: float) -> Any:
     return dist.new_group(ranks, timeout=_dt.timedelta(seconds=seconds), backend=backend)
 
 
-def _allreduce_busbw(group: Any, size: int, device: torch.device, sizes_mb: list[int], iters: int,
-                     timeout_s: float, what: str, stage: Callable[[str], None]) -> dict[int, float]:
+def _allreduce_busbw(
+    group: Any,
+    size: int,
+    device: torch.device,
+    sizes_mb: list[int],
+    iters: int,
+    timeout_s: float,
+    what: str,
+    stage: Callable[[str], None],
+) -> dict[int, float]:
     """Bus bandwidth (GB/s) of an all-reduce over `group` (of `size` ranks) at each size."""
     out = {}
     for mb in sizes_mb:
         label = f"all_reduce of {mb} MiB over {what}"
         stage(label)
         tensor = torch.ones(mb * MIB // 4, dtype=torch.float32, device=device)
-        timing.wait_for(dist.all_reduce(tensor, group=group, async_op=True),
-                        time.monotonic() + timeout_s, label, device.type != "cuda")  # warm-up: connections, buffers
+        timing.wait_for(
+            dist.all_reduce(tensor, group=group, async_op=True),
+            time.monotonic() + timeout_s,
+            label,
+            device.type != "cuda",
+        )  # warm-up: connections, buffers
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         deadline = time.monotonic() + timeout_s
@@ -62,8 +75,15 @@ def _allreduce_busbw(group: Any, size: int, device: torch.device, sizes_mb: list
     return out
 
 
-def _round_trip_ms(group: Any, rank: int, world_size: int, device: torch.device, mb: int,
-                   timeout_s: float, stage: Callable[[str], None]) -> float:
+def _round_trip_ms(
+    group: Any,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    mb: int,
+    timeout_s: float,
+    stage: Callable[[str], None],
+) -> float:
     """Milliseconds to send `mb` MiB to the next rank and have it echoed back from there.
 
     Each leg is a batched send + receive (`batch_isend_irecv`), which NCCL needs
@@ -77,8 +97,9 @@ def _round_trip_ms(group: Any, rank: int, world_size: int, device: torch.device,
     deadline = time.monotonic() + timeout_s
     begin = time.perf_counter()
     for send, dst, recv, src in ((sent, nxt, passing, prv), (passing, prv, echo, nxt)):
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, group=group),
-                                        dist.P2POp(dist.irecv, recv, src, group=group)])
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, send, dst, group=group), dist.P2POp(dist.irecv, recv, src, group=group)]
+        )
         for work in works:
             timing.wait_for(work, deadline, label, device.type != "cuda")
     elapsed = time.perf_counter() - begin
@@ -131,8 +152,14 @@ def make_groups(hosts: list[str], backend: str, timeout_s: float) -> PreflightGr
     return PreflightGroups(everyone, heads, heads_group)
 
 
-def group_checks(groups: PreflightGroups | None, rank: int, world_size: int, device: torch.device,
-                 options: PreflightConfig, stage: Callable[[str], None]) -> dict[str, Any]:
+def group_checks(
+    groups: PreflightGroups | None,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    options: PreflightConfig,
+    stage: Callable[[str], None],
+) -> dict[str, Any]:
     """Bus bandwidth over all ranks and over the nodes' leaders; the round trip to the next rank.
 
     Every rank of the default group must call it, with the groups `make_groups`
@@ -151,14 +178,22 @@ def group_checks(groups: PreflightGroups | None, rank: int, world_size: int, dev
         stage(label)
 
     try:
-        row["busbw_gb_s"] = _allreduce_busbw(groups.everyone, world_size, device, sizes, iters, timeout,
-                                             f"all {world_size} ranks", step)
+        row["busbw_gb_s"] = _allreduce_busbw(
+            groups.everyone, world_size, device, sizes, iters, timeout, f"all {world_size} ranks", step
+        )
         # The round trip before the leaders' all-reduce: the other ranks need not wait for it.
         row["p2p_ms"] = _round_trip_ms(groups.everyone, rank, world_size, device, options.p2p_mb, timeout, step)
         if groups.heads_group is not None and rank in groups.heads:
             row["internode_busbw_gb_s"] = _allreduce_busbw(
-                groups.heads_group, len(groups.heads), device, sizes, iters, timeout,
-                f"the {len(groups.heads)} nodes' leading ranks {groups.heads}", step)
+                groups.heads_group,
+                len(groups.heads),
+                device,
+                sizes,
+                iters,
+                timeout,
+                f"the {len(groups.heads)} nodes' leading ranks {groups.heads}",
+                step,
+            )
     except RuntimeError as exc:  # DeadlineExceeded, or the backend's error (a peer left, gloo's timeout)
         row["failure"] = failure_line(doing[0], exc)
         return row  # the groups stay: destroying one with a collective in flight can hang

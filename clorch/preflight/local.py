@@ -66,13 +66,19 @@ class Estimate:
 
     def describe(self) -> str:
         """The estimate and how it was made, for the console and preflight.json."""
-        return (f"{self.model_params:,} params x {self.bytes_per_param:g} B x (weights + gradients + "
-                f"{self.optimizer_states:g} optimizer states) = {human_bytes(self.train_bytes)} per rank "
-                f"(activations not included); checkpoint {human_bytes(self.ckpt_bytes)}")
+        return (
+            f"{self.model_params:,} params x {self.bytes_per_param:g} B x (weights + gradients + "
+            f"{self.optimizer_states:g} optimizer states) = {human_bytes(self.train_bytes)} per rank "
+            f"(activations not included); checkpoint {human_bytes(self.ckpt_bytes)}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "train_bytes": self.train_bytes, "checkpoint_bytes": self.ckpt_bytes,
-                "text": self.describe()}
+        return {
+            **asdict(self),
+            "train_bytes": self.train_bytes,
+            "checkpoint_bytes": self.ckpt_bytes,
+            "text": self.describe(),
+        }
 
 
 def hostname() -> str:
@@ -88,8 +94,13 @@ def versions() -> dict[str, str]:
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         raw = torch.cuda.nccl.version()
         nccl = ".".join(str(part) for part in raw) if isinstance(raw, tuple) else str(raw)
-    return {"torch": torch.__version__, "cuda": cuda, "cudnn": str(cudnn) if cudnn else "-",
-            "nccl": nccl, "clorch": __version__}
+    return {
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "cudnn": str(cudnn) if cudnn else "-",
+        "nccl": nccl,
+        "clorch": __version__,
+    }
 
 
 def device_identity(device: torch.device) -> dict[str, Any]:
@@ -97,12 +108,18 @@ def device_identity(device: torch.device) -> dict[str, Any]:
     if device.type != "cuda":
         return {"device": "cpu", "device_uuid": None, "failure": None}
     if not torch.cuda.is_available() or device.index is None or device.index >= torch.cuda.device_count():
-        return {"device": str(device), "device_uuid": None,
-                "failure": f"CUDA device {device} is not visible ({torch.cuda.device_count()} visible; "
-                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"}
+        return {
+            "device": str(device),
+            "device_uuid": None,
+            "failure": f"CUDA device {device} is not visible ({torch.cuda.device_count()} visible; "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
+        }
     props = torch.cuda.get_device_properties(device.index)
-    return {"device": f"cuda:{device.index} {props.name}", "device_uuid": str(getattr(props, "uuid", device.index)),
-            "failure": None}
+    return {
+        "device": f"cuda:{device.index} {props.name}",
+        "device_uuid": str(getattr(props, "uuid", device.index)),
+        "failure": None,
+    }
 
 
 def host_available_bytes() -> int | None:
@@ -128,17 +145,25 @@ def memory(device: torch.device, estimate: Estimate, ranks_on_host: int) -> dict
     """
     host_free = host_available_bytes()
     need = estimate.train_bytes
-    row: dict[str, Any] = {"host_free_gib": None if host_free is None else host_free / GIB,
-                           "device_free_gib": None, "need_gib": need / GIB, "failure": None}
+    row: dict[str, Any] = {
+        "host_free_gib": None if host_free is None else host_free / GIB,
+        "device_free_gib": None,
+        "need_gib": need / GIB,
+        "failure": None,
+    }
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         row["device_free_gib"] = free / GIB
         if free < need:
-            row["failure"] = (f"{human_bytes(free)} of device memory free, the model needs an estimated "
-                              f"{human_bytes(need)} ({estimate.describe()})")
+            row["failure"] = (
+                f"{human_bytes(free)} of device memory free, the model needs an estimated "
+                f"{human_bytes(need)} ({estimate.describe()})"
+            )
     elif host_free is not None and host_free < need * ranks_on_host:
-        row["failure"] = (f"{human_bytes(host_free)} of host memory available for {ranks_on_host} rank(s), "
-                          f"the model needs an estimated {human_bytes(need)} each ({estimate.describe()})")
+        row["failure"] = (
+            f"{human_bytes(host_free)} of host memory available for {ranks_on_host} rank(s), "
+            f"the model needs an estimated {human_bytes(need)} each ({estimate.describe()})"
+        )
     return row
 
 
@@ -156,8 +181,7 @@ def _nearest_existing(directory: Path) -> Path:
     return path
 
 
-def checkpoint_dir(directory: Path, estimate: Estimate, options: PreflightConfig,
-                   timed: bool) -> dict[str, Any]:
+def checkpoint_dir(directory: Path, estimate: Estimate, options: PreflightConfig, timed: bool) -> dict[str, Any]:
     """Free space for one checkpoint, and (when `timed`) a write + fsync of a file of that order.
 
     A directory that does not exist yet is judged by its nearest existing
@@ -173,8 +197,10 @@ def checkpoint_dir(directory: Path, estimate: Estimate, options: PreflightConfig
     row["disk_free_gib"] = free / GIB
     need = estimate.ckpt_bytes
     if free < need:
-        row["failure"] = (f"checkpoint directory {directory} has {human_bytes(free)} free, a checkpoint "
-                          f"needs an estimated {human_bytes(need)}")
+        row["failure"] = (
+            f"checkpoint directory {directory} has {human_bytes(free)} free, a checkpoint "
+            f"needs an estimated {human_bytes(need)}"
+        )
         return row
     if timed:
         size = max(min(need, options.disk_write_mb * MIB), MIB)

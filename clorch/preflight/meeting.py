@@ -33,8 +33,7 @@ def _delta(seconds: float) -> _dt.timedelta:
     return _dt.timedelta(seconds=max(seconds, 0.001))
 
 
-def meet(store: dist.Store, key: str, rank: int, world_size: int, value: str,
-         timeout_s: float) -> list[int]:
+def meet(store: dist.Store, key: str, rank: int, world_size: int, value: str, timeout_s: float) -> list[int]:
     """Post `value` for this rank and wait for every rank's; return the ranks missing ([] if none).
 
     Every rank of the group calls it with the same `key`. It blocks until all
@@ -58,8 +57,10 @@ def meet(store: dist.Store, key: str, rank: int, world_size: int, value: str,
             store.compare_set(outcome, "", json.dumps(missing))
         return json.loads(store.get(outcome))
     except RuntimeError as exc:
-        raise StoreUnreachable(f"cannot reach the rendezvous store it hosts (rank 0 has left or died; "
-                               f"it leaves when the others gave up on this rank): {exc}") from exc
+        raise StoreUnreachable(
+            f"cannot reach the rendezvous store it hosts (rank 0 has left or died; "
+            f"it leaves when the others gave up on this rank): {exc}"
+        ) from exc
 
 
 def values(store: dist.Store, key: str, ranks: list[int]) -> dict[int, str]:

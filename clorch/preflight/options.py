@@ -21,7 +21,7 @@ GPU_MATMUL_SIZE = 8192  # bf16 on a data-centre GPU: ~1 ms, long enough to reach
 
 
 def normalize_mode(mode: Any) -> str:
-    """"auto" | "false" | "true" | "only" from a bool or one of those strings (any case).
+    """ "auto" | "false" | "true" | "only" from a bool or one of those strings (any case).
 
     Raises:
         ValueError: anything else, naming the value and the choices.
@@ -37,15 +37,24 @@ def normalize_mode(mode: Any) -> str:
 class PreflightConfig:
     """How the preflight checks the job's machines before training."""
 
-    mode: Union[bool, str] = "auto"  # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
-    slow_ratio: float = 0.7  # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the hosts' median; 0 turns it off
-    disk_slow_ratio: float = 0.25  # fails a host whose checkpoint write MB/s is below this fraction of the hosts' median; 0 turns it off
+    # auto: true on more than one node, else false; false: none; true: check, then train; only: check and stop
+    mode: Union[bool, str] = "auto"
+    # fails a rank below this fraction of its host's ranks' median GEMM TFLOP/s, and a host below it of the
+    # hosts' median; 0 turns it off
+    slow_ratio: float = 0.7
+    disk_slow_ratio: float = (
+        0.25  # fails a host whose checkpoint write MB/s is below this fraction of the hosts' median; 0 turns it off
+    )
     timeout_s: float = 30.0  # seconds each wait may take: arrival, each collective, the exchange of results
-    allreduce_sizes_mb: Optional[list[int]] = None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
+    allreduce_sizes_mb: Optional[list[int]] = (
+        None  # MiB per timed all-reduce; None: [1, 16, 64, 256] on GPU, [1, 4] on CPU
+    )
     allreduce_iters: int = 3  # timed all-reduces per size, after one untimed warm-up
     matmul_size: Optional[int] = None  # n of the n x n GEMM; None: 8192 on GPU (bf16), 512 on CPU (fp32)
     matmul_repeats: int = 5  # timings of >= 20 ms of GEMMs each, after a warm-up; their median counts
-    disk_check: str = "host_leaders"  # ranks that time a checkpoint write: host_leaders (lowest rank per host), all, none
+    disk_check: str = (
+        "host_leaders"  # ranks that time a checkpoint write: host_leaders (lowest rank per host), all, none
+    )
     disk_write_mb: int = 64  # cap on the timed write, MiB (the expected checkpoint size when that is smaller)
     p2p_mb: int = 1  # MiB sent to the next rank and echoed back in the round trip
 
@@ -59,8 +68,10 @@ class PreflightConfig:
         errors += _number_errors(self)
         sizes = self.allreduce_sizes_mb
         if sizes is not None and (not _is_list(sizes) or not sizes or not all(_is_int(s) and s > 0 for s in sizes)):
-            errors.append(f"preflight.allreduce_sizes_mb must be a non-empty list of positive ints (MiB) "
-                          f"or null for the device's default, got {sizes!r}")
+            errors.append(
+                f"preflight.allreduce_sizes_mb must be a non-empty list of positive ints (MiB) "
+                f"or null for the device's default, got {sizes!r}"
+            )
         if self.disk_check not in DISK_CHECKS:
             errors.append(f"preflight.disk_check must be one of {', '.join(DISK_CHECKS)}, got {self.disk_check!r}")
         return errors
@@ -121,19 +132,24 @@ def _number_errors(cfg: PreflightConfig) -> list[str]:
     for key in ("slow_ratio", "disk_slow_ratio"):
         ratio = getattr(cfg, key)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
-            errors.append(f"preflight.{key} must be a fraction in [0, 1) (0 turns the comparison off), "
-                          f"got {ratio!r}")
+            errors.append(f"preflight.{key} must be a fraction in [0, 1) (0 turns the comparison off), got {ratio!r}")
     timeout = cfg.timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         errors.append(f"preflight.timeout_s must be > 0 (seconds), got {timeout!r}")
-    positive = {"allreduce_iters": "timed all-reduces per size", "matmul_repeats": "timed GEMMs",
-                "disk_write_mb": "MiB", "p2p_mb": "MiB"}
+    positive = {
+        "allreduce_iters": "timed all-reduces per size",
+        "matmul_repeats": "timed GEMMs",
+        "disk_write_mb": "MiB",
+        "p2p_mb": "MiB",
+    }
     for key, unit in positive.items():
         value = getattr(cfg, key)
         if not _is_int(value) or value <= 0:
             errors.append(f"preflight.{key} must be an int > 0 ({unit}), got {value!r}")
     size = cfg.matmul_size
     if size is not None and (not _is_int(size) or size <= 0):
-        errors.append(f"preflight.matmul_size must be an int > 0 (n of the n x n GEMM) or null for the "
-                      f"device's default, got {size!r}")
+        errors.append(
+            f"preflight.matmul_size must be an int > 0 (n of the n x n GEMM) or null for the "
+            f"device's default, got {size!r}"
+        )
     return errors

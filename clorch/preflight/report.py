@@ -40,9 +40,15 @@ class PreflightResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as written to preflight.json."""
-        return {"passed": self.passed, "failures": list(self.failures), "table": self.table,
-                "ranks": self.ranks, "estimate": self.estimate, "options": self.options,
-                "elapsed_s": self.elapsed_s}
+        return {
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "table": self.table,
+            "ranks": self.ranks,
+            "estimate": self.estimate,
+            "options": self.options,
+            "elapsed_s": self.elapsed_s,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreflightResult:
@@ -83,13 +89,16 @@ def version_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[int], s
         common = max(by_value, key=lambda v: (len(by_value[v]), -by_value[v][0]))
         for value, ranks in by_value.items():
             if value != common:
-                lines += [([r], f"{where(r, rows)}: {key} {value}, while {_ranks_text(by_value[common])} "
-                                f"have {common}") for r in ranks]
+                lines += [
+                    ([r], f"{where(r, rows)}: {key} {value}, while {_ranks_text(by_value[common])} have {common}")
+                    for r in ranks
+                ]
     return lines
 
 
-def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
-                  disk_slow_ratio: float = 0.0) -> list[tuple[list[int], str]]:
+def slow_failures(
+    rows: dict[int, dict[str, Any]], slow_ratio: float, disk_slow_ratio: float = 0.0
+) -> list[tuple[list[int], str]]:
     """(ranks, line) for each rank, and each host, below `slow_ratio` of its peers' median GEMM
     TFLOP/s, or below `disk_slow_ratio` of their checkpoint write MB/s.
 
@@ -110,8 +119,10 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
     something about its host.
     """
     lines: list[tuple[list[int], str]] = []
-    for key, name, unit, ratio in (("tflops", "matmul", "TFLOP/s", slow_ratio),
-                                   ("disk_mb_s", "checkpoint write", "MB/s", disk_slow_ratio)):
+    for key, name, unit, ratio in (
+        ("tflops", "matmul", "TFLOP/s", slow_ratio),
+        ("disk_mb_s", "checkpoint write", "MB/s", disk_slow_ratio),
+    ):
         if ratio <= 0:
             continue
         measured = {r: row[key] for r, row in rows.items() if row.get(key) is not None}
@@ -122,8 +133,14 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
             if len(ranks) < 2:
                 continue
             median = statistics.median(ranks.values())
-            lines += [([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the "
-                               f"median {median:.3g}") for rank, value in ranks.items() if value < ratio * median]
+            lines += [
+                (
+                    [rank],
+                    f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the median {median:.3g}",
+                )
+                for rank, value in ranks.items()
+                if value < ratio * median
+            ]
         if len(by_host) < 2:
             continue
         host_medians = {host: statistics.median(ranks.values()) for host, ranks in by_host.items()}
@@ -132,9 +149,14 @@ def slow_failures(rows: dict[int, dict[str, Any]], slow_ratio: float,
             if value < ratio * median:
                 ranks = sorted(by_host[host])
                 who = where(ranks[0], rows) if len(ranks) == 1 else f"host {host} ({_ranks_text(ranks)})"
-                lines.append((ranks, f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
-                                     f"{value / median:.2f} of the median {median:.3g} of the "
-                                     f"{len(host_medians)} hosts"))
+                lines.append(
+                    (
+                        ranks,
+                        f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
+                        f"{value / median:.2f} of the median {median:.3g} of the "
+                        f"{len(host_medians)} hosts",
+                    )
+                )
     return lines
 
 
@@ -144,9 +166,15 @@ def shared_device_failures(rows: dict[int, dict[str, Any]]) -> list[tuple[list[i
     for rank, row in sorted(rows.items()):
         if row.get("device_uuid"):
             owners.setdefault((row["host"], row["device_uuid"]), []).append(rank)
-    return [(ranks, f"{_ranks_text(ranks)} on host {host} share CUDA device {uuid} ({rows[ranks[0]]['device']}): "
-                    "each rank needs its own (CUDA_VISIBLE_DEVICES per rank, or fewer ranks per node)")
-            for (host, uuid), ranks in owners.items() if len(ranks) > 1]
+    return [
+        (
+            ranks,
+            f"{_ranks_text(ranks)} on host {host} share CUDA device {uuid} ({rows[ranks[0]]['device']}): "
+            "each rank needs its own (CUDA_VISIBLE_DEVICES per rank, or fewer ranks per node)",
+        )
+        for (host, uuid), ranks in owners.items()
+        if len(ranks) > 1
+    ]
 
 
 def _cell(value: Any) -> str:
@@ -161,31 +189,61 @@ def _largest(values: dict | None) -> float | None:
     return values[max(values, key=int)] if values else None
 
 
-def table(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int, failed: set[int],
-          hosts: dict[int, str]) -> str:
+def table(
+    rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int, failed: set[int], hosts: dict[int, str]
+) -> str:
     """The per-rank table as aligned text: a rank in `failed` says FAIL; one without a row, its host
     (from `hosts`, where known) and whether it is missing."""
-    header = ["rank", "host", "device", *VERSION_KEYS, "dev free GiB", "host free GiB", "GEMM TFLOP/s",
-              "disk MB/s", "busbw GB/s", "nodes busbw GB/s", "p2p ms", "status"]
+    header = [
+        "rank",
+        "host",
+        "device",
+        *VERSION_KEYS,
+        "dev free GiB",
+        "host free GiB",
+        "GEMM TFLOP/s",
+        "disk MB/s",
+        "busbw GB/s",
+        "nodes busbw GB/s",
+        "p2p ms",
+        "status",
+    ]
     lines = [header]
     for rank in range(world_size):
         row = rows.get(rank)
         if row is None:
-            lines.append([str(rank), hosts.get(rank, "?"), *["-"] * (len(header) - 3),
-                          "missing" if rank in missing else "-"])
+            lines.append(
+                [str(rank), hosts.get(rank, "?"), *["-"] * (len(header) - 3), "missing" if rank in missing else "-"]
+            )
             continue
-        lines.append([str(rank), row["host"], row["device"], *(row["versions"][k] for k in VERSION_KEYS),
-                      *(_cell(row.get(k)) for k in ("device_free_gib", "host_free_gib", "tflops", "disk_mb_s")),
-                      _cell(_largest(row.get("busbw_gb_s"))), _cell(_largest(row.get("internode_busbw_gb_s"))),
-                      _cell(row.get("p2p_ms")), "FAIL" if rank in failed else "ok"])
+        lines.append(
+            [
+                str(rank),
+                row["host"],
+                row["device"],
+                *(row["versions"][k] for k in VERSION_KEYS),
+                *(_cell(row.get(k)) for k in ("device_free_gib", "host_free_gib", "tflops", "disk_mb_s")),
+                _cell(_largest(row.get("busbw_gb_s"))),
+                _cell(_largest(row.get("internode_busbw_gb_s"))),
+                _cell(row.get("p2p_ms")),
+                "FAIL" if rank in failed else "ok",
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def verdict(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size: int,
-            slow_ratio: float, estimate: dict[str, Any], options: dict[str, Any],
-            elapsed_s: float, hosts: dict[int, str] | None = None,
-            disk_slow_ratio: float = 0.0) -> PreflightResult:
+def verdict(
+    rows: dict[int, dict[str, Any]],
+    missing: dict[int, str],
+    world_size: int,
+    slow_ratio: float,
+    estimate: dict[str, Any],
+    options: dict[str, Any],
+    elapsed_s: float,
+    hosts: dict[int, str] | None = None,
+    disk_slow_ratio: float = 0.0,
+) -> PreflightResult:
     """Compare the rows, collect every failure, and lay out the table.
 
     Args:
@@ -201,14 +259,23 @@ def verdict(rows: dict[int, dict[str, Any]], missing: dict[int, str], world_size
     for ranks, line in compared + slow_failures(rows, slow_ratio, disk_slow_ratio):
         failed.update(ranks)
         failures.append(line)
-    return PreflightResult(passed=not failures, failures=failures, table=table(rows, missing, world_size, failed, hosts or {}),
-                           ranks=[rows[r] for r in sorted(rows)], estimate=estimate, options=options,
-                           elapsed_s=elapsed_s)
+    return PreflightResult(
+        passed=not failures,
+        failures=failures,
+        table=table(rows, missing, world_size, failed, hosts or {}),
+        ranks=[rows[r] for r in sorted(rows)],
+        estimate=estimate,
+        options=options,
+        elapsed_s=elapsed_s,
+    )
 
 
 def format_report(result: PreflightResult) -> str:
     """The console report: the estimate, the table, then PASSED or each failure."""
     head = f"preflight: {result.estimate.get('text', '')}"
-    tail = "preflight PASSED" if result.passed else "preflight FAILED:\n" + "\n".join(
-        f"  {line}" for line in result.failures)
+    tail = (
+        "preflight PASSED"
+        if result.passed
+        else "preflight FAILED:\n" + "\n".join(f"  {line}" for line in result.failures)
+    )
     return f"{head}\n{result.table}\n{tail}"

@@ -45,8 +45,7 @@ def _options(options: PreflightConfig | Mapping[str, Any]) -> PreflightConfig:
     raise TypeError(f"options must be a PreflightConfig or a mapping of its fields, got {type(options).__name__}")
 
 
-def _estimate(model_params: Any, bytes_per_param: Any, optimizer_states: Any,
-              checkpoint_bytes: Any) -> local.Estimate:
+def _estimate(model_params: Any, bytes_per_param: Any, optimizer_states: Any, checkpoint_bytes: Any) -> local.Estimate:
     def number(name: str, value: Any, kind: type | tuple = (int, float)) -> None:
         if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -59,13 +58,25 @@ def _estimate(model_params: Any, bytes_per_param: Any, optimizer_states: Any,
     return local.Estimate(model_params, bytes_per_param, optimizer_states, checkpoint_bytes)
 
 
-def _local_row(rank: int, hosts: list[str], options: PreflightConfig, estimate: local.Estimate,
-               checkpoint_dir: Path | None, stage: Any) -> dict[str, Any]:
+def _local_row(
+    rank: int,
+    hosts: list[str],
+    options: PreflightConfig,
+    estimate: local.Estimate,
+    checkpoint_dir: Path | None,
+    stage: Any,
+) -> dict[str, Any]:
     """This rank's own checks, as one row with the failures only it can see."""
     device = pg.device()
     host = hosts[rank]
-    row: dict[str, Any] = {"rank": rank, "host": host, "local_rank": pg.local_rank(),
-                           "local_world_size": pg.local_world_size(), "versions": local.versions(), "failures": []}
+    row: dict[str, Any] = {
+        "rank": rank,
+        "host": host,
+        "local_rank": pg.local_rank(),
+        "local_world_size": pg.local_world_size(),
+        "versions": local.versions(),
+        "failures": [],
+    }
     stage("device")
     parts = [local.device_identity(device)]
     if parts[0]["failure"] is None:
@@ -112,15 +123,23 @@ class _Run:
         return lines
 
     def result(self, rows: dict[int, dict[str, Any]], missing: dict[int, str]) -> PreflightResult:
-        return report.verdict(rows, missing, self.world_size, self.options.slow_ratio, self.estimate.to_dict(),
-                              self.options.to_dict(), time.monotonic() - self.start,
-                              {r: info["host"] for r, info in self.arrivals.items()},
-                              self.options.disk_slow_ratio)
+        return report.verdict(
+            rows,
+            missing,
+            self.world_size,
+            self.options.slow_ratio,
+            self.estimate.to_dict(),
+            self.options.to_dict(),
+            time.monotonic() - self.start,
+            {r: info["host"] for r, info in self.arrivals.items()},
+            self.options.disk_slow_ratio,
+        )
 
 
 def _arrive(run: _Run, me: dict[str, Any]) -> list[int]:
-    missing = meeting.meet(run.store, f"{run.key}/arrive", run.rank, run.world_size, json.dumps(me),
-                           run.options.timeout_s)
+    missing = meeting.meet(
+        run.store, f"{run.key}/arrive", run.rank, run.world_size, json.dumps(me), run.options.timeout_s
+    )
     present = [r for r in range(run.world_size) if r not in missing]
     run.present = len(present)
     run.arrivals = {r: json.loads(v) for r, v in meeting.values(run.store, f"{run.key}/arrive", present).items()}
@@ -177,10 +196,17 @@ def _preflight(run: _Run, run_dir: Path, checkpoint_dir: Path | None) -> Preflig
     return _exchange(run, row)
 
 
-def run_preflight(options: PreflightConfig | Mapping[str, Any], *, run_dir: str | Path,
-                  checkpoint_dir: str | Path | None, model_params: int, bytes_per_param: float = 4,
-                  optimizer_states: float = 2, checkpoint_bytes: int | None = None,
-                  group: Any = None) -> PreflightResult:
+def run_preflight(
+    options: PreflightConfig | Mapping[str, Any],
+    *,
+    run_dir: str | Path,
+    checkpoint_dir: str | Path | None,
+    model_params: int,
+    bytes_per_param: float = 4,
+    optimizer_states: float = 2,
+    checkpoint_bytes: int | None = None,
+    group: Any = None,
+) -> PreflightResult:
     """Check this rank's machine and its links to the others; return the job's verdict.
 
     Every rank of the default process group must call it, at the same point
@@ -210,8 +236,9 @@ def run_preflight(options: PreflightConfig | Mapping[str, Any], *, run_dir: str 
     options = _options(options)
     estimate = _estimate(model_params, bytes_per_param, optimizer_states, checkpoint_bytes)
     if group is not None and (not pg.is_initialized() or group is not dist.group.WORLD):
-        raise ValueError(f"group must be None or the default group (the preflight checks every rank "
-                         f"of the job), got {group!r}")
+        raise ValueError(
+            f"group must be None or the default group (the preflight checks every rank of the job), got {group!r}"
+        )
     run = _Run(options, estimate)
     try:
         result = _preflight(run, Path(run_dir), None if checkpoint_dir is None else Path(checkpoint_dir))

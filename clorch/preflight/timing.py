@@ -54,7 +54,7 @@ def matmul_tflops(n: int, device: torch.device, repeats: int) -> float:
     finally:
         if device.type != "cuda":
             torch.set_num_threads(threads)
-    return 2.0 * n ** 3 / max(seconds, 1e-12) / 1e12
+    return 2.0 * n**3 / max(seconds, 1e-12) / 1e12
 
 
 def _timed(a: torch.Tensor, b: torch.Tensor, count: int) -> float:

@@ -33,18 +33,35 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clorch-runs", description="Find, compare and plot clorch runs.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        prog="clorch-runs",
+        description="Find, compare and plot clorch runs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n")[1],
+    )
     roots = argparse.ArgumentParser(add_help=False)
-    roots.add_argument("--root", action="append", default=[], metavar="DIR",
-                       help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)")
+    roots.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,plot}")
     ls = sub.add_parser("ls", parents=[roots], help="one row per run")
-    ls.add_argument("--where", action="append", default=[], metavar="COND",
-                    help="KEY OP VALUE, e.g. 'eval_loss<0.1' or 'optim.lr==3e-4' (repeatable: all must hold)")
-    ls.add_argument("--status", action="append", metavar="STATUS", help=f"one of {', '.join(STATUSES)} "
-                    "(comma-separated or repeated)")
+    ls.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="KEY OP VALUE, e.g. 'eval_loss<0.1' or 'optim.lr==3e-4' (repeatable: all must hold)",
+    )
+    ls.add_argument(
+        "--status",
+        action="append",
+        metavar="STATUS",
+        help=f"one of {', '.join(STATUSES)} (comma-separated or repeated)",
+    )
     ls.add_argument("--recipe", action="append", metavar="NAME", help="runs of this recipe (repeatable)")
     ls.add_argument("--since", metavar="DATE", help="runs started at or after DATE (2026-12-01[T14:30])")
     ls.add_argument("--sort", metavar="KEY", help="order by KEY (a --where key; --sort=-KEY: descending)")

@@ -109,8 +109,9 @@ def resume_command(run: Run) -> str:
     policy = section.get("policy")
     steps = [c["step"] for c in checkpoints(run) if c["step"] is not None]
     if policy != "periodic" or not steps:
-        why = (f"checkpoint.policy is {policy}" if policy != "periodic"
-               else f"no step checkpoint in {checkpoint_dir(run)}")
+        why = (
+            f"checkpoint.policy is {policy}" if policy != "periodic" else f"no step checkpoint in {checkpoint_dir(run)}"
+        )
         return f"none: {why}; re-run it to start over"
     args = train_args(run)
     if args is None:
@@ -119,5 +120,13 @@ def resume_command(run: Run) -> str:
     directory = os.path.abspath(checkpoint_dir(run))
     # It goes on in the same run directory, from its latest checkpoint, with the paths made
     # absolute and the trust variable the run had: it works pasted anywhere.
-    return pasteable([*recipe_files_again(kept, _cwd(run)), f"hydra.run.dir={os.path.abspath(run.path)}",
-                      f"checkpoint.dir={directory}", "checkpoint.resume=latest"], _cwd(run), _trusted(run))
+    return pasteable(
+        [
+            *recipe_files_again(kept, _cwd(run)),
+            f"hydra.run.dir={os.path.abspath(run.path)}",
+            f"checkpoint.dir={directory}",
+            "checkpoint.resume=latest",
+        ],
+        _cwd(run),
+        _trusted(run),
+    )

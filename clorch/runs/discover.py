@@ -37,8 +37,10 @@ def check_roots(roots: Sequence[str | os.PathLike]) -> list[Path]:
     for root in roots:
         path = Path(root).expanduser()
         if not path.is_dir():
-            raise UsageError(f"--root {str(root)!r}: not a directory (give a folder holding run "
-                             "directories, such as outputs/ or multirun/)")
+            raise UsageError(
+                f"--root {str(root)!r}: not a directory (give a folder holding run "
+                "directories, such as outputs/ or multirun/)"
+            )
         out.append(path)
     return out
 
@@ -91,19 +93,23 @@ def select(name: str, runs: Sequence[Run], roots: Sequence[Path]) -> Run:
             return Run(path)
         if is_sweep_dir(path):
             trials = sorted(p.name for p in path.iterdir() if p.name.isdigit() and is_run_dir(p))
-            raise UsageError(f"RUN {name!r} is a sweep directory; name one of its trials: "
-                             + ", ".join(str(path / t) for t in trials))
+            raise UsageError(
+                f"RUN {name!r} is a sweep directory; name one of its trials: "
+                + ", ".join(str(path / t) for t in trials)
+            )
     exact = [r for r in runs if r.id == name]
     matches = exact or [r for r in runs if len(name) >= 4 and r.id.startswith(name)]
     if not matches:
         parts = Path(name).parts
-        matches = [r for r in runs if parts and r.path.parts[-len(parts):] == parts]
+        matches = [r for r in runs if parts and r.path.parts[-len(parts) :] == parts]
     if len(matches) == 1:
         return matches[0]
     where = ", ".join(str(r) for r in roots) or "(no outputs/ or multirun/ here)"
     if not matches:
-        raise UsageError(f"RUN {name!r}: no run has that directory or id under {where}; allowed: a run "
-                         "directory, a run id or its first 4+ characters, or the end of a run's path "
-                         "(`clorch-runs ls` lists them; --root DIR looks elsewhere)")
+        raise UsageError(
+            f"RUN {name!r}: no run has that directory or id under {where}; allowed: a run "
+            "directory, a run id or its first 4+ characters, or the end of a run's path "
+            "(`clorch-runs ls` lists them; --root DIR looks elsewhere)"
+        )
     listed = "; ".join(f"{r.id} {r.path}" for r in matches[:10])
     raise UsageError(f"RUN {name!r} matches {len(matches)} runs ({listed}); give more of the id or path")

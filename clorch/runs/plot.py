@@ -65,8 +65,10 @@ def check_out(out: Path, runs: Sequence[Run]) -> Path:
     out = out.expanduser().resolve()
     for run in runs:
         if out.is_relative_to(run.path):
-            raise UsageError(f"--out {str(out)!r} lies in the run directory {run.path}; clorch-runs never "
-                             "writes into run directories: choose a path outside it")
+            raise UsageError(
+                f"--out {str(out)!r} lies in the run directory {run.path}; clorch-runs never "
+                "writes into run directories: choose a path outside it"
+            )
     if not out.parent.is_dir():
         raise UsageError(f"--out {str(out)!r}: the folder {out.parent} does not exist")
     return out
@@ -85,10 +87,13 @@ def plot(runs: Sequence[Run], metric: str, out: Path) -> tuple[Path, list[Run]]:
     out = check_out(out, runs)
     curves = [(run, series(run, metric)) for run in runs]
     if not any(points for _, points in curves):
-        have = sorted({k for run in runs for r in run.metrics for k, v in r.items()
-                       if _number(v) and k not in ("step", "epoch")})
-        raise UsageError(f"--metric {metric!r}: none of the runs recorded it in metrics.jsonl; "
-                         f"allowed: {', '.join(have) or '(no metrics recorded yet)'}")
+        have = sorted(
+            {k for run in runs for r in run.metrics for k, v in r.items() if _number(v) and k not in ("step", "epoch")}
+        )
+        raise UsageError(
+            f"--metric {metric!r}: none of the runs recorded it in metrics.jsonl; "
+            f"allowed: {', '.join(have) or '(no metrics recorded yet)'}"
+        )
     try:
         import matplotlib
 

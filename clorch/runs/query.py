@@ -15,8 +15,21 @@ from clorch.runs.discover import UsageError
 from clorch.runs.records import STATUSES, Run
 from clorch.runs.status import Status
 
-FIELDS = ("id", "dir", "start", "recipe", "overrides", "status", "steps", "planned_steps",
-          "wall_time_s", "world_size", "commit", "host", "sweep")
+FIELDS = (
+    "id",
+    "dir",
+    "start",
+    "recipe",
+    "overrides",
+    "status",
+    "steps",
+    "planned_steps",
+    "wall_time_s",
+    "world_size",
+    "commit",
+    "host",
+    "sweep",
+)
 OPERATORS = ("<=", ">=", "==", "!=", "<", ">", "=")
 # KEY OP VALUE; the value may not start with an operator's character, so `a<<1` is refused.
 _WHERE = re.compile(r"\s*([A-Za-z_][\w.\-/]*)\s*(<=|>=|==|!=|<|>|=)\s*([^\s<>=!].*?)\s*")
@@ -40,8 +53,8 @@ def value_of(run: Run, key: str) -> Any:
         value = record[key]
         return " ".join(value) if key == "overrides" else value
     for prefix, source in (("final.", run.final), ("best.", run.best), ("best_", run.best)):
-        if key.startswith(prefix) and key[len(prefix):] in source:
-            return source[key[len(prefix):]]
+        if key.startswith(prefix) and key[len(prefix) :] in source:
+            return source[key[len(prefix) :]]
     if key in run.final:
         return run.final[key]
     return flatten(run.config).get(key)
@@ -50,16 +63,23 @@ def value_of(run: Run, key: str) -> Any:
 def known_keys(runs: Iterable[Run]) -> set[str]:
     keys = set(FIELDS)
     for run in runs:
-        keys.update(run.final, (f"final.{k}" for k in run.final), (f"best.{k}" for k in run.best),
-                    (f"best_{k}" for k in run.best), flatten(run.config))
+        keys.update(
+            run.final,
+            (f"final.{k}" for k in run.final),
+            (f"best.{k}" for k in run.best),
+            (f"best_{k}" for k in run.best),
+            flatten(run.config),
+        )
     return keys
 
 
 def _check_key(option: str, text: str, key: str, runs: Sequence[Run]) -> None:
     if runs and key not in known_keys(runs):
-        raise UsageError(f"{option} {text!r}: unknown key {key!r}; allowed: {', '.join(FIELDS)}, a metric "
-                         "(eval_loss, final.loss, best.eval_loss or best_eval_loss) or a config key "
-                         "(optim.lr) that some listed run has")
+        raise UsageError(
+            f"{option} {text!r}: unknown key {key!r}; allowed: {', '.join(FIELDS)}, a metric "
+            "(eval_loss, final.loss, best.eval_loss or best_eval_loss) or a config key "
+            "(optim.lr) that some listed run has"
+        )
 
 
 def parse_value(text: str) -> Any:
@@ -82,8 +102,10 @@ class Condition:
     def __init__(self, text: str, runs: Sequence[Run] = ()):
         match = _WHERE.fullmatch(text)
         if not match:
-            raise UsageError(f"--where {text!r}: expected KEY OP VALUE such as 'eval_loss<0.1' or "
-                             f"'optim.lr==3e-4', with OP one of {', '.join(OPERATORS)}")
+            raise UsageError(
+                f"--where {text!r}: expected KEY OP VALUE such as 'eval_loss<0.1' or "
+                f"'optim.lr==3e-4', with OP one of {', '.join(OPERATORS)}"
+            )
         self.text, (self.key, self.op, raw) = text, match.groups()
         self.value = parse_value(raw)
         _check_key("--where", text, self.key, runs)
@@ -99,8 +121,7 @@ class Condition:
             return actual == wanted
         if self.op == "!=":
             return actual != wanted
-        return {"<": actual < wanted, "<=": actual <= wanted, ">": actual > wanted,
-                ">=": actual >= wanted}[self.op]
+        return {"<": actual < wanted, "<=": actual <= wanted, ">": actual > wanted, ">=": actual >= wanted}[self.op]
 
 
 def _is_number(value: Any) -> bool:
@@ -111,8 +132,7 @@ def parse_since(text: str) -> _dt.datetime:
     try:
         return _dt.datetime.fromisoformat(text)
     except ValueError:
-        raise UsageError(f"--since {text!r}: expected a date or time such as 2026-12-01 or "
-                         "2026-12-01T14:30") from None
+        raise UsageError(f"--since {text!r}: expected a date or time such as 2026-12-01 or 2026-12-01T14:30") from None
 
 
 def split_list(values: Iterable[str] | None) -> list[str]:
@@ -120,8 +140,13 @@ def split_list(values: Iterable[str] | None) -> list[str]:
     return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
 
 
-def pick(runs: Sequence[Run], where: Sequence[str] = (), statuses: Sequence[str] = (),
-         recipes: Sequence[str] = (), since: str | None = None) -> list[Run]:
+def pick(
+    runs: Sequence[Run],
+    where: Sequence[str] = (),
+    statuses: Sequence[str] = (),
+    recipes: Sequence[str] = (),
+    since: str | None = None,
+) -> list[Run]:
     """The runs that meet every condition given.
 
     Raises:
@@ -160,6 +185,7 @@ def sort_runs(runs: Sequence[Run], key: str) -> list[Run]:
     present = [(value_of(r, name), r) for r in runs]
     missing = [r for v, r in present if v is None]
     valued = [(v, r) for v, r in present if v is not None]
-    valued.sort(key=lambda pair: (not _is_number(pair[0]), pair[0] if _is_number(pair[0]) else str(pair[0])),
-                reverse=descending)
+    valued.sort(
+        key=lambda pair: (not _is_number(pair[0]), pair[0] if _is_number(pair[0]) else str(pair[0])), reverse=descending
+    )
     return [r for _, r in valued] + missing

@@ -216,7 +216,9 @@ class Run:
     def planned_steps(self) -> int | None:
         planned = self.summary.get("planned_steps")
         if planned is None:
-            planned = (self.env.get("plan") or {}).get("total_steps") if isinstance(self.env.get("plan"), dict) else None
+            planned = (
+                (self.env.get("plan") or {}).get("total_steps") if isinstance(self.env.get("plan"), dict) else None
+            )
         return planned if isinstance(planned, int) else None
 
     @property
@@ -247,8 +249,11 @@ class Run:
 
     @property
     def world_size(self) -> int | None:
-        for source in (self.summary, self.env.get("plan") if isinstance(self.env.get("plan"), dict) else {},
-                       self.job.get("config") if isinstance(self.job.get("config"), dict) else {}):
+        for source in (
+            self.summary,
+            self.env.get("plan") if isinstance(self.env.get("plan"), dict) else {},
+            self.job.get("config") if isinstance(self.job.get("config"), dict) else {},
+        ):
             if isinstance(source.get("world_size"), int):
                 return source["world_size"]
         return None
@@ -268,12 +273,22 @@ class Run:
         """Everything `clorch-runs ls --json` shows of the run (plain JSON values)."""
         start = self.start
         return {
-            "id": self.id, "dir": str(self.path), "start": start.isoformat() if start else None,
-            "recipe": self.recipe, "overrides": self.overrides, "status": self.status,
-            "steps": self.steps, "planned_steps": self.planned_steps, "final": self.final,
-            "best": self.best, "wall_time_s": self.wall_time_s, "world_size": self.world_size,
-            "commit": self.commit, "clorch_commit": self.clorch_commit,
-            "host": self.env.get("host"), "sweep": str(self.sweep) if self.sweep else None,
+            "id": self.id,
+            "dir": str(self.path),
+            "start": start.isoformat() if start else None,
+            "recipe": self.recipe,
+            "overrides": self.overrides,
+            "status": self.status,
+            "steps": self.steps,
+            "planned_steps": self.planned_steps,
+            "final": self.final,
+            "best": self.best,
+            "wall_time_s": self.wall_time_s,
+            "world_size": self.world_size,
+            "commit": self.commit,
+            "clorch_commit": self.clorch_commit,
+            "host": self.env.get("host"),
+            "sweep": str(self.sweep) if self.sweep else None,
             "problems": list(self.problems),
         }
 

@@ -36,14 +36,14 @@ class Status(str, Enum):
     FAILED = "failed"
     PREFLIGHT_FAILED = "preflight_failed"
     INTERRUPTED = "interrupted"
-    STOPPED = "stopped"          # the launcher stopped the job (a stop request, SIGTERM to it)
-    TIMED_OUT = "timed_out"      # the launcher's launcher.timeout ran out
+    STOPPED = "stopped"  # the launcher stopped the job (a stop request, SIGTERM to it)
+    TIMED_OUT = "timed_out"  # the launcher's launcher.timeout ran out
     CONFIG_ERROR = "config_error"
     NOT_STARTED = "not_started"  # a sweep's job an interrupted sweep did not reach
-    MISSING = "missing"          # a sweep's job directory without summary.json
-    RUNNING = "running"          # told from files by clorch-runs: the launcher lives
-    KILLED = "killed"            # told from files: the launcher died without recording the end
-    UNKNOWN = "unknown"          # told from files: nothing says
+    MISSING = "missing"  # a sweep's job directory without summary.json
+    RUNNING = "running"  # told from files by clorch-runs: the launcher lives
+    KILLED = "killed"  # told from files: the launcher died without recording the end
+    UNKNOWN = "unknown"  # told from files: nothing says
 
     def __str__(self) -> str:  # f"{status}" is the word, as in the files
         return self.value
@@ -89,10 +89,13 @@ class Status(str, Enum):
         return f"clorch-train: {self.phrase}{detail}"
 
 
-_EXIT = {Status.SUCCEEDED: EXIT_OK, Status.CONFIG_ERROR: EXIT_CONFIG,
-         Status.INTERRUPTED: 128 + int(signal.SIGINT)}
-_PHRASE = {Status.SUCCEEDED: "succeeded", Status.PREFLIGHT_FAILED: "preflight failed, nothing was trained",
-           Status.INTERRUPTED: "interrupted", Status.CONFIG_ERROR: "config error(s); nothing was launched"}
+_EXIT = {Status.SUCCEEDED: EXIT_OK, Status.CONFIG_ERROR: EXIT_CONFIG, Status.INTERRUPTED: 128 + int(signal.SIGINT)}
+_PHRASE = {
+    Status.SUCCEEDED: "succeeded",
+    Status.PREFLIGHT_FAILED: "preflight failed, nothing was trained",
+    Status.INTERRUPTED: "interrupted",
+    Status.CONFIG_ERROR: "config error(s); nothing was launched",
+}
 
 STATUSES = tuple(s.value for s in Status)
 """Every status word, for `clorch-runs ls --status`."""

@@ -57,8 +57,20 @@ def list_rows(runs: Sequence[Run], group_sweeps: bool = True) -> tuple[list[str]
     """
     metrics = [m for m in METRIC_COLUMNS if any(m in r.final for r in runs)]
     best = any("eval_loss" in r.best for r in runs)
-    header = ["id", "dir", "start", "recipe", "overrides", "status", "steps", *metrics,
-              *(["best_eval_loss"] if best else []), "wall_s", "world", "commit"]
+    header = [
+        "id",
+        "dir",
+        "start",
+        "recipe",
+        "overrides",
+        "status",
+        "steps",
+        *metrics,
+        *(["best_eval_loss"] if best else []),
+        "wall_s",
+        "world",
+        "commit",
+    ]
     rows, seen = [], set()
     for run in runs:
         sweep = run.sweep
@@ -69,12 +81,19 @@ def list_rows(runs: Sequence[Run], group_sweeps: bool = True) -> tuple[list[str]
             row.update(dir=shown_path(sweep), status="sweep", overrides=f"{count} trial(s)")
             rows.append([row[h] for h in header])
         start = run.start
-        row = {"id": run.id, "dir": shown_path(run.path), "recipe": run.recipe or "",
-               "start": start.strftime("%Y-%m-%d %H:%M:%S") if start else "",
-               "overrides": " ".join(run.overrides), "status": run.status, "steps": _steps(run),
-               "best_eval_loss": cell(run.best.get("eval_loss")),
-               "wall_s": f"{run.wall_time_s:.1f}" if run.wall_time_s is not None else "",
-               "world": cell(run.world_size), "commit": _commit(run)}
+        row = {
+            "id": run.id,
+            "dir": shown_path(run.path),
+            "recipe": run.recipe or "",
+            "start": start.strftime("%Y-%m-%d %H:%M:%S") if start else "",
+            "overrides": " ".join(run.overrides),
+            "status": run.status,
+            "steps": _steps(run),
+            "best_eval_loss": cell(run.best.get("eval_loss")),
+            "wall_s": f"{run.wall_time_s:.1f}" if run.wall_time_s is not None else "",
+            "world": cell(run.world_size),
+            "commit": _commit(run),
+        }
         row.update({m: cell(run.final.get(m)) for m in metrics})
         rows.append([row[h] for h in header])
     return header, rows
@@ -108,14 +127,31 @@ def to_csv(runs: Sequence[Run]) -> str:
     records = [r.record() for r in runs]
     final = _union(r["final"] for r in records)
     best = _union(r["best"] for r in records)
-    fields = ["id", "dir", "start", "recipe", "overrides", "status", "steps", "planned_steps",
-              "wall_time_s", "world_size", "commit", "clorch_commit", "host", "sweep"]
+    fields = [
+        "id",
+        "dir",
+        "start",
+        "recipe",
+        "overrides",
+        "status",
+        "steps",
+        "planned_steps",
+        "wall_time_s",
+        "world_size",
+        "commit",
+        "clorch_commit",
+        "host",
+        "sweep",
+    ]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*fields, *(f"final.{k}" for k in final), *(f"best.{k}" for k in best)])
     for r in records:
-        writer.writerow([_csv_cell(r[f]) for f in fields] + [_csv_cell(r["final"].get(k)) for k in final]
-                        + [_csv_cell(r["best"].get(k)) for k in best])
+        writer.writerow(
+            [_csv_cell(r[f]) for f in fields]
+            + [_csv_cell(r["final"].get(k)) for k in final]
+            + [_csv_cell(r["best"].get(k)) for k in best]
+        )
     return out.getvalue()
 
 

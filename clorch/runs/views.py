@@ -18,38 +18,56 @@ def show_data(run: Run) -> dict[str, Any]:
     """Everything `show` prints, as plain JSON values."""
     job_status = run.job.get("status") if isinstance(run.job.get("status"), dict) else {}
     error = run.summary.get("error") or job_status.get("error")
-    return {**run.record(), "error": error, "failed_rank": run.summary.get("failed_rank"),
-            "interrupted_by": run.summary.get("interrupted_by"),
-            "resumed_from": run.summary.get("resumed_from"),
-            "throughput": {k: run.summary.get(k) for k in ("samples_per_s", "tokens_per_s")
-                           if run.summary.get(k) is not None},
-            "checkpoint_dir": str(checkpoint_dir(run)), "checkpoints": checkpoints(run),
-            "commands": {"rerun": rerun_command(run), "resume": resume_command(run)},
-            "env": run.env, "config": run.config}
+    return {
+        **run.record(),
+        "error": error,
+        "failed_rank": run.summary.get("failed_rank"),
+        "interrupted_by": run.summary.get("interrupted_by"),
+        "resumed_from": run.summary.get("resumed_from"),
+        "throughput": {
+            k: run.summary.get(k) for k in ("samples_per_s", "tokens_per_s") if run.summary.get(k) is not None
+        },
+        "checkpoint_dir": str(checkpoint_dir(run)),
+        "checkpoints": checkpoints(run),
+        "commands": {"rerun": rerun_command(run), "resume": resume_command(run)},
+        "env": run.env,
+        "config": run.config,
+    }
 
 
 def show_text(run: Run) -> str:
     data = show_data(run)
-    lines = [f"run        {data['id']}  {shown_path(run.path)}",
-             f"status     {data['status']}" + _progress(data)]
+    lines = [f"run        {data['id']}  {shown_path(run.path)}", f"status     {data['status']}" + _progress(data)]
     if data["error"]:
         error = data["error"] if isinstance(data["error"], dict) else {"message": data["error"]}
         who = f"rank {error.get('rank')}: " if error.get("rank") is not None else ""
         lines.append(f"error      {who}{': '.join(str(error[k]) for k in ('type', 'message') if error.get(k))}")
-    lines += [f"{k:<10} {v}" for k, v in (
-        ("started", data["start"] or "unknown"), ("recipe", data["recipe"] or "-"),
-        ("overrides", " ".join(data["overrides"]) or "-"),
-        ("commit", data["commit"] or f"- (clorch {data['clorch_commit'] or 'unknown'})"),
-        ("resumed", data["resumed_from"])) if k != "resumed" or v]
+    lines += [
+        f"{k:<10} {v}"
+        for k, v in (
+            ("started", data["start"] or "unknown"),
+            ("recipe", data["recipe"] or "-"),
+            ("overrides", " ".join(data["overrides"]) or "-"),
+            ("commit", data["commit"] or f"- (clorch {data['clorch_commit'] or 'unknown'})"),
+            ("resumed", data["resumed_from"]),
+        )
+        if k != "resumed" or v
+    ]
     lines += [f"problem    {p}" for p in data["problems"]]
     lines += ["", "metrics", _metrics_table(data)]
-    listed = [f"  step {c['step']}: {c['path']}" if c["step"] is not None else f"  {c['path']}"
-              for c in data["checkpoints"]]
-    policy = (run.config.get("checkpoint") or {}).get("policy") if isinstance(run.config.get("checkpoint"), dict) else None
+    listed = [
+        f"  step {c['step']}: {c['path']}" if c["step"] is not None else f"  {c['path']}" for c in data["checkpoints"]
+    ]
+    policy = (
+        (run.config.get("checkpoint") or {}).get("policy") if isinstance(run.config.get("checkpoint"), dict) else None
+    )
     lines += ["", f"checkpoints (policy {policy or 'unknown'}, {data['checkpoint_dir']})", *(listed or ["  none"])]
     env = run.env
-    lines += ["", "environment", *(f"  {k}: {cell(env[k]) if k != 'command' else ' '.join(map(str, env[k]))}"
-                                    for k in _ENV_KEYS if k in env)]
+    lines += [
+        "",
+        "environment",
+        *(f"  {k}: {cell(env[k]) if k != 'command' else ' '.join(map(str, env[k]))}" for k in _ENV_KEYS if k in env),
+    ]
     lines += ["", "commands", f"  re-run: {data['commands']['rerun']}", f"  resume: {data['commands']['resume']}"]
     config = yaml.safe_dump(data["config"], sort_keys=False).rstrip() if data["config"] else "(no config.yaml)"
     lines += ["", "config", *("  " + line for line in config.splitlines())]

@@ -11,8 +11,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _state(device):
-    return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
-            torch.is_autocast_cache_enabled())
+    return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), torch.is_autocast_cache_enabled())
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"], ids=["cpu_state", "gpu_state"])
@@ -60,13 +59,20 @@ def test_same_instance_reentered():
     assert _state("cpu") == before
 
 
-@pytest.mark.parametrize("kwargs, error, text", [
-    ({"device_type": "tpu"}, ValueError, "device_type must be one of cuda, cpu, got 'tpu'"),
-    ({"dtype": torch.int8}, ValueError, "dtype must be None, torch.float32, torch.bfloat16, torch.float16 "
-                                        "or one of fp32, float32, bf16, bfloat16, fp16, float16, got torch.int8"),
-    ({"cache_enabled": "yes"}, TypeError, "cache_enabled must be a bool, got 'yes'"),
-    ({"enabled": 1}, TypeError, "enabled must be a bool, got 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, text",
+    [
+        ({"device_type": "tpu"}, ValueError, "device_type must be one of cuda, cpu, got 'tpu'"),
+        (
+            {"dtype": torch.int8},
+            ValueError,
+            "dtype must be None, torch.float32, torch.bfloat16, torch.float16 "
+            "or one of fp32, float32, bf16, bfloat16, fp16, float16, got torch.int8",
+        ),
+        ({"cache_enabled": "yes"}, TypeError, "cache_enabled must be a bool, got 'yes'"),
+        ({"enabled": 1}, TypeError, "enabled must be a bool, got 1"),
+    ],
+)
 def test_bad_arguments(kwargs, error, text):
     with pytest.raises(error) as info:
         autocast(**kwargs)

@@ -12,8 +12,14 @@ from clorch.amp.loss_scale import LossScale, check_factors, checked_state, f32, 
 
 pytestmark = pytest.mark.timeout(30)
 
-STATE = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
-         "_growth_tracker": 1, "skipped_steps": 3}
+STATE = {
+    "scale": 512.0,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 5,
+    "_growth_tracker": 1,
+    "skipped_steps": 3,
+}
 
 
 def _overflow_pattern(seed: int, steps: int) -> list[bool]:
@@ -24,8 +30,9 @@ def _overflow_pattern(seed: int, steps: int) -> list[bool]:
 def _torch_rule(value, tracker, skipped, growth_factor, backoff_factor, growth_interval):
     """torch's rule, by hand, on float32 tensors: the reference for the host's view."""
     scale, tracker_tensor = torch.tensor(value, dtype=torch.float32), torch.tensor(tracker, dtype=torch.int32)
-    torch._amp_update_scale_(scale, tracker_tensor, torch.tensor(float(skipped)), growth_factor,
-                             backoff_factor, growth_interval)
+    torch._amp_update_scale_(
+        scale, tracker_tensor, torch.tensor(float(skipped)), growth_factor, backoff_factor, growth_interval
+    )
     return scale.item(), int(tracker_tensor.item())
 
 
@@ -76,8 +83,12 @@ def test_device_decided_steps_catch_up_to_the_host_rule(seed):
     assert on_device.tensor.item() == on_host.value and on_device.tracker_tensor.item() == on_host.tracker
     on_device.catch_up()
     assert on_device.unread == []
-    assert (on_device.value, on_device.tracker, on_device.skipped, on_device.last_skipped) == \
-           (on_host.value, on_host.tracker, on_host.skipped, on_host.last_skipped)
+    assert (on_device.value, on_device.tracker, on_device.skipped, on_device.last_skipped) == (
+        on_host.value,
+        on_host.tracker,
+        on_host.skipped,
+        on_host.last_skipped,
+    )
 
 
 def test_any_overflowed_optimizer_backs_off_the_device_scale():
@@ -128,33 +139,42 @@ def test_checked_state_fills_older_and_optional_keys_without_changing_its_argume
     assert "_growth_tracker" not in older and "skipped_steps" not in older
 
 
-@pytest.mark.parametrize("state, text", [
-    ({}, "the scaler state dict is empty, possibly because it was saved from a disabled GradScaler"),
-    ({"scale": 2.0}, "state is missing key(s) ['growth_factor', 'backoff_factor', 'growth_interval', "
-                     "'_growth_tracker']; expected a GradScaler.state_dict()"),
-    ({**STATE, "scale": -3.5}, "state['scale'] must be a finite number > 0, got -3.5"),
-    ({**STATE, "scale": True}, "state['scale'] must be a finite number > 0, got True"),
-    ({**STATE, "growth_factor": 0.9}, "growth_factor must be > 1, got 0.9"),
-    ({**STATE, "backoff_factor": 1.5}, "backoff_factor must be in (0, 1), got 1.5"),
-    ({**STATE, "growth_interval": 2.0}, "growth_interval must be an int >= 1 (steps), got 2.0"),
-    ({**STATE, "_growth_tracker": -1}, "state['_growth_tracker'] must be an int >= 0, got -1"),
-    ({**STATE, "skipped_steps": True}, "state['skipped_steps'] must be an int >= 0, got True"),
-])
+@pytest.mark.parametrize(
+    "state, text",
+    [
+        ({}, "the scaler state dict is empty, possibly because it was saved from a disabled GradScaler"),
+        (
+            {"scale": 2.0},
+            "state is missing key(s) ['growth_factor', 'backoff_factor', 'growth_interval', "
+            "'_growth_tracker']; expected a GradScaler.state_dict()",
+        ),
+        ({**STATE, "scale": -3.5}, "state['scale'] must be a finite number > 0, got -3.5"),
+        ({**STATE, "scale": True}, "state['scale'] must be a finite number > 0, got True"),
+        ({**STATE, "growth_factor": 0.9}, "growth_factor must be > 1, got 0.9"),
+        ({**STATE, "backoff_factor": 1.5}, "backoff_factor must be in (0, 1), got 1.5"),
+        ({**STATE, "growth_interval": 2.0}, "growth_interval must be an int >= 1 (steps), got 2.0"),
+        ({**STATE, "_growth_tracker": -1}, "state['_growth_tracker'] must be an int >= 0, got -1"),
+        ({**STATE, "skipped_steps": True}, "state['skipped_steps'] must be an int >= 0, got True"),
+    ],
+)
 def test_checked_state_refuses_bad_states(state, text):
     with pytest.raises(ValueError) as info:
         checked_state(state)
     assert str(info.value) == text
 
 
-@pytest.mark.parametrize("factors, text", [
-    ((1.0, 0.5, 10), "growth_factor must be > 1, got 1.0"),
-    (("2", 0.5, 10), "growth_factor must be a finite number > 0, got '2'"),
-    ((float("nan"), 0.5, 10), "growth_factor must be a finite number > 0, got nan"),
-    ((2.0, 1, 10), "backoff_factor must be in (0, 1), got 1"),
-    ((2.0, 0, 10), "backoff_factor must be a finite number > 0, got 0"),
-    ((2.0, 0.5, 0), "growth_interval must be an int >= 1 (steps), got 0"),
-    ((2.0, 0.5, True), "growth_interval must be an int >= 1 (steps), got True"),
-])
+@pytest.mark.parametrize(
+    "factors, text",
+    [
+        ((1.0, 0.5, 10), "growth_factor must be > 1, got 1.0"),
+        (("2", 0.5, 10), "growth_factor must be a finite number > 0, got '2'"),
+        ((float("nan"), 0.5, 10), "growth_factor must be a finite number > 0, got nan"),
+        ((2.0, 1, 10), "backoff_factor must be in (0, 1), got 1"),
+        ((2.0, 0, 10), "backoff_factor must be a finite number > 0, got 0"),
+        ((2.0, 0.5, 0), "growth_interval must be an int >= 1 (steps), got 0"),
+        ((2.0, 0.5, True), "growth_interval must be an int >= 1 (steps), got True"),
+    ],
+)
 def test_check_factors_refuses_bad_factors(factors, text):
     with pytest.raises(ValueError) as info:
         check_factors(*factors)

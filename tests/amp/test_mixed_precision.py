@@ -37,6 +37,7 @@ def _autocast_state():
 
 # -- autocast and backward per mode --------------------------------------------------------------
 
+
 def test_fp32_is_a_pass_through():
     precision = MixedPrecision("fp32", "cpu")
     assert precision.name == "fp32" and precision.autocast_dtype is None and precision.scaler is None
@@ -93,7 +94,7 @@ def test_fp16_autocast_and_scaled_backward():
 def test_fp16_steps_match_torch_grad_scaler_math():
     """Random batches, overflow injected at some steps: stepped, weights, scale and tracker are
     torch.amp.GradScaler's, step by step, with the forward under each one's fp16 autocast."""
-    settings = {"init_scale": 2.0 ** 12, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 3}
+    settings = {"init_scale": 2.0**12, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 3}
     precision = MixedPrecision("fp16", "cpu", scaler=settings)
     reference = torch.amp.GradScaler("cpu", **settings)
     model, opt = _model_and_opt(seed=5)
@@ -150,6 +151,7 @@ def test_unscale_gradients_before_clipping_then_step():
 
 # -- the step through a model, state, readouts ----------------------------------------------------
 
+
 def test_optimizer_step_through_a_ddp_model_zeroes_the_gradients():
     precision = MixedPrecision("fp16", "cpu", scaler={"init_scale": 32.0})
     with DistributedDataParallel(m.mlp()) as ddp:
@@ -180,9 +182,18 @@ def test_state_dict_is_the_scalers_and_round_trips():
         precision.optimizer_step(opt)
         opt.zero_grad()
     state = precision.state_dict()
-    assert state == precision.scaler.state_dict() == {
-        "scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
-        "_growth_tracker": 1, "skipped_steps": 1}
+    assert (
+        state
+        == precision.scaler.state_dict()
+        == {
+            "scale": 256.0,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 5,
+            "_growth_tracker": 1,
+            "skipped_steps": 1,
+        }
+    )
     assert precision.scale == 256.0 and precision.skipped_steps == 1
     fresh = MixedPrecision("fp16", "cpu")
     fresh.load_state_dict(state)
@@ -204,28 +215,47 @@ def test_scaler_argument_forms():
     assert MixedPrecision("fp16", "cpu", scaler=False).scaler is None
     assert MixedPrecision("bf16", "cpu", scaler=False).scaler is None
     defaults = MixedPrecision("fp16", "cpu").scaler  # GradScaler's own defaults, nothing restated
-    assert (defaults.get_scale(), defaults.growth_factor, defaults.backoff_factor, defaults.growth_interval) \
-        == (65536.0, 2.0, 0.5, 2000)
+    assert (defaults.get_scale(), defaults.growth_factor, defaults.backoff_factor, defaults.growth_interval) == (
+        65536.0,
+        2.0,
+        0.5,
+        2000,
+    )
     assert "fp16" in repr(MixedPrecision("fp16", "cpu"))
 
 
-@pytest.mark.parametrize("call, error, text", [
-    (lambda: MixedPrecision("fp8", "cpu"), ValueError, "precision must be one of"),
-    (lambda: MixedPrecision(torch.float16, "cpu"), TypeError, "precision must be a str"),
-    (lambda: MixedPrecision("fp16", "tpu"), ValueError, "device must be 'cuda', 'cuda:N' or 'cpu'"),
-    (lambda: MixedPrecision("bf16", "cpu", scaler=GradScaler("cpu")), ValueError,
-     "scaler is for precision fp16 only (bf16 needs no loss scaling)"),
-    (lambda: MixedPrecision("fp32", "cpu", scaler={"init_scale": 2.0}), ValueError, "fp16 only"),
-    (lambda: MixedPrecision("fp16", "cpu", scaler=torch.amp.GradScaler("cpu")), TypeError,
-     "scaler must be None, a bool, a clorch.amp.GradScaler or a mapping"),
-    (lambda: MixedPrecision("fp16", "cpu", scaler={"device": "cpu"}), TypeError, "must not name 'device'"),
-    (lambda: MixedPrecision("fp16", "cpu", scaler={"init_scale": 0.0}), ValueError,
-     "init_scale must be a finite number > 0"),
-    (lambda: MixedPrecision("fp16", "cpu", scaler={"scale": 2.0}), TypeError, "unexpected keyword"),
-    (lambda: MixedPrecision("fp16", "cuda", scaler=GradScaler("cpu")), ValueError,
-     "scaler was made for device 'cpu', but this precision runs on 'cuda'"),
-    (lambda: MixedPrecision("fp32", "cpu").backward(1.0), TypeError, "loss must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "call, error, text",
+    [
+        (lambda: MixedPrecision("fp8", "cpu"), ValueError, "precision must be one of"),
+        (lambda: MixedPrecision(torch.float16, "cpu"), TypeError, "precision must be a str"),
+        (lambda: MixedPrecision("fp16", "tpu"), ValueError, "device must be 'cuda', 'cuda:N' or 'cpu'"),
+        (
+            lambda: MixedPrecision("bf16", "cpu", scaler=GradScaler("cpu")),
+            ValueError,
+            "scaler is for precision fp16 only (bf16 needs no loss scaling)",
+        ),
+        (lambda: MixedPrecision("fp32", "cpu", scaler={"init_scale": 2.0}), ValueError, "fp16 only"),
+        (
+            lambda: MixedPrecision("fp16", "cpu", scaler=torch.amp.GradScaler("cpu")),
+            TypeError,
+            "scaler must be None, a bool, a clorch.amp.GradScaler or a mapping",
+        ),
+        (lambda: MixedPrecision("fp16", "cpu", scaler={"device": "cpu"}), TypeError, "must not name 'device'"),
+        (
+            lambda: MixedPrecision("fp16", "cpu", scaler={"init_scale": 0.0}),
+            ValueError,
+            "init_scale must be a finite number > 0",
+        ),
+        (lambda: MixedPrecision("fp16", "cpu", scaler={"scale": 2.0}), TypeError, "unexpected keyword"),
+        (
+            lambda: MixedPrecision("fp16", "cuda", scaler=GradScaler("cpu")),
+            ValueError,
+            "scaler was made for device 'cpu', but this precision runs on 'cuda'",
+        ),
+        (lambda: MixedPrecision("fp32", "cpu").backward(1.0), TypeError, "loss must be a torch.Tensor"),
+    ],
+)
 def test_errors(call, error, text):
     with pytest.raises(error) as info:
         call()
@@ -234,6 +264,7 @@ def test_errors(call, error, text):
 
 # -- GradScaler.unscale_flat_ --------------------------------------------------------------------
 
+
 def _flat_params(scale, seed=0):
     """Parameters whose gradients are views of one flat buffer (as DDP's buckets), scaled by `scale`."""
     gen = torch.Generator().manual_seed(seed)
@@ -241,7 +272,7 @@ def _flat_params(scale, seed=0):
     flat = torch.randn(sum(p.numel() for p in params), generator=gen) * scale
     offset = 0
     for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
     return params, flat
 
@@ -261,8 +292,11 @@ def test_unscale_flat_equals_unscale_and_step_does_not_unscale_again():
     assert scaler.is_unscaled(opt)
     for p, twin in zip(params, twins):
         assert torch.equal(p.grad, twin.grad)
-    with pytest.raises(ScalerStateError, match=r"unscale_flat_\(\): this optimizer's gradients were "
-                                               r"already unscaled"):
+    with pytest.raises(
+        ScalerStateError,
+        match=r"unscale_flat_\(\): this optimizer's gradients were "
+        r"already unscaled",
+    ):
         scaler.unscale_flat_(opt, [flat])
     with pytest.raises(ScalerStateError, match=r"unscale_\(\) has already been called"):
         scaler.unscale_(opt)
@@ -303,12 +337,13 @@ def test_unscale_flat_arguments_and_disabled_scaler():
 
 # -- through DDP on gloo ranks -------------------------------------------------------------------
 
+
 def _ddp_with_precision(rank, world_size, through):
     """The engine's path (MixedPrecision.optimizer_step(model=ddp)) == GradScaler with
     ddp.optimizer_step, step by step, an overflow on one rank skipped everywhere; records
     whether the flat-bucket unscale ran."""
     data = m.batches(4, 2 * world_size, seed=23)
-    precision = MixedPrecision("fp16", "cpu", scaler={"init_scale": 2.0 ** 10})
+    precision = MixedPrecision("fp16", "cpu", scaler={"init_scale": 2.0**10})
     flat_calls = []
     unscale_flat = precision.scaler.unscale_flat_
     precision.scaler.unscale_flat_ = lambda opt, flats: (flat_calls.append(len(flats)), unscale_flat(opt, flats))

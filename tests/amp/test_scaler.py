@@ -94,8 +94,14 @@ def test_state_dict_round_trip():
         scaler.update()
         opt.zero_grad()
     state = scaler.state_dict()
-    assert state == {"scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
-                     "_growth_tracker": 1, "skipped_steps": 1}
+    assert state == {
+        "scale": 256.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 5,
+        "_growth_tracker": 1,
+        "skipped_steps": 1,
+    }
     fresh = GradScaler("cpu")
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state and fresh.get_scale() == 256.0
@@ -107,15 +113,18 @@ def test_state_dict_round_trip():
         fresh.load_state_dict({**state, "backoff_factor": 2})
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    ({"initial_scale": 0.0}, "init_scale must be a finite number > 0, got 0.0"),
-    ({"init_scale": -1.0}, "init_scale must be a finite number > 0, got -1.0"),
-    ({"device": "tpu"}, "device must be 'cuda' or 'cpu' (or a torch.device), got 'tpu'"),
-    ({"growth_factor": 1.0}, "growth_factor must be > 1, got 1.0"),
-    ({"backoff_factor": 1.0}, "backoff_factor must be in (0, 1), got 1.0"),
-    ({"backoff_factor": 0}, "backoff_factor must be a finite number > 0, got 0"),
-    ({"growth_interval": 0}, "growth_interval must be an int >= 1 (steps), got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"initial_scale": 0.0}, "init_scale must be a finite number > 0, got 0.0"),
+        ({"init_scale": -1.0}, "init_scale must be a finite number > 0, got -1.0"),
+        ({"device": "tpu"}, "device must be 'cuda' or 'cpu' (or a torch.device), got 'tpu'"),
+        ({"growth_factor": 1.0}, "growth_factor must be > 1, got 1.0"),
+        ({"backoff_factor": 1.0}, "backoff_factor must be in (0, 1), got 1.0"),
+        ({"backoff_factor": 0}, "backoff_factor must be a finite number > 0, got 0"),
+        ({"growth_interval": 0}, "growth_interval must be an int >= 1 (steps), got 0"),
+    ],
+)
 def test_invalid_settings(kwargs, text):
     with pytest.raises(ValueError) as info:
         GradScaler(**{"device": "cpu", **kwargs})

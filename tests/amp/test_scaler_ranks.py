@@ -36,7 +36,7 @@ def _ddp_with_scaler(rank, world_size):
     """DDP + scaler == one process, with an overflowing step (inf input on one rank) skipped."""
     data = m.batches(4, 2 * world_size, seed=23)
     ref = m.reference(m.mlp, data[:1] + data[2:])  # the reference never sees the skipped step
-    scaler = GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = GradScaler("cpu", init_scale=2.0**10)
     results = []
     with DistributedDataParallel(m.mlp(seed=rank), first_bucket_cap_mb=1e-4) as ddp:
         opt = m.make_optimizer(ddp.module)

@@ -19,7 +19,7 @@ def _setup(seed=0):
 def _train(scaler_cls, overflow_at=(3,), steps=8):
     """torch's documented GradScaler loop with unscale_ + clipping; returns weights and scales."""
     model, opt = _setup()
-    scaler = scaler_cls("cpu", init_scale=2.0 ** 12, growth_interval=2)
+    scaler = scaler_cls("cpu", init_scale=2.0**12, growth_interval=2)
     gen = torch.Generator().manual_seed(5)
     scales = []
     for step in range(steps):

@@ -8,8 +8,16 @@ import torch
 from clorch.bench import ddp
 from tests.harness import run_ranks
 
-CANDIDATES = ["clorch DDP", "clorch DDP bf16", "clorch DDP grad views", "clorch DDP step_in_backward",
-              "torch DDP", "torch DDP best", ddp.TORCH_BF16, "one process"]
+CANDIDATES = [
+    "clorch DDP",
+    "clorch DDP bf16",
+    "clorch DDP grad views",
+    "clorch DDP step_in_backward",
+    "torch DDP",
+    "torch DDP best",
+    ddp.TORCH_BF16,
+    "one process",
+]
 QUICK = {"rounds": 1, "warmup": 1, "steps": 1, "batch": 2}
 
 
@@ -54,8 +62,13 @@ def test_mlp_and_gpt_tiny_on_two_gloo_ranks():
 def test_gpt_tiny_on_one_gloo_rank_runs_the_bucket_path_candidates():
     result = run_ranks(_both_workloads, 1, "cpu", timeout=100)[0]
     names = list(result["gpt"]["medians_s"])
-    assert names == [*CANDIDATES[:1], "clorch DDP bucket path", "clorch DDP bucket path grad views",
-                     *CANDIDATES[1:], ddp.EMPTY_HOOKS]
+    assert names == [
+        *CANDIDATES[:1],
+        "clorch DDP bucket path",
+        "clorch DDP bucket path grad views",
+        *CANDIDATES[1:],
+        ddp.EMPTY_HOOKS,
+    ]
     assert ddp.EMPTY_HOOKS not in result["gpt"]["scaling_efficiency"]
     summary = result["gpt"]["table"].split("scaling efficiency", 1)[1]
     assert "clorch DDP bucket path grad views" in summary and "empty Python hooks" not in summary

@@ -9,8 +9,16 @@ import pytest
 from clorch.bench import fsdp
 from tests.harness import run_ranks
 
-QUICK = {"model": "gpt-tiny", "device": "cpu", "precision": "fp32", "batch": 2, "rounds": 1, "steps": 1,
-         "warmup": 0, "compile": False}
+QUICK = {
+    "model": "gpt-tiny",
+    "device": "cpu",
+    "precision": "fp32",
+    "batch": 2,
+    "rounds": 1,
+    "steps": 1,
+    "warmup": 0,
+    "compile": False,
+}
 
 
 def test_every_bad_argument_is_reported_at_once(capsys):

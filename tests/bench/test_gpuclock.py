@@ -24,8 +24,11 @@ def test_a_full_line_parses_and_partial_lines_do_not():
 
 
 def test_summary_takes_medians_ranges_and_the_capped_share():
-    lines = ["1845, 1980, 232.8, 700, Not Active, 49", "1700, 1980, 690, 700, Active, 56",
-             "1650, 1980, 680, 700, Active, 57"]
+    lines = [
+        "1845, 1980, 232.8, 700, Not Active, 49",
+        "1700, 1980, 690, 700, Active, 56",
+        "1650, 1980, 680, 700, Active, 57",
+    ]
     summary = summarize([parse_line(line) for line in lines])
     assert summary["samples"] == 3 and summary["sm_mhz"] == 1700
     assert (summary["sm_mhz_min"], summary["sm_mhz_max"], summary["max_sm_mhz"]) == (1650, 1845, 1980)

@@ -14,9 +14,14 @@ def _kernel(name, ts, dur):
 
 
 def test_exposed_is_communication_with_no_other_kernel_running():
-    events = [_kernel("ampere_sgemm", 0, 10), _kernel("ncclDevKernel_AllReduce_Sum_f32", 5, 20),
-              _kernel("elementwise", 12, 3), _kernel("ncclDevKernel_AllReduce_Sum_f32", 40, 5),
-              _kernel("vectorized_add", 42, 10), {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99}]
+    events = [
+        _kernel("ampere_sgemm", 0, 10),
+        _kernel("ncclDevKernel_AllReduce_Sum_f32", 5, 20),
+        _kernel("elementwise", 12, 3),
+        _kernel("ncclDevKernel_AllReduce_Sum_f32", 40, 5),
+        _kernel("vectorized_add", 42, 10),
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99},
+    ]
     got = kernel_overlap(events)
     # comm: [5, 25) and [40, 45) = 25; compute: [0, 10), [12, 15), [42, 52) = 23
     # exposed: [10, 12) + [15, 25) + [40, 42) = 14; busy: [0, 25) + [40, 52) = 37
@@ -28,6 +33,9 @@ def test_no_kernels_gives_zeros():
 
 
 def test_device_memory_copies_count_as_device_work():
-    events = [_kernel("ampere_sgemm", 0, 10), {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 10, "dur": 4},
-              {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 20, "dur": 1}]
+    events = [
+        _kernel("ampere_sgemm", 0, 10),
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 10, "dur": 4},
+        {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 20, "dur": 1},
+    ]
     assert kernel_overlap(events) == {"comm_us": 0.0, "exposed_comm_us": 0.0, "compute_us": 15.0, "busy_us": 15.0}

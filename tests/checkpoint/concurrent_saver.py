@@ -1,6 +1,6 @@
 """A process that saves a checkpoint to one path again and again, without a process group.
 
-    python -m tests.checkpoint.concurrent_saver PATH SEED ROUNDS
+python -m tests.checkpoint.concurrent_saver PATH SEED ROUNDS
 """
 
 from __future__ import annotations

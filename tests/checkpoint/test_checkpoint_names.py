@@ -18,5 +18,7 @@ def test_sharded_step_checkpoints_count_once_committed(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     assert [s for s, _ in step_checkpoints(tmp_path)] == [2]
     assert [(s, p.name) for s, p in any_step_checkpoints(tmp_path)] == [
-        (4, "step_00000004.dcp"), (2, "step_00000002.ckpt")]
+        (4, "step_00000004.dcp"),
+        (2, "step_00000002.ckpt"),
+    ]
     assert any_step_checkpoints(tmp_path / "missing") == []

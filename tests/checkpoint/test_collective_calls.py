@@ -36,8 +36,13 @@ def _rank_zero_saves_while_rank_one_steps(rank: int, world_size: int, path: str)
 
 
 def test_debug_mode_names_the_collective_each_rank_called(tmp_path):
-    messages = run_ranks(_rank_zero_saves_while_rank_one_steps, 2, str(tmp_path / "m.ckpt"),
-                         env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=30)
+    messages = run_ranks(
+        _rank_zero_saves_while_rank_one_steps,
+        2,
+        str(tmp_path / "m.ckpt"),
+        env={"CLORCH_DEBUG_COLLECTIVES": "1"},
+        timeout=30,
+    )
     for message in messages:  # both ranks are told, and neither waits for a timeout
         assert "ranks [0] called save_checkpoint()" in message, message
         assert "ranks [1] called all_reduce(" in message, message
@@ -74,6 +79,8 @@ def test_a_rank_that_never_calls_is_reported_at_the_timeout(tmp_path, call):
     if call == "load":
         assert other == "skipped"
     else:  # the rank that went on training is told what usually causes its failed all-reduce
-        assert other.startswith("DistributedDataParallel: the gradient all-reduce of the bucket "
-                                "holding bias, weight failed on rank 1 (RuntimeError: "), other
+        assert other.startswith(
+            "DistributedDataParallel: the gradient all-reduce of the bucket "
+            "holding bias, weight failed on rank 1 (RuntimeError: "
+        ), other
         assert "save_checkpoint on rank 0 only" in other and "CLORCH_DEBUG_COLLECTIVES=1" in other

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -44,8 +43,9 @@ def saved(tmp_path_factory):
     model, optimizer, sampler = _parts()
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
-    save_checkpoint(directory / "good.ckpt", model=model, optimizer=optimizer, sampler=sampler,
-                    state={"step": 3, "epoch": 0})
+    save_checkpoint(
+        directory / "good.ckpt", model=model, optimizer=optimizer, sampler=sampler, state={"step": 3, "epoch": 0}
+    )
     body = json.loads((directory / "good.ckpt").read_text())
     body.pop("checksum")
     return directory, body
@@ -63,9 +63,10 @@ def test_every_field_with_an_odd_type_is_refused_or_harmless(saved):
             node[field[-1]] = value
             path = directory / "crafted.ckpt"
             path.write_bytes(encode(crafted))  # a valid checksum is easy to recompute
-            for check in (lambda: verify_checkpoint(path),
-                          lambda: load_checkpoint(path, model=_parts()[0], optimizer=_parts()[1],
-                                                  sampler=_parts()[2])):
+            for check in (
+                lambda: verify_checkpoint(path),
+                lambda: load_checkpoint(path, model=_parts()[0], optimizer=_parts()[1], sampler=_parts()[2]),
+            ):
                 try:
                     check()
                 except CheckpointError:
@@ -82,11 +83,26 @@ def test_every_field_with_an_odd_type_is_refused_or_harmless(saved):
 def test_the_engine_refuses_a_crafted_training_state(tmp_path):
     from clorch.engine.checkpoints import _check_training_state
 
-    good = {"step": 3, "epoch": 0, "window_loss": [0.5, 0.25], "window_steps": 2, "window_samples": 64,
-            "scheduler": {"last_epoch": 3}, "run_dir": None}
+    good = {
+        "step": 3,
+        "epoch": 0,
+        "window_loss": [0.5, 0.25],
+        "window_steps": 2,
+        "window_samples": 64,
+        "scheduler": {"last_epoch": 3},
+        "run_dir": None,
+    }
     _check_training_state(tmp_path, good, 2)
-    for key, value in [("step", "3"), ("step", -1), ("epoch", None), ("window_loss", [0.5]),
-                       ("window_loss", ["a", "b"]), ("window_steps", 1.5), ("scheduler", "x"), ("run_dir", 7)]:
+    for key, value in [
+        ("step", "3"),
+        ("step", -1),
+        ("epoch", None),
+        ("window_loss", [0.5]),
+        ("window_loss", ["a", "b"]),
+        ("window_steps", 1.5),
+        ("scheduler", "x"),
+        ("run_dir", 7),
+    ]:
         with pytest.raises(CheckpointError, match=f"state field '{key}'"):
             _check_training_state(tmp_path, {**good, key: value}, 2)
 

@@ -25,8 +25,14 @@ def _start(*args: str) -> subprocess.Popen:
     env = with_multicast_off(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.Popen([sys.executable, "-m", "tests.checkpoint.crash_writer", *args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.checkpoint.crash_writer", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -8,8 +8,7 @@ import os
 import pytest
 import torch
 
-from clorch.checkpoint import (CheckpointError, load_checkpoint, save_checkpoint,
-                               verify_checkpoint)
+from clorch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, verify_checkpoint
 from clorch.checkpoint import archive, metadata
 from clorch.data import DistributedSampler
 
@@ -88,8 +87,10 @@ def test_a_truncated_archive_is_detected_and_nothing_is_loaded(tmp_path):
     os.truncate(archive_file, size // 2)
     victim = _model(1)
     before = _params(victim)
-    with pytest.raises(CheckpointError, match=f"{archive_file} is truncated or was changed: it has "
-                                              f"{size // 2} bytes, its metadata .* records {size}"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"{archive_file} is truncated or was changed: it has {size // 2} bytes, its metadata .* records {size}",
+    ):
         load_checkpoint(path, model=victim)
     assert _unchanged(victim, before)
 
@@ -161,8 +162,7 @@ def test_missing_files_are_named(tmp_path):
 
 def test_mismatched_model_and_optimizer_keys_are_all_listed(tmp_path):
     path, _, _, _ = _saved(tmp_path)
-    other = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3),
-                                torch.nn.Linear(3, 3))
+    other = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3), torch.nn.Linear(3, 3))
     before = _params(other)
     with pytest.raises(ValueError) as info:
         load_checkpoint(path, model=other)
@@ -172,13 +172,13 @@ def test_mismatched_model_and_optimizer_keys_are_all_listed(tmp_path):
     assert "2.weight: checkpoint (3, 7), model (3, 9)" in message
     assert _unchanged(other, before)
     smaller = torch.nn.Sequential(torch.nn.Linear(5, 7))
-    with pytest.raises(ValueError, match="unexpected keys \\(in the checkpoint, not in the model\\): "
-                                         "2.weight, 2.bias"):
+    with pytest.raises(ValueError, match="unexpected keys \\(in the checkpoint, not in the model\\): 2.weight, 2.bias"):
         load_checkpoint(path, model=smaller)
     model = _model(2)
     partial = torch.optim.AdamW(list(model.parameters())[:2], lr=0.1)
-    with pytest.raises(ValueError, match="optimizer parameter groups differ: checkpoint has sizes \\[4\\], "
-                                         "the optimizer \\[2\\]"):
+    with pytest.raises(
+        ValueError, match="optimizer parameter groups differ: checkpoint has sizes \\[4\\], the optimizer \\[2\\]"
+    ):
         load_checkpoint(path, model=model, optimizer=partial)
 
 
@@ -197,8 +197,9 @@ def test_bad_arguments_are_named(tmp_path):
         save_checkpoint(tmp_path / "a.ckpt", model=model, state={"lr": [0.1, torch.ones(1)]})
     with pytest.raises(TypeError, match="state keys must be str to be saved as JSON, got 3"):
         save_checkpoint(tmp_path / "a.ckpt", model=model, state={3: "x"})
-    with pytest.raises(TypeError, match="optimizer must have state_dict\\(\\) and load_state_dict\\(\\) "
-                                        "methods, got str"):
+    with pytest.raises(
+        TypeError, match="optimizer must have state_dict\\(\\) and load_state_dict\\(\\) methods, got str"
+    ):
         save_checkpoint(tmp_path / "a.ckpt", model=model, optimizer="adam")
     with pytest.raises(TypeError, match="path must be a str or pathlib.Path, got int"):
         load_checkpoint(3, model=model)

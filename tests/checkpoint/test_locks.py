@@ -26,9 +26,15 @@ def _env() -> dict[str, str]:
 
 def test_two_unsynchronised_writers_never_leave_an_unloadable_checkpoint(tmp_path):
     path = tmp_path / "shared.ckpt"
-    writers = [subprocess.Popen([sys.executable, "-m", "tests.checkpoint.concurrent_saver", str(path),
-                                 str(seed), "25"], env=_env(), stderr=subprocess.PIPE, text=True)
-               for seed in (1, 2)]
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.checkpoint.concurrent_saver", str(path), str(seed), "25"],
+            env=_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
     for writer in writers:
         _, err = writer.communicate(timeout=100)
         assert writer.returncode == 0, err
@@ -40,11 +46,14 @@ def test_two_unsynchronised_writers_never_leave_an_unloadable_checkpoint(tmp_pat
 
 
 def _hold_in_a_child(directory: Path) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from clorch.checkpoint.locks import DirectoryLock; "
-            "DirectoryLock(Path(sys.argv[1]), {'run_dir': '/runs/first'}).acquire(); "
-            "print('held', flush=True); time.sleep(60)")
-    child = subprocess.Popen([sys.executable, "-c", code, str(directory)], env=_env(), stdout=subprocess.PIPE,
-                             text=True)
+    code = (
+        "import sys, time; from pathlib import Path; from clorch.checkpoint.locks import DirectoryLock; "
+        "DirectoryLock(Path(sys.argv[1]), {'run_dir': '/runs/first'}).acquire(); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(directory)], env=_env(), stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "held"
     return child
 
@@ -65,9 +74,18 @@ def test_a_held_directory_is_refused_with_its_owner_and_freed_when_the_owner_die
 def test_clorch_train_refuses_a_checkpoint_dir_another_run_holds(tmp_path):
     child = _hold_in_a_child(tmp_path / "ckpt")
     try:
-        done = run_clorch_train(["+recipe=cpu_smoke", "checkpoint=periodic", "checkpoint.every_n_steps=2",
-                                 f"checkpoint.dir={tmp_path / 'ckpt'}", f"hydra.run.dir={tmp_path / 'run'}"],
-                                tmp_path, env=_env(), timeout=100)
+        done = run_clorch_train(
+            [
+                "+recipe=cpu_smoke",
+                "checkpoint=periodic",
+                "checkpoint.every_n_steps=2",
+                f"checkpoint.dir={tmp_path / 'ckpt'}",
+                f"hydra.run.dir={tmp_path / 'run'}",
+            ],
+            tmp_path,
+            env=_env(),
+            timeout=100,
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

@@ -7,8 +7,14 @@ import os
 import pytest
 import torch
 
-from clorch.checkpoint import (CheckpointPolicy, latest_checkpoint, prune_checkpoints, save_checkpoint,
-                               should_save, step_checkpoint_path)
+from clorch.checkpoint import (
+    CheckpointPolicy,
+    latest_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    should_save,
+    step_checkpoint_path,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

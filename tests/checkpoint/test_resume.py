@@ -25,8 +25,7 @@ def test_files_on_disk_and_what_the_metadata_records(tmp_path):
     model, optimizer, sampler, scaler = toy.build(3, 1, 0)
     toy.train(model, optimizer, sampler, scaler, toy.dataset(), 2)
     path = tmp_path / "sub" / "model.ckpt"
-    save_checkpoint(path, model=model, optimizer=optimizer, sampler=sampler, scaler=scaler,
-                    state={"epoch": 0})
+    save_checkpoint(path, model=model, optimizer=optimizer, sampler=sampler, scaler=scaler, state={"epoch": 0})
     first = sorted(os.listdir(path.parent))
     save_checkpoint(path, model=model, state={"epoch": 1, "loss": [float("nan"), float("-inf"), 0.1]})
     second = sorted(os.listdir(path.parent))
@@ -48,8 +47,11 @@ def _two_ranks(rank: int, world_size: int, directory: str) -> dict:
     straight, resumed = toy.uninterrupted_and_resumed(directory, rank, world_size)
     toy.assert_same(straight, resumed)
     default = DistributedSampler(11, seed=2)  # rank and num_replicas come from the group
-    outcome = {"defaults": (default.rank, default.num_replicas), "sampler": resumed["sampler"],
-               "param_sum": float(sum(p.double().sum() for p in resumed["params"]))}
+    outcome = {
+        "defaults": (default.rank, default.num_replicas),
+        "sampler": resumed["sampler"],
+        "param_sum": float(sum(p.double().sum() for p in resumed["params"])),
+    }
     model, optimizer, sampler, scaler = toy.build(0, world_size, rank)
     # Rank 1 alone passes a bad state: nobody may hang waiting for it.
     bad_state = {"step": object()} if rank == 1 else {"step": 1}

@@ -53,6 +53,7 @@ def _first_token_planted(monkeypatch) -> None:
 
 # 1. Temporaries are created exclusively: a planted symlink is never followed.
 
+
 def test_write_json_atomic_never_writes_through_a_planted_symlink(tmp_path, monkeypatch):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -68,7 +69,8 @@ def test_write_json_atomic_never_writes_through_a_planted_symlink(tmp_path, monk
     assert not target.is_symlink() and json.loads(target.read_text()) == {"step": 7}
     assert old_name.is_symlink() and new_name.is_symlink()  # left alone, not replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [".record.json.planted.tmp", old_name.name, "record.json", "victim.txt"])
+        [".record.json.planted.tmp", old_name.name, "record.json", "victim.txt"]
+    )
 
 
 def test_create_exclusive_gives_up_rather_than_open_an_existing_name(tmp_path, monkeypatch):
@@ -76,8 +78,9 @@ def test_create_exclusive_gives_up_rather_than_open_an_existing_name(tmp_path, m
     victim.write_text("precious")
     (tmp_path / "x.same.tmp").symlink_to(victim)
     monkeypatch.setattr(files, "unique_token", lambda: "same")
-    with pytest.raises(FileExistsError,
-                       match=f"could not create a new file x\\.\\*\\.tmp in {tmp_path}: 16 random names"):
+    with pytest.raises(
+        FileExistsError, match=f"could not create a new file x\\.\\*\\.tmp in {tmp_path}: 16 random names"
+    ):
         create_exclusive(tmp_path, "x.", ".tmp")
     assert victim.read_text() == "precious"
     monkeypatch.undo()
@@ -105,6 +108,7 @@ def test_checkpoint_files_never_write_through_planted_symlinks(tmp_path, monkeyp
 
 # 2. save_checkpoint never replaces what is not a clorch checkpoint.
 
+
 @pytest.mark.parametrize("kind", ["torch.save file", "other JSON", "text", "random bytes", "directory", "fifo"])
 def test_save_refuses_to_overwrite_a_file_that_is_not_a_checkpoint(tmp_path, kind):
     path = tmp_path / "model.pt"
@@ -122,8 +126,11 @@ def test_save_refuses_to_overwrite_a_file_that_is_not_a_checkpoint(tmp_path, kin
         os.mkfifo(path)
     before = _listing(tmp_path)
     entries = sorted(os.listdir(tmp_path))
-    with pytest.raises(CheckpointError, match=f"save_checkpoint would overwrite {re.escape(str(path))}, which "
-                                              ".*not a clorch checkpoint.*nothing was written"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"save_checkpoint would overwrite {re.escape(str(path))}, which "
+        ".*not a clorch checkpoint.*nothing was written",
+    ):
         save_checkpoint(path, model=_model(1), state={"seed": 1})
     assert sorted(os.listdir(tmp_path)) == entries and _listing(tmp_path) == before
 
@@ -140,6 +147,7 @@ def test_an_existing_checkpoint_is_still_replaced(tmp_path):
 
 
 # 3. A full disk: a clear error, no partial files, the previous checkpoint intact.
+
 
 def _fill_disk(monkeypatch, where: str, after: int) -> None:
     """Make checkpoint writes to the archive or the metadata fail with ENOSPC after `after` bytes."""
@@ -168,8 +176,11 @@ def test_a_full_disk_names_the_space_and_keeps_the_previous_checkpoint(tmp_path,
     archive_bytes = json.loads(path.read_text())["archive"]["bytes"]
     _fill_disk(monkeypatch, where, archive_bytes // 2 if where == "archive" else 100)
     model = _model(2)
-    with pytest.raises(CheckpointError, match=rf"not enough disk space to save checkpoint {re.escape(str(path))}: "
-                                              rf"it needs about (\d+) bytes and (\d+) bytes are free") as info:
+    with pytest.raises(
+        CheckpointError,
+        match=rf"not enough disk space to save checkpoint {re.escape(str(path))}: "
+        rf"it needs about (\d+) bytes and (\d+) bytes are free",
+    ) as info:
         save_checkpoint(path, model=model, state={"seed": 2})
     needed = int(re.search(r"needs about (\d+) bytes", str(info.value)).group(1))
     assert needed == sum(t.nelement() * t.element_size() for t in model.state_dict().values())
@@ -221,6 +232,7 @@ def test_a_failed_commit_keeps_whichever_checkpoint_the_path_names(tmp_path, mon
 
 # 4. A path that is not a regular file is refused at once, never read (a FIFO would block forever).
 
+
 @pytest.mark.timeout(20)
 def test_a_fifo_or_directory_is_refused_without_hanging(tmp_path):
     fifo = tmp_path / "pipe.ckpt"
@@ -247,6 +259,7 @@ def test_an_archive_replaced_by_a_fifo_is_refused_without_hanging(tmp_path):
 
 # 5. Malformed fields under a valid checksum: CheckpointError naming the field.
 
+
 def _set(*keys_and_value):
     *keys, value = keys_and_value
 
@@ -255,6 +268,7 @@ def _set(*keys_and_value):
         for key in keys[:-1]:
             node = node[key]
         node[keys[-1]] = value
+
     return mutate
 
 
@@ -302,8 +316,9 @@ MALFORMED = [
 @pytest.mark.parametrize("field,mutate", MALFORMED, ids=[f"{i}-{f}" for i, (f, _) in enumerate(MALFORMED)])
 def test_malformed_metadata_with_a_valid_checksum_names_the_field(tmp_path, field, mutate):
     path = tmp_path / "c.ckpt"
-    save_checkpoint(path, model=_model(1), sampler=DistributedSampler(40, num_replicas=1, rank=0, seed=1),
-                    state={"seed": 1})
+    save_checkpoint(
+        path, model=_model(1), sampler=DistributedSampler(40, num_replicas=1, rank=0, seed=1), state={"seed": 1}
+    )
     body = json.loads(path.read_text())
     del body["checksum"]
     mutate(body)
@@ -329,6 +344,7 @@ def test_a_newer_format_version_asks_for_an_upgrade(tmp_path):
 
 
 # 6. The product carries no test hook: the crash tests inject their pauses themselves.
+
 
 def test_the_checkpoint_package_reads_no_environment_variables():
     for source in PACKAGE.glob("*.py"):

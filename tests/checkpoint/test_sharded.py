@@ -42,8 +42,9 @@ K, SAVE_AT = 6, 3
 
 def _agree(resumed: dict, uninterrupted: dict) -> None:
     assert resumed["losses"] == pytest.approx(uninterrupted["losses"][SAVE_AT:], rel=LOSS_RTOL)
-    worst = max((resumed["weights"][k] - uninterrupted["weights"][k]).abs().max().item()
-                for k in uninterrupted["weights"])
+    worst = max(
+        (resumed["weights"][k] - uninterrupted["weights"][k]).abs().max().item() for k in uninterrupted["weights"]
+    )
     assert worst <= WEIGHT_ATOL
 
 
@@ -64,19 +65,28 @@ def test_resume_onto_another_world_size_matches_the_uninterrupted_run(tmp_path):
     ddp2, fsdp2, one = (str(tmp_path / name) for name in ("ddp2", "fsdp2", "one"))
     saved = dict(steps=K, save_at=SAVE_AT)
     # 2 ranks, uninterrupted, each saving after step 3 on the way (saving changes nothing).
-    by_two = run_ranks(train_each, 2, [Run(mode="ddp", save_to=ddp2, **saved),
-                                       Run(mode="fsdp", save_to=fsdp2, **saved)], timeout=200)[0]
+    by_two = run_ranks(
+        train_each, 2, [Run(mode="ddp", save_to=ddp2, **saved), Run(mode="fsdp", save_to=fsdp2, **saved)], timeout=200
+    )[0]
     step = f"step_{SAVE_AT:08d}.dcp"
     # 1 rank with accumulation 2: continue both, and run its own uninterrupted run.
     on_one = dict(mode="single", steps=K, accumulation=2)
-    by_one = run_ranks(train_each, 1, [Run(resume_from=f"{ddp2}/{step}", **on_one),
-                                       Run(resume_from=f"{fsdp2}/{step}", **on_one),
-                                       Run(save_to=one, **on_one, save_at=SAVE_AT)], timeout=200)[0]
+    by_one = run_ranks(
+        train_each,
+        1,
+        [
+            Run(resume_from=f"{ddp2}/{step}", **on_one),
+            Run(resume_from=f"{fsdp2}/{step}", **on_one),
+            Run(save_to=one, **on_one, save_at=SAVE_AT),
+        ],
+        timeout=200,
+    )[0]
     _agree(by_one[0], by_two[0])  # ddp 2 -> 1
     _agree(by_one[1], by_two[1])  # fsdp 2 -> 1 (unsharded)
     # 1 -> 2 ranks, sharded, in the same launch as the refusal of another model.
-    results = run_ranks(_resume_and_refuse, 2, Run(mode="fsdp", steps=K, resume_from=f"{one}/{step}"),
-                        f"{ddp2}/{step}", timeout=200)
+    results = run_ranks(
+        _resume_and_refuse, 2, Run(mode="fsdp", steps=K, resume_from=f"{one}/{step}"), f"{ddp2}/{step}", timeout=200
+    )
     for resumed, refusal in results:
         _agree(resumed, by_one[2])
         assert "holds another model" in refusal and "blocks.0.attn.qkv.weight" in refusal

@@ -33,10 +33,13 @@ def _as_format_1(body: dict) -> dict:
     """The same checkpoint as format_version 1 wrote it: sha256 blocks, no "hash"."""
     archive = body["archive"]
     data = (Path(archive["path"])).read_bytes()
-    blocks = [hashlib.sha256(data[i:i + BLOCK_BYTES]).hexdigest() for i in range(0, len(data), BLOCK_BYTES)]
+    blocks = [hashlib.sha256(data[i : i + BLOCK_BYTES]).hexdigest() for i in range(0, len(data), BLOCK_BYTES)]
     old = {k: archive[k] for k in ("file", "bytes", "block_bytes")}
-    return {**body, "format_version": 1,
-            "archive": {**old, "block_sha256": blocks, "sha256": root_digest(blocks, "sha256")}}
+    return {
+        **body,
+        "format_version": 1,
+        "archive": {**old, "block_sha256": blocks, "sha256": root_digest(blocks, "sha256")},
+    }
 
 
 def _crafted(saved, version: int, change) -> Path:
@@ -60,12 +63,20 @@ def _drop(key):
 
 
 CASES = {
-    2: {"block_digests null": _set("block_digests", None), "block_digests missing": _drop("block_digests"),
-        "digest null": _set("digest", None), "hash null": _set("hash", None), "hash missing": _drop("hash"),
-        "a null block_sha256 beside": _set("block_sha256", None)},
-    1: {"block_sha256 null": _set("block_sha256", None), "block_sha256 missing": _drop("block_sha256"),
+    2: {
+        "block_digests null": _set("block_digests", None),
+        "block_digests missing": _drop("block_digests"),
+        "digest null": _set("digest", None),
+        "hash null": _set("hash", None),
+        "hash missing": _drop("hash"),
+        "a null block_sha256 beside": _set("block_sha256", None),
+    },
+    1: {
+        "block_sha256 null": _set("block_sha256", None),
+        "block_sha256 missing": _drop("block_sha256"),
         "sha256 null": _set("sha256", None),
-        "a hash beside": lambda a: a.update(hash="xxh3_128", block_digests=None, digest=None)},
+        "a hash beside": lambda a: a.update(hash="xxh3_128", block_digests=None, digest=None),
+    },
 }
 
 

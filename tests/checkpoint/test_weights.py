@@ -10,8 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from clorch.checkpoint import save_checkpoint
-from clorch.checkpoint.weights import (WeightsFileNotFoundError, fit_errors, load_weights, read_weights,
-                                       save_safetensors)
+from clorch.checkpoint.weights import WeightsFileNotFoundError, fit_errors, load_weights, read_weights, save_safetensors
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,8 +42,11 @@ def _random(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     with torch.no_grad():
         for tensor in model.state_dict().values():
             if tensor.is_floating_point():
-                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5 if tensor.dim() == 1
-                             else torch.randn(tensor.shape, generator=generator))
+                tensor.copy_(
+                    torch.rand(tensor.shape, generator=generator) + 0.5
+                    if tensor.dim() == 1
+                    else torch.randn(tensor.shape, generator=generator)
+                )
             else:
                 tensor.fill_(int(torch.randint(2, 1000, (), generator=generator)))
     return model
@@ -52,8 +54,7 @@ def _random(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def _equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(
-        sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def _saved_checkpoint(tmp_path, model):
@@ -171,8 +172,10 @@ def test_shape_mismatch_is_reported_even_non_strict(tmp_path):
     model = _random(_Net(width=6), 2)
     errors = fit_errors(model, read_weights(path), strict=False, key="model.init_from")
     assert len(errors) == 1
-    assert errors[0].startswith("model.init_from: 7 tensor(s) have another shape in the file than in the model: "
-                                "fc.weight (file (8, 5), model (6, 5)), fc.bias (file (8,), model (6,))")
+    assert errors[0].startswith(
+        "model.init_from: 7 tensor(s) have another shape in the file than in the model: "
+        "fc.weight (file (8, 5), model (6, 5)), fc.bias (file (8,), model (6,))"
+    )
     assert "(2 more)" in errors[0]
     with pytest.raises(ValueError, match="another shape"):
         load_weights(model, path, strict=False)
@@ -185,8 +188,10 @@ def test_non_strict_refuses_a_file_sharing_no_key():
 
 def test_long_lists_are_cut_with_a_count():
     errors = fit_errors(_Net(), {}, key="model.init_from")
-    assert errors == ["model.init_from: 9 key(s) of the model are missing from the file: fc.weight, fc.bias, "
-                      "norm.weight, norm.bias, norm.running_mean, ... (4 more)"]
+    assert errors == [
+        "model.init_from: 9 key(s) of the model are missing from the file: fc.weight, fc.bias, "
+        "norm.weight, norm.bias, norm.running_mean, ... (4 more)"
+    ]
 
 
 def test_fit_errors_on_a_meta_device_model(tmp_path):
@@ -225,8 +230,11 @@ def test_ddp_wrapper_is_looked_through(tmp_path):
     assert _equal(source, fresh)
 
 
-@pytest.mark.parametrize("content", [b"\xff" + os.urandom(64), b"hello, world\n", b"", b"PK\x03\x04" + os.urandom(64)],
-                         ids=["random", "text", "empty", "broken-zip"])
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff" + os.urandom(64), b"hello, world\n", b"", b"PK\x03\x04" + os.urandom(64)],
+    ids=["random", "text", "empty", "broken-zip"],
+)
 def test_garbage_is_refused_naming_the_path_and_the_kinds(tmp_path, content):
     path = tmp_path / "garbage.bin"
     path.write_bytes(content)

@@ -50,8 +50,7 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor]:
 def build(seed: int, world_size: int, rank: int):
     """Model, AdamW, sampler and scaler, freshly made; `seed` decides the initial weights."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Linear(16, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     sampler = DistributedSampler(DATASET_SIZE, num_replicas=world_size, rank=rank, seed=31)
     return model, optimizer, sampler, ToyScaler()
@@ -92,7 +91,8 @@ def snapshot(model, optimizer, sampler, scaler) -> dict:
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "moments": [t.clone() for entry in opt_state.values() for t in entry.values()],
-        "sampler": sampler.state_dict(), "scaler": (scaler.scale, scaler.tracker),
+        "sampler": sampler.state_dict(),
+        "scaler": (scaler.scale, scaler.tracker),
         "draws": (torch.rand(3), random.random(), float(np.random.rand())),
     }
 
@@ -104,8 +104,9 @@ def assert_same(a: dict, b: dict) -> None:
     assert torch.equal(a["draws"][0], b["draws"][0]) and a["draws"][1:] == b["draws"][1:], "RNG differs"
 
 
-def uninterrupted_and_resumed(directory: str, rank: int, world_size: int,
-                              total: int = 13, at: int = 7) -> tuple[dict, dict]:
+def uninterrupted_and_resumed(
+    directory: str, rank: int, world_size: int, total: int = 13, at: int = 7
+) -> tuple[dict, dict]:
     """Train `total` steps straight (saving at `at`), then resume from that save in fresh objects."""
     from clorch.checkpoint import load_checkpoint, save_checkpoint
 
@@ -114,8 +115,14 @@ def uninterrupted_and_resumed(directory: str, rank: int, world_size: int,
     model, optimizer, sampler, scaler = build(0, world_size, rank)
     train(model, optimizer, sampler, scaler, data, at)
     path = f"{directory}/run.ckpt"
-    save_checkpoint(path, model=model, optimizer=optimizer, sampler=sampler, scaler=scaler,
-                    state={"step": at, "epoch": sampler.epoch, "note": ("mid", "epoch")})
+    save_checkpoint(
+        path,
+        model=model,
+        optimizer=optimizer,
+        sampler=sampler,
+        scaler=scaler,
+        state={"step": at, "epoch": sampler.epoch, "note": ("mid", "epoch")},
+    )
     train(model, optimizer, sampler, scaler, data, total - at)
     straight = snapshot(model, optimizer, sampler, scaler)
 

@@ -55,8 +55,19 @@ def test_adding_a_new_key_and_deleting_an_existing_one_are_no_slips():
     assert not any("in the config already" in e or "no key" in e for e in errors), errors
 
 
-@pytest.mark.parametrize("override", ["+epochs=3", "+optim=sgd", "++optim=sgd", "~model.nokey=3", "~nokey",
-                                      "~optim.lr=0.5", "optim=adamx", "optim.betas=[0.9"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+epochs=3",
+        "+optim=sgd",
+        "++optim=sgd",
+        "~model.nokey=3",
+        "~nokey",
+        "~optim.lr=0.5",
+        "optim=adamx",
+        "optim.betas=[0.9",
+    ],
+)
 def test_clorch_train_exits_2_naming_the_fix_and_leaves_no_run_directory(override, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = run_clorch_train(["+recipe=cpu_smoke", override], tmp_path, env=env, timeout=120)
@@ -69,8 +80,7 @@ def test_clorch_train_exits_2_naming_the_fix_and_leaves_no_run_directory(overrid
 def test_a_sweep_cannot_print_its_config_instead_of_running(tmp_path):
     """Hydra runs one mode (run, multirun or print): -m with --cfg is a config error, not a traceback."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = run_clorch_train(["-m", "--cfg", "job", "+recipe=cpu_smoke", "epochs=1,2"], tmp_path, env=env,
-                            timeout=120)
+    done = run_clorch_train(["-m", "--cfg", "job", "+recipe=cpu_smoke", "epochs=1,2"], tmp_path, env=env, timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "--cfg prints one config and cannot run with -m" in done.stderr
     assert list(tmp_path.iterdir()) == []

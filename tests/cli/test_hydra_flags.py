@@ -26,8 +26,10 @@ def test_ambiguous_unknown_and_run_together_flags_are_refused():
 def test_what_follows_a_double_dash_is_overrides_only():
     args, errors = whole_flags(["-m", "--", "optim.lr=1,2", "--cfg"])
     assert args == ["-m", "optim.lr=1,2"]
-    assert errors == ["--cfg comes after '--', so it would be read as an override, and an override "
-                      "cannot start with '-': put flags before '--'"]
+    assert errors == [
+        "--cfg comes after '--', so it would be read as an override, and an override "
+        "cannot start with '-': put flags before '--'"
+    ]
 
 
 def test_flags_without_values_move_to_the_front_and_are_found():

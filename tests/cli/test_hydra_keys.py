@@ -22,8 +22,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _copy_callback(src: Path, dst: Path) -> str:
-    return (f"hydra:\n  callbacks:\n    x:\n      _target_: shutil.copyfile\n"
-            f"      src: {src}\n      dst: {dst}\n")
+    return f"hydra:\n  callbacks:\n    x:\n      _target_: shutil.copyfile\n      src: {src}\n      dst: {dst}\n"
 
 
 def test_a_recipe_with_a_hydra_callback_is_refused_and_nothing_runs(tmp_path):
@@ -45,8 +44,10 @@ def test_a_recipe_with_a_logging_file_handler_is_refused_and_the_file_kept(tmp_p
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me")
     recipe = tmp_path / "logs.yaml"
-    recipe.write_text("# @package _global_\nhydra:\n  job_logging:\n    handlers:\n      file:\n"
-                      f"        class: logging.FileHandler\n        filename: {victim}\n        mode: w\n")
+    recipe.write_text(
+        "# @package _global_\nhydra:\n  job_logging:\n    handlers:\n      file:\n"
+        f"        class: logging.FileHandler\n        filename: {victim}\n        mode: w\n"
+    )
     done = _cli([f"+recipe={recipe}"], tmp_path)
     assert done.returncode == 2 and "sets hydra keys" in done.stderr
     assert victim.read_text() == "keep me"
@@ -54,34 +55,55 @@ def test_a_recipe_with_a_logging_file_handler_is_refused_and_the_file_kept(tmp_p
 
 def test_command_line_callbacks_and_targets_are_refused(tmp_path):
     marker = tmp_path / "COPIED"
-    done = _cli(["+hydra.callbacks.x._target_=shutil.copyfile", f"+hydra.callbacks.x.src={__file__}",
-                 f"+hydra.callbacks.x.dst={marker}", "hydra.launcher._target_=os.system"], tmp_path)
+    done = _cli(
+        [
+            "+hydra.callbacks.x._target_=shutil.copyfile",
+            f"+hydra.callbacks.x.src={__file__}",
+            f"+hydra.callbacks.x.dst={marker}",
+            "hydra.launcher._target_=os.system",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 2
     assert "hydra.callbacks.x._target_ is not allowed: a config may not name code" in done.stderr
     assert "hydra.launcher._target_ is not allowed" in done.stderr
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("arg, message", [
-    ("+hydra.job_logging.handlers.f.filename=/tmp/x", "hydra.job_logging.handlers.f.filename is not allowed"),
-    ("hydra.output_subdir=/tmp/elsewhere", "hydra.output_subdir is not allowed"),
-    ("hydra/callbacks=x", "hydra/callbacks=x is not allowed: clorch-train accepts these Hydra groups"),
-    ("hydra/launcher=rq", "hydra/launcher=rq is not allowed; choose one of: basic, submitit_local"),
-    ("hydra.run.dir=/", "hydra.run.dir=/ is the filesystem root"),
-    ("hydra.run.dir=${oc.env:HOME}", "the only interpolation a run directory may use is ${now:...}"),
-    ("hydra.launcher.setup=[x]", "hydra.launcher.setup is not allowed; hydra.launcher takes: timeout_min"),
-    ("hydra.job.name=../x", "hydra.job.name=../x is not allowed: a name, without '/'"),
-    ("hydra.sweep.subdir=../y", "hydra.sweep.subdir=../y is not allowed: a path inside the sweep directory"),
-])
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("+hydra.job_logging.handlers.f.filename=/tmp/x", "hydra.job_logging.handlers.f.filename is not allowed"),
+        ("hydra.output_subdir=/tmp/elsewhere", "hydra.output_subdir is not allowed"),
+        ("hydra/callbacks=x", "hydra/callbacks=x is not allowed: clorch-train accepts these Hydra groups"),
+        ("hydra/launcher=rq", "hydra/launcher=rq is not allowed; choose one of: basic, submitit_local"),
+        ("hydra.run.dir=/", "hydra.run.dir=/ is the filesystem root"),
+        ("hydra.run.dir=${oc.env:HOME}", "the only interpolation a run directory may use is ${now:...}"),
+        ("hydra.launcher.setup=[x]", "hydra.launcher.setup is not allowed; hydra.launcher takes: timeout_min"),
+        ("hydra.job.name=../x", "hydra.job.name=../x is not allowed: a name, without '/'"),
+        ("hydra.sweep.subdir=../y", "hydra.sweep.subdir=../y is not allowed: a path inside the sweep directory"),
+    ],
+)
 def test_refused_hydra_overrides_are_named(arg, message):
     (error,) = hydra_key_errors([arg])
     assert message in error
 
 
 def test_allowed_hydra_overrides_pass(tmp_path):
-    assert hydra_key_errors([f"hydra.run.dir={tmp_path / 'new'}", "hydra.job.chdir=true", "-m",
-                             "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
-                             "hydra/job_logging=disabled", "optim.lr=1e-3"]) == []
+    assert (
+        hydra_key_errors(
+            [
+                f"hydra.run.dir={tmp_path / 'new'}",
+                "hydra.job.chdir=true",
+                "-m",
+                "hydra/launcher=submitit_local",
+                "hydra.launcher.tasks_per_node=2",
+                "hydra/job_logging=disabled",
+                "optim.lr=1e-3",
+            ]
+        )
+        == []
+    )
 
 
 def test_only_the_output_directory_the_command_uses_is_checked(tmp_path):
@@ -103,8 +125,7 @@ def test_run_directories_must_be_new_empty_or_clorch_made(tmp_path):
     assert directory_error("hydra.run.dir", str(tmp_path / "ours")) is None
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "thesis.tex").write_text("")
-    assert "holds files clorch did not write (thesis.tex)" in directory_error("hydra.run.dir",
-                                                                            str(tmp_path / "theirs"))
+    assert "holds files clorch did not write (thesis.tex)" in directory_error("hydra.run.dir", str(tmp_path / "theirs"))
     assert "is a file" in directory_error("hydra.run.dir", __file__)
 
 
@@ -140,8 +161,7 @@ def test_unwritable_run_directories_stop_before_launch(tmp_path):
 
 
 def test_flags_that_would_load_an_unchecked_config_are_refused(tmp_path):
-    done = _cli(["--config-dir", str(tmp_path), "--config-name", "mine", "--experimental-rerun", "x.pickle"],
-                tmp_path)
+    done = _cli(["--config-dir", str(tmp_path), "--config-name", "mine", "--experimental-rerun", "x.pickle"], tmp_path)
     assert done.returncode == 2
     for flag in ("--config-dir", "--config-name", "--experimental-rerun"):
         assert f"{flag} is not supported by clorch-train" in done.stderr
@@ -151,8 +171,19 @@ def test_abbreviated_and_run_together_flags_cannot_slip_past_the_checks(tmp_path
     foreign = tmp_path / "theirs"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("")
-    done = _cli(["--config-d", str(tmp_path), "--multi", f"hydra.sweep.dir={foreign}", "-mcjob", "--r",
-                 "--nosuchflag", "hydra.mode=MULTIRUN"], tmp_path)
+    done = _cli(
+        [
+            "--config-d",
+            str(tmp_path),
+            "--multi",
+            f"hydra.sweep.dir={foreign}",
+            "-mcjob",
+            "--r",
+            "--nosuchflag",
+            "hydra.mode=MULTIRUN",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     assert "--config-dir is not supported by clorch-train" in done.stderr  # --config-d written in full
     assert "holds files clorch did not write (thesis.tex)" in done.stderr  # --multi counts as -m
@@ -170,9 +201,14 @@ def test_a_config_group_placed_under_hydra_is_refused(tmp_path):
     for arg in ("+recipe@hydra=sneaky", "+recipe@hydra.callbacks=sneaky", "+recipe@_global_.hydra=sneaky"):
         (error,) = hydra_key_errors([arg])
         assert f"{arg} is not allowed: a config group may not be placed under hydra" in error
-    done = subprocess.run([sys.executable, "-m", "clorch.cli", "+recipe@hydra=sneaky"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "CLORCH_RECIPE_PATH": str(recipes)})
+    done = subprocess.run(
+        [sys.executable, "-m", "clorch.cli", "+recipe@hydra=sneaky"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CLORCH_RECIPE_PATH": str(recipes)},
+    )
     assert done.returncode == 2 and "PWNED" not in done.stdout + done.stderr
 
 
@@ -180,7 +216,6 @@ def test_a_short_flag_with_its_value_after_an_equals_sign_is_read():
     done = _cli(["-c=job", "+recipe=cpu_smoke"], ROOT)
     assert done.returncode == 0, done.stderr
     assert "backend: gloo" in done.stdout
-
 
 
 def test_a_refused_hydra_key_is_reported_with_the_configs_own_errors(tmp_path):

@@ -74,15 +74,27 @@ def test_the_resume_hint_names_the_run_directory_absolute_paths_and_the_trust_va
     monkeypatch.setenv("CLORCH_TRUSTED_MODULES", "mymod")
     run_dir = tmp_path / "outputs" / "run"
     _with_checkpoint(run_dir / "checkpoints")
-    argv = ["+recipe=./r.yaml", "model.init_from=w.safetensors", "data.path=../d.txt", "hydra.run.dir=outputs/run",
-            "checkpoint.dir=old", "checkpoint.resume=none"]
+    argv = [
+        "+recipe=./r.yaml",
+        "model.init_from=w.safetensors",
+        "data.path=../d.txt",
+        "hydra.run.dir=outputs/run",
+        "checkpoint.dir=old",
+        "checkpoint.resume=none",
+    ]
     command = _command(resume_hint(_config(), Path("outputs/run"), argv))
     assert command[:3] == ["cd", str(tmp_path), "&&"] and command[3] == "CLORCH_TRUSTED_MODULES=mymod"
     assert command[4] == "clorch-train"
-    assert command[5:8] == [f"+recipe={tmp_path / 'r.yaml'}", f"model.init_from={tmp_path / 'w.safetensors'}",
-                            f"data.path={tmp_path.parent / 'd.txt'}"]
-    assert command[8:] == [f"hydra.run.dir={run_dir}", f"checkpoint.dir={run_dir / 'checkpoints'}",
-                           "checkpoint.resume=latest"]
+    assert command[5:8] == [
+        f"+recipe={tmp_path / 'r.yaml'}",
+        f"model.init_from={tmp_path / 'w.safetensors'}",
+        f"data.path={tmp_path.parent / 'd.txt'}",
+    ]
+    assert command[8:] == [
+        f"hydra.run.dir={run_dir}",
+        f"checkpoint.dir={run_dir / 'checkpoints'}",
+        "checkpoint.resume=latest",
+    ]
 
 
 def test_without_the_trust_variable_the_hint_is_the_command_alone(tmp_path, monkeypatch):
@@ -100,8 +112,15 @@ def test_each_node_of_a_multi_node_run_resumes_in_its_own_directory(tmp_path, mo
     for node in (0, 1):
         run_dir = tmp_path / f"node{node}"
         _with_checkpoint(run_dir / "checkpoints", step=10)
-        hints.append(_command(resume_hint(_config("launcher.nnodes=2", f"launcher.node_rank={node}"),
-                                          run_dir, [*argv, f"launcher.node_rank={node}"])))
+        hints.append(
+            _command(
+                resume_hint(
+                    _config("launcher.nnodes=2", f"launcher.node_rank={node}"),
+                    run_dir,
+                    [*argv, f"launcher.node_rank={node}"],
+                )
+            )
+        )
     for node, command in enumerate(hints):
         assert f"hydra.run.dir={tmp_path / f'node{node}'}" in command
         assert f"checkpoint.dir={tmp_path / f'node{node}' / 'checkpoints'}" in command
@@ -127,29 +146,44 @@ def test_a_sweep_jobs_hint_resumes_that_job_alone(tmp_path, monkeypatch):
 def test_the_rerun_command_carries_the_trust_variable_and_absolute_paths(tmp_path):
     run_dir = tmp_path / "outputs" / "run"
     (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("# trusted modules (CLORCH_TRUSTED_MODULES): mymod, other.pkg\n"
-                                         "epochs: 1\n")
+    (run_dir / "config.yaml").write_text("# trusted modules (CLORCH_TRUSTED_MODULES): mymod, other.pkg\nepochs: 1\n")
     (run_dir / "env.json").write_text(json.dumps({"cwd": str(tmp_path / "project")}))
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["+recipe=./r.yaml", "model.init_from=w.bin"]))
     command = shlex.split(rerun_command(Run(run_dir)))
     assert command[:4] == ["cd", str(tmp_path / "project"), "&&", "CLORCH_TRUSTED_MODULES=mymod,other.pkg"]
-    assert command[4:] == ["clorch-train", f"+recipe={tmp_path / 'project' / 'r.yaml'}",
-                           f"model.init_from={tmp_path / 'project' / 'w.bin'}"]
+    assert command[4:] == [
+        "clorch-train",
+        f"+recipe={tmp_path / 'project' / 'r.yaml'}",
+        f"model.init_from={tmp_path / 'project' / 'w.bin'}",
+    ]
 
 
 def test_a_sweep_takes_targets_on_its_command_line_and_an_env_interpolation(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "EPOCHS_FROM_ENV": "2"}
-    targets = ["model._target_=torch.nn.Linear", "model.in_features=8", "model.out_features=4",
-               "data._target_=clorch.data.datasets.Blobs", "data.features=8", "data.classes=4", "data.sample_count=64",
-               "loss=cross_entropy", "epochs=${oc.env:EPOCHS_FROM_ENV,3}"]
-    printed = run_clorch_train(["+recipe=cpu_smoke", *targets, "--cfg", "job", "--resolve"], tmp_path, env=env,
-                               timeout=120)
+    targets = [
+        "model._target_=torch.nn.Linear",
+        "model.in_features=8",
+        "model.out_features=4",
+        "data._target_=clorch.data.datasets.Blobs",
+        "data.features=8",
+        "data.classes=4",
+        "data.sample_count=64",
+        "loss=cross_entropy",
+        "epochs=${oc.env:EPOCHS_FROM_ENV,3}",
+    ]
+    printed = run_clorch_train(
+        ["+recipe=cpu_smoke", *targets, "--cfg", "job", "--resolve"], tmp_path, env=env, timeout=120
+    )
     assert printed.returncode == 0, printed.stderr
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["_target_"] == "torch.nn.Linear" and config["epochs"] == 2
     assert config["data"]["_target_"] == "clorch.data.datasets.Blobs" and "in_features" not in config["data"]
-    done = run_clorch_train(["-m", "+recipe=cpu_smoke", *targets, "preflight=false", "hydra.sweep.dir=sweep"],
-                            tmp_path, env=env, timeout=200)
+    done = run_clorch_train(
+        ["-m", "+recipe=cpu_smoke", *targets, "preflight=false", "hydra.sweep.dir=sweep"],
+        tmp_path,
+        env=env,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stderr
     assert "unrecognized arguments" not in done.stderr
     summary = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
@@ -157,8 +191,7 @@ def test_a_sweep_takes_targets_on_its_command_line_and_an_env_interpolation(tmp_
 
 
 def _shell(command: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_printed_commands_work_from_another_directory(tmp_path):
@@ -167,11 +200,25 @@ def test_the_printed_commands_work_from_another_directory(tmp_path):
     elsewhere.mkdir()
     (project / "mymod" / "__init__.py").write_text(LOSS)
     (project / "r.yaml").write_text(RECIPE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CLORCH_TRUSTED_MODULES": "mymod",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "CLORCH_TRUSTED_MODULES": "mymod",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     run_dir = project / "outputs" / "first"
-    proc = start_clorch_train(["+recipe=./r.yaml", "epochs=25", "checkpoint=periodic", "checkpoint.every_n_steps=5",
-                               "hydra.run.dir=outputs/first"], project, env=env)
+    proc = start_clorch_train(
+        [
+            "+recipe=./r.yaml",
+            "epochs=25",
+            "checkpoint=periodic",
+            "checkpoint.every_n_steps=5",
+            "hydra.run.dir=outputs/first",
+        ],
+        project,
+        env=env,
+    )
     deadline = time.monotonic() + 150
     while not list((run_dir / "checkpoints").glob("step_*.ckpt")):
         assert proc.poll() is None, proc.communicate()
@@ -201,8 +248,13 @@ def test_the_printed_commands_work_from_another_directory(tmp_path):
     assert json.loads((second / "summary.json").read_text())["status"] == "succeeded"
 
     # The command line's loss replaced the recipe's, and diff says so.
-    diff = subprocess.run([sys.executable, "-c", "from clorch.runs.cli import main; main()", "diff", "--json",
-                           str(run_dir), str(second)], capture_output=True, text=True, timeout=60, env=env)
+    diff = subprocess.run(
+        [sys.executable, "-c", "from clorch.runs.cli import main; main()", "diff", "--json", str(run_dir), str(second)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert diff.returncode == 0, diff.stderr
     config = json.loads(diff.stdout)["config"]
     assert config["loss._target_"] == ["mymod.xent", None] and config["loss.smoothing"] == [0.1, None]

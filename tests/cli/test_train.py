@@ -16,7 +16,6 @@ from tests.clirunner import run_clorch_train
 pytestmark = pytest.mark.timeout(180)
 
 
-
 def _cli(args: list[str], cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return run_clorch_train(args, cwd, env=env, timeout=timeout)
@@ -42,7 +41,9 @@ def test_sweep_runs_each_job_records_a_failure_and_writes_the_summary(tmp_path):
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["recipe"], r["launcher.timeout"], r["status"]) for r in rows] == [
-        ("0", "cpu_smoke", "300", "succeeded"), ("1", "cpu_smoke", "0.2", "timed_out")]
+        ("0", "cpu_smoke", "300", "succeeded"),
+        ("1", "cpu_smoke", "0.2", "timed_out"),
+    ]
     assert float(rows[0]["loss"]) > 0 and float(rows[0]["samples_per_s"]) > 0
     table = (sweep_dir / "sweep_summary.md").read_text()
     assert "| job | recipe | launcher.timeout | status |" in table
@@ -89,16 +90,19 @@ def test_help_lists_recipes_and_groups(capsys):
     (recipes,) = [line for line in out.splitlines() if line.startswith("recipe: ")]
     # Recipes registered from a file path earlier in this process are listed too.
     assert {"cpu_smoke", "ddp_bf16", "ddp_fp16", "ddp_fp32", "gpt_bf16"} <= set(recipes[8:].split(", "))
-    for group in ("precision: bf16, fp16, fp32", "checkpoint: final, none, periodic",
-                  "data: arithmetic, custom, synthetic, text", "backend: auto, gloo, nccl"):
+    for group in (
+        "precision: bf16, fp16, fp32",
+        "checkpoint: final, none, periodic",
+        "data: arithmetic, custom, synthetic, text",
+        "backend: auto, gloo, nccl",
+    ):
         assert group in out
 
 
 def test_user_recipe_by_path_and_by_directory(tmp_path, monkeypatch, capsys):
     mine = tmp_path / "my_recipes" / "tiny_sgd.yaml"
     mine.parent.mkdir()
-    mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\n"
-                    "batch_size: 8\noptim:\n  lr: 0.05\n")
+    mine.write_text("# @package _global_\ndefaults:\n  - override /optim: sgd\nbatch_size: 8\noptim:\n  lr: 0.05\n")
     monkeypatch.chdir(tmp_path)
     assert train_main([f"+recipe={mine}", "--cfg", "job"]) == 0
     out = capsys.readouterr().out
@@ -144,5 +148,10 @@ def test_cfg_job_checks_the_config_like_a_run(tmp_path, monkeypatch, capsys):
 def test_a_flag_after_the_overrides_still_works():
     from clorch.cli.hydra_flags import flags_first
 
-    assert flags_first(["+recipe=cpu_smoke", "-m", "optim.lr=1e-3,3e-3", "--cfg", "job"]) == \
-        ["-m", "+recipe=cpu_smoke", "optim.lr=1e-3,3e-3", "--cfg", "job"]
+    assert flags_first(["+recipe=cpu_smoke", "-m", "optim.lr=1e-3,3e-3", "--cfg", "job"]) == [
+        "-m",
+        "+recipe=cpu_smoke",
+        "optim.lr=1e-3,3e-3",
+        "--cfg",
+        "job",
+    ]

@@ -101,23 +101,29 @@ def test_the_shorthands_on_the_command_line_beat_the_recipes():
     assert set(SHORTHAND) == {"loss", "preflight"}  # a new shorthand is tested by being added here
 
 
-@pytest.mark.parametrize("recipe_says, typed, expected", [
-    ("loss: cross_entropy\n", "loss=mse", {"name": "mse"}),
-    ("loss:\n  _target_: my_project.losses.focal\n  gamma: 2.0\n", "loss=cross_entropy", {"name": "cross_entropy"}),
-    ("defaults:\n  - override /loss: mse\n", "loss=cross_entropy", {"name": "cross_entropy"}),
-    ("loss: mse\n", "loss=auto", {"name": "auto"}),
-])
+@pytest.mark.parametrize(
+    "recipe_says, typed, expected",
+    [
+        ("loss: cross_entropy\n", "loss=mse", {"name": "mse"}),
+        ("loss:\n  _target_: my_project.losses.focal\n  gamma: 2.0\n", "loss=cross_entropy", {"name": "cross_entropy"}),
+        ("defaults:\n  - override /loss: mse\n", "loss=cross_entropy", {"name": "cross_entropy"}),
+        ("loss: mse\n", "loss=auto", {"name": "auto"}),
+    ],
+)
 def test_the_loss_the_command_line_names_is_the_loss(recipe_says, typed, expected, tmp_path):
     recipe = _recipe(tmp_path, "loss", recipe_says)
     assert _section(compose([f"+recipe={recipe}", typed]), "loss") == expected
 
 
-@pytest.mark.parametrize("recipe_says, typed, mode", [
-    ("preflight: only\n", "preflight=false", False),
-    ("preflight: only\n", "preflight=default", "auto"),
-    ("preflight:\n  mode: true\n  slow_ratio: 0.5\n", "preflight=only", "only"),
-    ("preflight: false\n", "preflight.mode=true", True),
-])
+@pytest.mark.parametrize(
+    "recipe_says, typed, mode",
+    [
+        ("preflight: only\n", "preflight=false", False),
+        ("preflight: only\n", "preflight=default", "auto"),
+        ("preflight:\n  mode: true\n  slow_ratio: 0.5\n", "preflight=only", "only"),
+        ("preflight: false\n", "preflight.mode=true", True),
+    ],
+)
 def test_the_preflight_the_command_line_names_is_the_preflight(recipe_says, typed, mode, tmp_path):
     recipe = _recipe(tmp_path, "pre", recipe_says)
     section = _section(compose([f"+recipe={recipe}", typed]), "preflight")
@@ -129,10 +135,20 @@ def test_the_preflight_the_command_line_names_is_the_preflight(recipe_says, type
 
 
 def test_a_target_on_the_command_line_replaces_the_recipes_target_and_its_arguments(tmp_path):
-    recipe = _recipe(tmp_path, "focal", "loss:\n  _target_: torch.nn.functional.l1_loss\n  reduction: sum\n"
-                                        "model:\n  _target_: torch.nn.Linear\n  in_features: 8\n")
-    cfg = compose([f"+recipe={recipe}", "loss._target_=torch.nn.functional.mse_loss",
-                   "model._target_=torch.nn.Bilinear", "model.in1_features=2"])
+    recipe = _recipe(
+        tmp_path,
+        "focal",
+        "loss:\n  _target_: torch.nn.functional.l1_loss\n  reduction: sum\n"
+        "model:\n  _target_: torch.nn.Linear\n  in_features: 8\n",
+    )
+    cfg = compose(
+        [
+            f"+recipe={recipe}",
+            "loss._target_=torch.nn.functional.mse_loss",
+            "model._target_=torch.nn.Bilinear",
+            "model.in1_features=2",
+        ]
+    )
     assert _section(cfg, "loss") == {"name": CUSTOM, "_target_": "torch.nn.functional.mse_loss"}
     assert _section(cfg, "model") == {"name": CUSTOM, "_target_": "torch.nn.Bilinear", "in1_features": 2}
     # A key of the recipe's target given on the command line, without a target, is added to it.
@@ -144,8 +160,11 @@ def test_a_target_on_the_command_line_replaces_the_recipes_target_and_its_argume
 def test_the_shipped_example_with_loss_on_the_command_line_checks_as_that_loss(tmp_path):
     # The recipe's focal loss is its own code; on the command line cross_entropy replaces it,
     # so nothing of my_project.losses is left to trust.
-    recipe = _recipe(tmp_path, "spirals", "data:\n  _target_: clorch.data.datasets.Blobs\n"
-                                          "loss:\n  _target_: my_project.losses.focal\n  gamma: 2.0\n")
+    recipe = _recipe(
+        tmp_path,
+        "spirals",
+        "data:\n  _target_: clorch.data.datasets.Blobs\nloss:\n  _target_: my_project.losses.focal\n  gamma: 2.0\n",
+    )
     assert any("my_project" in e for e in check_overrides([f"+recipe={recipe}"]))
     assert check_overrides([f"+recipe={recipe}", "loss=cross_entropy"]) == []
 

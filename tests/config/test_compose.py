@@ -12,20 +12,30 @@ from clorch.config.plan import resolve
 pytestmark = pytest.mark.timeout(120)
 
 # Every recipe file shipped in the package: a new recipe is tested by being added.
-RECIPES = tuple(sorted(p.name[:-len(".yaml")] for p in recipes_dir().iterdir() if p.name.endswith(".yaml")))
+RECIPES = tuple(sorted(p.name[: -len(".yaml")] for p in recipes_dir().iterdir() if p.name.endswith(".yaml")))
 # Options that need a partner in another group to be valid on their own.
-PARTNERS = {("data", "arithmetic"): ["model=gpt"], ("data", "text"): ["model=gpt"],
-            ("data", "tokens"): ["model=gpt"],
-            ("model", "gpt"): ["data=arithmetic"], ("checkpoint", "periodic"): [],
-            ("backend", "nccl"): [],
-            ("model", "custom"): ["++model._target_=torch.nn.Linear"],  # custom is your own class
-            ("data", "custom"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp", "loss=cross_entropy"],
-            ("loss", "cross_entropy"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
-            ("loss", "mse"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
-            ("loss", "custom"): ["++loss._target_=torch.nn.functional.cross_entropy",
-                                 "++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
-            ("step", "custom"): ["++step._target_=clorch.data.datasets.classification_step",
-                                 "++data._target_=clorch.data.datasets.Blobs", "model=mlp"]}
+PARTNERS = {
+    ("data", "arithmetic"): ["model=gpt"],
+    ("data", "text"): ["model=gpt"],
+    ("data", "tokens"): ["model=gpt"],
+    ("model", "gpt"): ["data=arithmetic"],
+    ("checkpoint", "periodic"): [],
+    ("backend", "nccl"): [],
+    ("model", "custom"): ["++model._target_=torch.nn.Linear"],  # custom is your own class
+    ("data", "custom"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp", "loss=cross_entropy"],
+    ("loss", "cross_entropy"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
+    ("loss", "mse"): ["++data._target_=clorch.data.datasets.Blobs", "model=mlp"],
+    ("loss", "custom"): [
+        "++loss._target_=torch.nn.functional.cross_entropy",
+        "++data._target_=clorch.data.datasets.Blobs",
+        "model=mlp",
+    ],
+    ("step", "custom"): [
+        "++step._target_=clorch.data.datasets.classification_step",
+        "++data._target_=clorch.data.datasets.Blobs",
+        "model=mlp",
+    ],
+}
 
 
 def test_shipped_recipes_are_all_there():
@@ -57,12 +67,43 @@ def test_recipes_set_what_their_names_say():
 
 
 def test_the_config_groups():
-    assert set(config_groups()) == {"backend", "precision", "sampler", "ddp", "parallel", "checkpoint", "model",
-                                    "data", "optim", "schedule", "launcher", "logger", "preflight", "loss", "step"}
+    assert set(config_groups()) == {
+        "backend",
+        "precision",
+        "sampler",
+        "ddp",
+        "parallel",
+        "checkpoint",
+        "model",
+        "data",
+        "optim",
+        "schedule",
+        "launcher",
+        "logger",
+        "preflight",
+        "loss",
+        "step",
+    }
 
 
-@pytest.mark.parametrize("group", ["backend", "precision", "sampler", "ddp", "parallel", "checkpoint", "model",
-                                   "data", "optim", "schedule", "launcher", "logger", "preflight"])
+@pytest.mark.parametrize(
+    "group",
+    [
+        "backend",
+        "precision",
+        "sampler",
+        "ddp",
+        "parallel",
+        "checkpoint",
+        "model",
+        "data",
+        "optim",
+        "schedule",
+        "launcher",
+        "logger",
+        "preflight",
+    ],
+)
 def test_every_group_option_composes_and_validates(group, tmp_path):
     for option in group_options(group):
         overrides = [f"{group}={option}", *PARTNERS.get((group, option), [])]

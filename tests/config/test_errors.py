@@ -22,70 +22,112 @@ def _has(errors: list[str], *parts: str) -> bool:
 
 
 def test_the_issue_examples_are_reported_together(tmp_path):
-    errors = _errors("precision=fp8", "ddp.bucket_cap_mb=0", "batch_size=700",
-                     f"checkpoint.resume={tmp_path / 'missing.ckpt'}")
+    errors = _errors(
+        "precision=fp8", "ddp.bucket_cap_mb=0", "batch_size=700", f"checkpoint.resume={tmp_path / 'missing.ckpt'}"
+    )
     assert _has(errors, "precision=fp8", "choose one of: bf16, fp16, fp32")
     assert _has(errors, "ddp.bucket_cap_mb must be > 0 (MiB), got 0")
-    assert _has(errors, "batch_size=700 is larger than a rank's shard",
-                "1024 training samples over 2 ranks give 512 per rank")
-    assert _has(errors, "checkpoint.resume=", "missing.ckpt", "no such checkpoint",
-                "none, latest, or an existing checkpoint path")
+    assert _has(
+        errors, "batch_size=700 is larger than a rank's shard", "1024 training samples over 2 ranks give 512 per rank"
+    )
+    assert _has(
+        errors,
+        "checkpoint.resume=",
+        "missing.ckpt",
+        "no such checkpoint",
+        "none, latest, or an existing checkpoint path",
+    )
     assert len(errors) == 4, errors
 
 
-@pytest.mark.parametrize("overrides, parts", [
-    (["backend=nccl"], ["backend=nccl", "needs CUDA", "gloo"]),
-    (["launcher.devices=[0,1]"], ["launcher.devices", "no CUDA GPU is visible"]),
-    (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 'many'"]),
-    (["launcher.nproc_per_node=0"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 0"]),
-    (["launcher.devices=[0]"], ["no CUDA GPU is visible on this machine: leave launcher.devices=null"]),
-    (["model.foo=1"], ["model.foo is not a known key", "allowed: name, hidden_features, depth"]),
-    (["epochs=two"], ["epochs must be int, got 'two'"]),
-    (["epochs=0"], ["epochs must be >= 1, got 0"]),
-    (["accumulation=-1"], ["accumulation must be >= 1, got -1"]),
-    (["optim.lr=0"], ["optim.lr must be > 0, got 0"]),
-    (["optim=rmsprop"], ["optim=rmsprop", "choose one of: adamw, sgd"]),
-    (["+recipe=nope"], ["recipe=nope", "choose one of:", "ddp_bf16"]),
-    (["ddp.reduce_dtype=fp8"], ["ddp.reduce_dtype='fp8'",
-                                "null, fp32, float32, bf16, bfloat16, fp16, float16"]),
-    (["optim.lr=inf"], ["optim.lr must be a finite number, got inf"]),
-    (["ddp.bucket_cap_mb=inf"], ["ddp.bucket_cap_mb must be a finite number, got inf"]),
-    (["launcher.timeout=inf"], ["launcher.timeout must be a finite number, got inf"]),
-    (["optim.weight_decay=nan"], ["optim.weight_decay must be a finite number, got nan"]),
-    (["optim.betas=[0.9,-inf]"], ["optim.betas must hold only finite numbers, got [0.9, -inf]"]),
-    (["++optim._target_=torch.optim.SGD"],
-     ["optim._target_ is not supported: only model._target_, data._target_, data.collate_fn._target_, loss._target_, step._target_ are honoured",
-      "got optim._target_='torch.optim.SGD'"]),
-    (["++precision.scaler._target_=clorch.amp.GradScaler"],
-     ["precision.scaler._target_ is not supported: only model._target_, data._target_, data.collate_fn._target_, loss._target_, step._target_ are honoured"]),
-    (["++model._target_=torch.nn.Linear", "++model.bias=false", "++model.hidden_features=512"],
-     ["model.hidden_features=512 is not an argument of model._target_=torch.nn.Linear",
-      "its arguments: in_features, out_features, bias, device, dtype",
-      "remove it with ~model.hidden_features"]),
-    (["++model._target_=torch.nn.Linear", "~model.hidden_features", "~model.depth", "++model.bias=inf"],
-     ["model.bias must be a finite number, got inf"]),
-    (["ddp.first_bucket_cap_mb=-1"], ["ddp.first_bucket_cap_mb must be > 0 (MiB), got -1"]),
-    (["precision.scaler.growth_factor=0.5", "precision=fp16"], ["precision.scaler.growth_factor must be > 1"]),
-    (["precision=fp16", "precision.scaler.enabled=false"], ["precision.scaler.enabled=false", "fp16"]),
-    (["compile_mode=fast"], ["compile_mode='fast'", "default, max-autotune-no-cudagraphs, reduce-overhead, max-autotune"]),
-    (["compile=true", "compile_mode=reduce-overhead", "accumulation=2"],
-     ["compile_mode=reduce-overhead replays CUDA graphs", "got accumulation=2", "use accumulation=1"]),
-    (["precision=fp16", "ddp.step_in_backward=true"], ["ddp.step_in_backward=true cannot run with precision=fp16",
-                                                       "ddp.step_in_backward=false"]),
-    (["optim.grad_clip=1.0", "ddp.step_in_backward=true"], ["optim.grad_clip=1.0 cannot run with ddp.step_in_backward=true",
-                                                            "optim.grad_clip=null or ddp.step_in_backward=false"]),
-    (["parallel=fsdp", "precision=fp16"], ["precision=fp16 cannot run with parallel=fsdp", "precision=bf16 or fp32"]),
-    (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
-    (["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],
-     ["model.d_model (30) must be divisible by model.n_head (4)"]),
-    (["model=gpt", "data=text"], ["data.path is required for data=text"]),
-    (["model=gpt", "data=text", "data.path=/no/such/file.txt"], ["data.path='/no/such/file.txt' does not exist"]),
-    (["checkpoint=periodic", "checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps must be >= 1"]),
-    (["launcher.max_restarts=2"], ["launcher.max_restarts=2", "use checkpoint=periodic"]),
-    (["schedule=cosine", "schedule.warmup_steps=500"], ["schedule.warmup_steps=500", "must be < the run's 64"]),
-    (["++model._target_=logging.os.system"], ["model._target_='logging.os.system' is not allowed"]),
-    (["logger.progress=loud"], ["logger.progress='loud'", "auto, bar, lines, off"]),
-])
+@pytest.mark.parametrize(
+    "overrides, parts",
+    [
+        (["backend=nccl"], ["backend=nccl", "needs CUDA", "gloo"]),
+        (["launcher.devices=[0,1]"], ["launcher.devices", "no CUDA GPU is visible"]),
+        (["launcher.nproc_per_node=many"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 'many'"]),
+        (["launcher.nproc_per_node=0"], ["launcher.nproc_per_node must be auto or an integer >= 1, got 0"]),
+        (["launcher.devices=[0]"], ["no CUDA GPU is visible on this machine: leave launcher.devices=null"]),
+        (["model.foo=1"], ["model.foo is not a known key", "allowed: name, hidden_features, depth"]),
+        (["epochs=two"], ["epochs must be int, got 'two'"]),
+        (["epochs=0"], ["epochs must be >= 1, got 0"]),
+        (["accumulation=-1"], ["accumulation must be >= 1, got -1"]),
+        (["optim.lr=0"], ["optim.lr must be > 0, got 0"]),
+        (["optim=rmsprop"], ["optim=rmsprop", "choose one of: adamw, sgd"]),
+        (["+recipe=nope"], ["recipe=nope", "choose one of:", "ddp_bf16"]),
+        (["ddp.reduce_dtype=fp8"], ["ddp.reduce_dtype='fp8'", "null, fp32, float32, bf16, bfloat16, fp16, float16"]),
+        (["optim.lr=inf"], ["optim.lr must be a finite number, got inf"]),
+        (["ddp.bucket_cap_mb=inf"], ["ddp.bucket_cap_mb must be a finite number, got inf"]),
+        (["launcher.timeout=inf"], ["launcher.timeout must be a finite number, got inf"]),
+        (["optim.weight_decay=nan"], ["optim.weight_decay must be a finite number, got nan"]),
+        (["optim.betas=[0.9,-inf]"], ["optim.betas must hold only finite numbers, got [0.9, -inf]"]),
+        (
+            ["++optim._target_=torch.optim.SGD"],
+            [
+                "optim._target_ is not supported: only model._target_, data._target_, "
+                "data.collate_fn._target_, loss._target_, step._target_ are honoured",
+                "got optim._target_='torch.optim.SGD'",
+            ],
+        ),
+        (
+            ["++precision.scaler._target_=clorch.amp.GradScaler"],
+            [
+                "precision.scaler._target_ is not supported: only model._target_, data._target_, "
+                "data.collate_fn._target_, loss._target_, step._target_ are honoured"
+            ],
+        ),
+        (
+            ["++model._target_=torch.nn.Linear", "++model.bias=false", "++model.hidden_features=512"],
+            [
+                "model.hidden_features=512 is not an argument of model._target_=torch.nn.Linear",
+                "its arguments: in_features, out_features, bias, device, dtype",
+                "remove it with ~model.hidden_features",
+            ],
+        ),
+        (
+            ["++model._target_=torch.nn.Linear", "~model.hidden_features", "~model.depth", "++model.bias=inf"],
+            ["model.bias must be a finite number, got inf"],
+        ),
+        (["ddp.first_bucket_cap_mb=-1"], ["ddp.first_bucket_cap_mb must be > 0 (MiB), got -1"]),
+        (["precision.scaler.growth_factor=0.5", "precision=fp16"], ["precision.scaler.growth_factor must be > 1"]),
+        (["precision=fp16", "precision.scaler.enabled=false"], ["precision.scaler.enabled=false", "fp16"]),
+        (
+            ["compile_mode=fast"],
+            ["compile_mode='fast'", "default, max-autotune-no-cudagraphs, reduce-overhead, max-autotune"],
+        ),
+        (
+            ["compile=true", "compile_mode=reduce-overhead", "accumulation=2"],
+            ["compile_mode=reduce-overhead replays CUDA graphs", "got accumulation=2", "use accumulation=1"],
+        ),
+        (
+            ["precision=fp16", "ddp.step_in_backward=true"],
+            ["ddp.step_in_backward=true cannot run with precision=fp16", "ddp.step_in_backward=false"],
+        ),
+        (
+            ["optim.grad_clip=1.0", "ddp.step_in_backward=true"],
+            [
+                "optim.grad_clip=1.0 cannot run with ddp.step_in_backward=true",
+                "optim.grad_clip=null or ddp.step_in_backward=false",
+            ],
+        ),
+        (
+            ["parallel=fsdp", "precision=fp16"],
+            ["precision=fp16 cannot run with parallel=fsdp", "precision=bf16 or fp32"],
+        ),
+        (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
+        (
+            ["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],
+            ["model.d_model (30) must be divisible by model.n_head (4)"],
+        ),
+        (["model=gpt", "data=text"], ["data.path is required for data=text"]),
+        (["model=gpt", "data=text", "data.path=/no/such/file.txt"], ["data.path='/no/such/file.txt' does not exist"]),
+        (["checkpoint=periodic", "checkpoint.every_n_steps=0"], ["checkpoint.every_n_steps must be >= 1"]),
+        (["launcher.max_restarts=2"], ["launcher.max_restarts=2", "use checkpoint=periodic"]),
+        (["schedule=cosine", "schedule.warmup_steps=500"], ["schedule.warmup_steps=500", "must be < the run's 64"]),
+        (["++model._target_=logging.os.system"], ["model._target_='logging.os.system' is not allowed"]),
+        (["logger.progress=loud"], ["logger.progress='loud'", "auto, bar, lines, off"]),
+    ],
+)
 def test_each_error_names_key_value_and_what_is_allowed(overrides, parts):
     errors = _errors(*overrides)
     assert _has(errors, *parts), errors
@@ -109,10 +151,8 @@ def test_resolve_raises_all_errors_as_one_config_error():
 def test_run_local_launches_nothing_on_a_bad_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as info:
-        clorch.run_local(recipe="cpu_smoke", precision="float16", batch_size=0,
-                         **{"ddp.bucket_cap_mb": 0})
-    assert {"batch_size must be >= 1, got 0", "ddp.bucket_cap_mb must be > 0 (MiB), got 0"} \
-        <= set(info.value.errors)
+        clorch.run_local(recipe="cpu_smoke", precision="float16", batch_size=0, **{"ddp.bucket_cap_mb": 0})
+    assert {"batch_size must be >= 1, got 0", "ddp.bucket_cap_mb must be > 0 (MiB), got 0"} <= set(info.value.errors)
     assert not (tmp_path / "outputs").exists()
     with pytest.raises(ValueError, match="precision must be one of .* got 'fp8'"):
         clorch.run_local(recipe="cpu_smoke", precision="fp8")
@@ -125,35 +165,54 @@ def test_compose_once_returns_the_config_with_overrides():
 
 
 def test_a_single_run_gives_hydra_forced_value_overrides():
-    assert hydra_overrides(["optim=sgd", "optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d",
-                            "--cfg", "++a=1"]) == \
-        ["optim=sgd", "++optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d", "--cfg", "++a=1"]
+    assert hydra_overrides(
+        ["optim=sgd", "optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d", "--cfg", "++a=1"]
+    ) == ["optim=sgd", "++optim.lr=0.1", "+recipe=x", "~seed", "hydra.run.dir=d", "--cfg", "++a=1"]
 
 
-@pytest.mark.parametrize("overrides, parts", [
-    (["optim.betas=[0.9]"], ["optim.betas must be 2 numbers in [0, 1), got [0.9]"]),
-    (["+recipe=gpt_bf16", "model.seq_len=4"],
-     ["model.seq_len=4 is smaller than data=arithmetic's 12", "model.seq_len >= 12, or null"]),
-    (["~optim.lr"], ["optim.lr is missing (removed with ~optim.lr?)", "default is 0.003"]),
-    (["model.hidden_features=100000000"],
-     ["model=mlp: 4,100,000,008 parameters need about", "(16 bytes each: weights, gradients, optimizer state"]),
-    (["backend=gloo", "launcher.nproc_per_node=100000"],
-     ["launcher.nproc_per_node=100000 is far more ranks than this machine's"]),
-    (["sample_count=3"], ["sample_count is not a known key; did you mean data.sample_count?"]),
-    (["optim.lr=["], ["'optim.lr=[' is not a valid override (no viable alternative at input '[')"]),
-    (["launcher.nnodes=2", "launcher.node_rank=2"],
-     ["launcher.master_port is required when nnodes > 1 (got nnodes=2)"]),
-    (["launcher.nnodes=2", "launcher.node_rank=2", "launcher.master_port=29500"],
-     ["launcher.node_rank must be an integer in [0, 2) (nnodes), got 2"]),
-    (["precison=bf16"], ["precison is not a known key; did you mean precision?", "precision (group)"]),
-    (["optim=sgd", "optim.betas=[0.9,0.99]"],
-     ["optim.betas is not a key of optim=sgd (it belongs to optim=adamw)", "takes: name, lr"]),
-    (["schedule=constant", "++schedule.min_lr_ratio=0.2"],
-     ["schedule.min_lr_ratio is not a key of schedule=constant (it belongs to schedule=cosine)"]),
-    (["optim=adamx"], ["optim=adamx is not allowed; did you mean adamw? choose one of: adamw, sgd"]),
-    (["checkpoint=final", "checkpoint.path=/proc/x.ckpt"],
-     ["checkpoint.path=/proc/x.ckpt: cannot write there", "/proc"]),
-])
+@pytest.mark.parametrize(
+    "overrides, parts",
+    [
+        (["optim.betas=[0.9]"], ["optim.betas must be 2 numbers in [0, 1), got [0.9]"]),
+        (
+            ["+recipe=gpt_bf16", "model.seq_len=4"],
+            ["model.seq_len=4 is smaller than data=arithmetic's 12", "model.seq_len >= 12, or null"],
+        ),
+        (["~optim.lr"], ["optim.lr is missing (removed with ~optim.lr?)", "default is 0.003"]),
+        (
+            ["model.hidden_features=100000000"],
+            ["model=mlp: 4,100,000,008 parameters need about", "(16 bytes each: weights, gradients, optimizer state"],
+        ),
+        (
+            ["backend=gloo", "launcher.nproc_per_node=100000"],
+            ["launcher.nproc_per_node=100000 is far more ranks than this machine's"],
+        ),
+        (["sample_count=3"], ["sample_count is not a known key; did you mean data.sample_count?"]),
+        (["optim.lr=["], ["'optim.lr=[' is not a valid override (no viable alternative at input '[')"]),
+        (
+            ["launcher.nnodes=2", "launcher.node_rank=2"],
+            ["launcher.master_port is required when nnodes > 1 (got nnodes=2)"],
+        ),
+        (
+            ["launcher.nnodes=2", "launcher.node_rank=2", "launcher.master_port=29500"],
+            ["launcher.node_rank must be an integer in [0, 2) (nnodes), got 2"],
+        ),
+        (["precison=bf16"], ["precison is not a known key; did you mean precision?", "precision (group)"]),
+        (
+            ["optim=sgd", "optim.betas=[0.9,0.99]"],
+            ["optim.betas is not a key of optim=sgd (it belongs to optim=adamw)", "takes: name, lr"],
+        ),
+        (
+            ["schedule=constant", "++schedule.min_lr_ratio=0.2"],
+            ["schedule.min_lr_ratio is not a key of schedule=constant (it belongs to schedule=cosine)"],
+        ),
+        (["optim=adamx"], ["optim=adamx is not allowed; did you mean adamw? choose one of: adamw, sgd"]),
+        (
+            ["checkpoint=final", "checkpoint.path=/proc/x.ckpt"],
+            ["checkpoint.path=/proc/x.ckpt: cannot write there", "/proc"],
+        ),
+    ],
+)
 def test_errors_found_before_launch(overrides, parts):
     errors = _errors(*overrides)
     assert _has(errors, *parts), errors
@@ -170,8 +229,9 @@ def test_a_bad_recipe_entry_names_the_file_and_the_other_errors_still_show(tmp_p
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("# @package _global_\ndefaults:\n  - override /optim: adamx\nbatch_size: 0\n")
     errors = _errors(f"+recipe={recipe}", "ddp.bucket_cap_mb=0")
-    assert _has(errors, f"recipe {recipe}:", "override /optim: adamx",
-                "optim=adamx is not allowed; choose one of: adamw, sgd"), errors
+    assert _has(
+        errors, f"recipe {recipe}:", "override /optim: adamx", "optim=adamx is not allowed; choose one of: adamw, sgd"
+    ), errors
     assert _has(errors, "batch_size must be >= 1, got 0") and _has(errors, "ddp.bucket_cap_mb must be > 0")
 
 
@@ -186,8 +246,13 @@ def _resumable(tmp_path):
 def test_a_resume_that_does_not_fit_is_refused_before_launch(tmp_path):
     path = _resumable(tmp_path)
     assert _errors("+recipe=cpu_smoke", f"checkpoint.resume={path}") == []
-    errors = _errors("+recipe=cpu_smoke", f"checkpoint.resume={path}", "batch_size=8",
-                     "model.hidden_features=32", "launcher.nproc_per_node=1")
+    errors = _errors(
+        "+recipe=cpu_smoke",
+        f"checkpoint.resume={path}",
+        "batch_size=8",
+        "model.hidden_features=32",
+        "launcher.nproc_per_node=1",
+    )
     assert _has(errors, "was written by 2 rank(s), this job has 1"), errors
     assert _has(errors, "batch_size=8 but the checkpoint was trained with batch_size=16"), errors
     assert _has(errors, "another model: model.hidden_features=32 (checkpoint: 16)"), errors
@@ -198,8 +263,11 @@ def test_target_allow_list_checks_the_resolved_object():
     assert check_target("optim._target_", "torch.optim.AdamW") == []
     assert _has(check_target("x", "os.system"), "x='os.system' is not allowed", "clorch, torch.optim, torch.nn")
     # An allowed-looking prefix that resolves elsewhere is refused.
-    assert _has(check_target("x", "torch.nn.functional.torch.distributed.rpc"),
-                "resolves to torch.distributed.rpc", "outside the allow-list")
+    assert _has(
+        check_target("x", "torch.nn.functional.torch.distributed.rpc"),
+        "resolves to torch.distributed.rpc",
+        "outside the allow-list",
+    )
     assert _has(check_target("x", "torch.nn.NoSuchThing"), "does not import")
     with pytest.raises(ValueError, match="not allowed"):
         resolve_target("subprocess.run")
@@ -220,8 +288,9 @@ def test_registered_prefixes_are_allowed():
 
 
 def test_user_model_target_composes_and_validates():
-    errors = check_config(compose(["++model._target_=torch.nn.Linear", "~model.hidden_features",
-                                   "~model.depth", "++model.bias=false"]))
+    errors = check_config(
+        compose(["++model._target_=torch.nn.Linear", "~model.hidden_features", "~model.depth", "++model.bias=false"])
+    )
     assert errors == []
 
 
@@ -231,8 +300,7 @@ def test_every_reduce_dtype_the_module_accepts_validates(name):
 
 
 def _periodic(directory, *more):
-    return compose(["checkpoint=periodic", "checkpoint.every_n_steps=2",
-                    f"checkpoint.dir={directory}", *more])
+    return compose(["checkpoint=periodic", "checkpoint.every_n_steps=2", f"checkpoint.dir={directory}", *more])
 
 
 def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(tmp_path, monkeypatch):
@@ -242,7 +310,8 @@ def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(tmp_path, 
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     assert check_config(_periodic(tmp_path)) == [
         f"checkpoint.dir={tmp_path} already holds checkpoints (step_00000010.ckpt); pass "
-        "checkpoint.resume=latest to continue that run, or choose an empty directory"]
+        "checkpoint.resume=latest to continue that run, or choose an empty directory"
+    ]
     assert check_config(_periodic(tmp_path, "checkpoint.resume=latest")) == []
     # The launcher's restarts resume from their own directory.
     monkeypatch.setenv("CLORCH_RESTART_COUNT", "1")

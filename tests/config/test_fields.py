@@ -34,16 +34,19 @@ def test_a_good_section_has_no_errors():
     assert check_section("opt.", _good(lr=3, workers=2), Section) == []  # an int is a float here
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"lr": 0}, "opt.lr must be > 0 (per step), got 0"),
-    ({"lr": float("inf")}, "opt.lr must be a finite number, got inf"),
-    ({"lr": True}, "opt.lr must be float, got True"),
-    ({"kind": "c"}, "opt.kind='c' is not allowed; choose one of: a, b"),
-    ({"workers": "two"}, "opt.workers must be int or null, got 'two'"),
-    ({"inner": {"size": 1.5}}, "opt.inner.size must be int, got 1.5"),
-    ({"inner": 3}, "opt.inner must be a mapping, got 3"),
-    ({"kidn": "a"}, "opt.kidn is not a known key; did you mean kind? allowed: lr, kind, workers, inner"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"lr": 0}, "opt.lr must be > 0 (per step), got 0"),
+        ({"lr": float("inf")}, "opt.lr must be a finite number, got inf"),
+        ({"lr": True}, "opt.lr must be float, got True"),
+        ({"kind": "c"}, "opt.kind='c' is not allowed; choose one of: a, b"),
+        ({"workers": "two"}, "opt.workers must be int or null, got 'two'"),
+        ({"inner": {"size": 1.5}}, "opt.inner.size must be int, got 1.5"),
+        ({"inner": 3}, "opt.inner must be a mapping, got 3"),
+        ({"kidn": "a"}, "opt.kidn is not a known key; did you mean kind? allowed: lr, kind, workers, inner"),
+    ],
+)
 def test_each_bad_value_is_named_with_what_is_allowed(changes, message):
     assert message in check_section("opt.", _good(**changes), Section)
 
@@ -52,5 +55,6 @@ def test_a_missing_key_names_its_default():
     values = _good()
     del values["inner"]
     (error,) = check_section("opt.", values, Section, owner="opt=mine")
-    assert error == ("opt.inner is missing (removed with ~opt.inner?): every key of opt=mine needs a value; "
-                     "its default is {size:4}")
+    assert error == (
+        "opt.inner is missing (removed with ~opt.inner?): every key of opt=mine needs a value; its default is {size:4}"
+    )

@@ -49,8 +49,14 @@ def _count(tmp_path: Path, commands: dict[str, tuple[str, list[str]]]) -> dict[s
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
     plan = [(mode, args, str(tmp_path / name)) for name, (mode, args) in commands.items()]
-    done = subprocess.run([sys.executable, "-c", _COUNTING, json.dumps(plan)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNTING, json.dumps(plan)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith("CHECKS"):
@@ -61,13 +67,18 @@ def _count(tmp_path: Path, commands: dict[str, tuple[str, list[str]]]) -> dict[s
 
 
 def test_every_entry_mode_checks_the_config_once(tmp_path):
-    counted = _count(tmp_path, {
-        "single": ("cli", ["+recipe=cpu_smoke", "max_steps=2"]),
-        "sweep": ("cli", ["-m", "+recipe=cpu_smoke", "max_steps=2", "seed=1,2"]),
-        "torchrun": ("cli", ["+recipe=cpu_smoke", "max_steps=2", "launcher=torchrun",
-                             "launcher.rdzv_endpoint=127.0.0.1:0"]),
-        "run_local": ("run_local", []),
-    })
+    counted = _count(
+        tmp_path,
+        {
+            "single": ("cli", ["+recipe=cpu_smoke", "max_steps=2"]),
+            "sweep": ("cli", ["-m", "+recipe=cpu_smoke", "max_steps=2", "seed=1,2"]),
+            "torchrun": (
+                "cli",
+                ["+recipe=cpu_smoke", "max_steps=2", "launcher=torchrun", "launcher.rdzv_endpoint=127.0.0.1:0"],
+            ),
+            "run_local": ("run_local", []),
+        },
+    )
     # A sweep's jobs take the plans checked before it started; torchrun's ranks read the plan file.
     assert counted == {"single": (1, 0), "sweep": (2, 0), "torchrun": (1, 0), "run_local": (1, 0)}
     assert len(list((tmp_path / "sweep" / "multirun").glob("*/*/[01]/summary.json"))) == 2

@@ -20,28 +20,42 @@ def _has(errors: list[str], *parts: str) -> bool:
     return any(all(p in e for p in parts) for e in errors)
 
 
-@pytest.mark.parametrize("overrides, parts", [
-    (["checkpoint.dir=myckpt"],
-     ["checkpoint.dir='myckpt' does nothing with checkpoint=none", "checkpoint=final or checkpoint=periodic"]),
-    (["checkpoint.every_n_steps=20"],
-     ["checkpoint.every_n_steps=20 does nothing with checkpoint=none", "choose checkpoint=periodic"]),
-    (["checkpoint=final", "checkpoint.keep_last=3"],
-     ["checkpoint.keep_last=3 does nothing with checkpoint=final", "choose checkpoint=periodic"]),
-    (["checkpoint.path=final.ckpt"], ["checkpoint.path='final.ckpt' does nothing with checkpoint=none"]),
-    (["compile_mode=max-autotune"], ["compile_mode=max-autotune does nothing with compile=false",
-                                     "add compile=true"]),
-])
+@pytest.mark.parametrize(
+    "overrides, parts",
+    [
+        (
+            ["checkpoint.dir=myckpt"],
+            ["checkpoint.dir='myckpt' does nothing with checkpoint=none", "checkpoint=final or checkpoint=periodic"],
+        ),
+        (
+            ["checkpoint.every_n_steps=20"],
+            ["checkpoint.every_n_steps=20 does nothing with checkpoint=none", "choose checkpoint=periodic"],
+        ),
+        (
+            ["checkpoint=final", "checkpoint.keep_last=3"],
+            ["checkpoint.keep_last=3 does nothing with checkpoint=final", "choose checkpoint=periodic"],
+        ),
+        (["checkpoint.path=final.ckpt"], ["checkpoint.path='final.ckpt' does nothing with checkpoint=none"]),
+        (
+            ["compile_mode=max-autotune"],
+            ["compile_mode=max-autotune does nothing with compile=false", "add compile=true"],
+        ),
+    ],
+)
 def test_a_key_that_would_do_nothing_is_an_error(overrides, parts):
     errors = _errors(*overrides)
     assert _has(errors, *parts), errors
     assert len(errors) == 1, errors
 
 
-@pytest.mark.parametrize("overrides", [
-    ["checkpoint=periodic", "checkpoint.every_n_steps=20", "checkpoint.keep_last=3"],
-    ["checkpoint=final", "checkpoint.path=final.ckpt"],
-    ["compile=true", "compile_mode=max-autotune-no-cudagraphs"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["checkpoint=periodic", "checkpoint.every_n_steps=20", "checkpoint.keep_last=3"],
+        ["checkpoint=final", "checkpoint.path=final.ckpt"],
+        ["compile=true", "compile_mode=max-autotune-no-cudagraphs"],
+    ],
+)
 def test_the_same_keys_with_their_option_are_fine(overrides, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _errors(*overrides) == []
@@ -54,8 +68,10 @@ def test_resuming_from_a_directory_needs_no_checkpoint_policy(tmp_path):
 
 def test_a_recipe_without_its_plus_is_named_with_the_fix():
     errors = _errors("recipe=ddp_bf16", "optim.lr=abc")
-    assert errors == ["recipe=ddp_bf16 needs a '+': a recipe is added to the defaults, so write "
-                      "+recipe=ddp_bf16", "optim.lr must be float, got 'abc'"]
+    assert errors == [
+        "recipe=ddp_bf16 needs a '+': a recipe is added to the defaults, so write +recipe=ddp_bf16",
+        "optim.lr must be float, got 'abc'",
+    ]
 
 
 def test_two_recipes_are_named_together():
@@ -71,8 +87,7 @@ def test_an_unusable_backend_is_reported_beside_a_type_error():
 
 def test_an_unresolvable_interpolation_names_its_key():
     errors = _errors("optim.lr=${oc.env:CLORCH_TEST_NOT_SET}")
-    assert _has(errors, "optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve",
-                "CLORCH_TEST_NOT_SET"), errors
+    assert _has(errors, "optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve", "CLORCH_TEST_NOT_SET"), errors
 
 
 def test_a_bad_value_in_a_recipe_file_names_the_file(tmp_path):
@@ -82,25 +97,30 @@ def test_a_bad_value_in_a_recipe_file_names_the_file(tmp_path):
     assert _has(errors, "batch_size must be int, got 'abc'", f"(set in recipe {recipe})"), errors
     assert _has(errors, "model.hidden_features must be >= 1, got -3", f"(set in recipe {recipe})")
     overridden = _errors(f"+recipe={recipe}", "batch_size=xyz")
-    assert _has(overridden, "batch_size must be int, got 'xyz'") and \
-        not _has(overridden, "got 'xyz'", "set in recipe"), overridden
+    assert _has(overridden, "batch_size must be int, got 'xyz'") and not _has(
+        overridden, "got 'xyz'", "set in recipe"
+    ), overridden
 
 
 def test_a_recipe_file_that_is_not_a_mapping_is_named(tmp_path):
     recipe = tmp_path / "notes.yaml"
     recipe.write_text("train the model tomorrow\n")
     errors = _errors(f"+recipe={recipe}")
-    assert errors and _has(errors, f"recipe {recipe} is not a YAML mapping of config keys",
-                           "'train the model tomorrow'"), errors
+    assert errors and _has(
+        errors, f"recipe {recipe} is not a YAML mapping of config keys", "'train the model tomorrow'"
+    ), errors
     assert not _has(errors, "is not a known key"), errors
 
 
-@pytest.mark.parametrize("args, parts", [
-    (["recipe=ddp_bf16"], ["write +recipe=ddp_bf16"]),
-    (["+recipe=ddp_bf16", "+recipe=cpu_smoke"], ["one recipe per run"]),
-    (["-m", "recipe=ddp_bf16,cpu_smoke"], ["write +recipe=ddp_bf16,cpu_smoke"]),
-    (["optim.lr=${oc.env:CLORCH_TEST_NOT_SET}"], ["optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve"]),
-])
+@pytest.mark.parametrize(
+    "args, parts",
+    [
+        (["recipe=ddp_bf16"], ["write +recipe=ddp_bf16"]),
+        (["+recipe=ddp_bf16", "+recipe=cpu_smoke"], ["one recipe per run"]),
+        (["-m", "recipe=ddp_bf16,cpu_smoke"], ["write +recipe=ddp_bf16,cpu_smoke"]),
+        (["optim.lr=${oc.env:CLORCH_TEST_NOT_SET}"], ["optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve"]),
+    ],
+)
 def test_clorch_train_exits_2_and_leaves_nothing(args, parts, tmp_path):
     done = run_clorch_train(args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr

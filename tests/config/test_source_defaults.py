@@ -16,9 +16,18 @@ from clorch.config import schema
 from clorch.config.source_defaults import source_constant, source_default
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNERS = [schema.GradScaler, schema.DistributedSampler, schema.DistributedDataParallel, schema.MLP,
-          schema.GPTArchitecture, schema.SyntheticRegression, schema.ArithmeticTask, schema.ByteTextTask,
-          schema.TokenFiles, schema.launch]
+OWNERS = [
+    schema.GradScaler,
+    schema.DistributedSampler,
+    schema.DistributedDataParallel,
+    schema.MLP,
+    schema.GPTArchitecture,
+    schema.SyntheticRegression,
+    schema.ArithmeticTask,
+    schema.ByteTextTask,
+    schema.TokenFiles,
+    schema.launch,
+]
 
 
 def _imported(module: str, name: str):
@@ -34,8 +43,11 @@ def test_every_default_read_from_source_is_the_imported_ones(owner):
         own = {f.name: f.default for f in dataclasses.fields(obj) if f.default is not dataclasses.MISSING}
     else:
         target = obj.__init__ if inspect.isclass(obj) else obj
-        own = {k: p.default for k, p in inspect.signature(target).parameters.items()
-               if p.default is not inspect.Parameter.empty}
+        own = {
+            k: p.default
+            for k, p in inspect.signature(target).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
     assert own
     for name, value in own.items():
         assert source_default(*owner, name) == value, name
@@ -54,8 +66,8 @@ def test_what_cannot_be_read_is_an_error_not_a_guess(tmp_path, monkeypatch):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "things.py").write_text(
-        "import os\nLIMIT = 2 ** 10\n"
-        "def build(size=LIMIT * 2, where=os.getcwd(), *, name='x'):\n    pass\n")
+        "import os\nLIMIT = 2 ** 10\ndef build(size=LIMIT * 2, where=os.getcwd(), *, name='x'):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert source_default("made_up_pkg.things", "build", "size") == 2048
     assert source_default("made_up_pkg.things", "build", "name") == "x"
@@ -85,12 +97,24 @@ _BLOCKED = textwrap.dedent("""
 def test_clorch_train_help_and_cfg_job_import_no_torch(tmp_path):
     import json
 
-    commands = [["--help"], ["--version"], ["+recipe=ddp_fp16", "--help"], ["--cfg", "job"],
-                ["+recipe=gpt_bf16", "--cfg", "job"], ["checkpoint=periodic", "checkpoint.dir=ckpt", "--cfg", "job"],
-                ["data=tokens", "optim.lr=-1", "--cfg", "job"]]
+    commands = [
+        ["--help"],
+        ["--version"],
+        ["+recipe=ddp_fp16", "--help"],
+        ["--cfg", "job"],
+        ["+recipe=gpt_bf16", "--cfg", "job"],
+        ["checkpoint=periodic", "checkpoint.dir=ckpt", "--cfg", "job"],
+        ["data=tokens", "optim.lr=-1", "--cfg", "job"],
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", _BLOCKED, json.dumps(commands)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=100)
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCKED, json.dumps(commands)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     exits = [line for line in done.stdout.splitlines() if line.startswith("EXIT")]
     assert exits == ["EXIT 0 False"] * 6 + ["EXIT 2 False"], done.stdout + done.stderr
     assert "optim.lr must be > 0, got -1" in done.stderr and "data.train_path" in done.stderr

@@ -72,8 +72,7 @@ def test_a_trusted_module_still_cannot_reach_past_itself(monkeypatch):
 
 def test_without_the_variable_clorch_train_refuses_the_users_model(tmp_path):
     root = _project(tmp_path)
-    done = run_clorch_train(["+recipe=cpu_smoke", "model._target_=my_project.models.Net"], cwd=root,
-                            env=_env())
+    done = run_clorch_train(["+recipe=cpu_smoke", "model._target_=my_project.models.Net"], cwd=root, env=_env())
     assert done.returncode == 2, done.stderr
     assert f"{TRUSTED_VARIABLE}=my_project" in done.stderr
     assert not (root / "outputs").exists() or not any((root / "outputs").rglob("config.yaml"))
@@ -82,9 +81,17 @@ def test_without_the_variable_clorch_train_refuses_the_users_model(tmp_path):
 def test_a_trusted_model_from_the_working_directory_trains_on_two_ranks(tmp_path):
     """No `~model.hidden_features` needed: naming a _target_ replaces the built-in option."""
     root = _project(tmp_path)
-    done = run_clorch_train(["+recipe=cpu_smoke", "model._target_=my_project.models.Net", "model.width=8",
-                             "logger.progress=off", "hydra.run.dir=run"], cwd=root,
-                            env=_env(**{TRUSTED_VARIABLE: "my_project"}))
+    done = run_clorch_train(
+        [
+            "+recipe=cpu_smoke",
+            "model._target_=my_project.models.Net",
+            "model.width=8",
+            "logger.progress=off",
+            "hydra.run.dir=run",
+        ],
+        cwd=root,
+        env=_env(**{TRUSTED_VARIABLE: "my_project"}),
+    )
     assert done.returncode == 0, done.stderr
     assert "succeeded" in done.stderr + done.stdout
     text = (root / "run" / "config.yaml").read_text()
@@ -94,8 +101,11 @@ def test_a_trusted_model_from_the_working_directory_trains_on_two_ranks(tmp_path
     assert text.startswith(f"# trusted modules ({TRUSTED_VARIABLE}): my_project\n")
     summary = json.loads((root / "run" / "summary.json").read_text())
     assert summary["trusted_modules"] == {TRUSTED_VARIABLE: ["my_project"]}
-    printed = run_clorch_train(["+recipe=cpu_smoke", "model._target_=my_project.models.Net", "--cfg", "job"],
-                               cwd=root, env=_env(**{TRUSTED_VARIABLE: "my_project"}))
+    printed = run_clorch_train(
+        ["+recipe=cpu_smoke", "model._target_=my_project.models.Net", "--cfg", "job"],
+        cwd=root,
+        env=_env(**{TRUSTED_VARIABLE: "my_project"}),
+    )
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.startswith(f"# trusted modules ({TRUSTED_VARIABLE}): my_project\n")
     assert yaml.safe_load(printed.stdout)["model"]["_target_"] == "my_project.models.Net"

@@ -30,7 +30,8 @@ def _one(errors: list[str], *parts: str) -> str:
 def user_pkg(tmp_path, monkeypatch):
     """A package `userpkg` in the working directory, trusted the way a user trusts it."""
     (tmp_path / "userpkg").mkdir()
-    (tmp_path / "userpkg" / "__init__.py").write_text(textwrap.dedent('''
+    (tmp_path / "userpkg" / "__init__.py").write_text(
+        textwrap.dedent('''
         import torch
         from torch.utils.data import Dataset, IterableDataset
 
@@ -54,7 +55,8 @@ def user_pkg(tmp_path, monkeypatch):
 
         def bad_loss(outputs, targets):
             return (outputs - 1).abs()  # not reduced: a tensor per sample
-    '''))
+    ''')
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CLORCH_TRUSTED_MODULES", "userpkg")
     yield
@@ -64,43 +66,59 @@ def user_pkg(tmp_path, monkeypatch):
 
 def test_a_dataset_of_your_own_trains_with_a_builtin_model_and_a_named_loss():
     assert _errors(*BLOBS, "loss=cross_entropy") == []
-    assert _errors(*BLOBS, "step._target_=clorch.data.datasets.classification_step",
-                   "step.label_smoothing=0.1") == []
+    assert _errors(*BLOBS, "step._target_=clorch.data.datasets.classification_step", "step.label_smoothing=0.1") == []
 
 
 def test_loss_and_step_mistakes_are_named():
     _one(_errors(*BLOBS), "data._target_=clorch.data.datasets.Blobs needs a loss", "loss=cross_entropy")
     _one(_errors("+recipe=cpu_smoke", "loss=mse"), "loss=mse applies to a dataset of your own")
-    _one(_errors(*BLOBS, "loss=mse", "step._target_=clorch.data.datasets.classification_step"),
-         "computes the loss itself")
+    _one(
+        _errors(*BLOBS, "loss=mse", "step._target_=clorch.data.datasets.classification_step"),
+        "computes the loss itself",
+    )
     _one(_errors(*BLOBS, "loss=hinge"), "loss", "hinge")
-    _one(_errors(*BLOBS, "loss=cross_entropy", "data.colour=3"),
-         "data.colour=3 is not an argument of data._target_=clorch.data.datasets.Blobs",
-         "its arguments: sample_count, features, classes, spread, seed")
-    _one(_errors(*BLOBS, "loss=cross_entropy", "data.featurs=3"),
-         "data.featurs=3 is not an argument", "did you mean features? its arguments:")
+    _one(
+        _errors(*BLOBS, "loss=cross_entropy", "data.colour=3"),
+        "data.colour=3 is not an argument of data._target_=clorch.data.datasets.Blobs",
+        "its arguments: sample_count, features, classes, spread, seed",
+    )
+    _one(
+        _errors(*BLOBS, "loss=cross_entropy", "data.featurs=3"),
+        "data.featurs=3 is not an argument",
+        "did you mean features? its arguments:",
+    )
     _one(_errors(*BLOBS, "loss=cross_entropy", "data.num_workers=-1"), "data.num_workers must be >= 0, got -1")
-    _one(_errors(*BLOBS, "loss=cross_entropy", "data.persistent_workers=true"),
-         "data.persistent_workers=True needs worker processes")
-    _one(_errors(*BLOBS, "step._target_=clorch.data.datasets.classification_step", "step.batch=1"),
-         "step.batch is passed by clorch")
-    _one(_errors(*BLOBS, "loss._target_=torch.nn.functional.cross_entropy", "loss.gama=2"),
-         "loss.gama=2 is not an argument of loss._target_=torch.nn.functional.cross_entropy")
+    _one(
+        _errors(*BLOBS, "loss=cross_entropy", "data.persistent_workers=true"),
+        "data.persistent_workers=True needs worker processes",
+    )
+    _one(
+        _errors(*BLOBS, "step._target_=clorch.data.datasets.classification_step", "step.batch=1"),
+        "step.batch is passed by clorch",
+    )
+    _one(
+        _errors(*BLOBS, "loss._target_=torch.nn.functional.cross_entropy", "loss.gama=2"),
+        "loss.gama=2 is not an argument of loss._target_=torch.nn.functional.cross_entropy",
+    )
 
 
 def test_a_batch_that_does_not_fit_is_named_before_launch(user_pkg):
-    _one(_errors(*BLOBS, "loss=cross_entropy", "model._target_=torch.nn.Linear", "model.in_features=3"),
-         "data._target_=clorch.data.datasets.Blobs: a batch of items [0, 1] does not fit",
-         "tried on the CPU before launch")
-    _one(_errors("+recipe=cpu_smoke", "data._target_=userpkg.Stream", "loss=mse"),
-         "IterableDataset", "map-style")
-    _one(_errors("+recipe=cpu_smoke", "data._target_=userpkg.Ragged", "loss=mse"),
-         "items [0, 1] do not make a batch with default_collate")
-    _one(_errors("+recipe=cpu_smoke", "data._target_=userpkg.Empty", "loss=mse"),
-         "data._target_=userpkg.Empty")
+    _one(
+        _errors(*BLOBS, "loss=cross_entropy", "model._target_=torch.nn.Linear", "model.in_features=3"),
+        "data._target_=clorch.data.datasets.Blobs: a batch of items [0, 1] does not fit",
+        "tried on the CPU before launch",
+    )
+    _one(_errors("+recipe=cpu_smoke", "data._target_=userpkg.Stream", "loss=mse"), "IterableDataset", "map-style")
+    _one(
+        _errors("+recipe=cpu_smoke", "data._target_=userpkg.Ragged", "loss=mse"),
+        "items [0, 1] do not make a batch with default_collate",
+    )
+    _one(_errors("+recipe=cpu_smoke", "data._target_=userpkg.Empty", "loss=mse"), "data._target_=userpkg.Empty")
     _one(_errors(*BLOBS, "loss._target_=userpkg.bad_loss"), "the loss must be a 0-d tensor")
-    _one(_errors(*BLOBS, "loss=cross_entropy", "data._target_=userpkg.Nope"),
-         "data._target_='userpkg.Nope' does not import")
+    _one(
+        _errors(*BLOBS, "loss=cross_entropy", "data._target_=userpkg.Nope"),
+        "data._target_='userpkg.Nope' does not import",
+    )
 
 
 def test_init_from_is_checked_against_the_model(tmp_path):
@@ -200,23 +218,41 @@ def _line(path, text: str) -> str:
 
 def test_nested_objects_and_factories_build_and_their_mistakes_are_named(nested_pkg):
     smoke = ["+recipe=cpu_smoke"]
-    assert _errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg",
-                   "++model.config.width=6") == []
+    assert (
+        _errors(
+            *smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg", "++model.config.width=6"
+        )
+        == []
+    )
     assert _errors(*smoke, "++model._target_=nestedpkg.Net.from_width", "++model.width=3") == []
     assert _errors(*smoke, "++model._target_=nestedpkg.make_net") == []  # no in_features through **kwargs
     # A dict where an object is needed: the key, the user's line, and the fix.
-    found = _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config.width=6"),
-                 "model._target_=nestedpkg.Net: cannot be built", "AttributeError")
+    found = _one(
+        _errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config.width=6"),
+        "model._target_=nestedpkg.Net: cannot be built",
+        "AttributeError",
+    )
     assert "model.config is a plain mapping" in found and "model.config._target_=" in found
     # A wrong argument of the nested object names its key.
-    _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg",
-                 "++model.config.widht=6"), "model.config._target_=nestedpkg.Cfg: cannot be built", "widht")
+    _one(
+        _errors(
+            *smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=nestedpkg.Cfg", "++model.config.widht=6"
+        ),
+        "model.config._target_=nestedpkg.Cfg: cannot be built",
+        "widht",
+    )
     # A nested target is trusted like any other.
-    _one(_errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=os.path.join"),
-         "model.config._target_='os.path.join' is not allowed")
+    _one(
+        _errors(*smoke, "++model._target_=nestedpkg.Net", "++model.config._target_=os.path.join"),
+        "model.config._target_='os.path.join' is not allowed",
+    )
     # A forward that fails on a batch of the data's shape: a bare assert shows its file and line.
-    found = _one(_errors(*smoke, "++model._target_=nestedpkg.Picky"), "model._target_=nestedpkg.Picky",
-                 "does not run through", "AssertionError")
+    found = _one(
+        _errors(*smoke, "++model._target_=nestedpkg.Picky"),
+        "model._target_=nestedpkg.Picky",
+        "does not run through",
+        "AssertionError",
+    )
     assert _line(nested_pkg, "assert x.shape[1] == 3") in found
 
 
@@ -225,8 +261,10 @@ def test_the_models_own_loss_trains_builtin_data_and_is_checked(nested_pkg):
     assert _errors(*smoke, "loss=from_model") == []
     _one(_errors("+recipe=cpu_smoke", "loss=from_model"), "model=mlp returns only its outputs")
     _one(_errors(*smoke, "loss=from_model", "loss.target_arg=labels"), "unexpected keyword argument 'labels'")
-    _one(_errors(*smoke, "loss=from_model", "step._target_=clorch.data.datasets.classification_step"),
-         "computes the loss itself")
+    _one(
+        _errors(*smoke, "loss=from_model", "step._target_=clorch.data.datasets.classification_step"),
+        "computes the loss itself",
+    )
 
 
 def test_from_model_finds_the_loss_where_models_return_it():
@@ -234,14 +272,18 @@ def test_from_model_finds_the_loss_where_models_return_it():
 
     loss = torch.tensor(1.5)
     assert model_loss(loss) is loss
-    assert model_loss((torch.ones(2, 3), loss)) is loss          # nanoGPT's (logits, loss)
+    assert model_loss((torch.ones(2, 3), loss)) is loss  # nanoGPT's (logits, loss)
     assert model_loss({"logits": torch.ones(2), "loss": loss}) is loss  # a ModelOutput is a dict too
 
     class Output:
         logits, loss = torch.ones(2), torch.tensor(0.5)
+
     assert model_loss(Output()).item() == 0.5
-    for bad, words in [(torch.ones(3), "shape (3,)"), ((torch.ones(3), None), "holds no loss"),
-                       ((loss, loss), "2 0-d tensors")]:
+    for bad, words in [
+        (torch.ones(3), "shape (3,)"),
+        ((torch.ones(3), None), "holds no loss"),
+        ((loss, loss), "2 0-d tensors"),
+    ]:
         with pytest.raises(TypeError, match=words.replace("(", r"\(").replace(")", r"\)")):
             model_loss(bad)
     with pytest.raises(ValueError, match="loss.labels"):
@@ -252,6 +294,7 @@ def test_from_model_finds_the_loss_where_models_return_it():
     def model(x, *args, **kwargs):
         seen.update(args=args, kwargs=kwargs)
         return loss
+
     batch = {"input": torch.zeros(2, 3), "target": torch.ones(2, 3)}
     FromModelStep()(model, batch)
     assert seen["args"][0] is batch["target"] and not seen["kwargs"]
@@ -265,8 +308,9 @@ def test_from_model_is_huggingface_labels_semantics(tmp_path):
     from clorch.data.tokens import TokenFileTask
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16,
-                                     bos_token_id=None, eos_token_id=None)
+    config = transformers.GPT2Config(
+        vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16, bos_token_id=None, eos_token_id=None
+    )
     model = transformers.GPT2LMHeadModel(config).eval()
     path = tmp_path / "train.bin"
     torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(path)
@@ -288,31 +332,57 @@ def test_from_model_is_huggingface_labels_semantics(tmp_path):
 def test_a_factory_builds_a_pretrained_huggingface_model_from_a_local_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
 
-    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16,
-                                     bos_token_id=None, eos_token_id=None)
+    config = transformers.GPT2Config(
+        vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16, bos_token_id=None, eos_token_id=None
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny")
     tokens = tmp_path / "train.bin"
     torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
-    lm = ["+recipe=cpu_smoke", "data=tokens",
-          f"data.train_path={tokens}", "data.seq_len=12", "batch_size=4",
-          "data.vocab_size=32", "loss=from_model", "loss.target_arg=labels", "loss.labels=input"]
+    lm = [
+        "+recipe=cpu_smoke",
+        "data=tokens",
+        f"data.train_path={tokens}",
+        "data.seq_len=12",
+        "batch_size=4",
+        "data.vocab_size=32",
+        "loss=from_model",
+        "loss.target_arg=labels",
+        "loss.labels=input",
+    ]
     # from_pretrained refuses the meta device: it is built and run once on the CPU instead, and
     # the data's seq_len and vocab_size do not reach it through its **kwargs.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CLORCH_TRUSTED_MODULES", "transformers")
-        assert _errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
-                       f"++model.pretrained_model_name_or_path={tmp_path / 'tiny'}") == []
-        _one(_errors(*lm, "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
-                     f"++model.pretrained_model_name_or_path={tmp_path / 'missing'}"),
-             "model._target_=transformers.GPT2LMHeadModel.from_pretrained: cannot be built")
+        assert (
+            _errors(
+                *lm,
+                "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                f"++model.pretrained_model_name_or_path={tmp_path / 'tiny'}",
+            )
+            == []
+        )
+        _one(
+            _errors(
+                *lm,
+                "++model._target_=transformers.GPT2LMHeadModel.from_pretrained",
+                f"++model.pretrained_model_name_or_path={tmp_path / 'missing'}",
+            ),
+            "model._target_=transformers.GPT2LMHeadModel.from_pretrained: cannot be built",
+        )
 
 
 def test_token_files_train_a_model_of_your_own_with_its_loss_or_a_step(nested_pkg, tmp_path):
     tokens = tmp_path / "train.bin"
     torch.randint(0, 32, (400,), dtype=torch.int32).numpy().astype("uint16").tofile(tokens)
-    lm = ["+recipe=cpu_smoke", "data=tokens",
-          f"data.train_path={tokens}", "data.seq_len=12", "data.vocab_size=32", "batch_size=4",
-          "++model._target_=nestedpkg.TinyLM"]
+    lm = [
+        "+recipe=cpu_smoke",
+        "data=tokens",
+        f"data.train_path={tokens}",
+        "data.seq_len=12",
+        "data.vocab_size=32",
+        "batch_size=4",
+        "++model._target_=nestedpkg.TinyLM",
+    ]
     assert _errors(*lm, "loss=from_model") == []  # targets.view(-1): the batches are contiguous
     assert _errors(*lm, "step._target_=nestedpkg.lm_step") == []
     _one(_errors(*lm), "model._target_=nestedpkg.TinyLM: a batch of data=tokens", "loss=from_model")

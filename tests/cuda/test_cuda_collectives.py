@@ -23,8 +23,13 @@ def _nccl_collectives(rank: int, world_size: int, async_op: bool) -> dict:
     xs = [x.to(dev) for x in _inputs(world_size, dtype=torch.float32)]
     stacked = torch.stack(xs)
     done = lambda w: cd.wait(w) if async_op else None  # noqa: E731
-    expected = {"sum": stacked.sum(0), "avg": stacked.mean(0), "min": stacked.min(0).values,
-                "max": stacked.max(0).values, "product": stacked.prod(0)}
+    expected = {
+        "sum": stacked.sum(0),
+        "avg": stacked.mean(0),
+        "min": stacked.min(0).values,
+        "max": stacked.max(0).values,
+        "product": stacked.prod(0),
+    }
     for op, want in expected.items():
         t = xs[rank].clone()
         done(cd.all_reduce(t, op=op, async_op=async_op))
@@ -42,20 +47,26 @@ def _nccl_collectives(rank: int, world_size: int, async_op: bool) -> dict:
     big = [b.to(dev) for b in _inputs(world_size, shape=(2 * world_size, 3), dtype=torch.float32)]
     out = torch.empty(2, 3, device=dev)
     done(cd.reduce_scatter_into(out, big[rank].clone(), op="avg", async_op=async_op))
-    torch.testing.assert_close(out, torch.stack(big).mean(0)[2 * rank: 2 * rank + 2])
+    torch.testing.assert_close(out, torch.stack(big).mean(0)[2 * rank : 2 * rank + 2])
     src = torch.arange(2 * world_size, dtype=torch.float32, device=dev) + 100 * rank
     out = torch.empty_like(src)
     done(cd.all_to_all_single(out, src, async_op=async_op))
-    want = torch.cat([torch.arange(2 * world_size, dtype=torch.float32, device=dev)[2 * rank: 2 * rank + 2] + 100 * s
-                      for s in range(world_size)])
+    want = torch.cat(
+        [
+            torch.arange(2 * world_size, dtype=torch.float32, device=dev)[2 * rank : 2 * rank + 2] + 100 * s
+            for s in range(world_size)
+        ]
+    )
     torch.testing.assert_close(out, want)
     if world_size > 1:
         t, got = xs[rank].clone(), torch.empty_like(xs[rank])
         right, left = (rank + 1) % world_size, (rank - 1) % world_size
         if rank % 2 == 0:
-            done(cd.send(t, right, async_op=async_op)); done(cd.recv(got, left, async_op=async_op))  # noqa: E702
+            done(cd.send(t, right, async_op=async_op))
+            done(cd.recv(got, left, async_op=async_op))  # noqa: E702
         else:
-            done(cd.recv(got, left, async_op=async_op)); done(cd.send(t, right, async_op=async_op))  # noqa: E702
+            done(cd.recv(got, left, async_op=async_op))
+            done(cd.send(t, right, async_op=async_op))  # noqa: E702
         torch.testing.assert_close(got, xs[left])
     done(cd.barrier(async_op=async_op))
     torch.cuda.synchronize()
@@ -87,7 +98,6 @@ def _same_device_twice(rank: int, world_size: int) -> str:
 
 def test_two_local_ranks_on_one_device_is_refused():
     # Both ranks see only GPU 0: nccl would hang or fail obscurely; clorch refuses first.
-    messages = run_ranks(_same_device_twice, 2, init_group=False, env={"CUDA_VISIBLE_DEVICES": "0"},
-                         timeout=120)
+    messages = run_ranks(_same_device_twice, 2, init_group=False, env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=120)
     for message in messages:
         assert "share CUDA device" in message and "ranks [0, 1]" in message

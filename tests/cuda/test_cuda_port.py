@@ -21,9 +21,16 @@ def _max_diff(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_port_on_gpus_within_the_noise_floor(precision):
-    per_rank = run_ranks(run_both, WORLD_SIZE, "nccl",
-                         {"steps": 20, "precision": precision, "poison_step": 7 if precision == "fp16" else None},
-                         ("torch", "torch_again", "clorch"), init_group=False, backend="nccl", timeout=540)
+    per_rank = run_ranks(
+        run_both,
+        WORLD_SIZE,
+        "nccl",
+        {"steps": 20, "precision": precision, "poison_step": 7 if precision == "fp16" else None},
+        ("torch", "torch_again", "clorch"),
+        init_group=False,
+        backend="nccl",
+        timeout=540,
+    )
     for rank, result in enumerate(per_rank):
         noise = _max_diff(result["torch_again"], result["torch"])
         ours = _max_diff(result["clorch"], result["torch"])
@@ -32,5 +39,10 @@ def test_port_on_gpus_within_the_noise_floor(precision):
         # torch no more than torch differs from itself, plus float32 rounding of the weights.
         assert ours <= 2 * noise + 1e-6, (ours, noise)
         assert result["clorch"]["scale"] == result["torch"]["scale"]
-        torch.testing.assert_close(torch.tensor(result["clorch"]["norms"]), torch.tensor(result["torch"]["norms"]),
-                                   rtol=1e-3, atol=1e-5, equal_nan=True)
+        torch.testing.assert_close(
+            torch.tensor(result["clorch"]["norms"]),
+            torch.tensor(result["torch"]["norms"]),
+            rtol=1e-3,
+            atol=1e-5,
+            equal_nan=True,
+        )

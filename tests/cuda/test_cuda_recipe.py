@@ -12,8 +12,14 @@ pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
 
 def test_gpt_bf16_recipe_runs_on_gpu_zero(tmp_path):
-    result = clorch.run_local(devices=[0], recipe="gpt_bf16", run_dir=str(tmp_path / "run"),
-                              max_steps=30, eval_every=15, **{"schedule.warmup_steps": 5})
+    result = clorch.run_local(
+        devices=[0],
+        recipe="gpt_bf16",
+        run_dir=str(tmp_path / "run"),
+        max_steps=30,
+        eval_every=15,
+        **{"schedule.warmup_steps": 5},
+    )
     assert result["status"]["state"] == "succeeded", result["logs"][0]["stderr"][-3000:]
     summary = result["summary"]
     assert summary["status"] == "succeeded" and summary["steps"] == 30
@@ -38,11 +44,21 @@ def _losses(run_dir, result) -> list[float]:
 @pytest.mark.parametrize("mode", ["reduce-overhead"])
 def test_compile_with_cuda_graphs_trains_like_default_compile(mode, tmp_path):
     """compile_mode with CUDA graphs (the step replays recorded graphs) gives default compile's losses."""
-    tiny = {"max_steps": 12, "log_every": 2, "eval_every": 6, "precision": "fp32", "compile": True,
-            "schedule.warmup_steps": 2, "model.n_layer": 2}
-    runs = {name: clorch.run_local(devices=[0], recipe="gpt_bf16", run_dir=str(tmp_path / name),
-                                   progress="off", compile_mode=name, **tiny)
-            for name in ("default", mode)}
+    tiny = {
+        "max_steps": 12,
+        "log_every": 2,
+        "eval_every": 6,
+        "precision": "fp32",
+        "compile": True,
+        "schedule.warmup_steps": 2,
+        "model.n_layer": 2,
+    }
+    runs = {
+        name: clorch.run_local(
+            devices=[0], recipe="gpt_bf16", run_dir=str(tmp_path / name), progress="off", compile_mode=name, **tiny
+        )
+        for name in ("default", mode)
+    }
     losses = {name: _losses(tmp_path / name, result) for name, result in runs.items()}
     assert len(losses["default"]) == len(losses[mode]) == 6
     for want, got in zip(losses["default"], losses[mode]):

@@ -23,8 +23,10 @@ def _model(seed: int = 0) -> nn.Module:
 
 def _data(world_size: int, steps: int, per_rank: int = 4):
     gen = torch.Generator().manual_seed(7)
-    return [(torch.randn(world_size * per_rank, 32, generator=gen),
-             torch.randn(world_size * per_rank, 8, generator=gen)) for _ in range(steps)]
+    return [
+        (torch.randn(world_size * per_rank, 32, generator=gen), torch.randn(world_size * per_rank, 8, generator=gen))
+        for _ in range(steps)
+    ]
 
 
 def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
@@ -35,8 +37,9 @@ def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
     reference = _model().to(dev)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     # World size 1 takes DDP's fast path (no hooks); 2 or more ranks run the tiny buckets.
-    model = DistributedDataParallel(_model().to(dev), bucket_cap_mb=0.005, first_bucket_cap_mb=0.001,
-                                    reduce_dtype=reduce_dtype)
+    model = DistributedDataParallel(
+        _model().to(dev), bucket_cap_mb=0.005, first_bucket_cap_mb=0.001, reduce_dtype=reduce_dtype
+    )
     assert (len(model.buckets) > 1) == (world_size > 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in data:
@@ -47,8 +50,7 @@ def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
         shard = slice(rank * 4, rank * 4 + 4)
         nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
         assert model.optimizer_step(opt) is True
-    worst = max((a - b).abs().max().item()
-                for a, b in zip(model.module.parameters(), reference.parameters()))
+    worst = max((a - b).abs().max().item() for a, b in zip(model.module.parameters(), reference.parameters()))
     return worst
 
 
@@ -71,19 +73,24 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     x, y = (t.to(dev) for t in _data(world_size, 1)[0])
     before = copy.deepcopy(model.module.state_dict())
     with autocast("cuda", dtype=torch.float16):
-        out = model(x[rank * 4: rank * 4 + 4])
+        out = model(x[rank * 4 : rank * 4 + 4])
         assert out.dtype == torch.float16
-        loss = nn.functional.mse_loss(out.float(), y[rank * 4: rank * 4 + 4])
+        loss = nn.functional.mse_loss(out.float(), y[rank * 4 : rank * 4 + 4])
     backward(scaler, loss)
     if rank == world_size - 1:  # one rank overflows: every rank must skip
         next(model.module.parameters()).grad[0, 0] = float("inf")
     stepped = model.optimizer_step(opt, scaler)
     unchanged = all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
-    result = {"stepped": stepped, "unchanged": unchanged, "scale": scaler.get_scale(),
-              "skipped": scaler.skipped_steps, "last_skipped": scaler.last_step_skipped}
+    result = {
+        "stepped": stepped,
+        "unchanged": unchanged,
+        "scale": scaler.get_scale(),
+        "skipped": scaler.skipped_steps,
+        "last_skipped": scaler.last_step_skipped,
+    }
     for _ in range(3):  # three clean steps: the scale grows once
         with autocast("cuda", dtype=torch.float16):
-            loss = nn.functional.mse_loss(model(x[rank * 4: rank * 4 + 4]).float(), y[rank * 4: rank * 4 + 4])
+            loss = nn.functional.mse_loss(model(x[rank * 4 : rank * 4 + 4]).float(), y[rank * 4 : rank * 4 + 4])
         backward(scaler, loss)
         model.optimizer_step(opt, scaler)
     result["grown_scale"] = scaler.get_scale()
@@ -126,6 +133,5 @@ def _checkpoint_cuda_rng(rank: int, world_size: int, path: str) -> bool:
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_checkpoint_restores_weights_and_cuda_rng(world_size, tmp_path):
-    results = run_ranks(_checkpoint_cuda_rng, world_size, str(tmp_path / "model.ckpt"),
-                        backend="nccl", timeout=240)
+    results = run_ranks(_checkpoint_cuda_rng, world_size, str(tmp_path / "model.ckpt"), backend="nccl", timeout=240)
     assert all(results)

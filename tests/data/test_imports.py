@@ -18,15 +18,22 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "clorch" / "data"
-MODULES = ["clorch.data.tasks", "clorch.data.arithmetic", "clorch.data.synthetic",
-           "clorch.data.text", "clorch.data", "clorch.data.base"]
+MODULES = [
+    "clorch.data.tasks",
+    "clorch.data.arithmetic",
+    "clorch.data.synthetic",
+    "clorch.data.text",
+    "clorch.data",
+    "clorch.data.base",
+]
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_module_imports_first_in_a_fresh_interpreter(module):
     # cwd=ROOT: `-c` puts it first on sys.path, so this checkout is what gets imported.
-    result = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=50)
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -37,8 +44,13 @@ def _local_data_imports(path: Path) -> list[str]:
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(function):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             if any(name.startswith("clorch.data") for name in names):
                 found.append(f"{path.name}:{node.lineno}")
     return found

@@ -15,9 +15,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _tasks(text_file):
-    return [build_task("synthetic", split="train", seed=0, sample_count=64, in_features=8, out_features=3),
-            build_task("arithmetic", split="eval", seed=0, sample_count=64, digits=2),
-            build_task("text", split="train", seed=0, path=text_file, seq_len=32)]
+    return [
+        build_task("synthetic", split="train", seed=0, sample_count=64, in_features=8, out_features=3),
+        build_task("arithmetic", split="eval", seed=0, sample_count=64, digits=2),
+        build_task("text", split="train", seed=0, path=text_file, seq_len=32),
+    ]
 
 
 @pytest.fixture

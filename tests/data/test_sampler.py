@@ -18,8 +18,10 @@ REPLICAS = (1, 2, 3, 4, 7)
 
 
 def _shares(size, replicas, seed, epoch, drop_last, shuffle=True):
-    samplers = [DistributedSampler(size, num_replicas=replicas, rank=r, seed=seed,
-                                   shuffle=shuffle, drop_last=drop_last) for r in range(replicas)]
+    samplers = [
+        DistributedSampler(size, num_replicas=replicas, rank=r, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        for r in range(replicas)
+    ]
     for sampler in samplers:
         sampler.set_epoch(epoch)
     return samplers, [s.sample_indices() for s in samplers]
@@ -32,8 +34,11 @@ def test_shares_match_torch_and_are_disjoint_covering_and_equal(drop_last):
         case = (size, replicas, seed, epoch, drop_last)
         # Same order as torch's sampler, computed independently by torch itself.
         for rank, share in enumerate(shares):
-            reference = TorchSampler(range(size), num_replicas=replicas, rank=rank, seed=seed,
-                                     drop_last=drop_last) if size else None
+            reference = (
+                TorchSampler(range(size), num_replicas=replicas, rank=rank, seed=seed, drop_last=drop_last)
+                if size
+                else None
+            )
             if reference is not None:
                 reference.set_epoch(epoch)
                 assert share == list(reference), case
@@ -123,7 +128,9 @@ def test_bad_arguments_name_the_allowed_interval():
         DistributedSampler(-1, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="num_replicas must be >= 1, got 0"):
         DistributedSampler(10, num_replicas=0, rank=0)
-    with pytest.raises(TypeError, match=r"dataset must be a dataset with len\(\) or a sample count \(int >= 0\), got float"):
+    with pytest.raises(
+        TypeError, match=r"dataset must be a dataset with len\(\) or a sample count \(int >= 0\), got float"
+    ):
         DistributedSampler(3.5)
     with pytest.raises(TypeError, match="shuffle must be a bool, got 'yes'"):
         DistributedSampler(4, shuffle="yes")
@@ -140,12 +147,16 @@ def test_loading_another_samplers_state_says_what_differs():
     with pytest.raises(ValueError) as info:
         other.load_state_dict(state)
     message = str(info.value)
-    for part in ("dataset_size: saved 100, this sampler 120", "num_replicas: saved 2, this sampler 4",
-                 "seed: saved 3, this sampler 5"):
+    for part in (
+        "dataset_size: saved 100, this sampler 120",
+        "num_replicas: saved 2, this sampler 4",
+        "seed: saved 3, this sampler 5",
+    ):
         assert part in message
     with pytest.raises(ValueError, match=r"missing keys \['consumed'\]"):
         DistributedSampler(100, num_replicas=2, rank=1, seed=3).load_state_dict(
-            {k: v for k, v in state.items() if k != "consumed"})
+            {k: v for k, v in state.items() if k != "consumed"}
+        )
     with pytest.raises(ValueError, match=r"'consumed' must be an int in \[0, 50\], got 51"):
         DistributedSampler(100, num_replicas=2, rank=1, seed=3).load_state_dict(dict(state, consumed=51))
 

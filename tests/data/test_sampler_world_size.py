@@ -14,8 +14,9 @@ SIZE, SEED, EPOCH = 37, 3, 1
 
 
 def _samplers(world: int, drop_last: bool) -> list[DistributedSampler]:
-    samplers = [DistributedSampler(SIZE, num_replicas=world, rank=r, seed=SEED, drop_last=drop_last)
-                for r in range(world)]
+    samplers = [
+        DistributedSampler(SIZE, num_replicas=world, rank=r, seed=SEED, drop_last=drop_last) for r in range(world)
+    ]
     for sampler in samplers:
         sampler.set_epoch(EPOCH)
     return samplers
@@ -25,13 +26,16 @@ def _steps(samplers: list[DistributedSampler], global_batch: int) -> list[list[i
     """The sets of samples of each full optimizer step left in the epoch (sorted lists)."""
     per_rank = global_batch // len(samplers)
     shares = [s.sample_indices() for s in samplers]
-    return [sorted(i for share in shares for i in share[n * per_rank:(n + 1) * per_rank])
-            for n in range(len(shares[0]) // per_rank)]
+    return [
+        sorted(i for share in shares for i in share[n * per_rank : (n + 1) * per_rank])
+        for n in range(len(shares[0]) // per_rank)
+    ]
 
 
 def _continued(state: dict, world: int, drop_last: bool) -> list[DistributedSampler]:
-    samplers = [DistributedSampler(SIZE, num_replicas=world, rank=r, seed=SEED, drop_last=drop_last)
-                for r in range(world)]
+    samplers = [
+        DistributedSampler(SIZE, num_replicas=world, rank=r, seed=SEED, drop_last=drop_last) for r in range(world)
+    ]
     for sampler in samplers:
         sampler.load_global_state_dict(state)
         sampler.set_epoch(EPOCH)  # the usual loop's call keeps the restored position
@@ -40,8 +44,14 @@ def _continued(state: dict, world: int, drop_last: bool) -> list[DistributedSamp
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_remaining_steps_are_the_uninterrupted_runs_steps_on_any_world_size(drop_last):
-    for old, new, global_batch, done in ((2, 1, 8, 2), (1, 2, 8, 3), (2, 4, 8, 1), (4, 2, 8, 2),
-                                         (2, 3, 12, 1), (3, 2, 6, 4)):
+    for old, new, global_batch, done in (
+        (2, 1, 8, 2),
+        (1, 2, 8, 3),
+        (2, 4, 8, 1),
+        (4, 2, 8, 2),
+        (2, 3, 12, 1),
+        (3, 2, 6, 4),
+    ):
         case = (old, new, global_batch, done, drop_last)
         before = _samplers(old, drop_last)
         uninterrupted = _steps(before, global_batch)
@@ -51,12 +61,12 @@ def test_remaining_steps_are_the_uninterrupted_runs_steps_on_any_world_size(drop
         after = _continued(state, new, drop_last)
         steps = _steps(after, global_batch)
         left = uninterrupted[done:]
-        assert steps[:len(left)] == left, case
+        assert steps[: len(left)] == left, case
         # Every remaining sample of the epoch once, none of the consumed ones; only the tail that
         # the new world size cannot split is padded (drop_last=False) or dropped (True).
         rest = [i for s in after for i in s.sample_indices()]
         unseen = [i for s in before for i in s.sample_indices()]
-        consumed = {i for s in _samplers(old, drop_last) for i in s.sample_indices()[:done * global_batch // old]}
+        consumed = {i for s in _samplers(old, drop_last) for i in s.sample_indices()[: done * global_batch // old]}
         if drop_last:
             assert len(set(rest)) == len(rest) and set(rest) <= set(unseen), case
             assert len(unseen) - len(rest) < new, case
@@ -67,7 +77,7 @@ def test_remaining_steps_are_the_uninterrupted_runs_steps_on_any_world_size(drop
         for sampler in after:
             sampler.advance(global_batch // new)
         back = _continued(after[0].global_state_dict(), old, drop_last)
-        assert _steps(back, global_batch)[:len(left) - 1] == left[1:], case
+        assert _steps(back, global_batch)[: len(left) - 1] == left[1:], case
 
 
 def test_same_world_size_round_trips_to_the_ordinary_state():
@@ -106,8 +116,11 @@ def test_load_global_state_refuses_another_sampler_and_bad_positions():
 def test_accumulation_for_keeps_the_global_batch_or_names_why_not():
     for batch, world, accumulation in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 3)):
         assert accumulation_for(batch * world * accumulation, batch, world) == accumulation
-    with pytest.raises(ValueError, match=r"global batch 12 cannot be kept on world_size 3 with batch_size 3: "
-                                         r"12 is not a multiple of 3 x 3 = 9; batch_size values that fit: \[1, 2\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"global batch 12 cannot be kept on world_size 3 with batch_size 3: "
+        r"12 is not a multiple of 3 x 3 = 9; batch_size values that fit: \[1, 2\]",
+    ):
         accumulation_for(12, 3, 3)
     with pytest.raises(ValueError, match="no batch_size fits: 5 ranks do not divide 12"):
         accumulation_for(12, 4, 5)

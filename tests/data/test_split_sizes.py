@@ -49,22 +49,34 @@ def _check(name, split, seed, **kwargs):
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_arithmetic_sizes_match_the_built_task(digits, split):
     for seed, sample_count, eval_fraction, seq_len in itertools.product(
-            SEEDS, (1, 37), (0.05, 0.5, 0.95), (None, 3 * digits + 3, 20)):
-        built = _check("arithmetic", split, seed, sample_count=sample_count, digits=digits,
-                       eval_fraction=eval_fraction, seq_len=seq_len)
+        SEEDS, (1, 37), (0.05, 0.5, 0.95), (None, 3 * digits + 3, 20)
+    ):
+        built = _check(
+            "arithmetic",
+            split,
+            seed,
+            sample_count=sample_count,
+            digits=digits,
+            eval_fraction=eval_fraction,
+            seq_len=seq_len,
+        )
         assert built[0] == "ok"  # every combination here can be drawn
 
 
-@pytest.mark.parametrize("split, digits, eval_fraction, sample_count, outcomes", [
-    ("eval", 1, 0.001, 1, {ValueError}),       # no eval pair among the 100: the draw fails
-    ("train", 1, 0.999, 1, {ValueError}),      # no train pair: the draw fails
-    ("eval", 2, 0.0001, 3, {"ok", ValueError}),  # ~1 eval pair in 10,000: fails for some seeds
-    ("eval", 1, 0.02, 5, {"ok"}),              # a few eval pairs, drawn with replacement
-])
-def test_arithmetic_sizes_fail_exactly_when_the_draw_fails(split, digits, eval_fraction,
-                                                           sample_count, outcomes):
-    assert outcomes == {_check("arithmetic", split, seed, digits=digits, eval_fraction=eval_fraction,
-                               sample_count=sample_count)[0] for seed in (0, 1, 2)}
+@pytest.mark.parametrize(
+    "split, digits, eval_fraction, sample_count, outcomes",
+    [
+        ("eval", 1, 0.001, 1, {ValueError}),  # no eval pair among the 100: the draw fails
+        ("train", 1, 0.999, 1, {ValueError}),  # no train pair: the draw fails
+        ("eval", 2, 0.0001, 3, {"ok", ValueError}),  # ~1 eval pair in 10,000: fails for some seeds
+        ("eval", 1, 0.02, 5, {"ok"}),  # a few eval pairs, drawn with replacement
+    ],
+)
+def test_arithmetic_sizes_fail_exactly_when_the_draw_fails(split, digits, eval_fraction, sample_count, outcomes):
+    assert outcomes == {
+        _check("arithmetic", split, seed, digits=digits, eval_fraction=eval_fraction, sample_count=sample_count)[0]
+        for seed in (0, 1, 2)
+    }
 
 
 def test_arithmetic_sizes_default_arguments():
@@ -97,10 +109,12 @@ def text_files(tmp_path):
 def test_text_sizes_match_the_built_task(text_files, split):
     counted = 0
     for path, seq_len, eval_fraction, sample_count in itertools.product(
-            text_files, (1, 3, 16, 64), (0.01, 0.1, 0.5, 0.9), (None, 1, 13)):
+        text_files, (1, 3, 16, 64), (0.01, 0.1, 0.5, 0.9), (None, 1, 13)
+    ):
         seed = 7 if sample_count else 0  # the seed picks offsets only with sample_count
-        built = _check("text", split, seed, path=path, seq_len=seq_len,
-                       eval_fraction=eval_fraction, sample_count=sample_count)
+        built = _check(
+            "text", split, seed, path=path, seq_len=seq_len, eval_fraction=eval_fraction, sample_count=sample_count
+        )
         counted += built[0] == "ok"
     assert counted > 100  # most combinations build, and the rest failed the same way
 
@@ -126,40 +140,51 @@ def test_text_sizes_stat_the_file_without_reading_it(text_files, monkeypatch):
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_synthetic_sizes_match_the_built_task(split):
     for seed, sample_count, in_features, out_features, noise in itertools.product(
-            SEEDS, (1, 50), (1, 7), (1, 3), (0.0, 0.5)):
-        _check("synthetic", split, seed, sample_count=sample_count, in_features=in_features,
-               out_features=out_features, noise=noise)
+        SEEDS, (1, 50), (1, 7), (1, 3), (0.0, 0.5)
+    ):
+        _check(
+            "synthetic",
+            split,
+            seed,
+            sample_count=sample_count,
+            in_features=in_features,
+            out_features=out_features,
+            noise=noise,
+        )
     _check("synthetic", split, 0)
 
 
-@pytest.mark.parametrize("name, split, seed, kwargs", [
-    ("images", "train", 0, {}),
-    ("synthetic", "train", 0, {"samples": 3}),
-    ("synthetic", "test", 0, {}),
-    ("synthetic", "train", -1, {}),
-    ("synthetic", "train", True, {}),
-    ("synthetic", "train", 0, {"noise": -0.5}),
-    ("synthetic", "train", 0, {"sample_count": 0, "noise": -0.5}),  # the first check wins
-    ("synthetic", "train", 0, {"in_features": 2.0}),
-    ("arithmetic", "train", 0, {"digits": 12}),
-    ("arithmetic", "train", 0, {"digits": 0}),
-    ("arithmetic", "train", 0, {"seq_len": 8}),
-    ("arithmetic", "train", 0, {"seq_len": 0, "digits": 1}),
-    ("arithmetic", "train", 0, {"eval_fraction": 1.5}),
-    ("arithmetic", "train", 0, {"eval_fraction": True}),
-    ("arithmetic", "eval", 0, {"sample_count": -3}),
-    ("arithmetic", "test", 0, {}),
-    ("text", "train", 0, {"path": None}),
-    ("text", "train", 0, {"path": ""}),
-    ("text", "train", 0, {"path": 3}),
-    ("text", "train", 0, {"path": "/nonexistent/clorch/corpus.txt"}),
-    ("text", "train", 0, {"path": "x", "seq_len": 0}),
-    ("text", "train", 0, {"path": "x", "sample_count": 0}),
-    ("text", "train", 0, {"path": "x", "eval_fraction": 0}),
-    ("text", "test", 0, {"path": "x"}),
-    ("text", "train", -2, {"path": "x"}),
-    ("text", "train", 0, {"path": "x", "length": 3}),
-])
+@pytest.mark.parametrize(
+    "name, split, seed, kwargs",
+    [
+        ("images", "train", 0, {}),
+        ("synthetic", "train", 0, {"samples": 3}),
+        ("synthetic", "test", 0, {}),
+        ("synthetic", "train", -1, {}),
+        ("synthetic", "train", True, {}),
+        ("synthetic", "train", 0, {"noise": -0.5}),
+        ("synthetic", "train", 0, {"sample_count": 0, "noise": -0.5}),  # the first check wins
+        ("synthetic", "train", 0, {"in_features": 2.0}),
+        ("arithmetic", "train", 0, {"digits": 12}),
+        ("arithmetic", "train", 0, {"digits": 0}),
+        ("arithmetic", "train", 0, {"seq_len": 8}),
+        ("arithmetic", "train", 0, {"seq_len": 0, "digits": 1}),
+        ("arithmetic", "train", 0, {"eval_fraction": 1.5}),
+        ("arithmetic", "train", 0, {"eval_fraction": True}),
+        ("arithmetic", "eval", 0, {"sample_count": -3}),
+        ("arithmetic", "test", 0, {}),
+        ("text", "train", 0, {"path": None}),
+        ("text", "train", 0, {"path": ""}),
+        ("text", "train", 0, {"path": 3}),
+        ("text", "train", 0, {"path": "/nonexistent/clorch/corpus.txt"}),
+        ("text", "train", 0, {"path": "x", "seq_len": 0}),
+        ("text", "train", 0, {"path": "x", "sample_count": 0}),
+        ("text", "train", 0, {"path": "x", "eval_fraction": 0}),
+        ("text", "test", 0, {"path": "x"}),
+        ("text", "train", -2, {"path": "x"}),
+        ("text", "train", 0, {"path": "x", "length": 3}),
+    ],
+)
 def test_bad_arguments_raise_what_building_raises(name, split, seed, kwargs):
     built = _check(name, split, seed, **kwargs)
     assert built[0] in (ValueError, TypeError)

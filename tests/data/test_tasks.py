@@ -46,9 +46,11 @@ def _train(task, model, steps, lr, batch_size=32):
 
 
 def test_every_task_follows_the_protocol(text_file):
-    tasks = [build_task("synthetic", split="train", seed=0, sample_count=64, in_features=8, out_features=3),
-             build_task("arithmetic", split="eval", seed=0, sample_count=64, digits=2),
-             build_task("text", split="train", seed=0, path=text_file, seq_len=32)]
+    tasks = [
+        build_task("synthetic", split="train", seed=0, sample_count=64, in_features=8, out_features=3),
+        build_task("arithmetic", split="eval", seed=0, sample_count=64, digits=2),
+        build_task("text", split="train", seed=0, path=text_file, seq_len=32),
+    ]
     for task in tasks:
         assert isinstance(task, Task)
         for indices in ([3, 1, 3], torch.tensor([3, 1, 3])):
@@ -171,7 +173,7 @@ def test_text_windows_are_file_bytes_and_eval_is_the_tail(text_file):
     batch = train.batch([0, len(train) - 1])
     assert bytes(batch["input"][0].tolist()) == data[:20] and bytes(batch["target"][0].tolist()) == data[1:21]
     last = int(train.starts[-1])
-    assert bytes(batch["target"][1].tolist()) == data[last + 1: last + 21] and last + 21 <= eval_start
+    assert bytes(batch["target"][1].tolist()) == data[last + 1 : last + 21] and last + 21 <= eval_start
     sampled = ByteTextTask(text_file, seq_len=20, sample_count=50, split="train", seed=9)
     again = ByteTextTask(text_file, seq_len=20, sample_count=50, split="train", seed=9)
     assert torch.equal(sampled.starts, again.starts) and len(sampled) == 50
@@ -189,17 +191,20 @@ def test_text_file_errors_name_path_and_size(tmp_path):
     assert f"text.path '{short}' has 250 bytes; it needs at least 258" in str(info.value)
 
 
-@pytest.mark.parametrize("name, kwargs, error, text", [
-    ("images", {}, ValueError, "task name must be one of synthetic, arithmetic, text, tokens, got 'images'"),
-    ("synthetic", {"samples": 3}, TypeError, "build_task('synthetic') got unknown argument(s) 'samples'"),
-    ("synthetic", {"split": "test"}, ValueError, "synthetic.split must be one of train, eval, got 'test'"),
-    ("synthetic", {"seed": -1}, ValueError, "synthetic.seed must be a non-negative int, got -1"),
-    ("synthetic", {"noise": -0.5}, ValueError, "synthetic.noise must be a number >= 0, got -0.5"),
-    ("synthetic", {"sample_count": 0}, ValueError, "synthetic.sample_count must be a positive int, got 0"),
-    ("arithmetic", {"digits": 12}, ValueError, "arithmetic.digits must be <= 9, got 12"),
-    ("arithmetic", {"seq_len": 8}, ValueError, "arithmetic.seq_len must be >= 12 for digits=3"),
-    ("arithmetic", {"eval_fraction": 1.5}, ValueError, "arithmetic.eval_fraction must be a number in (0, 1)"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, error, text",
+    [
+        ("images", {}, ValueError, "task name must be one of synthetic, arithmetic, text, tokens, got 'images'"),
+        ("synthetic", {"samples": 3}, TypeError, "build_task('synthetic') got unknown argument(s) 'samples'"),
+        ("synthetic", {"split": "test"}, ValueError, "synthetic.split must be one of train, eval, got 'test'"),
+        ("synthetic", {"seed": -1}, ValueError, "synthetic.seed must be a non-negative int, got -1"),
+        ("synthetic", {"noise": -0.5}, ValueError, "synthetic.noise must be a number >= 0, got -0.5"),
+        ("synthetic", {"sample_count": 0}, ValueError, "synthetic.sample_count must be a positive int, got 0"),
+        ("arithmetic", {"digits": 12}, ValueError, "arithmetic.digits must be <= 9, got 12"),
+        ("arithmetic", {"seq_len": 8}, ValueError, "arithmetic.seq_len must be >= 12 for digits=3"),
+        ("arithmetic", {"eval_fraction": 1.5}, ValueError, "arithmetic.eval_fraction must be a number in (0, 1)"),
+    ],
+)
 def test_bad_arguments_are_named(name, kwargs, error, text):
     args = {"split": "train", "seed": 0, **kwargs}
     with pytest.raises(error) as info:
@@ -222,10 +227,15 @@ def test_sizes_takes_the_defaults_of_the_constructor(cls):
     assert built == sized
 
 
-@pytest.mark.parametrize("cls, schema", [(SyntheticRegression, "SyntheticDataConfig"),
-                                         (ArithmeticTask, "ArithmeticDataConfig"),
-                                         (ByteTextTask, "TextDataConfig"),
-                                         (TokenFileTask, "TokensDataConfig")])
+@pytest.mark.parametrize(
+    "cls, schema",
+    [
+        (SyntheticRegression, "SyntheticDataConfig"),
+        (ArithmeticTask, "ArithmeticDataConfig"),
+        (ByteTextTask, "TextDataConfig"),
+        (TokenFileTask, "TokensDataConfig"),
+    ],
+)
 def test_the_config_defaults_are_the_tasks_own(cls, schema):
     """data=<task> with no other setting builds the task its own defaults build."""
     import dataclasses

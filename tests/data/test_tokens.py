@@ -38,17 +38,19 @@ def test_windows_are_the_file_shifted_by_one(tmp_path, ids):
     assert batch["input"][1].tolist() == ids[32:48].tolist()
     assert batch["target"][1].tolist() == ids[33:49].tolist()
     held = int(np.ceil(5000 * 0.1))  # the train file's tail is the eval split without eval_path
-    assert len(task) == (5000 - held - 17) // 16 + 1 == split_size(
-        "tokens", "train", 0, train_path=str(tmp_path / "train.bin"), seq_len=16, vocab_size=1000)
+    assert (
+        len(task)
+        == (5000 - held - 17) // 16 + 1
+        == split_size("tokens", "train", 0, train_path=str(tmp_path / "train.bin"), seq_len=16, vocab_size=1000)
+    )
     eval_task = TokenFileTask(str(tmp_path / "train.bin"), seq_len=16, vocab_size=1000, split="eval")
-    assert eval_task.batch([0])["input"][0].tolist() == ids[5000 - held:5000 - held + 16].tolist()
+    assert eval_task.batch([0])["input"][0].tolist() == ids[5000 - held : 5000 - held + 16].tolist()
 
 
 def test_llmc_header_and_uint32_files_read_the_same_tokens(tmp_path, ids):
     plain = TokenFileTask(_nanogpt(tmp_path / "a.bin", ids), seq_len=8, vocab_size=1000)
     llmc = TokenFileTask(_llmc(tmp_path / "b.bin", ids), seq_len=8, vocab_size=1000)
-    wide = TokenFileTask(_nanogpt(tmp_path / "c.bin", ids, np.uint32), seq_len=8, vocab_size=1000,
-                         dtype="uint32")
+    wide = TokenFileTask(_nanogpt(tmp_path / "c.bin", ids, np.uint32), seq_len=8, vocab_size=1000, dtype="uint32")
     for task in (llmc, wide):
         assert torch.equal(task.batch(list(range(10)))["input"], plain.batch(list(range(10)))["input"])
     assert largest_token(str(tmp_path / "b.bin")) == int(ids.max())
@@ -81,13 +83,19 @@ def test_bad_token_files_are_refused_before_launch(tmp_path, ids):
     cases = [
         ([], "data.train_path is required for data=tokens"),
         ([f"data.train_path={tmp_path / 'none.bin'}"], "does not exist or is not a file"),
-        ([f"data.train_path={tmp_path / 'odd.bin'}", "data.dtype=uint32"],
-         "holds 21 bytes, not a whole number of uint32 tokens"),
+        (
+            [f"data.train_path={tmp_path / 'odd.bin'}", "data.dtype=uint32"],
+            "holds 21 bytes, not a whole number of uint32 tokens",
+        ),
         ([f"data.train_path={tmp_path / 'short.bin'}"], "its llm.c header counts 99 tokens"),
-        ([f"data.train_path={good}", "data.vocab_size=500"],
-         f"holds token id {int(ids.max())}, not below data.vocab_size=500"),
-        ([f"data.train_path={good}", "data.vocab_size=1000", "model.vocab_size=900"],
-         "model.vocab_size=900 is smaller than data=tokens's 1000"),
+        (
+            [f"data.train_path={good}", "data.vocab_size=500"],
+            f"holds token id {int(ids.max())}, not below data.vocab_size=500",
+        ),
+        (
+            [f"data.train_path={good}", "data.vocab_size=1000", "model.vocab_size=900"],
+            "model.vocab_size=900 is smaller than data=tokens's 1000",
+        ),
         ([f"data.train_path={good}", "data.dtype=int8"], "data.dtype"),
     ]
     for overrides, expected in cases:
@@ -102,9 +110,22 @@ def test_clorch_train_trains_on_token_files_with_eval_perplexity(tmp_path, ids):
     pattern = np.tile(np.arange(100, 150), 400)
     _nanogpt(tmp_path / "train.bin", pattern)
     _nanogpt(tmp_path / "val.bin", pattern[:4000])
-    done = run_clorch_train(["data=tokens", "model=gpt", "data.train_path=train.bin", "data.eval_path=val.bin",
-                             "data.seq_len=16", "data.vocab_size=160", "model.n_layer=1", "model.d_model=32",
-                             "model.n_head=2", "max_steps=20", "batch_size=8"], tmp_path)
+    done = run_clorch_train(
+        [
+            "data=tokens",
+            "model=gpt",
+            "data.train_path=train.bin",
+            "data.eval_path=val.bin",
+            "data.seq_len=16",
+            "data.vocab_size=160",
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.n_head=2",
+            "max_steps=20",
+            "batch_size=8",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     (summary,) = tmp_path.glob("outputs/*/*/summary.json")
     final = json.loads(summary.read_text())["final"]

@@ -30,18 +30,32 @@ def _bad_arguments(rank: int, world_size: int) -> None:
     _raises(lambda: cd.reduce(x, dst=-1), ValueError, ["dst must be a rank in [0, 2)", "got -1"])
     _raises(lambda: cd.send(x, dst=rank), ValueError, ["dst must be another rank"])
     _raises(lambda: cd.recv(x, src=5), ValueError, ["src must be a rank in [0, 2)", "got 5"])
-    _raises(lambda: cd.all_gather_into(torch.empty(7, 3), x), ValueError,
-            ["output must have shape (8, 3)", "got (7, 3)"])
-    _raises(lambda: cd.all_gather_into(torch.empty(8, 3, dtype=torch.float64), x), ValueError,
-            ["output must have tensor's dtype torch.float32", "torch.float64"])
-    _raises(lambda: cd.reduce_scatter_into(torch.empty(2, 3), torch.randn(5, 3)), ValueError,
-            ["tensor must have shape (4, 3)", "got (5, 3)"])
-    _raises(lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [1, 3], [2, 1]), ValueError,
-            ["input_split_sizes must add up to tensor dim 0 (4)", "sum 3"])
-    _raises(lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [4], None), ValueError,
-            ["output_split_sizes must be 2 non-negative ints"])
-    _raises(lambda: cd.all_to_all_single(torch.empty(3), torch.randn(3)), ValueError,
-            ["must divide evenly by world_size 2"])
+    _raises(
+        lambda: cd.all_gather_into(torch.empty(7, 3), x), ValueError, ["output must have shape (8, 3)", "got (7, 3)"]
+    )
+    _raises(
+        lambda: cd.all_gather_into(torch.empty(8, 3, dtype=torch.float64), x),
+        ValueError,
+        ["output must have tensor's dtype torch.float32", "torch.float64"],
+    )
+    _raises(
+        lambda: cd.reduce_scatter_into(torch.empty(2, 3), torch.randn(5, 3)),
+        ValueError,
+        ["tensor must have shape (4, 3)", "got (5, 3)"],
+    )
+    _raises(
+        lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [1, 3], [2, 1]),
+        ValueError,
+        ["input_split_sizes must add up to tensor dim 0 (4)", "sum 3"],
+    )
+    _raises(
+        lambda: cd.all_to_all_single(torch.empty(4), torch.randn(4), [4], None),
+        ValueError,
+        ["output_split_sizes must be 2 non-negative ints"],
+    )
+    _raises(
+        lambda: cd.all_to_all_single(torch.empty(3), torch.randn(3)), ValueError, ["must divide evenly by world_size 2"]
+    )
     meta = torch.empty(4, device="meta")
     _raises(lambda: cd.all_reduce(meta), ValueError, ["must be on cpu for backend gloo", "meta"])
     _raises(lambda: cd.wait("not work"), TypeError, ["wait() takes the Work"])
@@ -180,8 +194,10 @@ def _p2p(rank: int, world_size: int) -> list[str]:
 def test_debug_mode_checks_send_recv_shape_and_dtype_on_both_ranks():
     for messages in run_ranks(_p2p, 2, env={"CLORCH_DEBUG_COLLECTIVES": "1"}, timeout=60):
         assert len(messages) == 2
-        assert "rank 0 sends a tensor of shape=(2, 3), dtype=float32 to rank 1, which receives into " \
-               "shape=(3, 2), dtype=float32" in messages[0]
+        assert (
+            "rank 0 sends a tensor of shape=(2, 3), dtype=float32 to rank 1, which receives into "
+            "shape=(3, 2), dtype=float32" in messages[0]
+        )
         assert "receives into shape=(2, 3), dtype=int32" in messages[1]
 
 

@@ -28,8 +28,13 @@ def _maybe_wait(work, async_op):
 def _all_collectives(rank: int, world_size: int, async_op: bool) -> None:
     xs = _inputs(world_size)
     stacked = torch.stack(xs)
-    expected = {"sum": stacked.sum(0), "avg": stacked.mean(0), "min": stacked.min(0).values,
-                "max": stacked.max(0).values, "product": stacked.prod(0)}
+    expected = {
+        "sum": stacked.sum(0),
+        "avg": stacked.mean(0),
+        "min": stacked.min(0).values,
+        "max": stacked.max(0).values,
+        "product": stacked.prod(0),
+    }
     for op, want in expected.items():
         t = xs[rank].clone()
         _maybe_wait(cd.all_reduce(t, op=op, async_op=async_op), async_op)
@@ -52,9 +57,10 @@ def _all_collectives(rank: int, world_size: int, async_op: bool) -> None:
     for op in ("sum", "avg", "max"):
         out = torch.empty(2, 3, dtype=torch.float64)
         _maybe_wait(cd.reduce_scatter_into(out, big[rank].clone(), op=op, async_op=async_op), async_op)
-        full = {"sum": torch.stack(big).sum(0), "avg": torch.stack(big).mean(0),
-                "max": torch.stack(big).max(0).values}[op]
-        torch.testing.assert_close(out, full[2 * rank: 2 * rank + 2], msg=f"reduce_scatter {op}")
+        full = {"sum": torch.stack(big).sum(0), "avg": torch.stack(big).mean(0), "max": torch.stack(big).max(0).values}[
+            op
+        ]
+        torch.testing.assert_close(out, full[2 * rank : 2 * rank + 2], msg=f"reduce_scatter {op}")
 
     # all_to_all with uneven splits: rank r sends (d + 1) rows to rank d.
     rows_in = [d + 1 for d in range(world_size)]
@@ -63,7 +69,7 @@ def _all_collectives(rank: int, world_size: int, async_op: bool) -> None:
     out = torch.empty(sum(rows_out), dtype=torch.float64)
     _maybe_wait(cd.all_to_all_single(out, sources[rank], rows_out, rows_in, async_op=async_op), async_op)
     start = sum(rows_in[:rank])
-    want = torch.cat([sources[s][start:start + rank + 1] for s in range(world_size)])
+    want = torch.cat([sources[s][start : start + rank + 1] for s in range(world_size)])
     torch.testing.assert_close(out, want)
 
     # point to point: a ring.
@@ -88,16 +94,27 @@ def test_every_collective_matches_single_process_math(world_size, async_op):
 
 
 def _queries(rank: int, world_size: int) -> dict:
-    return {"rank": cd.rank(), "world_size": cd.world_size(), "local_rank": cd.local_rank(),
-            "local_world_size": cd.local_world_size(), "backend": cd.backend(),
-            "initialized": cd.is_initialized()}
+    return {
+        "rank": cd.rank(),
+        "world_size": cd.world_size(),
+        "local_rank": cd.local_rank(),
+        "local_world_size": cd.local_world_size(),
+        "backend": cd.backend(),
+        "initialized": cd.is_initialized(),
+    }
 
 
 def test_queries_inside_a_group():
     results = run_ranks(_queries, 2)
     for rank, got in enumerate(results):
-        assert got == {"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": 2,
-                       "backend": "gloo", "initialized": True}
+        assert got == {
+            "rank": rank,
+            "world_size": 2,
+            "local_rank": rank,
+            "local_world_size": 2,
+            "backend": "gloo",
+            "initialized": True,
+        }
 
 
 def test_queries_outside_a_group_answer_rank_zero_of_one():

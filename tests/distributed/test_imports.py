@@ -28,8 +28,7 @@ PACKAGES = ("clorch.distributed", "clorch.launch", "clorch.checkpoint")
 
 def _run(code: str) -> dict:
     """Run `code` in a fresh interpreter at the repository root; return the JSON it prints last."""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=90)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -19,8 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _components(*overrides):
-    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", "optim=sgd", "optim.momentum=0.0",
-                            *overrides]))
+    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", "optim=sgd", "optim.momentum=0.0", *overrides]))
     return build_components(plan.config, {"rank": 0, "world_size": 1}, plan.total_steps)
 
 
@@ -90,12 +89,22 @@ def test_progress_follows_metrics(tmp_path, mode):
 def test_config_keys_reach_the_ddp_model_and_the_task():
     """ddp.step_in_backward, ddp.gradient_as_bucket_view, ddp.overlap_grad_copies and compile reach
     the parts they configure."""
-    c = _components("ddp.step_in_backward=true", "ddp.gradient_as_bucket_view=true",
-                    "ddp.overlap_grad_copies=true")
+    c = _components("ddp.step_in_backward=true", "ddp.gradient_as_bucket_view=true", "ddp.overlap_grad_copies=true")
     assert c.model._reducer is not None and c.model._reducer.stepper.optimizer is c.optimizer
     assert c.model.gradient_as_bucket_view is True and c.model.overlap_grad_copies is True
-    gpt = resolve(compose(["+recipe=gpt_bf16", "compile=true", "model.n_layer=1", "model.d_model=32",
-                           "data.digits=2", "data.sample_count=256", "schedule.warmup_steps=2"]))
+    gpt = resolve(
+        compose(
+            [
+                "+recipe=gpt_bf16",
+                "compile=true",
+                "model.n_layer=1",
+                "model.d_model=32",
+                "data.digits=2",
+                "data.sample_count=256",
+                "schedule.warmup_steps=2",
+            ]
+        )
+    )
     parts = build_components(gpt.config, {"rank": 0, "world_size": 1}, gpt.total_steps)
     assert parts.task.compile_loss == "default" and parts.eval_task.compile_loss is False
 
@@ -108,8 +117,7 @@ def test_components_take_one_precision_object():
     from clorch.amp import GradScaler, MixedPrecision
     from clorch.engine.components import Components
 
-    c = _components("precision=fp16", "precision.scaler.initial_scale=128.0",
-                    "precision.scaler.growth_interval=7")
+    c = _components("precision=fp16", "precision.scaler.initial_scale=128.0", "precision.scaler.growth_interval=7")
     assert isinstance(c.precision, MixedPrecision) and c.precision.name == "fp16"
     assert c.scaler is c.precision.scaler and c.scaler.get_scale() == 128.0 and c.scaler.growth_interval == 7
     assert c.autocast_dtype == torch.float16

@@ -35,8 +35,11 @@ def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP],
-                                     [signal.SIGINT, signal.SIGINT]], ids=["int", "term", "hup", "int-twice"])
+@pytest.mark.parametrize(
+    "signals",
+    [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]],
+    ids=["int", "term", "hup", "int-twice"],
+)
 def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, tmp_path)
@@ -87,8 +90,16 @@ def test_an_interrupt_under_launcher_torchrun_is_recorded_too(tmp_path):
     from clorch.launch.procs import reserve_free_port
 
     run_dir = tmp_path / "run"
-    proc = start_clorch_train([*ARGS, "launcher=torchrun", f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
-                               f"hydra.run.dir={run_dir}"], tmp_path, env=_env())
+    proc = start_clorch_train(
+        [
+            *ARGS,
+            "launcher=torchrun",
+            f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        env=_env(),
+    )
     _wait_for_a_checkpoint(run_dir, proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)

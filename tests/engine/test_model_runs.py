@@ -29,11 +29,24 @@ pytestmark = pytest.mark.timeout(300)
 TRUST = {"CLORCH_TRUSTED_MODULES": "tests"}
 # 256 samples, 2 ranks x 16: 8 steps an epoch, 16 in all; checkpoints every 3 steps, the kill
 # after step 10 resumes from step 9. fp16: clipping comes after the scaler's unscaling.
-RUN = {"recipe": "cpu_smoke", "epochs": 2, "sample_count": 256, "precision": "fp16", "seed": 7,
-       "model._target_": "tests.models.state_models.NormDropoutNet", "model.dropout": 0.2,
-       "optim.grad_clip": 0.5, "optim.weight_decay": 0.1, "optim.decay": "matrices",
-       "schedule": "cosine", "schedule.warmup_steps": 3, "eval_every": 5,
-       "checkpoint": "periodic", "checkpoint.every_n_steps": 3, "checkpoint.export": "safetensors"}
+RUN = {
+    "recipe": "cpu_smoke",
+    "epochs": 2,
+    "sample_count": 256,
+    "precision": "fp16",
+    "seed": 7,
+    "model._target_": "tests.models.state_models.NormDropoutNet",
+    "model.dropout": 0.2,
+    "optim.grad_clip": 0.5,
+    "optim.weight_decay": 0.1,
+    "optim.decay": "matrices",
+    "schedule": "cosine",
+    "schedule.warmup_steps": 3,
+    "eval_every": 5,
+    "checkpoint": "periodic",
+    "checkpoint.every_n_steps": 3,
+    "checkpoint.export": "safetensors",
+}
 
 
 def _overrides(values: dict) -> list[str]:
@@ -57,10 +70,14 @@ def _draws_then_eval(rank: int, world_size: int, overrides: list[str]) -> dict:
     all_gather_into(masks, mask.reshape(1, -1))
     indices = parts.sampler.sample_indices()
     for step in range(3):
-        train_step(parts, [parts.task.batch(indices[step * 16:(step + 1) * 16])])
-    return {"digest": digest, "masks": list(masks), "eval": evaluate(parts),
-            "running_mean": parts.raw_model.norm.running_mean.clone(),
-            "state": {k: v.clone() for k, v in parts.raw_model.state_dict().items()}}
+        train_step(parts, [parts.task.batch(indices[step * 16 : (step + 1) * 16])])
+    return {
+        "digest": digest,
+        "masks": list(masks),
+        "eval": evaluate(parts),
+        "running_mean": parts.raw_model.norm.running_mean.clone(),
+        "state": {k: v.clone() for k, v in parts.raw_model.state_dict().items()},
+    }
 
 
 def test_ranks_start_alike_draw_their_own_dropout_and_evaluate_rank_0s_buffers(monkeypatch):
@@ -68,8 +85,9 @@ def test_ranks_start_alike_draw_their_own_dropout_and_evaluate_rank_0s_buffers(m
     and eval still runs on rank 0's on every rank (the model a checkpoint and an export hold)."""
     for key, value in TRUST.items():
         monkeypatch.setenv(key, value)
-    overrides = _overrides({**{k: v for k, v in RUN.items() if not k.startswith("checkpoint")},
-                            "ddp.broadcast_buffers": False})
+    overrides = _overrides(
+        {**{k: v for k, v in RUN.items() if not k.startswith("checkpoint")}, "ddp.broadcast_buffers": False}
+    )
     first, second = run_ranks(_draws_then_eval, 2, overrides, timeout=120)
     assert first["digest"] == second["digest"]
     masks = first["masks"]
@@ -104,8 +122,13 @@ def test_the_reported_eval_is_the_exported_models(uninterrupted, monkeypatch):
     assert exported and Path(exported).is_file() and summary["weights_sha256"]
     for key, value in TRUST.items():
         monkeypatch.setenv(key, value)
-    plan = resolve(compose(_overrides({**{k: v for k, v in RUN.items() if not k.startswith("checkpoint")},
-                                       "model.init_from": exported})))
+    plan = resolve(
+        compose(
+            _overrides(
+                {**{k: v for k, v in RUN.items() if not k.startswith("checkpoint")}, "model.init_from": exported}
+            )
+        )
+    )
     alone = build_components(plan.config, {"rank": 0, "world_size": 1}, plan.total_steps)
     assert weights_digest(alone.raw_model) == summary["weights_sha256"]
     assert evaluate(alone)["loss"] == pytest.approx(summary["final"]["eval_loss"], rel=1e-6)
@@ -132,8 +155,9 @@ def test_killed_then_resumed_is_bit_identical(uninterrupted, monkeypatch):
         monkeypatch.setenv(key, value)
     killed = run_failing(tmp / "killed", 10, monkeypatch, **{**RUN, "checkpoint.dir": str(tmp / "ckpt_k")})
     assert killed["status"]["exit_codes"][1] == FAIL_EXIT_CODE
-    resumed = clorch.run_local(run_dir=tmp / "resumed", **{**RUN, "checkpoint.dir": str(tmp / "ckpt_k"),
-                                                           "checkpoint.resume": "latest"})
+    resumed = clorch.run_local(
+        run_dir=tmp / "resumed", **{**RUN, "checkpoint.dir": str(tmp / "ckpt_k"), "checkpoint.resume": "latest"}
+    )
     assert resumed["status"]["state"] == "succeeded", resumed["logs"]
     assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
     assert _metrics(resumed) == _metrics(first)

@@ -31,9 +31,12 @@ def test_import_clorch_stays_light():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (CHECKOUT / ".git").exists(),
-                    reason="needs a git checkout")
+@pytest.mark.skipif(shutil.which("git") is None or not (CHECKOUT / ".git").exists(), reason="needs a git checkout")
 def test_gitignore_lists_no_tracked_file():
-    ignored = subprocess.run(["git", "-C", str(CHECKOUT), "ls-files", "--cached", "--ignored",
-                              "--exclude-standard"], capture_output=True, text=True, check=True)
+    ignored = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "ls-files", "--cached", "--ignored", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert ignored.stdout == ""

@@ -32,10 +32,24 @@ from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(300)
 
-JOB = ["backend=gloo", "precision=fp32", "model=gpt", "data=arithmetic", "model.n_layer=2", "model.d_model=32",
-       "model.n_head=2", "data.sample_count=257", "batch_size=8", "accumulation=2", "max_steps=6",
-       "log_every=1", "optim.grad_clip=0.5", "launcher.nproc_per_node=2", "logger.progress=off",
-       "checkpoint.export=safetensors"]
+JOB = [
+    "backend=gloo",
+    "precision=fp32",
+    "model=gpt",
+    "data=arithmetic",
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=2",
+    "data.sample_count=257",
+    "batch_size=8",
+    "accumulation=2",
+    "max_steps=6",
+    "log_every=1",
+    "optim.grad_clip=0.5",
+    "launcher.nproc_per_node=2",
+    "logger.progress=off",
+    "checkpoint.export=safetensors",
+]
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-6
 
 
@@ -60,8 +74,17 @@ def runs(tmp_path_factory):
     # Activation checkpointing under ddp: recomputing the blocks' forwards changes no number.
     ddp, ddp_dir = _train([*JOB, "model.activation_checkpointing=true"], tmp / "ddp")
     assert ddp.returncode == 0, ddp.stderr
-    fsdp, fsdp_dir = _train([*JOB, "parallel=fsdp", "checkpoint=periodic", "checkpoint.every_n_steps=2",
-                             "checkpoint.keep_last=2", f"checkpoint.dir={tmp / 'ckpt'}"], tmp / "fsdp")
+    fsdp, fsdp_dir = _train(
+        [
+            *JOB,
+            "parallel=fsdp",
+            "checkpoint=periodic",
+            "checkpoint.every_n_steps=2",
+            "checkpoint.keep_last=2",
+            f"checkpoint.dir={tmp / 'ckpt'}",
+        ],
+        tmp / "fsdp",
+    )
     assert fsdp.returncode == 0, fsdp.stderr
     return tmp, ddp_dir, fsdp_dir
 
@@ -88,7 +111,10 @@ def test_fsdp_checkpoints_are_sharded_and_pruned(runs):
     tmp, _, _ = runs
     ckpt = tmp / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [
-        "final.dcp", "step_00000004.dcp", "step_00000006.dcp"]  # keep_last=2 removed step 2
+        "final.dcp",
+        "step_00000004.dcp",
+        "step_00000006.dcp",
+    ]  # keep_last=2 removed step 2
     for rank in (0, 1):  # each rank wrote its own shards
         assert (ckpt / "step_00000004.dcp" / f"__{rank}_0.distcp").is_file()
 
@@ -98,8 +124,17 @@ def test_fsdp_resumes_latest_and_ends_where_the_uninterrupted_run_did(runs):
     resumed_ckpt = tmp / "resumed_ckpt"
     resumed_ckpt.mkdir()
     shutil.copytree(tmp / "ckpt" / "step_00000004.dcp", resumed_ckpt / "step_00000004.dcp")
-    proc, run_dir = _train([*JOB, "parallel=fsdp", "checkpoint=periodic", "checkpoint.every_n_steps=2",
-                            f"checkpoint.dir={resumed_ckpt}", "checkpoint.resume=latest"], tmp / "resumed")
+    proc, run_dir = _train(
+        [
+            *JOB,
+            "parallel=fsdp",
+            "checkpoint=periodic",
+            "checkpoint.every_n_steps=2",
+            f"checkpoint.dir={resumed_ckpt}",
+            "checkpoint.resume=latest",
+        ],
+        tmp / "resumed",
+    )
     assert proc.returncode == 0, proc.stderr
     summary = _summary(run_dir)
     assert summary["resumed_from"] == str(resumed_ckpt / "step_00000004.dcp")

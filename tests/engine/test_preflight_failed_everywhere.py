@@ -33,8 +33,13 @@ from tests.clirunner import start_clorch_train
 pytestmark = pytest.mark.timeout(420)
 ROOT = Path(__file__).resolve().parents[2]
 CLORCH_TRAIN = str(Path(sys.executable).parent / "clorch-train")
-FAILING = ["+recipe=cpu_smoke", "data.sample_count=64", "logger.progress=off", "preflight=true",
-           "preflight.timeout_s=0.001"]
+FAILING = [
+    "+recipe=cpu_smoke",
+    "data.sample_count=64",
+    "logger.progress=off",
+    "preflight=true",
+    "preflight.timeout_s=0.001",
+]
 # A failing rank and its host ("host unknown": a rank that never arrived to say it).
 WHO = re.compile(r"  - rank \d+ .*(on host \S+|\(host [^)]+\))")
 FAILED = Status.PREFLIGHT_FAILED
@@ -42,35 +47,79 @@ FAILED = Status.PREFLIGHT_FAILED
 
 def _env(**extra: str) -> dict[str, str]:
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items()
-           if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))
+    }
     return with_multicast_off({**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra})
 
 
 def _popen(command: list[str], cwd: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen(command, cwd=cwd, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        command, cwd=cwd, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _start_all(tmp: Path) -> dict[str, list]:
     """Every outside-process mode, started; {mode: [its processes (one per node or task)]}."""
     port, agents = reserve_free_port(), reserve_free_port()
-    torchrun = [sys.executable, "-m", "clorch.cli", *FAILING, "launcher=torchrun", "launcher.nnodes=2",
-                "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
-                "launcher.rdzv_id=pf", f"hydra.run.dir={tmp / 'launcher_torchrun'}"]
-    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{agents}", "--rdzv-id", "pf",
-             "--rdzv-conf", "join_timeout=60", "--no-python", CLORCH_TRAIN, *FAILING,
-             f"hydra.run.dir={tmp / 'torchrun'}"]
-    slurm = {"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77",
-             "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+    torchrun = [
+        sys.executable,
+        "-m",
+        "clorch.cli",
+        *FAILING,
+        "launcher=torchrun",
+        "launcher.nnodes=2",
+        "launcher.nproc_per_node=1",
+        f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
+        "launcher.rdzv_id=pf",
+        f"hydra.run.dir={tmp / 'launcher_torchrun'}",
+    ]
+    agent = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{agents}",
+        "--rdzv-id",
+        "pf",
+        "--rdzv-conf",
+        "join_timeout=60",
+        "--no-python",
+        CLORCH_TRAIN,
+        *FAILING,
+        f"hydra.run.dir={tmp / 'torchrun'}",
+    ]
+    slurm = {
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     return {
         "single": [start_clorch_train([*FAILING, f"hydra.run.dir={tmp / 'single'}"], tmp)],
         "sweep": [start_clorch_train(["-m", *FAILING, "seed=1", f"hydra.sweep.dir={tmp / 'sweep'}"], tmp)],
         "launcher=torchrun": [_popen(torchrun, tmp) for _ in range(2)],
         "torchrun": [_popen(agent, tmp, TMPDIR=str(tmp)) for _ in range(2)],
-        "srun": [_popen([CLORCH_TRAIN, *FAILING, f"hydra.run.dir={tmp / 'srun'}"], tmp, SLURM_PROCID=str(task),
-                        SLURM_LOCALID=str(task), **slurm) for task in range(2)],
+        "srun": [
+            _popen(
+                [CLORCH_TRAIN, *FAILING, f"hydra.run.dir={tmp / 'srun'}"],
+                tmp,
+                SLURM_PROCID=str(task),
+                SLURM_LOCALID=str(task),
+                **slurm,
+            )
+            for task in range(2)
+        ],
     }
 
 
@@ -84,8 +133,12 @@ def _finish(procs: list) -> list[tuple[int, str]]:
 
 def test_a_failed_preflight_exits_1_on_every_node_in_every_entry_mode(tmp_path):
     started = _start_all(tmp_path)
-    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "run_local", sample_count=64,
-                             **{"preflight.mode": "true", "preflight.timeout_s": 0.001})
+    local = clorch.run_local(
+        recipe="cpu_smoke",
+        run_dir=tmp_path / "run_local",
+        sample_count=64,
+        **{"preflight.mode": "true", "preflight.timeout_s": 0.001},
+    )
     ended = {mode: _finish(procs) for mode, procs in started.items()}
 
     # The Python API: the result says it, with the exit code a command line would give.

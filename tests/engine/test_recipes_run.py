@@ -17,8 +17,14 @@ TINY = {
     "cpu_smoke": {},
     "ddp_fp32": dict(epochs=1, sample_count=128, batch_size=16),
     "ddp_fp16": dict(epochs=1, sample_count=128, batch_size=16, accumulation=2),
-    "gpt_bf16": {"sample_count": 256, "batch_size": 16, "model.n_layer": 1, "model.d_model": 32,
-                 "data.digits": 2, "schedule.warmup_steps": 2},
+    "gpt_bf16": {
+        "sample_count": 256,
+        "batch_size": 16,
+        "model.n_layer": 1,
+        "model.d_model": 32,
+        "data.digits": 2,
+        "schedule.warmup_steps": 2,
+    },
 }
 
 
@@ -56,9 +62,19 @@ def test_recipe_runs_end_to_end(recipe, tmp_path):
 def test_ddp_bf16_loss_really_falls_with_the_seed_arguments(tmp_path):
     """run_local with the arguments docs/training.md shows, at CPU size; the checkpoint lands where asked."""
     ckpt = tmp_path / "clorch-ddp.ckpt"
-    result = clorch.run_local(None, 2, "ddp_bf16", run_dir=tmp_path / "run", epochs=3,
-                              sample_count=512, batch_size=16, accumulation=2,
-                              precision="bfloat16", checkpoint_path=str(ckpt), optim__lr=0.01)
+    result = clorch.run_local(
+        None,
+        2,
+        "ddp_bf16",
+        run_dir=tmp_path / "run",
+        epochs=3,
+        sample_count=512,
+        batch_size=16,
+        accumulation=2,
+        precision="bfloat16",
+        checkpoint_path=str(ckpt),
+        optim__lr=0.01,
+    )
     records = [r for r in _check_outputs(result) if r["kind"] == "train"]
     assert records[-1]["loss"] < 0.5 * records[0]["loss"], records
     assert ckpt.is_file()
@@ -71,10 +87,8 @@ def test_compile_true_compiles_model_and_loss_and_trains_like_eager(tmp_path):
     tiny = dict(TINY["gpt_bf16"], precision="fp32", epochs=1)
     eager = clorch.run_local(recipe="gpt_bf16", run_dir=tmp_path / "eager", **tiny)
     compiled = clorch.run_local(recipe="gpt_bf16", run_dir=tmp_path / "compiled", compile=True, **tiny)
-    losses = [[r["loss"] for r in _check_outputs(result) if r["kind"] == "train"]
-              for result in (eager, compiled)]
+    losses = [[r["loss"] for r in _check_outputs(result) if r["kind"] == "train"] for result in (eager, compiled)]
     assert len(losses[0]) == len(losses[1]) > 0
     for want, got in zip(*losses):
         assert math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-4)
-    assert math.isclose(compiled["summary"]["final"]["eval_loss"], eager["summary"]["final"]["eval_loss"],
-                        rel_tol=1e-3)
+    assert math.isclose(compiled["summary"]["final"]["eval_loss"], eager["summary"]["final"]["eval_loss"], rel_tol=1e-3)

@@ -19,9 +19,21 @@ pytestmark = pytest.mark.timeout(200)
 # Checkpoints every 3 steps; the kill at step 10 is mid-epoch 1, after the
 # checkpoint of step 9. fp16 so the scaler's state must survive too; shuffled
 # sampler, AdamW moments and a cosine schedule so theirs must as well.
-BASE = dict(recipe="cpu_smoke", progress="off", epochs=2, sample_count=256, precision="fp16",
-            seed=7, **{"checkpoint": "periodic", "checkpoint.every_n_steps": 3,
-                       "schedule": "cosine", "schedule.warmup_steps": 2, "eval_every": 5})
+BASE = dict(
+    recipe="cpu_smoke",
+    progress="off",
+    epochs=2,
+    sample_count=256,
+    precision="fp16",
+    seed=7,
+    **{
+        "checkpoint": "periodic",
+        "checkpoint.every_n_steps": 3,
+        "schedule": "cosine",
+        "schedule.warmup_steps": 2,
+        "eval_every": 5,
+    },
+)
 
 
 def _run(tmp: Path, name: str, fail_at_step: int | None = None, monkeypatch=None, **overrides):
@@ -80,8 +92,7 @@ def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted, monkeypat
     assert status["state"] == "failed" and status["failed_rank"] == 1
     assert status["exit_codes"][1] == FAIL_EXIT_CODE
     assert killed["summary"]["status"] == "failed"
-    resumed = _run(tmp, "resumed", **{"checkpoint.dir": str(tmp / "ckpt_killed"),
-                                      "checkpoint.resume": "latest"})
+    resumed = _run(tmp, "resumed", **{"checkpoint.dir": str(tmp / "ckpt_killed"), "checkpoint.resume": "latest"})
     assert resumed["status"]["state"] == "succeeded", resumed["logs"]
     assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
     assert "resumed from" in resumed["logs"][0]["stdout"]
@@ -113,17 +124,27 @@ def test_resume_latest_after_the_end_trains_nothing_more(uninterrupted):
     assert again["status"]["state"] == "succeeded", again["logs"]
     assert again["summary"]["resumed_from"].endswith("step_00000016.ckpt")
     assert again["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
-    assert sorted(p.name for p in (tmp / "ckpt_a").glob("step_*.ckpt")) == \
-        ["step_00000015.ckpt", "step_00000016.ckpt"]  # keep_last=2
+    assert sorted(p.name for p in (tmp / "ckpt_a").glob("step_*.ckpt")) == [
+        "step_00000015.ckpt",
+        "step_00000016.ckpt",
+    ]  # keep_last=2
 
 
 def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, monkeypatch):
     """launcher=torchrun: torch's elastic agent restarts the ranks, which resume as clorch's own do."""
     tmp, first = uninterrupted
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # the agent's ranks import tests.*
-    result = _run(tmp, "agent", fail_at_step=10, monkeypatch=monkeypatch,
-                  **{"launcher": "torchrun", "launcher.max_restarts": 1,
-                     "launcher.rdzv_endpoint": f"127.0.0.1:{reserve_free_port()}"})
+    result = _run(
+        tmp,
+        "agent",
+        fail_at_step=10,
+        monkeypatch=monkeypatch,
+        **{
+            "launcher": "torchrun",
+            "launcher.max_restarts": 1,
+            "launcher.rdzv_endpoint": f"127.0.0.1:{reserve_free_port()}",
+        },
+    )
     assert result["summary"]["status"] == "succeeded", result["summary"]
     assert result["summary"]["attempts"] == 2
     assert _metrics(result) == _metrics(first)
@@ -133,8 +154,13 @@ def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, mo
 def test_step_in_backward_and_bucket_views_train_the_same_weights(tmp_path):
     """ddp.step_in_backward=true (optimizer stepped bucket by bucket) and
     ddp.gradient_as_bucket_view=true (backward accumulates into the buckets) end with the same weights."""
-    common = dict(_without_checkpoint_keys(BASE), precision="bf16", epochs=1, checkpoint="none",
-                  **{"ddp.bucket_cap_mb": 0.01, "ddp.first_bucket_cap_mb": 0.01})
+    common = dict(
+        _without_checkpoint_keys(BASE),
+        precision="bf16",
+        epochs=1,
+        checkpoint="none",
+        **{"ddp.bucket_cap_mb": 0.01, "ddp.first_bucket_cap_mb": 0.01},
+    )
     variants = ({}, {"ddp.step_in_backward": True}, {"ddp.gradient_as_bucket_view": True})
     runs = [clorch.run_local(run_dir=tmp_path / str(i), **common, **extra) for i, extra in enumerate(variants)]
     for result in runs:

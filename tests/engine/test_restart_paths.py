@@ -59,8 +59,7 @@ def test_progress_survives_a_rewritten_metrics_file_and_bad_lines(tmp_path):
     progress.poll()
     progress.close()
     lines = stream.getvalue().splitlines()
-    assert lines == ["step 10/40  loss 0.91", "step 20/40  loss 0.82", "step 30/40  loss 0.73",
-                     "step 40/40  loss 0.64"]
+    assert lines == ["step 10/40  loss 0.91", "step 20/40  loss 0.82", "step 30/40  loss 0.73", "step 40/40  loss 0.64"]
 
 
 def test_progress_rereads_a_file_rewritten_to_the_same_length_or_longer(tmp_path):
@@ -115,7 +114,8 @@ def test_the_plan_refuses_a_run_dir_holding_another_runs_checkpoints(tmp_path, m
         run.execute(resolve(cfg, tmp_path), tmp_path, progress="off", echo=False)
     assert info.value.errors == [
         f"checkpoint.dir={tmp_path / 'checkpoints'} already holds checkpoints (step_00000002.ckpt); "
-        "pass checkpoint.resume=latest to continue that run, or choose an empty directory"]
+        "pass checkpoint.resume=latest to continue that run, or choose an empty directory"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # nothing launched or written
 
 

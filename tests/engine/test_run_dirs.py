@@ -39,8 +39,7 @@ def _taken_seconds(cwd: Path, seconds: int) -> list[Path]:
 def test_concurrent_runs_get_their_own_directories_and_outputs(tmp_path):
     taken = _taken_seconds(tmp_path, 180)
     seeds = (1, 2)  # two runs starting in the same taken seconds: each must find its own directory
-    procs = {seed: _start(["+recipe=cpu_smoke", "max_steps=2", f"seed={seed}"], tmp_path)
-             for seed in seeds}
+    procs = {seed: _start(["+recipe=cpu_smoke", "max_steps=2", f"seed={seed}"], tmp_path) for seed in seeds}
     finished = {seed: proc.communicate(timeout=200) for seed, proc in procs.items()}
     losses, dirs = {}, {}
     for seed, (out, err) in finished.items():
@@ -51,8 +50,9 @@ def test_concurrent_runs_get_their_own_directories_and_outputs(tmp_path):
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == seed
         assert f"seed={seed}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
         summary = json.loads((run_dir / "summary.json").read_text())
-        last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                if '"train"' in line][-1]
+        last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in line][
+            -1
+        ]
         assert summary["status"] == "succeeded" and summary["final"]["loss"] == last["loss"]
         assert f"{summary['final']['loss']:.4g}" == shown_loss  # what this process reported
         assert (run_dir / "logs" / "rank_0.stdout").is_file()

@@ -19,8 +19,16 @@ pytestmark = pytest.mark.timeout(240)
 
 # 256 samples over 2 ranks in micro-batches of 16: 8 steps an epoch, 16 in all; checkpoints every
 # 3 steps, so a kill after step 10 resumes from step 9, and step 10's records are trained again.
-BASE = dict(recipe="cpu_smoke", progress="off", epochs=2, sample_count=256, seed=7, log_every=2,
-            eval_every=5, **{"checkpoint": "periodic", "checkpoint.every_n_steps": 3})
+BASE = dict(
+    recipe="cpu_smoke",
+    progress="off",
+    epochs=2,
+    sample_count=256,
+    seed=7,
+    log_every=2,
+    eval_every=5,
+    **{"checkpoint": "periodic", "checkpoint.every_n_steps": 3},
+)
 
 
 def _train(i: int, step: int, kind: str = "train") -> dict:
@@ -30,8 +38,7 @@ def _train(i: int, step: int, kind: str = "train") -> dict:
 
 
 def test_resumed_history_keeps_the_records_up_to_the_step():
-    records = [_train(0, 2), _train(0, 4), _train(0, 5, "eval"), _train(0, 6), _train(0, 8),
-               _train(0, 8, "eval")]
+    records = [_train(0, 2), _train(0, 4), _train(0, 5, "eval"), _train(0, 6), _train(0, 8), _train(0, 8, "eval")]
     # Steps after the checkpoint are trained again; an evaluation at the step is not.
     assert resumed_history(records, 5, 8) == records[:3]
     assert resumed_history(records, 7, 8) == records[:4]
@@ -91,8 +98,9 @@ def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted,
     killed_records = read_metrics(tmp / "killed" / "metrics.jsonl")
     assert max(r["step"] for r in killed_records) == 10  # step 10 was logged and evaluated, then lost
     monkeypatch.delenv("CLORCH_TESTS_FAIL_AT_STEP")
-    resumed = clorch.run_local(run_dir=tmp / "resumed",
-                               **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"})
+    resumed = clorch.run_local(
+        run_dir=tmp / "resumed", **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"}
+    )
     assert resumed["status"]["state"] == "succeeded", resumed["logs"]
     assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
     # Every record once, as the uninterrupted run wrote them; the ones up to step 9 are the killed
@@ -109,8 +117,9 @@ def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted,
 
     # Resumed again from the end (the last checkpoint is the resumed run's): nothing is trained,
     # the history is the resumed run's, and the final evaluation is not there twice.
-    again = clorch.run_local(run_dir=tmp / "again",
-                             **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"})
+    again = clorch.run_local(
+        run_dir=tmp / "again", **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"}
+    )
     assert again["status"]["state"] == "succeeded", again["logs"]
     assert again["summary"]["resumed_from"].endswith("step_00000016.ckpt")
     assert again["status"]["results"][0]["resumed_run_dir"] == str(tmp / "resumed")
@@ -119,8 +128,12 @@ def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted,
 
 def test_a_restart_in_the_same_directory_names_no_earlier_run(uninterrupted, monkeypatch):
     tmp, whole = uninterrupted
-    result = run_failing(tmp / "restart", 10, monkeypatch,
-                         **{**BASE, "checkpoint.dir": str(tmp / "ckpt_restart"), "launcher.max_restarts": 1})
+    result = run_failing(
+        tmp / "restart",
+        10,
+        monkeypatch,
+        **{**BASE, "checkpoint.dir": str(tmp / "ckpt_restart"), "launcher.max_restarts": 1},
+    )
     assert result["status"]["state"] == "succeeded", result["logs"]
     assert _metrics(result["run_dir"]) == _metrics(whole["run_dir"])
     assert result["status"]["results"][0]["resumed_run_dir"] is None

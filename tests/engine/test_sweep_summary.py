@@ -22,14 +22,24 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def _sweep_config(task: list[str], target: str = BASIC_SWEEPER):
-    return OmegaConf.create({"hydra": {"sweeper": {"_target_": target, "max_batch_size": None, "params": None},
-                                       "overrides": {"task": task}}})
+    return OmegaConf.create(
+        {
+            "hydra": {
+                "sweeper": {"_target_": target, "max_batch_size": None, "params": None},
+                "overrides": {"task": task},
+            }
+        }
+    )
 
 
 def test_planned_jobs_are_the_basic_sweepers_combinations_in_its_order():
     planned = planned_jobs(_sweep_config(["+recipe=cpu_smoke", "seed=1,2", "optim.lr=0.1,0.2"]))
-    assert planned == [["+recipe=cpu_smoke", "seed=1", "optim.lr=0.1"], ["+recipe=cpu_smoke", "seed=1", "optim.lr=0.2"],
-                       ["+recipe=cpu_smoke", "seed=2", "optim.lr=0.1"], ["+recipe=cpu_smoke", "seed=2", "optim.lr=0.2"]]
+    assert planned == [
+        ["+recipe=cpu_smoke", "seed=1", "optim.lr=0.1"],
+        ["+recipe=cpu_smoke", "seed=1", "optim.lr=0.2"],
+        ["+recipe=cpu_smoke", "seed=2", "optim.lr=0.1"],
+        ["+recipe=cpu_smoke", "seed=2", "optim.lr=0.2"],
+    ]
     assert planned_jobs(_sweep_config(["seed=1,2"], target="hydra_plugins.other.Sweeper")) is None
 
 
@@ -55,8 +65,12 @@ def test_an_interrupted_sweeps_summary_has_every_planned_job(tmp_path):
     with open(csv_path) as f:
         table = list(csv.DictReader(f))
     assert [(r["job"], r["seed"], r["status"]) for r in table] == [
-        ("0", "0", "succeeded"), ("1", "1", "failed"), ("2", "2", "interrupted"), ("3", "3", "interrupted"),
-        ("4", "4", NOT_STARTED)]
+        ("0", "0", "succeeded"),
+        ("1", "1", "failed"),
+        ("2", "2", "interrupted"),
+        ("3", "3", "interrupted"),
+        ("4", "4", NOT_STARTED),
+    ]
     assert "| 4 | cpu_smoke | 4 | not_started |" in md_path.read_text()
 
 
@@ -95,8 +109,7 @@ def test_an_interrupted_sweep_writes_its_summary_with_each_jobs_status(tmp_path)
     sweep_dir = tmp_path / "sweep"
     args = [a for a in ARGS if not a.startswith("epochs=")]
     # Job 0 ends after an epoch, job 1 is interrupted after its first checkpoint, job 2 never starts.
-    proc = start_clorch_train(["-m", *args, "epochs=1,100,101", f"hydra.sweep.dir={sweep_dir}"], tmp_path,
-                              env=_env())
+    proc = start_clorch_train(["-m", *args, "epochs=1,100,101", f"hydra.sweep.dir={sweep_dir}"], tmp_path, env=_env())
     _wait_for_a_checkpoint(sweep_dir / "1", proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
@@ -106,6 +119,9 @@ def test_an_interrupted_sweep_writes_its_summary_with_each_jobs_status(tmp_path)
     with open(sweep_dir / "sweep_summary.csv") as f:
         table = list(csv.DictReader(f))
     assert [(r["job"], r["epochs"], r["status"]) for r in table] == [
-        ("0", "1", "succeeded"), ("1", "100", "interrupted"), ("2", "101", NOT_STARTED)]
+        ("0", "1", "succeeded"),
+        ("1", "100", "interrupted"),
+        ("2", "101", NOT_STARTED),
+    ]
     assert table[0]["loss"] and not table[2]["loss"]
     assert "Traceback" not in stderr

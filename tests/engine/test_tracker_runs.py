@@ -37,8 +37,14 @@ def _env(home: Path) -> dict[str, str]:
     # wandb (on import) and torch's elastic agent make temporary folders that go at the process's
     # exit, which a process forked by tests.clirunner skips (it leaves through os._exit).
     (home / "tmp").mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_MODE": "offline", "TMPDIR": str(home / "tmp"),
-           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "WANDB_MODE": "offline",
+        "TMPDIR": str(home / "tmp"),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    }
     for name in ("CONFIG_DIR", "CACHE_DIR", "DATA_DIR", "ARTIFACT_DIR"):
         env[f"WANDB_{name}"] = str(home / "wandb-home" / name.lower())
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
@@ -52,8 +58,17 @@ def sweep(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
     port = free_port()  # bound and released: nothing listens there
     proc = run_clorch_train(
-        ["-m", "+recipe=cpu_smoke", "logger.trackers=[mlflow,wandb]", "logger.mode=offline",
-         f"logger.tracking_uri=null,http://127.0.0.1:{port}"], project, env=_env(project), timeout=240)
+        [
+            "-m",
+            "+recipe=cpu_smoke",
+            "logger.trackers=[mlflow,wandb]",
+            "logger.mode=offline",
+            f"logger.tracking_uri=null,http://127.0.0.1:{port}",
+        ],
+        project,
+        env=_env(project),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (sweep_dir,) = (project / "multirun").glob("*/*")
     return project, sweep_dir, port, proc
@@ -69,8 +84,7 @@ def client(monkeypatch):
 def _expected_params(run_dir: Path) -> dict[str, str]:
     """config.yaml as MLflow holds it: dotted keys, lists as JSON, other values as str, no nulls."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return {k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in flatten(config).items()
-            if v is not None}
+    return {k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in flatten(config).items() if v is not None}
 
 
 def _expected_histories(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -124,9 +138,18 @@ def test_an_unreachable_tracking_server_warns_once_and_the_run_succeeds(sweep):
 def test_an_interrupted_torchrun_run_is_killed_in_mlflow_with_all_its_records(tmp_path, client):
     run_dir = tmp_path / "outputs" / "interrupted"
     proc = start_clorch_train(
-        ["+recipe=cpu_smoke", "epochs=5000", "launcher=torchrun", "launcher.nproc_per_node=2",
-         f"launcher.rdzv_endpoint=127.0.0.1:{free_port()}", "logger.trackers=[mlflow]",
-         f"hydra.run.dir={run_dir}"], tmp_path, env=_env(tmp_path))
+        [
+            "+recipe=cpu_smoke",
+            "epochs=5000",
+            "launcher=torchrun",
+            "launcher.nproc_per_node=2",
+            f"launcher.rdzv_endpoint=127.0.0.1:{free_port()}",
+            "logger.trackers=[mlflow]",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        env=_env(tmp_path),
+    )
     deadline = time.monotonic() + 120
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.is_file() and metrics.read_text().count("\n") >= 3):

@@ -14,8 +14,14 @@ from tests.clirunner import run_clorch_train
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "my_project"
 # Small and quick; one DataLoader worker per rank, so the resume below goes through workers.
-SHORT = ["epochs=2", "data.sample_count=512", "batch_size=32", "data.num_workers=1",
-         "checkpoint=periodic", "checkpoint.every_n_steps=4"]
+SHORT = [
+    "epochs=2",
+    "data.sample_count=512",
+    "batch_size=32",
+    "data.num_workers=1",
+    "checkpoint=periodic",
+    "checkpoint.every_n_steps=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +48,9 @@ def test_the_example_sweeps_and_resumes_to_the_same_weights(project):
     assert refused.returncode == 2, refused.stderr
     assert "CLORCH_TRUSTED_MODULES=my_project clorch-train" in refused.stderr
 
-    sweep = run_clorch_train(["-m", "+recipe=./spirals.yaml", *SHORT, "optim.lr=0.01,0.003"], project,
-                             _env(), timeout=200)
+    sweep = run_clorch_train(
+        ["-m", "+recipe=./spirals.yaml", *SHORT, "optim.lr=0.01,0.003"], project, _env(), timeout=200
+    )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     (sweep_dir,) = (project / "multirun").glob("*/*")
     jobs = [_summary(sweep_dir / str(i)) for i in (0, 1)]
@@ -56,9 +63,12 @@ def test_the_example_sweeps_and_resumes_to_the_same_weights(project):
     checkpoint = sweep_dir / "0" / "checkpoints" / "step_00000008.ckpt"
     if not checkpoint.exists():  # kept only the last two: resume from the older one
         checkpoint = sorted((sweep_dir / "0" / "checkpoints").glob("step_*.ckpt"))[0]
-    resumed = run_clorch_train(["+recipe=./spirals.yaml", *SHORT, "optim.lr=0.01",
-                                f"checkpoint.resume={checkpoint}", "hydra.run.dir=resumed"],
-                               project, _env(), timeout=120)
+    resumed = run_clorch_train(
+        ["+recipe=./spirals.yaml", *SHORT, "optim.lr=0.01", f"checkpoint.resume={checkpoint}", "hydra.run.dir=resumed"],
+        project,
+        _env(),
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     again = _summary(project / "resumed")
     assert again["resumed_from"] == str(checkpoint)

@@ -48,8 +48,9 @@ def _env(root: Path) -> dict[str, str]:
 @pytest.mark.timeout(420)
 def test_the_model_examples_train_by_their_recipes(examples):
     pytest.importorskip("transformers")
-    sweep = run_clorch_train(["-m", "+recipe=bytes,tiny_gpt2,stripes", "max_steps=12", "log_every=4"],
-                             examples, _env(examples), timeout=400)
+    sweep = run_clorch_train(
+        ["-m", "+recipe=bytes,tiny_gpt2,stripes", "max_steps=12", "log_every=4"], examples, _env(examples), timeout=400
+    )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     (sweep_dir,) = (examples / "multirun").glob("*/*")
     chance = {0: math.log(256), 1: math.log(256), 2: math.log(4)}  # bytes, bytes, four classes
@@ -62,13 +63,15 @@ def test_the_model_examples_train_by_their_recipes(examples):
 @pytest.mark.timeout(120)
 def test_a_mistake_in_the_nanogpt_recipe_is_a_config_error_with_its_line(examples):
     # Without model.config._target_, GPT gets a plain mapping as its config.
-    refused = run_clorch_train(["+recipe=bytes", "~model.config._target_"], examples, _env(examples),
-                               timeout=100)
+    refused = run_clorch_train(["+recipe=bytes", "~model.config._target_"], examples, _env(examples), timeout=100)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "model._target_=nanogpt.model.GPT: cannot be built" in refused.stderr
     assert "model.config is a plain mapping" in refused.stderr
     model_py = examples / "nanogpt" / "model.py"
-    line = next(i for i, text in enumerate(model_py.read_text().splitlines(), 1)
-                if "assert config.vocab_size is not None" in text)
+    line = next(
+        i
+        for i, text in enumerate(model_py.read_text().splitlines(), 1)
+        if "assert config.vocab_size is not None" in text
+    )
     assert f"{model_py}:{line}" in refused.stderr
     assert not (examples / "outputs").exists() or not any((examples / "outputs").rglob("summary.json"))

@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clorch.launch", "--backend", "none", "--grace-period", "2",
-                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "clorch.launch", "--backend", "none", "--grace-period", "2", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_exit_codes(tmp_path):
@@ -22,10 +27,16 @@ def test_exit_codes(tmp_path):
         "ok": _cli("--log-dir", str(tmp_path / "ok"), "--args", '{"x": 1}', "tests.launch.workers:report"),
         "exit3": _cli("--log-dir", str(tmp_path / "e"), "--args", '{"code": 3}', "tests.launch.workers:exit_with"),
         "segv": _cli("--log-dir", str(tmp_path / "s"), "tests.launch.workers:segfault"),
-        "raise": _cli("--log-dir", str(tmp_path / "r"), "--args", '{"succeed_at": 1}',
-                      "tests.launch.workers:flaky"),
-        "timeout": _cli("--log-dir", str(tmp_path / "t"), "--timeout", "0.5", "--args",
-                        f'{{"pid_dir": "{tmp_path}"}}', "tests.launch.workers:hang_ignoring_sigterm"),
+        "raise": _cli("--log-dir", str(tmp_path / "r"), "--args", '{"succeed_at": 1}', "tests.launch.workers:flaky"),
+        "timeout": _cli(
+            "--log-dir",
+            str(tmp_path / "t"),
+            "--timeout",
+            "0.5",
+            "--args",
+            f'{{"pid_dir": "{tmp_path}"}}',
+            "tests.launch.workers:hang_ignoring_sigterm",
+        ),
         "invalid": _cli("--nnodes", "0", "tests.launch.workers:report"),
     }
     results = {name: (proc.communicate(timeout=50), proc.returncode) for name, proc in runs.items()}

@@ -26,8 +26,14 @@ def _env() -> dict[str, str]:
 
 def _train(args: list[str], cwd: Path) -> subprocess.Popen:
     """clorch-train, its stdout and stderr both into one pipe (as `2>&1 | ...`)."""
-    return subprocess.Popen([sys.executable, "-m", "clorch.cli", *args], cwd=cwd, env=_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "clorch.cli", *args],
+        cwd=cwd,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_a_write_to_a_closed_pipe_is_dropped_and_the_descriptor_goes_to_dev_null():
@@ -44,10 +50,11 @@ def test_a_write_to_a_closed_pipe_is_dropped_and_the_descriptor_goes_to_dev_null
 
 def test_the_exit_flush_into_a_closed_pipe_keeps_the_exit_status():
     """Python's own flush of stdout at exit would otherwise fail and exit 120 (or 1)."""
-    code = ("import sys; from clorch.launch.console import protect; protect(); "
-            "print('x' * 100000); print('y', file=sys.stderr); sys.exit(3)")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    code = (
+        "import sys; from clorch.launch.console import protect; protect(); "
+        "print('x' * 100000); print('y', file=sys.stderr); sys.exit(3)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader is gone before the first write
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 3, stderr
@@ -60,8 +67,7 @@ def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path, lau
     """`clorch-train ... 2>&1 | head -1`: the run finishes, writes its summary and exits 0.
     Under launcher=torchrun the ranks' output also goes to logs/ (and from there to the console)."""
     run_dir = tmp_path / "run"
-    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"],
-                  tmp_path)
+    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"], tmp_path)
     first = proc.stdout.readline()
     proc.stdout.close()
     assert proc.wait(timeout=200) == 0
@@ -76,8 +82,16 @@ def test_ctrl_c_with_the_reader_gone_ends_interrupted_with_the_resume_hint_in_th
     """`clorch-train ... 2>&1 | tee log` and Ctrl-C, which ends tee too: exit 130, summary.json
     "interrupted", and the resume hint in the run's log (the console is gone)."""
     run_dir = tmp_path / "run"
-    proc = _train(["+recipe=cpu_smoke", "epochs=100", "checkpoint=periodic", "checkpoint.every_n_steps=5",
-                   f"hydra.run.dir={run_dir}"], tmp_path)
+    proc = _train(
+        [
+            "+recipe=cpu_smoke",
+            "epochs=100",
+            "checkpoint=periodic",
+            "checkpoint.every_n_steps=5",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
     reading = threading.Event()
     reading.set()
 

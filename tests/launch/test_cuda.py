@@ -21,8 +21,9 @@ def test_gpu_ranks_each_see_one_device(tmp_path):
     assert status["state"] == "succeeded", job.logs(0)["stderr"][-3000:]
     world = len(visible)
     assert len(status["results"]) == world
-    expected = torch.stack([torch.randn(6, generator=torch.Generator().manual_seed(3000 + r), dtype=torch.float64)
-                            for r in range(world)]).sum(0)
+    expected = torch.stack(
+        [torch.randn(6, generator=torch.Generator().manual_seed(3000 + r), dtype=torch.float64) for r in range(world)]
+    ).sum(0)
     for rank, result in enumerate(status["results"]):
         assert (result["visible"], result["device_count"], result["device"]) == (visible[rank], 1, "cuda:0")
         assert result["backend"] == "nccl"

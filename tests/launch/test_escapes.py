@@ -17,8 +17,10 @@ from clorch.launch import launch
 from clorch.launch.procs import pid_alive
 from tests.launch.procutil import assert_gone
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux's subreaper")]
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux's subreaper"),
+]
 
 
 def _escaped_pids(pid_dir: Path, ranks, timeout: float = 30.0) -> list[int]:
@@ -61,15 +63,24 @@ def _assert_reaped(pids, within: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("worker, then", [
-    ("escape_new_session", "return"),
-    ("escape_process_group", "raise"),
-    ("escape_double_fork", "return"),
-    ("escape_double_fork", "raise"),
-])
+@pytest.mark.parametrize(
+    "worker, then",
+    [
+        ("escape_new_session", "return"),
+        ("escape_process_group", "raise"),
+        ("escape_double_fork", "return"),
+        ("escape_double_fork", "raise"),
+    ],
+)
 def test_escaped_process_ends_with_the_job(worker, then, tmp_path):
-    job = launch(f"tests.launch.workers:{worker}", nproc_per_node=2, backend=None, log_dir=tmp_path / "logs",
-                 args={"pid_dir": str(tmp_path), "then": then}, grace_period=2)
+    job = launch(
+        f"tests.launch.workers:{worker}",
+        nproc_per_node=2,
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path), "then": then},
+        grace_period=2,
+    )
     status = job.wait(30)
     assert status["state"] == ("succeeded" if then == "return" else "failed"), status
     escaped = _escaped_pids(tmp_path, [0, 1])
@@ -82,15 +93,25 @@ def test_a_concurrent_job_keeps_its_processes(tmp_path):
     """Job A ends and loses its escaped daemon; job B's ranks and its daemon, orphaned here too, live on."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    b = launch("tests.launch.workers:escape_double_fork", nproc_per_node=1, backend=None,
-               log_dir=tmp_path / "b" / "logs", args={"pid_dir": str(tmp_path / "b"), "then": "sleep"},
-               grace_period=2)
+    b = launch(
+        "tests.launch.workers:escape_double_fork",
+        nproc_per_node=1,
+        backend=None,
+        log_dir=tmp_path / "b" / "logs",
+        args={"pid_dir": str(tmp_path / "b"), "then": "sleep"},
+        grace_period=2,
+    )
     with b:
         b_daemon = _escaped_pids(tmp_path / "b", [0])[0]
         # B's daemon is an orphan of this process as A's will be: only the job marker tells them apart.
         assert _parent(b_daemon) == os.getpid()
-        a = launch("tests.launch.workers:escape_double_fork", nproc_per_node=1, backend=None,
-                   log_dir=tmp_path / "a" / "logs", args={"pid_dir": str(tmp_path / "a"), "then": "return"})
+        a = launch(
+            "tests.launch.workers:escape_double_fork",
+            nproc_per_node=1,
+            backend=None,
+            log_dir=tmp_path / "a" / "logs",
+            args={"pid_dir": str(tmp_path / "a"), "then": "return"},
+        )
         assert a.wait(30)["state"] == "succeeded"
         a_daemon = _escaped_pids(tmp_path / "a", [0])[0]
         assert_gone([a_daemon], within=5)

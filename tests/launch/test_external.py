@@ -27,25 +27,55 @@ def _free_port() -> int:
 
 def _clean_env() -> dict[str, str]:
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    return {k: v for k, v in os.environ.items()
-            if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))
+    }
 
 
 def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--no-python", str(Path(sys.executable).parent / "clorch-train"), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        str(Path(sys.executable).parent / "clorch-train"),
+        *args,
+    ]
     return subprocess.run(command, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=200)
 
 
 def test_detection_rules():
-    torchrun = {"TORCHELASTIC_RUN_ID": "job7", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "job7",
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+    }
     rank = detect(torchrun)
-    assert (rank.launcher, rank.run_name, rank.env.rank, rank.env.local_world_size) == \
-        ("torchrun", "torchrun-job7", 1, 2)
-    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_LOCALID": "1",
-             "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[07-08]",
-             "SLURM_NTASKS_PER_NODE": "2(x2)"}
+    assert (rank.launcher, rank.run_name, rank.env.rank, rank.env.local_world_size) == (
+        "torchrun",
+        "torchrun-job7",
+        1,
+        2,
+    )
+    slurm = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_NNODES": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_NTASKS_PER_NODE": "2(x2)",
+    }
     rank = detect(slurm)
     assert (rank.launcher, rank.run_name, rank.env.rank, rank.env.world_size) == ("slurm", "slurm-1234.0", 3, 4)
     assert (rank.env.master_addr, rank.env.local_world_size, rank.env.master_port) == ("gpu07", 2, 11234)
@@ -83,12 +113,27 @@ def test_srun_tasks_train_as_ranks(tmp_path):
     port = _free_port()
     procs = []
     for task in range(2):
-        env = {**_clean_env(), "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task), "SLURM_NTASKS": "2",
-               "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
-               "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([str(Path(sys.executable).parent / "clorch-train"), *TINY],
-                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        env = {
+            **_clean_env(),
+            "SLURM_PROCID": str(task),
+            "SLURM_LOCALID": str(task),
+            "SLURM_NTASKS": "2",
+            "SLURM_NNODES": "1",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [str(Path(sys.executable).parent / "clorch-train"), *TINY],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=200) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     summary = json.loads((tmp_path / "outputs" / "slurm-4242.0" / "summary.json").read_text())

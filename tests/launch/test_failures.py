@@ -15,8 +15,14 @@ pytestmark = pytest.mark.timeout(90)
 def test_fail_fast_in_a_real_gloo_group(tmp_path):
     """Rank 1 raises; rank 0 sleeps outside any collective and must be ended by the launcher."""
     start = time.monotonic()
-    with launch("tests.launch.workers:gloo_fail_fast", nproc_per_node=2, backend="gloo",
-                log_dir=tmp_path / "logs", args={"pid_dir": str(tmp_path)}, grace_period=5) as job:
+    with launch(
+        "tests.launch.workers:gloo_fail_fast",
+        nproc_per_node=2,
+        backend="gloo",
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path)},
+        grace_period=5,
+    ) as job:
         status = job.wait(60)
     # Well under a collective timeout (30 min) and under rank 0's 120 s sleep.
     assert time.monotonic() - start < 45
@@ -34,8 +40,9 @@ def test_fail_fast_in_a_real_gloo_group(tmp_path):
 
 def test_exit_code_signal_name_and_last_output(tmp_path):
     """sys.exit(3) keeps its code; a segfault is named and its last unflushed line survives."""
-    exits = launch("tests.launch.workers:exit_with", backend=None, args={"code": 3},
-                   log_dir=tmp_path / "exit", grace_period=2)
+    exits = launch(
+        "tests.launch.workers:exit_with", backend=None, args={"code": 3}, log_dir=tmp_path / "exit", grace_period=2
+    )
     crash = launch("tests.launch.workers:segfault", backend=None, log_dir=tmp_path / "crash", grace_period=2)
     with exits, crash:
         exit_status, crash_status = exits.wait(30), crash.wait(30)
@@ -51,8 +58,14 @@ def test_exit_code_signal_name_and_last_output(tmp_path):
 
 def test_hung_rank_times_out_and_sigterm_escalates_to_sigkill(tmp_path):
     start = time.monotonic()
-    with launch("tests.launch.workers:hang_ignoring_sigterm", backend=None, timeout=1.5,
-                grace_period=0.5, log_dir=tmp_path / "logs", args={"pid_dir": str(tmp_path)}) as job:
+    with launch(
+        "tests.launch.workers:hang_ignoring_sigterm",
+        backend=None,
+        timeout=1.5,
+        grace_period=0.5,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path)},
+    ) as job:
         status = job.wait(30)
     elapsed = time.monotonic() - start
     assert status["state"] == "timed_out"
@@ -64,8 +77,13 @@ def test_hung_rank_times_out_and_sigterm_escalates_to_sigkill(tmp_path):
 
 def test_fail_fast_grace_period_and_grandchildren(tmp_path):
     """Rank 1 raises; rank 0 sleeps: SIGTERM ends it at once, its grandchild goes too."""
-    with launch("tests.launch.workers:grandchild_then", backend=None, log_dir=tmp_path / "logs",
-                args={"pid_dir": str(tmp_path), "then": "raise"}, grace_period=30) as job:
+    with launch(
+        "tests.launch.workers:grandchild_then",
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path), "then": "raise"},
+        grace_period=30,
+    ) as job:
         pids = all_pids(wait_for_pid_files(tmp_path, [0, 1]))
         start = time.monotonic()
         status = job.wait(30)
@@ -75,10 +93,20 @@ def test_fail_fast_grace_period_and_grandchildren(tmp_path):
 
 
 def test_restarts_as_a_whole_group(tmp_path):
-    recovers = launch("tests.launch.workers:flaky", backend=None, max_restarts=2, args={"succeed_at": 2},
-                      log_dir=tmp_path / "recovers")
-    gives_up = launch("tests.launch.workers:flaky", backend=None, max_restarts=1, args={"succeed_at": 5},
-                      log_dir=tmp_path / "gives_up")
+    recovers = launch(
+        "tests.launch.workers:flaky",
+        backend=None,
+        max_restarts=2,
+        args={"succeed_at": 2},
+        log_dir=tmp_path / "recovers",
+    )
+    gives_up = launch(
+        "tests.launch.workers:flaky",
+        backend=None,
+        max_restarts=1,
+        args={"succeed_at": 5},
+        log_dir=tmp_path / "gives_up",
+    )
     with recovers, gives_up:
         ok, failed = recovers.wait(60), gives_up.wait(60)
     assert ok["state"] == "succeeded" and ok["restart_count"] == 2

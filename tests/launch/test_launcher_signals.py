@@ -27,8 +27,13 @@ print(job.wait()["state"], flush=True)
 
 def _start_launcher(tmp_path: Path) -> tuple[subprocess.Popen, list[int], Path]:
     log_dir = tmp_path / "logs"
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = all_pids(wait_for_pid_files(tmp_path, [0, 1]))
     except BaseException:
@@ -71,8 +76,13 @@ print("handler returned", flush=True)
 
 
 def test_signal_while_the_job_lock_is_held_does_not_deadlock(tmp_path):
-    launcher = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path / "logs"), str(tmp_path)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(tmp_path / "logs"), str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = launcher.communicate(timeout=30)
     finally:

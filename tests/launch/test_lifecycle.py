@@ -21,24 +21,38 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_success_env_results_logs_and_record(tmp_path):
-    job = cd.launch("tests.launch.workers:report", nproc_per_node=3, backend=None, args={"lr": 0.5},
-                    log_dir=tmp_path, env={"CLORCH_TEST_MARK": "m"})
+    job = cd.launch(
+        "tests.launch.workers:report",
+        nproc_per_node=3,
+        backend=None,
+        args={"lr": 0.5},
+        log_dir=tmp_path,
+        env={"CLORCH_TEST_MARK": "m"},
+    )
     status = await_job(job, timeout=30)
     assert status["state"] == "succeeded"
     assert status["exit_codes"] == [0, 0, 0] and status["signals"] == [None] * 3
     assert status["failed_rank"] is None and status["error"] is None
     for rank, result in enumerate(status["results"]):
-        assert result["ctx"] == {"rank": rank, "local_rank": rank, "world_size": 3, "backend": None,
-                                 "args": {"lr": 0.5}}
+        assert result["ctx"] == {
+            "rank": rank,
+            "local_rank": rank,
+            "world_size": 3,
+            "backend": None,
+            "args": {"lr": 0.5},
+        }
         env = result["env"]
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
-            str(rank), str(rank), "3", "3")
+            str(rank),
+            str(rank),
+            "3",
+            "3",
+        )
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) == status["master_port"]
         assert env["CLORCH_RESTART_COUNT"] == "0" and env["PYTHONUNBUFFERED"] == "1"
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["NVSHMEM_DISABLE_NVLS"] == "1"
         assert env["TORCH_CPP_LOG_LEVEL"] == os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")
-        assert env["CLORCH_TEST_MARK"] == "m" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get(
-            "CUDA_VISIBLE_DEVICES")
+        assert env["CLORCH_TEST_MARK"] == "m" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
         assert env["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")
         assert result["torch_imported"] is False, "backend=None ranks never import torch"
         logs = job_logs(job, rank)
@@ -54,10 +68,20 @@ def test_success_env_results_logs_and_record(tmp_path):
 
 
 def test_user_omp_num_threads_is_kept_and_one_rank_gets_none(tmp_path):
-    job = launch("tests.launch.workers:report", nproc_per_node=2, backend=None, log_dir=tmp_path / "a",
-                 env={"OMP_NUM_THREADS": "3"})
-    single = launch("tests.launch.workers:report", nproc_per_node=1, backend=None, log_dir=tmp_path / "b",
-                    env={"OMP_NUM_THREADS": ""})
+    job = launch(
+        "tests.launch.workers:report",
+        nproc_per_node=2,
+        backend=None,
+        log_dir=tmp_path / "a",
+        env={"OMP_NUM_THREADS": "3"},
+    )
+    single = launch(
+        "tests.launch.workers:report",
+        nproc_per_node=1,
+        backend=None,
+        log_dir=tmp_path / "b",
+        env={"OMP_NUM_THREADS": ""},
+    )
     odd = launch("tests.launch.workers:returns_a_set", nproc_per_node=1, backend=None, log_dir=tmp_path / "c")
     assert [r["env"]["OMP_NUM_THREADS"] for r in job.wait(30)["results"]] == ["3", "3"]
     assert single.wait(30)["results"][0]["env"]["OMP_NUM_THREADS"] == ""
@@ -80,23 +104,41 @@ def test_default_log_dir_is_fresh():
 
 
 def test_no_orphans_after_success(tmp_path):
-    job = launch("tests.launch.workers:grandchild_then", backend=None, log_dir=tmp_path / "logs",
-                 args={"pid_dir": str(tmp_path), "then": "return"})
+    job = launch(
+        "tests.launch.workers:grandchild_then",
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path), "then": "return"},
+    )
     assert job.wait(30)["state"] == "succeeded"
     assert_gone(all_pids(wait_for_pid_files(tmp_path, [0, 1])))
 
 
 def test_stop_and_open_from_another_process(tmp_path):
-    with launch("tests.launch.workers:grandchild_then", backend=None, log_dir=tmp_path / "logs",
-                args={"pid_dir": str(tmp_path), "then": "sleep"}, grace_period=2) as job:
+    with launch(
+        "tests.launch.workers:grandchild_then",
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path), "then": "sleep"},
+        grace_period=2,
+    ) as job:
         pids = all_pids(wait_for_pid_files(tmp_path, [0, 1]))
         assert job_status(job)["state"] == "running"
         with pytest.raises(TimeoutError, match="still running after timeout=0.1s"):
             await_job(job, timeout=0.1)
         opened = subprocess.run(
-            [sys.executable, "-c", "import json, sys; from clorch.launch import Job; "
-             "job = Job.open(sys.argv[1]); print(json.dumps([job.status()['state'], job.pids]))",
-             str(job.log_dir)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+            [
+                sys.executable,
+                "-c",
+                "import json, sys; from clorch.launch import Job; "
+                "job = Job.open(sys.argv[1]); print(json.dumps([job.status()['state'], job.pids]))",
+                str(job.log_dir),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert json.loads(opened.stdout) == ["running", job.pids], opened.stderr
         status = stop_job(job, timeout=20)
     assert status["state"] == "stopped"
@@ -106,8 +148,13 @@ def test_stop_and_open_from_another_process(tmp_path):
 
 
 def test_stop_from_an_observer(tmp_path):
-    job = launch("tests.launch.workers:grandchild_then", backend=None, log_dir=tmp_path / "logs",
-                 args={"pid_dir": str(tmp_path), "then": "sleep"}, grace_period=2)
+    job = launch(
+        "tests.launch.workers:grandchild_then",
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path), "then": "sleep"},
+        grace_period=2,
+    )
     with job:
         pids = all_pids(wait_for_pid_files(tmp_path, [0, 1]))
         observer = Job.open(tmp_path / "logs")

@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _expected_sum(seeds, size: int) -> list[float]:
     """The all_reduce result, computed in this one process from every rank's random input."""
-    tensors = [torch.randn(size, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-               for s in seeds]
+    tensors = [torch.randn(size, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in seeds]
     return torch.stack(tensors).sum(0).tolist()
 
 
@@ -58,25 +57,35 @@ def test_slurm_variables_place_each_launcher(tmp_path, monkeypatch):
     jobs = []
     for node in (0, 1):
         monkeypatch.setenv("SLURM_NODEID", str(node))
-        jobs.append(launch("tests.launch.workers:report", nproc_per_node=2, backend=None,
-                           log_dir=tmp_path / f"n{node}"))
+        jobs.append(
+            launch("tests.launch.workers:report", nproc_per_node=2, backend=None, log_dir=tmp_path / f"n{node}")
+        )
     with jobs[0], jobs[1]:
         statuses = [job.wait(30) for job in jobs]
     envs = {r: s["results"][r]["env"] for s in statuses for r in s["ranks"]}
     assert sorted(envs) == [0, 1, 2, 3]
     for rank, env in envs.items():
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["GROUP_RANK"]) == (
-            str(rank), "4", str(rank % 2), str(rank // 2))
+            str(rank),
+            "4",
+            str(rank % 2),
+            str(rank // 2),
+        )
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("localhost", str(port))
 
 
 def test_torchrun_runs_a_process_group_worker(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--standalone", "--nproc-per-node", "2",
-               str(ROOT / "tests" / "launch" / "torchrun_worker.py"), str(tmp_path)]
+    command = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "launch" / "torchrun_worker.py"),
+        str(tmp_path),
+    ]
     # TMPDIR: torchrun's own scratch directories stay inside tmp_path.
-    env = with_multicast_off({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-                              "TMPDIR": str(tmp_path)})
+    env = with_multicast_off({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=80)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
@@ -89,9 +98,16 @@ def test_torchrun_runs_a_process_group_worker(tmp_path):
 
 def _alone(tmp_path, node_rank: int, nnodes: int = 2, port: int | None = None, **kw):
     port = port or reserve_free_port()
-    return launch("tests.launch.workers:gloo_all_reduce", nproc_per_node=1, nnodes=nnodes,
-                  node_rank=node_rank, backend="gloo", master_port=port, log_dir=tmp_path / f"n{node_rank}",
-                  **{"rdzv_timeout": 2, **kw}), port
+    return launch(
+        "tests.launch.workers:gloo_all_reduce",
+        nproc_per_node=1,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        backend="gloo",
+        master_port=port,
+        log_dir=tmp_path / f"n{node_rank}",
+        **{"rdzv_timeout": 2, **kw},
+    ), port
 
 
 def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
@@ -102,8 +118,10 @@ def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
     assert status["state"] == "failed" and status["pids"] == [], "no rank may start"
     error = status["error"]
     assert error["type"] == "RendezvousTimeout"
-    assert error["message"] == (f"the nodes did not meet at 127.0.0.1:{port} (master_addr:master_port) "
-                                "within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)")
+    assert error["message"] == (
+        f"the nodes did not meet at 127.0.0.1:{port} (master_addr:master_port) "
+        "within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)"
+    )
 
 
 def test_node_1_alone_says_node_0_never_answered(tmp_path):
@@ -135,22 +153,38 @@ def test_stop_while_waiting_for_the_other_nodes(tmp_path):
 
 def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
     port = reserve_free_port()
-    command = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "launcher.nnodes=2",
-               f"launcher.master_port={port}", "launcher.rdzv_timeout=2", "launcher.nproc_per_node=1",
-               f"hydra.run.dir={tmp_path / 'run'}"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    command = [
+        sys.executable,
+        "-m",
+        "clorch.cli",
+        "+recipe=cpu_smoke",
+        "launcher.nnodes=2",
+        f"launcher.master_port={port}",
+        "launcher.rdzv_timeout=2",
+        "launcher.nproc_per_node=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert done.returncode == 1, done.stderr
-    assert (f"job failed: RendezvousTimeout: the nodes did not meet at 127.0.0.1:{port} "
-            "(master_addr:master_port) within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)") in done.stderr
+    assert (
+        f"job failed: RendezvousTimeout: the nodes did not meet at 127.0.0.1:{port} "
+        "(master_addr:master_port) within 2 s (rdzv_timeout): node(s) 0 joined (1 of 2)"
+    ) in done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"]["type"] == "RendezvousTimeout"
 
 
 def test_collective_timeout_ends_a_job_whose_rank_skipped_a_collective(tmp_path):
     start = time.monotonic()
-    job = launch("tests.launch.workers:rank_1_skips_a_collective", nproc_per_node=2, backend="gloo",
-                 collective_timeout=3, log_dir=tmp_path / "logs")
+    job = launch(
+        "tests.launch.workers:rank_1_skips_a_collective",
+        nproc_per_node=2,
+        backend="gloo",
+        collective_timeout=3,
+        log_dir=tmp_path / "logs",
+    )
     status = job.wait(60)
     assert time.monotonic() - start < 3 + 20
     assert status["state"] == "failed" and status["failed_rank"] == 0

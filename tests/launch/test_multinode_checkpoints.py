@@ -18,15 +18,27 @@ from clorch.launch.procs import reserve_free_port
 from tests.clirunner import start_clorch_train
 
 pytestmark = pytest.mark.timeout(180)
-NODE = ["+recipe=cpu_smoke", "data.sample_count=64", "launcher=torchrun", "launcher.nnodes=2",
-        "launcher.nproc_per_node=1", "launcher.max_restarts=1", "checkpoint=periodic",
-        "checkpoint.every_n_steps=1"]  # two nodes: the preflight runs first, by default
+NODE = [
+    "+recipe=cpu_smoke",
+    "data.sample_count=64",
+    "launcher=torchrun",
+    "launcher.nnodes=2",
+    "launcher.nproc_per_node=1",
+    "launcher.max_restarts=1",
+    "checkpoint=periodic",
+    "checkpoint.every_n_steps=1",
+]  # two nodes: the preflight runs first, by default
 
 
 def _node(cwd: Path, port: int, rdzv_id: str, run_dir: Path, *extra: str):
     """One node: `clorch-train` with the README's multi-node settings, as its own process."""
-    args = [*NODE, f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.rdzv_id={rdzv_id}",
-            f"hydra.run.dir={run_dir}", *extra]
+    args = [
+        *NODE,
+        f"launcher.rdzv_endpoint=127.0.0.1:{port}",
+        f"launcher.rdzv_id={rdzv_id}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
     return start_clorch_train(args, cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -54,14 +66,26 @@ def test_two_nodes_of_one_job_share_the_checkpoints_and_both_resume_from_them(tm
     second = _node(tmp_path, port, "job", run_dir)
     (code1, out1), (code2, out2) = _finish([first, second])
     assert code1 == code2 == 0, out1[-3000:] + out2[-3000:]
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.ckpt")) == \
-        ["step_00000001.ckpt", "step_00000002.ckpt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.ckpt")) == [
+        "step_00000001.ckpt",
+        "step_00000002.ckpt",
+    ]
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
 
     # The pair again, started together, one epoch more: both nodes resume from the checkpoint.
     port = reserve_free_port()
-    again = [_node(tmp_path, port, "job2", run_dir, "epochs=2", f"checkpoint.dir={run_dir / 'checkpoints'}",
-                   "checkpoint.resume=latest") for _ in range(2)]
+    again = [
+        _node(
+            tmp_path,
+            port,
+            "job2",
+            run_dir,
+            "epochs=2",
+            f"checkpoint.dir={run_dir / 'checkpoints'}",
+            "checkpoint.resume=latest",
+        )
+        for _ in range(2)
+    ]
     (code1, out1), (code2, out2) = _finish(again)
     assert code1 == code2 == 0, out1[-3000:] + out2[-3000:]
     # Every rank restores the checkpoint the ranks agreed on (a collective), so the job's two steps
@@ -71,8 +95,11 @@ def test_two_nodes_of_one_job_share_the_checkpoints_and_both_resume_from_them(tm
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == 4 and summary["world_size"] == 2
     assert summary["resumed_from"].endswith("step_00000002.ckpt")
-    steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if r.get("kind") == "train"]
+    steps = [
+        r["step"]
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if r.get("kind") == "train"
+    ]
     assert steps[-1] == 4, steps
 
 

@@ -47,8 +47,13 @@ def _wait_for_ready(pid_dir: Path, ranks, timeout: float = 30.0) -> None:
 
 
 def _start_stopper(log_dir: Path, timeout: float | None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", STOPPER, str(log_dir), str(timeout).lower()], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", STOPPER, str(log_dir), str(timeout).lower()],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _stopper_result(stopper: subprocess.Popen) -> dict:
@@ -62,13 +67,24 @@ def _stopper_result(stopper: subprocess.Popen) -> dict:
 
 def _start_launcher(log_dir, tmp_path) -> subprocess.Popen:
     """A separate process that launches the SIGTERM-ignoring job and stays its owner."""
-    return subprocess.Popen([sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(log_dir), str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_stop_from_another_process_escalates_to_sigkill(tmp_path):
-    with launch("tests.launch.workers:hang_ignoring_sigterm", nproc_per_node=2, backend=None,
-                log_dir=tmp_path / "logs", args={"pid_dir": str(tmp_path)}, grace_period=1) as job:
+    with launch(
+        "tests.launch.workers:hang_ignoring_sigterm",
+        nproc_per_node=2,
+        backend=None,
+        log_dir=tmp_path / "logs",
+        args={"pid_dir": str(tmp_path)},
+        grace_period=1,
+    ) as job:
         _wait_for_ready(tmp_path, [0, 1])
         pids = job.pids
         result = _stopper_result(_start_stopper(job.log_dir, timeout=30))

@@ -21,11 +21,21 @@ TINY = ["+recipe=cpu_smoke", "data.sample_count=64"]
 
 
 def _sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "clorch.cli", "-m", "hydra/launcher=submitit_local",
-               "hydra.launcher.tasks_per_node=2", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "clorch.cli",
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        *args,
+    ]
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items()
-           if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_", "CLORCH_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_", "CLORCH_"))
+    }
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=200)
 
@@ -41,10 +51,13 @@ def test_each_trial_is_a_submitit_job_whose_tasks_are_its_ranks(tmp_path):
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["recipe"], r["optim.lr"], r["status"]) for r in rows] == [
-        ("0", "cpu_smoke", "0.001", "succeeded"), ("1", "cpu_smoke", "0.003", "succeeded")]
+        ("0", "cpu_smoke", "0.001", "succeeded"),
+        ("1", "cpu_smoke", "0.003", "succeeded"),
+    ]
     # A trial's two tasks train as a 2-rank job started by clorch's own launcher does.
-    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64,
-                             progress="off", **{"optim.lr": 3e-3})
+    local = clorch.run_local(
+        recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, progress="off", **{"optim.lr": 3e-3}
+    )
     trial = json.loads((sweep_dir / "1" / "summary.json").read_text())
     assert local["summary"]["weights_sha256"] == trial["weights_sha256"]
 

@@ -26,8 +26,12 @@ def _endpoint() -> str:
 
 
 def test_one_node_trains_like_the_local_launcher(tmp_path):
-    torchrun = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "t", sample_count=64,
-                                **{"launcher": "torchrun", "launcher.rdzv_endpoint": _endpoint()})
+    torchrun = clorch.run_local(
+        recipe="cpu_smoke",
+        run_dir=tmp_path / "t",
+        sample_count=64,
+        **{"launcher": "torchrun", "launcher.rdzv_endpoint": _endpoint()},
+    )
     assert torchrun["status"]["state"] == "succeeded", torchrun
     summary = torchrun["summary"]
     assert summary["launcher"] == "torchrun" and summary["steps"] == 2 and summary["weights_sha256"]
@@ -37,9 +41,16 @@ def test_one_node_trains_like_the_local_launcher(tmp_path):
 
 def test_missing_nodes_end_the_run_within_the_timeout(tmp_path):
     start = time.monotonic()
-    result = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "run",
-                              **{"launcher": "torchrun", "launcher.nnodes": "2:2",
-                                 "launcher.rdzv_timeout": 3, "launcher.rdzv_endpoint": _endpoint()})
+    result = clorch.run_local(
+        recipe="cpu_smoke",
+        run_dir=tmp_path / "run",
+        **{
+            "launcher": "torchrun",
+            "launcher.nnodes": "2:2",
+            "launcher.rdzv_timeout": 3,
+            "launcher.rdzv_endpoint": _endpoint(),
+        },
+    )
     assert time.monotonic() - start < 60
     assert result["status"]["state"] == "failed"
     message = result["summary"]["error"]["message"]
@@ -69,8 +80,10 @@ def _running_with(text: str) -> list[int]:
 def _two_nodes(args: list[str], cwd: Path) -> list[str]:
     """Start `args` twice, as two nodes; both must exit 0. Returns their outputs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(2)]
+    nodes = [
+        subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [node.communicate(timeout=200)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     return outputs
@@ -79,9 +92,19 @@ def _two_nodes(args: list[str], cwd: Path) -> list[str]:
 def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
     """Two `clorch-train launcher=torchrun` processes as two nodes, one rank each, sharing a run directory."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "data.sample_count=64", "launcher=torchrun",
-            "launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={_endpoint()}",
-            "launcher.rdzv_id=two", f"hydra.run.dir={run_dir}"]  # two nodes: the preflight runs first, by default
+    args = [
+        sys.executable,
+        "-m",
+        "clorch.cli",
+        "+recipe=cpu_smoke",
+        "data.sample_count=64",
+        "launcher=torchrun",
+        "launcher.nnodes=2",
+        "launcher.nproc_per_node=1",
+        f"launcher.rdzv_endpoint={_endpoint()}",
+        "launcher.rdzv_id=two",
+        f"hydra.run.dir={run_dir}",
+    ]  # two nodes: the preflight runs first, by default
     _two_nodes(args, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["launcher"] == "torchrun"
@@ -92,9 +115,19 @@ def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
 def test_two_nodes_run_preflight_only_and_check_each_other(tmp_path):
     """Two `launcher=torchrun` agents as two nodes: the preflight runs in the job's own ranks."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", "launcher=torchrun", "launcher.nnodes=2",
-            "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={_endpoint()}", "launcher.rdzv_id=pf",
-            f"hydra.run.dir={run_dir}", "preflight=only"]  # the default comparison, on one busy machine
+    args = [
+        sys.executable,
+        "-m",
+        "clorch.cli",
+        "+recipe=cpu_smoke",
+        "launcher=torchrun",
+        "launcher.nnodes=2",
+        "launcher.nproc_per_node=1",
+        f"launcher.rdzv_endpoint={_endpoint()}",
+        "launcher.rdzv_id=pf",
+        f"hydra.run.dir={run_dir}",
+        "preflight=only",
+    ]  # the default comparison, on one busy machine
     outputs = _two_nodes(args, tmp_path)
     record = json.loads((run_dir / "preflight.json").read_text())
     assert record["passed"] and [row["rank"] for row in record["ranks"]] == [0, 1]

@@ -23,16 +23,35 @@ TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1"]  # two nodes
 
 
 def _agent(port: int, run_id: str, entry: list[str], args: list[str], cwd: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-               "--rdzv-conf", "join_timeout=60", *entry, *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "join_timeout=60",
+        *entry,
+        *args,
+    ]
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items()
-           if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))}
-    env = with_multicast_off({**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                              "TMPDIR": str(cwd), "CLORCH_TESTS_FAIL_AT_STEP": "2"})
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.startswith(("SLURM_", "TORCHELASTIC_", "CLORCH_"))
+    }
+    env = with_multicast_off(
+        {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd), "CLORCH_TESTS_FAIL_AT_STEP": "2"}
+    )
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _clorch_train() -> list[str]:
@@ -57,8 +76,9 @@ def test_two_agents_train_like_one_node_with_two_ranks(tmp_path):
     assert summary["status"] == "succeeded" and summary["world_size"] == 2
     assert summary["launcher"] == "torchrun"
     assert json.loads((run_dir / "env.json").read_text())["launcher"] == "torchrun"
-    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, log_every=1,
-                             progress="off")
+    local = clorch.run_local(
+        recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, log_every=1, progress="off"
+    )
     assert local["summary"]["weights_sha256"] == summary["weights_sha256"]
 
 

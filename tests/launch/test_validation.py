@@ -31,22 +31,25 @@ def _children() -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"grace_period": -1}, "grace_period must be seconds in [0, 31536000] (a year), got -1"),
-    ({"nnodes": 0}, "nnodes must be an integer >= 1, got 0"),
-    ({"nnodes": 2, "node_rank": 2, "master_port": 29500}, "node_rank must be an integer in [0, 2) (nnodes), got 2"),
-    ({"node_rank": -1}, "node_rank must be an integer in [0, 1) (nnodes), got -1"),
-    ({"nnodes": 2, "node_rank": 1}, "master_port is required when nnodes > 1 (got nnodes=2)"),
-    ({"timeout": 0}, "timeout must be None or seconds in (0, 31536000] (a year), got 0"),
-    ({"timeout": 1e300}, "timeout must be None or seconds in (0, 31536000] (a year), got 1e+300"),
-    ({"rdzv_timeout": 0}, "rdzv_timeout must be seconds in (0, 31536000] (a year), got 0"),
-    ({"collective_timeout": "10"}, "collective_timeout must be seconds in (0, 31536000] (a year), got '10'"),
-    ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
-    ({"master_port": 70000}, "master_port must be None or an integer in [1, 65535], got 70000"),
-    ({"backend": "mpi"}, "backend must be one of 'auto', 'nccl', 'gloo' or None, got 'mpi'"),
-    ({"nproc_per_node": 0}, "nproc_per_node must be None or an integer >= 1, got 0"),
-    ({"master_addr": ""}, "master_addr must be a non-empty host name or address, got ''"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"grace_period": -1}, "grace_period must be seconds in [0, 31536000] (a year), got -1"),
+        ({"nnodes": 0}, "nnodes must be an integer >= 1, got 0"),
+        ({"nnodes": 2, "node_rank": 2, "master_port": 29500}, "node_rank must be an integer in [0, 2) (nnodes), got 2"),
+        ({"node_rank": -1}, "node_rank must be an integer in [0, 1) (nnodes), got -1"),
+        ({"nnodes": 2, "node_rank": 1}, "master_port is required when nnodes > 1 (got nnodes=2)"),
+        ({"timeout": 0}, "timeout must be None or seconds in (0, 31536000] (a year), got 0"),
+        ({"timeout": 1e300}, "timeout must be None or seconds in (0, 31536000] (a year), got 1e+300"),
+        ({"rdzv_timeout": 0}, "rdzv_timeout must be seconds in (0, 31536000] (a year), got 0"),
+        ({"collective_timeout": "10"}, "collective_timeout must be seconds in (0, 31536000] (a year), got '10'"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
+        ({"master_port": 70000}, "master_port must be None or an integer in [1, 65535], got 70000"),
+        ({"backend": "mpi"}, "backend must be one of 'auto', 'nccl', 'gloo' or None, got 'mpi'"),
+        ({"nproc_per_node": 0}, "nproc_per_node must be None or an integer >= 1, got 0"),
+        ({"master_addr": ""}, "master_addr must be a non-empty host name or address, got ''"),
+    ],
+)
 def test_bad_argument_is_named(kwargs, message, tmp_path):
     before = _children()
     with pytest.raises(ValueError) as info:
@@ -71,14 +74,20 @@ def test_log_dir_that_is_a_file(tmp_path):
         launch(OK, log_dir=path)
 
 
-@pytest.mark.parametrize("main, message", [
-    ("tests.launch.no_such_module:fn", "no module named 'tests.launch.no_such_module'"),
-    ("no_such_package.mod:fn", "module 'no_such_package.mod' does not import"),
-    ("tests.launch.workers:no_such_function", "module 'tests.launch.workers' has no function 'no_such_function'"),
-    ("tests.launch.torchrun_worker:no_such_function", "module 'tests.launch.torchrun_worker' defines no 'no_such_function'"),
-    ("not a target", "main must be 'package.module:function', got 'not a target'"),
-    ("tests.launch.workers", "main must be 'package.module:function'"),
-])
+@pytest.mark.parametrize(
+    "main, message",
+    [
+        ("tests.launch.no_such_module:fn", "no module named 'tests.launch.no_such_module'"),
+        ("no_such_package.mod:fn", "module 'no_such_package.mod' does not import"),
+        ("tests.launch.workers:no_such_function", "module 'tests.launch.workers' has no function 'no_such_function'"),
+        (
+            "tests.launch.torchrun_worker:no_such_function",
+            "module 'tests.launch.torchrun_worker' defines no 'no_such_function'",
+        ),
+        ("not a target", "main must be 'package.module:function', got 'not a target'"),
+        ("tests.launch.workers", "main must be 'package.module:function'"),
+    ],
+)
 def test_entry_point_that_does_not_import(main, message):
     with pytest.raises(ValueError) as info:
         launch(main, backend=None)
@@ -107,9 +116,23 @@ def test_args_must_be_json():
 
 
 def _defaults(**overrides):
-    kw = dict(nproc_per_node=None, devices=None, args=None, backend="auto", timeout=None, log_dir=None,
-              env=None, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None,
-              max_restarts=0, grace_period=10.0, rdzv_timeout=600.0, collective_timeout=600.0)
+    kw = dict(
+        nproc_per_node=None,
+        devices=None,
+        args=None,
+        backend="auto",
+        timeout=None,
+        log_dir=None,
+        env=None,
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=None,
+        max_restarts=0,
+        grace_period=10.0,
+        rdzv_timeout=600.0,
+        collective_timeout=600.0,
+    )
     kw.update(overrides)
     return kw
 
@@ -150,8 +173,9 @@ def test_slurm_variables_fill_the_defaults(monkeypatch):
     config = build_config(OK, **_defaults(backend=None, nproc_per_node=2))
     assert (config.nnodes, config.node_rank, config.master_addr, config.master_port) == (4, 2, "trn003", 58765)
     assert (config.world_size, config.global_rank(1)) == (8, 5)
-    explicit = build_config(OK, **_defaults(backend=None, nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                                            master_port=29500))
+    explicit = build_config(
+        OK, **_defaults(backend=None, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
+    )
     assert (explicit.nnodes, explicit.node_rank, explicit.master_addr) == (2, 1, "10.0.0.1")
     monkeypatch.setenv("SLURM_NODEID", "x")
     with pytest.raises(ValueError, match="environment variable SLURM_NODEID must be an integer, got 'x'"):

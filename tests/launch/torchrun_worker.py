@@ -15,7 +15,12 @@ with process_group(backend="gloo"):
     gen = torch.Generator().manual_seed(2000 + rank())
     tensor = torch.randn(4, generator=gen, dtype=torch.float64)
     all_reduce(tensor)
-    report = {"rank": rank(), "world_size": world_size(), "local_rank": local_rank(), "sum": tensor.tolist(),
-              "torchelastic": "TORCHELASTIC_RUN_ID" in os.environ}
+    report = {
+        "rank": rank(),
+        "world_size": world_size(),
+        "local_rank": local_rank(),
+        "sum": tensor.tolist(),
+        "torchelastic": "TORCHELASTIC_RUN_ID" in os.environ,
+    }
     with open(os.path.join(sys.argv[1], f"rank_{rank()}.json"), "w") as handle:
         json.dump(report, handle)

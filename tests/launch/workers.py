@@ -14,10 +14,24 @@ import sys
 import time
 from pathlib import Path
 
-ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-             "MASTER_PORT", "OMP_NUM_THREADS", "CLORCH_RESTART_COUNT", "PYTHONUNBUFFERED",
-             "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-             "CUDA_VISIBLE_DEVICES", "CLORCH_TEST_MARK", "TORCH_CPP_LOG_LEVEL")
+ENV_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "CLORCH_RESTART_COUNT",
+    "PYTHONUNBUFFERED",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "CUDA_VISIBLE_DEVICES",
+    "CLORCH_TEST_MARK",
+    "TORCH_CPP_LOG_LEVEL",
+)
 
 
 def report(ctx):
@@ -25,8 +39,11 @@ def report(ctx):
     print(f"stdout of rank {ctx['rank']}")
     print(f"stderr of rank {ctx['rank']}", file=sys.stderr)
     fields = {k: v for k, v in ctx.items() if k != "process_group"}
-    return {"ctx": fields, "env": {name: os.environ.get(name) for name in ENV_NAMES},
-            "torch_imported": "torch" in sys.modules}
+    return {
+        "ctx": fields,
+        "env": {name: os.environ.get(name) for name in ENV_NAMES},
+        "torch_imported": "torch" in sys.modules,
+    }
 
 
 def returns_a_set(ctx):
@@ -96,8 +113,7 @@ def gloo_all_reduce(ctx):
     tensor = torch.randn(5, generator=gen, dtype=torch.float64)
     all_reduce(tensor)
     fields = {k: v for k, v in ctx.items() if k != "process_group"}
-    return {"sum": tensor.tolist(), "ctx": fields,
-            "group_size": dist.get_world_size(ctx["process_group"])}
+    return {"sum": tensor.tolist(), "ctx": fields, "group_size": dist.get_world_size(ctx["process_group"])}
 
 
 def gloo_fail_fast(ctx):
@@ -125,9 +141,13 @@ def cuda_all_reduce(ctx):
     gen = torch.Generator().manual_seed(3000 + ctx["rank"])
     tensor = torch.randn(6, generator=gen, dtype=torch.float64).to(device())
     all_reduce(tensor)
-    return {"sum": tensor.cpu().tolist(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "device_count": torch.cuda.device_count(), "device": str(device()), "backend": ctx["backend"]}
-
+    return {
+        "sum": tensor.cpu().tolist(),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device_count": torch.cuda.device_count(),
+        "device": str(device()),
+        "backend": ctx["backend"],
+    }
 
 
 def rank_1_skips_a_collective(ctx):

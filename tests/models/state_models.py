@@ -14,8 +14,7 @@ class NormDropoutNet(nn.Module):
     """BatchNorm (running statistics, an int64 0-d counter), dropout, a learnable 0-d scale,
     one weight tied under two names and a bool buffer."""
 
-    def __init__(self, in_features: int = 8, out_features: int = 4, hidden: int = 16,
-                 dropout: float = 0.1) -> None:
+    def __init__(self, in_features: int = 8, out_features: int = 4, hidden: int = 16, dropout: float = 0.1) -> None:
         super().__init__()
         self.inp = nn.Linear(in_features, hidden)
         self.norm = nn.BatchNorm1d(hidden)

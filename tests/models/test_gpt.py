@@ -22,15 +22,18 @@ def _tiny(**overrides) -> GPT:
     return GPT(GPTConfig(**{**TINY, **overrides})).eval()
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    ({"vocab_size": 0}, "GPTConfig.vocab_size must be a positive int, got 0"),
-    ({"seq_len": -1}, "GPTConfig.seq_len must be a positive int, got -1"),
-    ({"n_layer": 2.0}, "GPTConfig.n_layer must be a positive int, got 2.0"),
-    ({"d_model": 30, "n_head": 4}, "GPTConfig.d_model must be divisible by n_head (4), got 30"),
-    ({"mlp_ratio": 0}, "GPTConfig.mlp_ratio must be a number > 0"),
-    ({"dropout": 1.0}, "GPTConfig.dropout must be a number in [0, 1), got 1.0"),
-    ({"tie_weights": "yes"}, "GPTConfig.tie_weights must be a bool, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"vocab_size": 0}, "GPTConfig.vocab_size must be a positive int, got 0"),
+        ({"seq_len": -1}, "GPTConfig.seq_len must be a positive int, got -1"),
+        ({"n_layer": 2.0}, "GPTConfig.n_layer must be a positive int, got 2.0"),
+        ({"d_model": 30, "n_head": 4}, "GPTConfig.d_model must be divisible by n_head (4), got 30"),
+        ({"mlp_ratio": 0}, "GPTConfig.mlp_ratio must be a number > 0"),
+        ({"dropout": 1.0}, "GPTConfig.dropout must be a number in [0, 1), got 1.0"),
+        ({"tie_weights": "yes"}, "GPTConfig.tie_weights must be a bool, got 'yes'"),
+    ],
+)
 def test_config_errors_name_field_value_and_rule(kwargs, text):
     with pytest.raises(ValueError) as info:
         GPTConfig(**kwargs)

@@ -31,12 +31,15 @@ def test_deeper_mlp_shapes_and_gelu_between_layers(depth):
     assert model.num_parameters() == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    ({"depth": 0}, "MLP.depth must be a positive int, got 0"),
-    ({"hidden_features": -4}, "MLP.hidden_features must be a positive int, got -4"),
-    ({"in_features": True}, "MLP.in_features must be a positive int, got True"),
-    ({"out_features": 2.5}, "MLP.out_features must be a positive int, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"depth": 0}, "MLP.depth must be a positive int, got 0"),
+        ({"hidden_features": -4}, "MLP.hidden_features must be a positive int, got -4"),
+        ({"in_features": True}, "MLP.in_features must be a positive int, got True"),
+        ({"out_features": 2.5}, "MLP.out_features must be a positive int, got 2.5"),
+    ],
+)
 def test_mlp_rejects_bad_sizes(kwargs, text):
     with pytest.raises(ValueError) as info:
         MLP(**kwargs)
@@ -57,10 +60,13 @@ def test_build_model_unknown_name_lists_the_allowed_ones():
     assert "model name must be one of mlp, gpt, got 'resnet'" in str(info.value)
 
 
-@pytest.mark.parametrize("name, kwargs, text", [
-    ("mlp", {"width": 3}, "build_model('mlp') got unknown argument(s) 'width'; allowed: in_features"),
-    ("gpt", {"n_layers": 3}, "build_model('gpt') got unknown argument(s) 'n_layers'; allowed: vocab_size"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, text",
+    [
+        ("mlp", {"width": 3}, "build_model('mlp') got unknown argument(s) 'width'; allowed: in_features"),
+        ("gpt", {"n_layers": 3}, "build_model('gpt') got unknown argument(s) 'n_layers'; allowed: vocab_size"),
+    ],
+)
 def test_build_model_unknown_argument_is_named(name, kwargs, text):
     with pytest.raises(TypeError) as info:
         build_model(name, **kwargs)

@@ -98,8 +98,15 @@ def test_a_checkpoint_round_trip_keeps_every_entry(models, tmp_path):
 def test_init_from_takes_torch_compile_prefixed_keys(tmp_path, prefix):
     """nanoGPT's checkpoint: {"model": state dict of the compiled model, ...}, keys `_orig_mod.`..."""
     model, fresh = _trained(_norm_net(0)), _norm_net(1)
-    torch.save({"model": {prefix + k: v for k, v in model.state_dict().items()}, "iter_num": 5,
-                "best_val_loss": torch.tensor(2.5), "config": {"n_layer": 2}}, tmp_path / "ckpt.pt")
+    torch.save(
+        {
+            "model": {prefix + k: v for k, v in model.state_dict().items()},
+            "iter_num": 5,
+            "best_val_loss": torch.tensor(2.5),
+            "config": {"n_layer": 2},
+        },
+        tmp_path / "ckpt.pt",
+    )
     load_weights(fresh, tmp_path / "ckpt.pt")
     assert weights_digest(fresh) == weights_digest(model)
 

@@ -23,7 +23,7 @@ STEPS = 3
 def _train(ddp, data, rank, world_size, micro=1, kind="sgd", use_function_form=False):
     opt = m.make_optimizer(ddp.module, kind)
     for start in range(0, len(data), micro):
-        group = data[start:start + micro]
+        group = data[start : start + micro]
         for i, batch in enumerate(group):
             x, y = m.shard(batch, rank, world_size)
             if i < len(group) - 1:
@@ -125,8 +125,9 @@ def check_bucket_views_accumulation_and_state_dict(rank, world_size):
     """
     data = m.batches(4, 2 * world_size)
     ref = m.reference(m.mlp, data, micro=2)
-    with DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4,
-                                 reduce_dtype=torch.float32) as ddp:
+    with DistributedDataParallel(
+        m.mlp(), bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4, reduce_dtype=torch.float32
+    ) as ddp:
         assert len(ddp.buckets) > 1
         opt = m.make_optimizer(ddp.module)
         for i, batch in enumerate(data):
@@ -138,8 +139,7 @@ def check_bucket_views_accumulation_and_state_dict(rank, world_size):
             m.loss_fn(ddp(x), y).backward()
             # .grad now views the bucket: the commit needs no copy back.
             flats = {b.flat.data_ptr() for b in ddp.buckets}
-            assert all(p.grad._base is not None and p.grad._base.data_ptr() in flats
-                       for p in ddp.module.parameters())
+            assert all(p.grad._base is not None and p.grad._base.data_ptr() in flats for p in ddp.module.parameters())
             assert ddp.optimizer_step(opt) is True
             assert all(p.grad is None for p in ddp.module.parameters())
         _close(ddp.module, ref, rtol=1e-5, atol=1e-6)  # float64 gradients travel as float32
@@ -240,12 +240,17 @@ def check_second_synchronized_backward_accumulates(rank, world_size):
 def check_model_kinds(rank, world_size):
     """Tied weights, frozen parameters and two dtypes all match one-process training."""
     out = {}
-    for name, build, tol in (("tied", m.Tied, {}), ("frozen", m.frozen_mlp, {}),
-                             ("two_dtypes", m.TwoDtypes, {"atol": 1e-5, "rtol": 1e-5})):
+    for name, build, tol in (
+        ("tied", m.Tied, {}),
+        ("frozen", m.frozen_mlp, {}),
+        ("two_dtypes", m.TwoDtypes, {"atol": 1e-5, "rtol": 1e-5}),
+    ):
         data = m.batches(STEPS, 3 * world_size, seed=13)
         ref = m.reference(build, data)
         with DistributedDataParallel(build(seed=rank), first_bucket_cap_mb=1e-4) as ddp:
-            out[name] = sorted({str(b.flat.dtype) for b in ddp.buckets}) + [sum(len(b.param_indices) for b in ddp.buckets)]
+            out[name] = sorted({str(b.flat.dtype) for b in ddp.buckets}) + [
+                sum(len(b.param_indices) for b in ddp.buckets)
+            ]
             _train(ddp, data, rank, world_size)
             _close(ddp.module, ref, **tol)
             out[name + "_weights"] = m.weights(ddp.module)
@@ -301,8 +306,9 @@ def check_grad_averaged_when_backward_returns(rank, world_size):
     half-finished reduction would show; with accumulation and without.
     """
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(),
-                                torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8)
+    )
     plain = copy.deepcopy(model)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.25, first_bucket_cap_mb=0.1)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -315,8 +321,12 @@ def check_grad_averaged_when_backward_returns(rank, world_size):
         norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), float("inf"))  # reads .grad at once
         for got, want in zip([p.grad for p in ddp.module.parameters()], expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(norm, torch.linalg.vector_norm(torch.stack(
-            [torch.linalg.vector_norm(g) for g in expected])), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            norm,
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected])),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     # Accumulation: torch's idioms, no_sync() and require_backward_grad_sync = False.
     plain.zero_grad(set_to_none=True)
     for x, y in batches:
@@ -349,8 +359,7 @@ def check_backward_accumulates_into_the_buckets(rank, world_size):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     plain = copy.deepcopy(model)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.001,
-                                  gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.001, gradient_as_bucket_view=True)
     flats = {b.flat.data_ptr() for b in ddp.buckets}
     gen = torch.Generator().manual_seed(100 + rank)
     params = list(ddp.module.parameters())
@@ -378,11 +387,13 @@ def check_backward_accumulates_into_the_buckets(rank, world_size):
 def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=None):
     """AdamW with two param groups, a schedule and micro-batches; returns weights and optimizer state."""
     data = m.batches(4 * 2, 4 * world_size)
-    ddp = DistributedDataParallel(build(seed=0), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6,
-                                  reduce_dtype=reduce_dtype)
+    ddp = DistributedDataParallel(
+        build(seed=0), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6, reduce_dtype=reduce_dtype
+    )
     params = [p for p in ddp.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": params[::2]}, {"params": params[1::2], "lr": 0.003,
-                                                         "weight_decay": 0.0}], lr=0.01, weight_decay=0.1)
+    opt = torch.optim.AdamW(
+        [{"params": params[::2]}, {"params": params[1::2], "lr": 0.003, "weight_decay": 0.0}], lr=0.01, weight_decay=0.1
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
     if overlap:
         ddp.step_in_backward(opt)
@@ -398,16 +409,22 @@ def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=
         schedule.step()
     buckets = len(ddp.buckets)
     ddp.close()
-    state = {f"optimizer {index} {key}": value for index, entry in opt.state_dict()["state"].items()
-             for key, value in entry.items()}
+    state = {
+        f"optimizer {index} {key}": value
+        for index, entry in opt.state_dict()["state"].items()
+        for key, value in entry.items()
+    }
     return {**m.weights(ddp.module), **state}, buckets
 
 
 def check_step_in_backward_same_numerics(rank, world_size):
     """The overlapped step gives bit-identical weights to optimizer.step() after backward."""
     results = {}
-    for name, build, dtype in (("mlp", m.mlp, None), ("two dtypes, bf16 buckets", m.TwoDtypes, "bf16"),
-                               ("tied", m.Tied, None)):
+    for name, build, dtype in (
+        ("mlp", m.mlp, None),
+        ("two dtypes, bf16 buckets", m.TwoDtypes, "bf16"),
+        ("tied", m.Tied, None),
+    ):
         want, _ = _overlap_run(rank, world_size, False, build, dtype)
         got, buckets = _overlap_run(rank, world_size, True, build, dtype, reload_at=2)
         assert buckets > 1, buckets
@@ -436,7 +453,7 @@ def check_step_in_backward_refuses_a_second_step(rank, world_size):
     return moved, messages
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+CHECKS = {name[len("check_") :]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 
 def battery(rank, world_size):

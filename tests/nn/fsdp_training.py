@@ -62,8 +62,9 @@ def build(run: Run) -> torch.nn.Module:
     if run.checkpointing:
         apply_activation_checkpointing(model)
     if run.mode == "fsdp":
-        shard_model(model, precision=run.precision, cpu_offload=run.cpu_offload,
-                    reshard_after_forward=run.reshard_after_forward)
+        shard_model(
+            model, precision=run.precision, cpu_offload=run.cpu_offload, reshard_after_forward=run.reshard_after_forward
+        )
     materialize(model, "cpu", seed=MODEL_SEED, init_fn=gpt_init_fn(model))
     return DistributedDataParallel(model) if run.mode == "ddp" else model
 
@@ -99,12 +100,15 @@ def _step(model, optimizer, sampler, data, run: Run) -> float:
 
 def local_bytes(model, optimizer) -> tuple[int, int]:
     """This rank's parameter and optimizer-state bytes (the local shards only)."""
+
     def size(t: torch.Tensor) -> int:
         t = t.to_local() if hasattr(t, "to_local") else t
         return t.numel() * t.element_size()
+
     params = sum(size(p) for p in {id(p): p for p in model.parameters()}.values())
-    state = sum(size(v) for s in optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    state = sum(
+        size(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
     return params, state
 
 
@@ -129,11 +133,21 @@ def train(rank: int, world_size: int, run: Run) -> dict[str, Any]:
     for step in range(start + 1, run.steps + 1):
         losses.append(_step(model, optimizer, sampler, data, run))
         if step == run.save_at:
-            save_sharded(f"{run.save_to}/step_{step:08d}.dcp", model=model, optimizer=optimizer,
-                         sampler=sampler, state={"step": step})
+            save_sharded(
+                f"{run.save_to}/step_{step:08d}.dcp",
+                model=model,
+                optimizer=optimizer,
+                sampler=sampler,
+                state={"step": step},
+            )
     params, state = local_bytes(model, optimizer)
-    return {"losses": losses, "weights": full_weights(model), "initial": initial,
-            "param_bytes": params, "state_bytes": state}
+    return {
+        "losses": losses,
+        "weights": full_weights(model),
+        "initial": initial,
+        "param_bytes": params,
+        "state_bytes": state,
+    }
 
 
 def train_each(rank: int, world_size: int, runs: list[Run]) -> list[dict[str, Any]]:

@@ -13,8 +13,7 @@ IN, OUT = 6, 3
 
 def mlp(dtype=torch.float64, seed=0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(IN, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, OUT)).to(dtype)
+    return nn.Sequential(nn.Linear(IN, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, OUT)).to(dtype)
 
 
 class Tied(nn.Module):
@@ -80,9 +79,13 @@ def frozen_mlp(seed=0) -> nn.Module:
 def batches(steps: int, rows: int, seed: int = 7) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` random (x, y) batches of `rows` rows (float64), the same in every process."""
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(rows, IN, generator=gen, dtype=torch.float64) * 1.5 + 0.3,
-             torch.randn(rows, OUT, generator=gen, dtype=torch.float64))
-            for _ in range(steps)]
+    return [
+        (
+            torch.randn(rows, IN, generator=gen, dtype=torch.float64) * 1.5 + 0.3,
+            torch.randn(rows, OUT, generator=gen, dtype=torch.float64),
+        )
+        for _ in range(steps)
+    ]
 
 
 def shard(batch: tuple[torch.Tensor, torch.Tensor], rank: int, world_size: int):
@@ -106,7 +109,7 @@ def reference(build: Callable[[], nn.Module], data, micro: int = 1, kind: str = 
     model = build()
     opt = make_optimizer(model, kind)
     for start in range(0, len(data), micro):
-        for x, y in data[start:start + micro]:
+        for x, y in data[start : start + micro]:
             loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()

@@ -14,14 +14,14 @@ pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
-                               torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)
+    ).cuda()
 
 
 def _data(steps):
     gen = torch.Generator().manual_seed(3)
-    return [(torch.randn(32, 64, generator=gen).cuda(), torch.randn(32, 8, generator=gen).cuda())
-            for _ in range(steps)]
+    return [(torch.randn(32, 64, generator=gen).cuda(), torch.randn(32, 8, generator=gen).cuda()) for _ in range(steps)]
 
 
 def _host_syncs(fn) -> int:
@@ -118,10 +118,12 @@ def _reducer_checks(rank, world_size):
         for p, q in zip(model.parameters(), plain.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **tol)
         out[str(reduce_dtype)] = {
-            "buckets": len(reducer.buckets), "syncs": syncs, "committed": reducer.committed,
+            "buckets": len(reducer.buckets),
+            "syncs": syncs,
+            "committed": reducer.committed,
             "comm_dtypes": sorted({str(b.comm.dtype) for b in reducer.buckets}),
-            "views": all(p.grad._base is not None and p.grad._base.data_ptr() in flats
-                         for p in model.parameters())}
+            "views": all(p.grad._base is not None and p.grad._base.data_ptr() in flats for p in model.parameters()),
+        }
         reducer.remove()
     return out
 
@@ -139,8 +141,12 @@ def _step_in_backward_checks(rank, world_size, overlap_grad_copies):
     """Fused AdamW stepped bucket by bucket on a side stream == a fused step after backward."""
     from clorch.nn.parallel import DistributedDataParallel
 
-    plain, ddp = _model(), DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01,
-                                                   overlap_grad_copies=overlap_grad_copies)
+    plain, ddp = (
+        _model(),
+        DistributedDataParallel(
+            _model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01, overlap_grad_copies=overlap_grad_copies
+        ),
+    )
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, fused=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
     ddp.step_in_backward(opt)
@@ -164,8 +170,7 @@ def _step_in_backward_checks(rank, world_size, overlap_grad_copies):
 def test_step_in_backward_on_nccl_is_bit_identical_and_sync_free(world_size, overlap_grad_copies):
     if torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA GPUs")
-    for out in run_ranks(_step_in_backward_checks, world_size, overlap_grad_copies, backend="nccl",
-                         timeout=100):
+    for out in run_ranks(_step_in_backward_checks, world_size, overlap_grad_copies, backend="nccl", timeout=100):
         assert out["buckets"] > 1
         assert out["same"] is True
         assert out["syncs"] == [0, 0, 0, 0]
@@ -179,6 +184,7 @@ def _fp16_steps(make_scaler, fused_opt_model, data, overflow_at, step_fn):
     scaler = make_scaler()
     syncs = []
     for index, (x, y) in enumerate(data):
+
         def one_step():
             with autocast("cuda", dtype=torch.float16):
                 loss = torch.nn.functional.mse_loss(model(x).float(), y)
@@ -206,11 +212,12 @@ def test_fp16_step_with_a_fused_optimizer_never_syncs_and_matches_torch_gradscal
     from clorch.amp import GradScaler
 
     data = _data(5)
-    ours, scaler, syncs = _fp16_steps(lambda: GradScaler("cuda", init_scale=1024.0, growth_interval=2),
-                                      _fused(), data, 2, _scaler_step)
+    ours, scaler, syncs = _fp16_steps(
+        lambda: GradScaler("cuda", init_scale=1024.0, growth_interval=2), _fused(), data, 2, _scaler_step
+    )
     theirs, torch_scaler, _ = _fp16_steps(
-        lambda: torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=2), _fused(), data, 2,
-        _scaler_step)
+        lambda: torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=2), _fused(), data, 2, _scaler_step
+    )
     assert syncs == [0, 0, 0, 0, 0]  # the skip at step 2 was decided on the device
     assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
     assert scaler.get_scale() == torch_scaler.get_scale()
@@ -224,8 +231,13 @@ def _fp16_ddp_checks(rank, world_size):
 
     ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
-    _, scaler, syncs = _fp16_steps(lambda: GradScaler("cuda", init_scale=1024.0), (ddp, opt), _data(4),
-                                   2 if rank == 1 else -1, lambda m, o, s: m.optimizer_step(o, s))
+    _, scaler, syncs = _fp16_steps(
+        lambda: GradScaler("cuda", init_scale=1024.0),
+        (ddp, opt),
+        _data(4),
+        2 if rank == 1 else -1,
+        lambda m, o, s: m.optimizer_step(o, s),
+    )
     weights = torch.cat([p.detach().flatten() for p in ddp.parameters()]).cpu()
     return {"syncs": syncs, "skipped": scaler.skipped_steps, "scale": scaler.get_scale(), "weights": weights}
 
@@ -259,8 +271,11 @@ def _bucket_path_checks(rank, world_size):
     out = {}
     data = _data(3)
     variants = (("default", {}), ("views", {"gradient_as_bucket_view": True}), ("bf16", {"reduce_dtype": "bf16"}))
-    for name, kwargs in [(f"{name} {side}", {**kwargs, "overlap_grad_copies": side})
-                         for name, kwargs in variants for side in (False, True)]:
+    for name, kwargs in [
+        (f"{name} {side}", {**kwargs, "overlap_grad_copies": side})
+        for name, kwargs in variants
+        for side in (False, True)
+    ]:
         plain = _model()
         ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01, **kwargs)
         ddp._run_bucket_path()
@@ -297,8 +312,16 @@ def _bucket_path_checks(rank, world_size):
     for reduce_dtype, side in [(d, s) for d in (None, torch.bfloat16) for s in (False, True)]:
         model, plain = _model(), _model()
         named = list(model.named_parameters())
-        reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, reduce_dtype, 3,
-                          communicate=True, overlap_grad_copies=side)
+        reducer = Reducer(
+            [p for _, p in named],
+            [n for n, _ in named],
+            0.1,
+            0.01,
+            reduce_dtype,
+            3,
+            communicate=True,
+            overlap_grad_copies=side,
+        )
         if side:
             _delay_copies(reducer)
         x, y = data[0]
@@ -311,7 +334,8 @@ def _bucket_path_checks(rank, world_size):
             mse(model(x), y).backward()
             out[f"divided {reduce_dtype} {side} {views}"] = all(
                 torch.equal(p.grad, (q.grad / 3).to(p.grad.dtype if reduce_dtype is None else reduce_dtype).float())
-                for p, q in zip(model.parameters(), plain.parameters()))
+                for p, q in zip(model.parameters(), plain.parameters())
+            )
         reducer.remove()
     return out
 
@@ -363,8 +387,16 @@ def _two_stream_checks(rank, world_size):
         for overlap in (False, True):
             model = _model()
             named = list(model.named_parameters())
-            reducer = Reducer([p for _, p in named], [n for n, _ in named], 0.1, 0.01, None, divisor,
-                              communicate=communicate, overlap_grad_copies=overlap)
+            reducer = Reducer(
+                [p for _, p in named],
+                [n for n, _ in named],
+                0.1,
+                0.01,
+                None,
+                divisor,
+                communicate=communicate,
+                overlap_grad_copies=overlap,
+            )
             elsewhere = []
             copy_on_other = reducer._filler.copy_now
             reducer._filler.copy_now = lambda *args: (elsewhere.append(1), copy_on_other(*args))

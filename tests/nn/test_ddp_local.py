@@ -42,20 +42,26 @@ def test_plan_one_dtype_per_bucket_in_arrival_order():
         assert len({params[i].dtype for i in bucket}) == 1
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    ({"find_unused_parameters": True}, "find_unused_parameters=True is unsupported"),
-    ({"device_mesh": "mesh"}, "device_mesh='mesh' is unsupported"),
-    ({"device_ids": [0, 1]}, "device_ids must be None or a list of one device (this rank's), got [0, 1]"),
-    ({"device_ids": [0]}, "device_ids must be None for a module on the CPU, got [0]"),
-    ({"output_device": 0}, "output_device=0 needs device_ids naming the same device"),
-    ({"process_group": "pg"}, "process_group must be None or the default process group, got 'pg'"),
-    ({"reduce_dtype": "fp8"}, "reduce_dtype must be None, one of 'fp32', 'float32', 'bf16', "
-                              "'bfloat16', 'fp16', 'float16' or a floating torch dtype (e.g. "
-                              "torch.bfloat16), got 'fp8'"),
-    ({"reduce_dtype": torch.int32}, "reduce_dtype must be None, one of 'fp32'"),
-    ({"bucket_cap_mb": 0}, "bucket_cap_mb must be a finite number > 0 (MiB), got 0"),
-    ({"first_bucket_cap_mb": -1.0}, "first_bucket_cap_mb must be a finite number > 0 (MiB), got -1.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"find_unused_parameters": True}, "find_unused_parameters=True is unsupported"),
+        ({"device_mesh": "mesh"}, "device_mesh='mesh' is unsupported"),
+        ({"device_ids": [0, 1]}, "device_ids must be None or a list of one device (this rank's), got [0, 1]"),
+        ({"device_ids": [0]}, "device_ids must be None for a module on the CPU, got [0]"),
+        ({"output_device": 0}, "output_device=0 needs device_ids naming the same device"),
+        ({"process_group": "pg"}, "process_group must be None or the default process group, got 'pg'"),
+        (
+            {"reduce_dtype": "fp8"},
+            "reduce_dtype must be None, one of 'fp32', 'float32', 'bf16', "
+            "'bfloat16', 'fp16', 'float16' or a floating torch dtype (e.g. "
+            "torch.bfloat16), got 'fp8'",
+        ),
+        ({"reduce_dtype": torch.int32}, "reduce_dtype must be None, one of 'fp32'"),
+        ({"bucket_cap_mb": 0}, "bucket_cap_mb must be a finite number > 0 (MiB), got 0"),
+        ({"first_bucket_cap_mb": -1.0}, "first_bucket_cap_mb must be a finite number > 0 (MiB), got -1.0"),
+    ],
+)
 def test_bad_options_raise_value_error(kwargs, text):
     with pytest.raises(ValueError) as info:
         DistributedDataParallel(m.mlp(), **kwargs)
@@ -93,10 +99,17 @@ def test_world_size_one_skips_hooks_and_keeps_autograd_grads():
         torch.testing.assert_close(ddp.module.state_dict()[key], value)
 
 
-@pytest.mark.parametrize("name, comm_dtype", [
-    ("fp32", torch.float32), ("float32", torch.float32), ("bf16", torch.bfloat16),
-    ("bfloat16", torch.bfloat16), ("fp16", torch.float16), ("float16", torch.float16),
-])
+@pytest.mark.parametrize(
+    "name, comm_dtype",
+    [
+        ("fp32", torch.float32),
+        ("float32", torch.float32),
+        ("bf16", torch.bfloat16),
+        ("bfloat16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("float16", torch.float16),
+    ],
+)
 def test_every_config_reduce_dtype_resolves(name, comm_dtype):
     # Buckets and training with each name: ddp_checks.check_every_reduce_dtype (real ranks).
     choices = typing.get_args(typing.get_type_hints(DDPConfig)["reduce_dtype"])
@@ -115,9 +128,11 @@ def test_optimizer_step_checks_its_arguments():
 
 def test_clorch_nn_imports_no_config_code():
     # clorch.nn is a library layer: importing it must not pull in Hydra or clorch's config.
-    code = ("import sys, clorch.nn, clorch.nn.parallel.ddp, clorch.nn.parallel.reducer; "
-            "bad = sorted(m for m in sys.modules if m.startswith(('clorch.config', 'clorch.engine', 'hydra'))); "
-            "sys.exit(f'clorch.nn imported {bad}' if bad else 0)")
+    code = (
+        "import sys, clorch.nn, clorch.nn.parallel.ddp, clorch.nn.parallel.reducer; "
+        "bad = sorted(m for m in sys.modules if m.startswith(('clorch.config', 'clorch.engine', 'hydra'))); "
+        "sys.exit(f'clorch.nn imported {bad}' if bad else 0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -285,8 +300,15 @@ def test_a_gradient_arriving_twice_in_one_backward_is_refused(world_size):
     torch.manual_seed(0)
     shared, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
     params = [*shared.parameters(), *head.parameters()]
-    reducer = Reducer(params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0,
-                      None, world_size, communicate=False)
+    reducer = Reducer(
+        params,
+        ["shared.weight", "shared.bias", "head.weight", "head.bias"],
+        25.0,
+        1.0,
+        None,
+        world_size,
+        communicate=False,
+    )
     x = torch.randn(3, 4, requires_grad=True)
     h = checkpoint(lambda t: shared(t).tanh(), x, use_reentrant=True)
     h = checkpoint(lambda t: shared(t).tanh(), h, use_reentrant=True)
@@ -306,8 +328,15 @@ def test_a_model_inside_reentrant_checkpoints_is_told_to_use_non_reentrant_ones(
     from clorch.nn.parallel.reducer import Reducer
 
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-    reducer = Reducer([*a.parameters(), *b.parameters()], ["a.weight", "a.bias", "b.weight", "b.bias"],
-                      25.0, 1.0, None, world_size, communicate=False)
+    reducer = Reducer(
+        [*a.parameters(), *b.parameters()],
+        ["a.weight", "a.bias", "b.weight", "b.bias"],
+        25.0,
+        1.0,
+        None,
+        world_size,
+        communicate=False,
+    )
     x = torch.randn(3, 4, requires_grad=True)
     h = checkpoint(lambda t: a(t).tanh(), x, use_reentrant=True)
     h = checkpoint(lambda t: b(t).tanh(), h, use_reentrant=True)
@@ -336,8 +365,9 @@ def test_non_reentrant_checkpoints_around_a_reused_parameter_average_exactly():
     loss(*plain, x).backward()
     shared, head = build()
     params = [*shared.parameters(), *head.parameters()]
-    reducer = Reducer(params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0,
-                      None, 2, communicate=False)
+    reducer = Reducer(
+        params, ["shared.weight", "shared.bias", "head.weight", "head.bias"], 25.0, 1.0, None, 2, communicate=False
+    )
     loss(shared, head, x).backward()
     assert reducer.committed
     for p, q in zip(params, [*plain[0].parameters(), *plain[1].parameters()]):

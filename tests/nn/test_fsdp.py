@@ -48,9 +48,15 @@ def _full_bytes(reference: dict) -> tuple[int, int]:
 
 def test_fsdp_matches_ddp_and_one_process_on_two_ranks_with_half_the_bytes():
     reference = single(Run(batch_size=8))  # the same global batch of 8 in one process
-    runs = [Run(mode="fsdp"), Run(mode="ddp"), Run(mode="fsdp", checkpointing=True),
-            Run(mode="ddp", checkpointing=True), Run(mode="fsdp", cpu_offload=True),
-            Run(mode="fsdp", reshard_after_forward=False), Run(mode="fsdp", precision="bf16")]
+    runs = [
+        Run(mode="fsdp"),
+        Run(mode="ddp"),
+        Run(mode="fsdp", checkpointing=True),
+        Run(mode="ddp", checkpointing=True),
+        Run(mode="fsdp", cpu_offload=True),
+        Run(mode="fsdp", reshard_after_forward=False),
+        Run(mode="fsdp", precision="bf16"),
+    ]
     results = run_ranks(train_each, 2, runs, timeout=200)
     params, state = _full_bytes(reference)
     for rank_results in results:
@@ -149,6 +155,7 @@ def test_materialize_depends_on_the_seed_only_and_keeps_ties():
         with torch.device("meta"):
             model = GPT(CONFIG)
         return materialize(model, "cpu", seed=seed, init_fn=model._init_weights)
+
     torch.manual_seed(1)
     a = built(3)
     torch.manual_seed(2)  # the global generator plays no part ...

@@ -21,25 +21,38 @@ def _reference_optimizer(name: str, model: torch.nn.Module, decay: str, weight_d
     if decay == "all":
         groups = [{"params": params, "weight_decay": weight_decay}]
     else:  # nanoGPT's rule
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=0.05, betas=(0.9, 0.95))
     return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
 
 
-@pytest.mark.parametrize("name,decay,clip", [("adamw", "matrices", 0.05), ("sgd", "all", 0.05),
-                                             ("adamw", "all", None)])
+@pytest.mark.parametrize("name,decay,clip", [("adamw", "matrices", 0.05), ("sgd", "all", 0.05), ("adamw", "all", None)])
 def test_clorch_steps_as_a_torch_loop_with_clip_grad_norm(name, decay, clip):
-    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", f"optim={name}", "optim.lr=0.05",
-                            "optim.weight_decay=0.1", f"optim.decay={decay}",
-                            f"optim.grad_clip={'null' if clip is None else clip}", "model.depth=3"]))
+    plan = resolve(
+        compose(
+            [
+                "+recipe=cpu_smoke",
+                "precision=fp32",
+                f"optim={name}",
+                "optim.lr=0.05",
+                "optim.weight_decay=0.1",
+                f"optim.decay={decay}",
+                f"optim.grad_clip={'null' if clip is None else clip}",
+                "model.depth=3",
+            ]
+        )
+    )
     cfg = plan.config
     parts = build_components(cfg, {"rank": 0, "world_size": 1}, plan.total_steps)
     model = build_raw_model(cfg, parts.task)  # the same seed: the same initial weights
     optimizer = _reference_optimizer(name, model, decay, 0.1)
-    assert [len(g["params"]) for g in parts.optimizer.param_groups] == \
-        [len(g["params"]) for g in optimizer.param_groups]
+    assert [len(g["params"]) for g in parts.optimizer.param_groups] == [
+        len(g["params"]) for g in optimizer.param_groups
+    ]
     generator = torch.Generator().manual_seed(0)
     clipped = 0
     for _ in range(STEPS):
@@ -57,8 +70,7 @@ def test_clorch_steps_as_a_torch_loop_with_clip_grad_norm(name, decay, clip):
 
 
 def test_a_clip_with_step_in_backward_is_refused():
-    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", "optim.grad_clip=1.0",
-                            "ddp.step_in_backward=true"]))
+    plan = resolve(compose(["+recipe=cpu_smoke", "precision=fp32", "optim.grad_clip=1.0", "ddp.step_in_backward=true"]))
     with pytest.raises(ValueError, match=r"optim.grad_clip=1.0 cannot run with ddp.step_in_backward=true"):
         build_components(plan.config, {"rank": 0, "world_size": 1}, plan.total_steps)
 

@@ -42,14 +42,17 @@ def test_sgd_with_momentum_and_param_groups():
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
 
 
-@pytest.mark.parametrize("name, kwargs, text", [
-    ("adam", {}, "optim name must be one of adamw, sgd, got 'adam'"),
-    ("adamw", {"lr": 0.0}, "optim.lr must be a number > 0.0, got 0.0"),
-    ("sgd", {"weight_decay": -1}, "optim.weight_decay must be a number >= 0.0, got -1"),
-    ("adamw", {"betas": (0.9, 1.0)}, "optim.betas[1] must be a number >= 0.0 and < 1.0, got 1.0"),
-    ("adamw", {"betas": (0.9,)}, "optim.betas must be two numbers in [0, 1), got (0.9,)"),
-    ("sgd", {"momentum": -0.1}, "optim.momentum must be a number >= 0.0, got -0.1"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, text",
+    [
+        ("adam", {}, "optim name must be one of adamw, sgd, got 'adam'"),
+        ("adamw", {"lr": 0.0}, "optim.lr must be a number > 0.0, got 0.0"),
+        ("sgd", {"weight_decay": -1}, "optim.weight_decay must be a number >= 0.0, got -1"),
+        ("adamw", {"betas": (0.9, 1.0)}, "optim.betas[1] must be a number >= 0.0 and < 1.0, got 1.0"),
+        ("adamw", {"betas": (0.9,)}, "optim.betas must be two numbers in [0, 1), got (0.9,)"),
+        ("sgd", {"momentum": -0.1}, "optim.momentum must be a number >= 0.0, got -0.1"),
+    ],
+)
 def test_bad_arguments_are_named(name, kwargs, text):
     with pytest.raises(ValueError) as info:
         build_optimizer(name, _model().parameters(), **{"lr": 1e-3, **kwargs})

@@ -29,8 +29,9 @@ def _lrs(scheduler, steps):
 
 def test_cosine_with_warmup_follows_the_formula():
     warmup, total, floor, base = 3, 11, 0.1, 0.3
-    lrs = _lrs(build_scheduler(_optimizer(base), "cosine", warmup_steps=warmup, total_steps=total,
-                               min_lr_ratio=floor), 15)
+    lrs = _lrs(
+        build_scheduler(_optimizer(base), "cosine", warmup_steps=warmup, total_steps=total, min_lr_ratio=floor), 15
+    )
     for step, lr in enumerate(lrs):
         if step < warmup:
             want = base * (step + 1) / warmup
@@ -66,16 +67,26 @@ def test_constant_warns_about_ignored_settings():
         build_scheduler(_optimizer(), "constant", total_steps=10)
 
 
-@pytest.mark.parametrize("name, kwargs, text", [
-    ("linear", {}, "schedule name must be one of constant, cosine, got 'linear'"),
-    ("cosine", {}, "schedule.total_steps is required by 'cosine' (an int > warmup_steps), got None"),
-    ("cosine", {"warmup_steps": 10, "total_steps": 10},
-     "schedule.total_steps must be > warmup_steps (10) for 'cosine', got 10"),
-    ("cosine", {"total_steps": 0}, "schedule.total_steps must be an int >= 1, got 0"),
-    ("constant", {"warmup_steps": -1}, "schedule.warmup_steps must be an int >= 0, got -1"),
-    ("constant", {"warmup_steps": 2.5}, "schedule.warmup_steps must be an int >= 0, got 2.5"),
-    ("cosine", {"total_steps": 5, "min_lr_ratio": 1.5}, "schedule.min_lr_ratio must be a number in [0, 1], got 1.5"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, text",
+    [
+        ("linear", {}, "schedule name must be one of constant, cosine, got 'linear'"),
+        ("cosine", {}, "schedule.total_steps is required by 'cosine' (an int > warmup_steps), got None"),
+        (
+            "cosine",
+            {"warmup_steps": 10, "total_steps": 10},
+            "schedule.total_steps must be > warmup_steps (10) for 'cosine', got 10",
+        ),
+        ("cosine", {"total_steps": 0}, "schedule.total_steps must be an int >= 1, got 0"),
+        ("constant", {"warmup_steps": -1}, "schedule.warmup_steps must be an int >= 0, got -1"),
+        ("constant", {"warmup_steps": 2.5}, "schedule.warmup_steps must be an int >= 0, got 2.5"),
+        (
+            "cosine",
+            {"total_steps": 5, "min_lr_ratio": 1.5},
+            "schedule.min_lr_ratio must be a number in [0, 1], got 1.5",
+        ),
+    ],
+)
 def test_bad_arguments_are_named(name, kwargs, text):
     with pytest.raises(ValueError) as info:
         build_scheduler(_optimizer(), name, **kwargs)
@@ -91,6 +102,14 @@ def test_the_cosine_defaults_of_the_library_are_the_configs():
     config = CosineScheduleConfig()
     assert (config.warmup_steps, config.min_lr_ratio) == (COSINE_WARMUP_STEPS, COSINE_MIN_LR_RATIO)
     defaults = _lrs(build_scheduler(_optimizer(1.0), "cosine", total_steps=40), 40)
-    explicit = _lrs(build_scheduler(_optimizer(1.0), "cosine", total_steps=40,
-                                    warmup_steps=config.warmup_steps, min_lr_ratio=config.min_lr_ratio), 40)
+    explicit = _lrs(
+        build_scheduler(
+            _optimizer(1.0),
+            "cosine",
+            total_steps=40,
+            warmup_steps=config.warmup_steps,
+            min_lr_ratio=config.min_lr_ratio,
+        ),
+        40,
+    )
     assert defaults == explicit

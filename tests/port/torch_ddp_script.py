@@ -56,8 +56,9 @@ class GPT(nn.Module):
 def train(steps=20, precision="fp32", accumulation=2, batch=4, poison_step=None, clip=1.0, seed=0):
     """Train on this rank; return losses, grad norms, final weights and the last step's raw grads."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
-        else torch.device("cpu")
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    )
     torch.manual_seed(seed)
     data = TensorDataset(torch.randint(0, 64, (steps * accumulation * batch * world, 17)))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
@@ -67,7 +68,7 @@ def train(steps=20, precision="fp32", accumulation=2, batch=4, poison_step=None,
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    scaler = GradScaler(device.type, init_scale=2.0 ** 12, enabled=precision != "bf16")
+    scaler = GradScaler(device.type, init_scale=2.0**12, enabled=precision != "bf16")
     losses, norms, grads = [], [], []
     micro = iter(loader)
     for step in range(steps):
@@ -98,8 +99,7 @@ def train(steps=20, precision="fp32", accumulation=2, batch=4, poison_step=None,
         sched.step()
         losses.append(loss.item())
     weights = {k: v.detach().float().cpu() for k, v in model.module.state_dict().items()}
-    return {"losses": losses, "norms": norms, "weights": weights, "grads": grads,
-            "scale": scaler.get_scale()}
+    return {"losses": losses, "norms": norms, "weights": weights, "grads": grads, "scale": scaler.get_scale()}
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def test_preflight_only_checks_and_exits_0_with_the_table(tmp_path):
     assert summary["preflight"]["estimate"]["model_params"] > 100_000
     record = json.loads((tmp_path / "run" / "preflight.json").read_text())
     assert record["passed"] and record["table"] == summary["preflight"]["table"]
-    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "train" not in \
-        (tmp_path / "run" / "metrics.jsonl").read_text()  # nothing was trained
+    assert (
+        not (tmp_path / "run" / "metrics.jsonl").exists()
+        or "train" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    )  # nothing was trained
 
 
 def test_a_failed_preflight_exits_1_naming_the_rank_and_trains_nothing(tmp_path):
@@ -62,7 +64,5 @@ def test_auto_checks_the_machines_of_a_job_on_more_than_one_node():
     two = resolve(compose(["+recipe=cpu_smoke", "launcher.nnodes=2", "launcher.master_port=29999"]))
     assert (one.preflight, two.preflight) == ("false", "true")
     assert "preflight first (the default on more than one node; preflight=false skips it)" in two.describe()
-    off = resolve(compose(["+recipe=cpu_smoke", "launcher.nnodes=2", "launcher.master_port=29999",
-                           "preflight=false"]))
+    off = resolve(compose(["+recipe=cpu_smoke", "launcher.nnodes=2", "launcher.master_port=29999", "preflight=false"]))
     assert off.preflight == "false"
-

@@ -23,9 +23,18 @@ def test_defaults_are_valid_and_modes_normalize():
 
 
 def test_every_bad_value_is_reported_at_once():
-    cfg = PreflightConfig(mode="maybe", slow_ratio=1.5, timeout_s=0, allreduce_sizes_mb=[1, -4],
-                          allreduce_iters=0, matmul_size=2.5, matmul_repeats=True, disk_check="some",
-                          disk_write_mb=-1, p2p_mb="1")
+    cfg = PreflightConfig(
+        mode="maybe",
+        slow_ratio=1.5,
+        timeout_s=0,
+        allreduce_sizes_mb=[1, -4],
+        allreduce_iters=0,
+        matmul_size=2.5,
+        matmul_repeats=True,
+        disk_check="some",
+        disk_write_mb=-1,
+        p2p_mb="1",
+    )
     with pytest.raises(ValueError) as info:
         cfg.validate()
     lines = str(info.value).splitlines()
@@ -45,17 +54,27 @@ def test_every_bad_value_is_reported_at_once():
 
 
 def test_the_options_module_does_not_import_torch():
-    code = ("import sys; from clorch.preflight import PreflightConfig; PreflightConfig().validate(); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from clorch.preflight import PreflightConfig; PreflightConfig().validate(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def _row(rank, host, tflops, torch_version="2.14.1"):
-    return {"rank": rank, "host": host, "local_rank": rank % 4, "local_world_size": 4, "device": "cuda:0 H200",
-            "device_uuid": f"GPU-{rank}", "failures": [], "tflops": tflops, "disk_mb_s": None,
-            "versions": {"torch": torch_version, "cuda": "13.0", "cudnn": "92400", "nccl": "2.27.7",
-                         "clorch": "0.1.0"}}
+    return {
+        "rank": rank,
+        "host": host,
+        "local_rank": rank % 4,
+        "local_world_size": 4,
+        "device": "cuda:0 H200",
+        "device_uuid": f"GPU-{rank}",
+        "failures": [],
+        "tflops": tflops,
+        "disk_mb_s": None,
+        "versions": {"torch": torch_version, "cuda": "13.0", "cudnn": "92400", "nccl": "2.27.7", "clorch": "0.1.0"},
+    }
 
 
 def test_the_verdict_names_a_slow_rank_a_version_and_a_shared_device():
@@ -72,8 +91,7 @@ def test_the_verdict_names_a_slow_rank_a_version_and_a_shared_device():
     ]
     assert not result.passed
     status = {line.split()[0]: line.split()[-1] for line in result.table.splitlines()[1:]}
-    assert status == {"0": "ok", "1": "ok", "2": "ok", "3": "FAIL", "4": "ok", "5": "FAIL", "6": "FAIL",
-                      "7": "FAIL"}
+    assert status == {"0": "ok", "1": "ok", "2": "ok", "3": "FAIL", "4": "ok", "5": "FAIL", "6": "FAIL", "7": "FAIL"}
     assert json.loads(json.dumps(result.to_dict()))["failures"] == result.failures
 
 
@@ -83,8 +101,9 @@ def test_ranks_are_compared_within_their_host_and_hosts_by_their_medians():
         rows[r]["tflops"] = 30.0  # a whole node slow: named once, as the host, with its ranks
     rows[0]["disk_mb_s"], rows[4]["disk_mb_s"] = 500.0, 200.0  # the hosts' leaders time the disk
     result = verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.25)
-    assert result.failures == ["host b (ranks 4, 5, 6, 7): matmul 30 TFLOP/s (median), 0.46 of the median 65 "
-                               "of the 2 hosts"]
+    assert result.failures == [
+        "host b (ranks 4, 5, 6, 7): matmul 30 TFLOP/s (median), 0.46 of the median 65 of the 2 hosts"
+    ]
     status = [line.split()[-1] for line in result.table.splitlines()[1:]]
     assert status == ["ok"] * 4 + ["FAIL"] * 4
     # A disk is judged by its own, looser ratio: 0.57 of the median passes, 0.18 fails.
@@ -92,7 +111,8 @@ def test_ranks_are_compared_within_their_host_and_hosts_by_their_medians():
         rows[r]["tflops"] = 100.0
     rows[4]["disk_mb_s"] = 50.0
     assert verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.25).failures == [
-        "rank 4 on host b: checkpoint write 50 MB/s, 0.18 of the median 275 of the 2 hosts"]
+        "rank 4 on host b: checkpoint write 50 MB/s, 0.18 of the median 275 of the 2 hosts"
+    ]
     assert verdict(rows, {}, 8, 0.8, {}, {}, 1.0, disk_slow_ratio=0.0).passed
 
 
@@ -106,12 +126,15 @@ def test_the_spread_of_healthy_cpu_ranks_passes_and_a_quarter_speed_rank_fails()
         assert verdict(rows, {}, 2, ratio, {}, {}, 1.0).passed
     rows[0]["tflops"], rows[1]["tflops"] = 0.1 / 4, 0.1  # 4x the work per multiply
     assert verdict(rows, {}, 2, ratio, {}, {}, 1.0).failures == [
-        "rank 0 on host vm: matmul 0.025 TFLOP/s, 0.40 of the median 0.0625"]
+        "rank 0 on host vm: matmul 0.025 TFLOP/s, 0.40 of the median 0.0625"
+    ]
 
 
 def test_a_silent_rank_is_placed_on_its_node_by_the_launch_layout():
-    known = {0: {"rank": 0, "host": "a", "local_rank": 0, "local_world_size": 4},
-             5: {"rank": 5, "host": "b", "local_rank": 1, "local_world_size": 4}}
+    known = {
+        0: {"rank": 0, "host": "a", "local_rank": 0, "local_world_size": 4},
+        5: {"rank": 5, "host": "b", "local_rank": 1, "local_world_size": 4},
+    }
     assert where(0, known) == "rank 0 on host a"
     assert where(6, known) == "rank 6 (on host b, by the launch layout)"
     assert where(9, known) == "rank 9 (host unknown)"
@@ -129,13 +152,16 @@ def test_outside_a_group_the_preflight_checks_this_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preflight.json"]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"model_params": -1}, "model_params must be a number >= 0, got -1"),
-    ({"model_params": 1.5}, "model_params must be a number >= 0, got 1.5"),
-    ({"model_params": 10, "bytes_per_param": "4"}, "bytes_per_param must be a number >= 0, got '4'"),
-    ({"model_params": 10, "options": {"slow_ratio": 2}}, "preflight.slow_ratio must be a fraction"),
-    ({"model_params": 10, "group": object()}, "group must be None or the default group"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model_params": -1}, "model_params must be a number >= 0, got -1"),
+        ({"model_params": 1.5}, "model_params must be a number >= 0, got 1.5"),
+        ({"model_params": 10, "bytes_per_param": "4"}, "bytes_per_param must be a number >= 0, got '4'"),
+        ({"model_params": 10, "options": {"slow_ratio": 2}}, "preflight.slow_ratio must be a fraction"),
+        ({"model_params": 10, "group": object()}, "group must be None or the default group"),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, kwargs, message):
     from clorch.preflight import run_preflight
 

@@ -131,8 +131,8 @@ def test_a_version_mismatch_names_the_rank_and_both_versions(tmp_path):
     for result in results:
         assert not result["passed"]
         assert result["failures"] == [
-            f"rank 1 on host {result['ranks'][1]['host']}: torch 2.0.0+other, while ranks 0, 2 have "
-            f"{torch.__version__}"]
+            f"rank 1 on host {result['ranks'][1]['host']}: torch 2.0.0+other, while ranks 0, 2 have {torch.__version__}"
+        ]
 
 
 def _absent(rank: int, world_size: int, run_dir: str, how: str) -> dict | None:
@@ -151,8 +151,9 @@ def test_a_rank_that_does_not_arrive_is_named_within_the_timeout(tmp_path, how):
     for rank in (0, 1):
         result = results[rank]
         assert not result["passed"]
-        assert result["failures"] == [f"rank 2 (on host {_host()}, by the launch layout) did not arrive "
-                                      f"within {TIMEOUT_S:g} s"]
+        assert result["failures"] == [
+            f"rank 2 (on host {_host()}, by the launch layout) did not arrive within {TIMEOUT_S:g} s"
+        ]
         assert result["waited_s"] < 3 * TIMEOUT_S  # the arrival deadline, not the group's 60 s
         assert result["table"].splitlines()[3].split() == ["2", "?", *["-"] * 13, "missing"]
     if how == "late":
@@ -192,11 +193,15 @@ def test_a_rank_hung_in_its_checks_is_named_with_where_it_was(tmp_path):
     for rank in (0, 2):
         failures = results[rank]["failures"]
         assert not results[rank]["passed"]
-        assert f"rank 1 on host {_host()} did not report its checks within {TIMEOUT_S:g} s " \
-               "(last seen at: matmul)" in failures, failures
+        assert (
+            f"rank 1 on host {_host()} did not report its checks within {TIMEOUT_S:g} s "
+            "(last seen at: matmul)" in failures
+        ), failures
         # The healthy ranks' all-reduce waited for rank 1 until its own deadline, and says which one.
-        assert any(line.startswith(f"rank {rank} on host") and "all_reduce of 1 MiB over all 3 ranks "
-                   "did not finish" in line for line in failures), failures
+        assert any(
+            line.startswith(f"rank {rank} on host") and "all_reduce of 1 MiB over all 3 ranks did not finish" in line
+            for line in failures
+        ), failures
         assert results[rank]["waited_s"] < 4 * TIMEOUT_S
     assert not results[1]["passed"]
 
@@ -208,14 +213,15 @@ def _bad_checkpoint_dirs(rank: int, world_size: int, run_dir: str, under_file: s
     options = {"timeout_s": TIMEOUT_S, "slow_ratio": 0.0}  # only the directory and memory are judged here
     # A path under a regular file cannot be created, even by root (the tests may run as root,
     # for whom permission bits do not stop a write).
-    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=under_file,
-                               model_params=1000).failures)
+    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=under_file, model_params=1000).failures)
     # A checkpoint far larger than any disk.
-    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=roomy,
-                               model_params=1000, checkpoint_bytes=1 << 60).failures)
+    found.append(
+        run_preflight(
+            options, run_dir=run_dir, checkpoint_dir=roomy, model_params=1000, checkpoint_bytes=1 << 60
+        ).failures
+    )
     # A model far larger than the host's memory (2**50 params x 4 B x 4 = 16 PiB per rank).
-    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=None,
-                               model_params=1 << 50).failures)
+    found.append(run_preflight(options, run_dir=run_dir, checkpoint_dir=None, model_params=1 << 50).failures)
     return found
 
 
@@ -223,15 +229,19 @@ def test_an_unwritable_or_full_checkpoint_directory_names_the_rank(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     under_file = blocker / "ckpt"
-    results = run_ranks(_bad_checkpoint_dirs, 2, str(tmp_path), str(under_file), str(tmp_path / "ckpt"),
-                        timeout=90)
+    results = run_ranks(_bad_checkpoint_dirs, 2, str(tmp_path), str(under_file), str(tmp_path / "ckpt"), timeout=90)
     host = _host()
     for unwritable, full, too_big in results:
-        assert [line.split(" of host memory available for 2 rank(s), the model needs an estimated ")[1][:11]
-                for line in too_big] == ["16 PiB each"] * 2
+        assert [
+            line.split(" of host memory available for 2 rank(s), the model needs an estimated ")[1][:11]
+            for line in too_big
+        ] == ["16 PiB each"] * 2
         assert [line.split(":")[0] for line in too_big] == [f"rank {r} on host {host}" for r in (0, 1)]
-        assert unwritable == [f"rank {r} on host {host}: checkpoint directory {under_file} cannot be created: "
-                              f"{blocker} is not a directory" for r in (0, 1)]
+        assert unwritable == [
+            f"rank {r} on host {host}: checkpoint directory {under_file} cannot be created: "
+            f"{blocker} is not a directory"
+            for r in (0, 1)
+        ]
         assert len(full) == 2
         for r, line in enumerate(full):
             assert line.startswith(f"rank {r} on host {host}: checkpoint directory {tmp_path / 'ckpt'} has ")

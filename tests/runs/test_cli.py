@@ -31,8 +31,13 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _killed_run(cwd: Path) -> tuple[Path, str]:
     """Start clorch-train, note the status a listing gives while it runs, then SIGKILL its group."""
-    proc = subprocess.Popen([str(TRAIN), "+recipe=cpu_smoke", "epochs=200"], cwd=cwd, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(TRAIN), "+recipe=cpu_smoke", "epochs=200"],
+        cwd=cwd,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (records := list(cwd.glob("outputs/*/*/logs/job.json"))):
@@ -67,8 +72,16 @@ def project(tmp_path_factory):
     assert result["summary"]["status"] == "failed"
     single = [p for p in cwd.glob("outputs/*/*") if p.is_dir() and p != killed]
     sweep_dir = next(cwd.glob("multirun/*/*"))
-    return {"cwd": cwd, "killed": killed, "while_running": while_running, "single": single[0],
-            "sweep": sweep_dir, "trial0": sweep_dir / "0", "trial1": sweep_dir / "1", "failed": failed}
+    return {
+        "cwd": cwd,
+        "killed": killed,
+        "while_running": while_running,
+        "single": single[0],
+        "sweep": sweep_dir,
+        "trial0": sweep_dir / "0",
+        "trial1": sweep_dir / "1",
+        "failed": failed,
+    }
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -78,8 +91,9 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def _ls_json(capsys, cwd: Path, *args: str) -> list[dict]:
-    code, out, err = _cli(capsys, "ls", "--root", str(cwd / "outputs"), "--root", str(cwd / "multirun"),
-                          "--json", *args)
+    code, out, err = _cli(
+        capsys, "ls", "--root", str(cwd / "outputs"), "--root", str(cwd / "multirun"), "--json", *args
+    )
     assert code == 0, err
     return json.loads(out)
 
@@ -93,7 +107,11 @@ def test_ls_lists_every_run_with_what_its_files_tell(project, capsys):
     assert set(rows) == {project[k].resolve() for k in ("single", "trial0", "trial1", "failed", "killed")}
     assert project["while_running"] == "running"
     assert {k: rows[project[k].resolve()]["status"] for k in ("single", "trial0", "failed", "killed")} == {
-        "single": "succeeded", "trial0": "succeeded", "failed": "failed", "killed": "killed"}
+        "single": "succeeded",
+        "trial0": "succeeded",
+        "failed": "failed",
+        "killed": "killed",
+    }
     trial = rows[project["trial0"].resolve()]
     assert trial["recipe"] == "cpu_smoke" and trial["overrides"] == ["optim.lr=0.001"]
     assert trial["sweep"] == str(project["sweep"].resolve()) and trial["world_size"] == 2
@@ -105,8 +123,13 @@ def test_ls_lists_every_run_with_what_its_files_tell(project, capsys):
 
 
 def test_ls_table_from_the_project_directory_imports_no_torch(project):
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "clorch.runs", "ls"], cwd=project["cwd"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "clorch.runs", "ls"],
+        cwd=project["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "torch" not in out.stderr  # -X importtime lists every module imported
     lines = out.stdout.splitlines()
@@ -135,15 +158,18 @@ def test_ls_filters_and_sorts(project, capsys):
     assert float(table[0]["final.eval_loss"]) > 0 and table[0]["status"] == "succeeded"
 
 
-@pytest.mark.parametrize("args, named", [
-    (["ls", "--where", "eval_loss<<0.1"], "--where 'eval_loss<<0.1': expected KEY OP VALUE"),
-    (["ls", "--where", "evl_loss<0.1"], "unknown key 'evl_loss'"),
-    (["ls", "--status", "crashed"], "--status 'crashed': not a run status; allowed: succeeded"),
-    (["ls", "--since", "yesterday"], "--since 'yesterday'"),
-    (["ls", "--sort", "nope"], "--sort 'nope': unknown key"),
-    (["show", "feedbeef"], "RUN 'feedbeef': no run has that directory or id"),
-    (["diff", "failed-run", "nope/7"], "RUN 'nope/7'"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["ls", "--where", "eval_loss<<0.1"], "--where 'eval_loss<<0.1': expected KEY OP VALUE"),
+        (["ls", "--where", "evl_loss<0.1"], "unknown key 'evl_loss'"),
+        (["ls", "--status", "crashed"], "--status 'crashed': not a run status; allowed: succeeded"),
+        (["ls", "--since", "yesterday"], "--since 'yesterday'"),
+        (["ls", "--sort", "nope"], "--sort 'nope': unknown key"),
+        (["show", "feedbeef"], "RUN 'feedbeef': no run has that directory or id"),
+        (["diff", "failed-run", "nope/7"], "RUN 'nope/7'"),
+    ],
+)
 def test_bad_arguments_exit_2_naming_them(project, capsys, monkeypatch, args, named):
     monkeypatch.chdir(project["cwd"])
     code, out, err = _cli(capsys, *args)
@@ -166,7 +192,9 @@ def test_show_gives_config_status_and_the_command_that_reruns_it(project, capsys
     assert "status     succeeded" in out and "lr: 0.001" in out and "eval_loss" in out
     code, out, _ = _cli(capsys, "show", "failed-run", "--json")
     shown = json.loads(out)
-    assert shown["status"] == "failed" and shown["error"]["rank"] == 1 and "exited with code" in shown["error"]["message"]
+    assert (
+        shown["status"] == "failed" and shown["error"]["rank"] == 1 and "exited with code" in shown["error"]["message"]
+    )
     assert shown["commands"]["rerun"].startswith("not known: the run was not started by clorch-train")
     code, out, _ = _cli(capsys, "show", str(project["killed"]), "--json")
     assert json.loads(out)["status"] == "killed" and json.loads(out)["config"]["epochs"] == 200
@@ -186,8 +214,16 @@ def test_diff_names_the_keys_that_differ_and_the_metrics(project, capsys, monkey
 def test_plot_draws_the_runs_labelled_by_what_differs(project, capsys, tmp_path):
     pytest.importorskip("matplotlib")
     before = _tree(project["cwd"])
-    code, out, err = _cli(capsys, "plot", str(project["trial0"]), str(project["trial1"]),
-                          "--metric", "eval_loss", "--out", str(tmp_path / "curves.png"))
+    code, out, err = _cli(
+        capsys,
+        "plot",
+        str(project["trial0"]),
+        str(project["trial1"]),
+        "--metric",
+        "eval_loss",
+        "--out",
+        str(tmp_path / "curves.png"),
+    )
     assert code == 0, err
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
     from clorch.runs.plot import labels
@@ -199,8 +235,10 @@ def test_plot_draws_the_runs_labelled_by_what_differs(project, capsys, tmp_path)
 
 
 def test_plot_without_matplotlib_says_which_extra_brings_it(project, tmp_path):
-    blocked = ("import sys; sys.modules['matplotlib'] = None; from clorch.runs.cli import run_cli; "
-               f"sys.exit(run_cli(['plot', {str(project['trial0'])!r}, '--out', {str(tmp_path / 'p.png')!r}]))")
+    blocked = (
+        "import sys; sys.modules['matplotlib'] = None; from clorch.runs.cli import run_cli; "
+        f"sys.exit(run_cli(['plot', {str(project['trial0'])!r}, '--out', {str(tmp_path / 'p.png')!r}]))"
+    )
     out = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "pip install 'clorch[plot]'" in out.stderr
     assert not (tmp_path / "p.png").exists()
@@ -209,7 +247,12 @@ def test_plot_without_matplotlib_says_which_extra_brings_it(project, tmp_path):
 def test_listing_and_showing_write_nothing_into_run_directories(project, capsys, monkeypatch):
     monkeypatch.chdir(project["cwd"])
     before = _tree(project["cwd"])
-    for args in (["ls"], ["ls", "--csv"], ["show", "failed-run"], ["show", str(project["killed"])],
-                 ["diff", str(project["single"]), str(project["killed"])]):
+    for args in (
+        ["ls"],
+        ["ls", "--csv"],
+        ["show", "failed-run"],
+        ["show", str(project["killed"])],
+        ["diff", str(project["single"]), str(project["killed"])],
+    ):
         assert _cli(capsys, *args)[0] == 0
     assert _tree(project["cwd"]) == before

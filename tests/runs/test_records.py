@@ -24,8 +24,17 @@ from clorch.runs.records import Run, short_id
 pytestmark = pytest.mark.timeout(60)
 
 
-def _run_dir(root, name="outputs/2026-12-01/10-00-00", *, summary=None, job=None, config=None,
-             metrics=None, overrides=None, env=None):
+def _run_dir(
+    root,
+    name="outputs/2026-12-01/10-00-00",
+    *,
+    summary=None,
+    job=None,
+    config=None,
+    metrics=None,
+    overrides=None,
+    env=None,
+):
     path = root / name
     path.mkdir(parents=True)
     if summary is not None:
@@ -51,13 +60,19 @@ def _dead_pid() -> int:
 
 
 def _job(state, pid, host=None):
-    return {"launcher_pid": pid, "host": host or socket.gethostname(), "created_at": 1796000000.0,
-            "status": {"state": state, "pids": []}}
+    return {
+        "launcher_pid": pid,
+        "host": host or socket.gethostname(),
+        "created_at": 1796000000.0,
+        "status": {"state": state, "pids": []},
+    }
 
 
 def test_a_damaged_run_is_listed_with_what_its_files_tell(tmp_path, capsys):
-    metrics = ('{"kind": "train", "step": 2, "loss": 1.5}\n{"kind": "eval", "step": 2, "eval_loss": 1.7}\n'
-               '{"kind": "train", "step": 4, "loss": 1.2}\n{"kind": "train", "st')  # cut mid-line
+    metrics = (
+        '{"kind": "train", "step": 2, "loss": 1.5}\n{"kind": "eval", "step": 2, "eval_loss": 1.7}\n'
+        '{"kind": "train", "step": 4, "loss": 1.2}\n{"kind": "train", "st'
+    )  # cut mid-line
     path = _run_dir(tmp_path, summary='{"status": "succ', metrics=metrics)
     run = Run(path)
     assert run.status == "unknown" and run.steps == 4
@@ -71,15 +86,17 @@ def test_a_damaged_run_is_listed_with_what_its_files_tell(tmp_path, capsys):
     assert " unknown " in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("state, pid, host, stop, status", [
-    ("running", "self", None, False, "running"),
-    ("running", "dead", None, False, "killed"),
-    ("running", "dead", None, True, "stopped"),
-    ("running", "dead", "another-host", False, "unknown"),
-    ("failed", "dead", None, False, "failed"),
-])
-def test_without_a_summary_the_launchers_record_and_pid_tell_the_status(tmp_path, state, pid, host, stop,
-                                                                        status):
+@pytest.mark.parametrize(
+    "state, pid, host, stop, status",
+    [
+        ("running", "self", None, False, "running"),
+        ("running", "dead", None, False, "killed"),
+        ("running", "dead", None, True, "stopped"),
+        ("running", "dead", "another-host", False, "unknown"),
+        ("failed", "dead", None, False, "failed"),
+    ],
+)
+def test_without_a_summary_the_launchers_record_and_pid_tell_the_status(tmp_path, state, pid, host, stop, status):
     launcher = os.getpid() if pid == "self" else _dead_pid()
     path = _run_dir(tmp_path, job=_job(state, launcher, host))
     if stop:
@@ -88,8 +105,9 @@ def test_without_a_summary_the_launchers_record_and_pid_tell_the_status(tmp_path
 
 
 def test_a_run_with_a_summary_is_what_its_summary_says(tmp_path):
-    path = _run_dir(tmp_path, summary={"status": "interrupted", "steps": 3, "run_id": "rec0rded"},
-                    job=_job("running", _dead_pid()))
+    path = _run_dir(
+        tmp_path, summary={"status": "interrupted", "steps": 3, "run_id": "rec0rded"}, job=_job("running", _dead_pid())
+    )
     run = Run(path)
     assert (run.status, run.steps, run.id) == ("interrupted", 3, "rec0rded")
     other = _run_dir(tmp_path, "outputs/2026-12-01/10-00-01", summary={"status": "succeeded"})
@@ -109,16 +127,24 @@ def test_rerun_and_resume_commands(tmp_path):
     (ckpt / "step_00000002.ckpt").write_text("")
     (ckpt / "step_00000004.ckpt").write_text("")
     config = {"checkpoint": {"policy": "periodic", "dir": str(ckpt)}, "optim": {"lr": 0.001}}
-    path = _run_dir(tmp_path, job=_job("running", _dead_pid()), config=config, env={"cwd": "/work/x y"},
-                    overrides=["+recipe=cpu_smoke", "++optim.lr=0.001", "checkpoint.dir=ckpt"])
+    path = _run_dir(
+        tmp_path,
+        job=_job("running", _dead_pid()),
+        config=config,
+        env={"cwd": "/work/x y"},
+        overrides=["+recipe=cpu_smoke", "++optim.lr=0.001", "checkpoint.dir=ckpt"],
+    )
     run = Run(path)
     assert run.status == "killed" and [c["step"] for c in checkpoints(run)] == [2, 4]
     # (the re-run names the checkpoint directory absolute: it works pasted anywhere)
-    assert rerun_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
-                                  "'checkpoint.dir=/work/x y/ckpt'")
+    assert rerun_command(run) == (
+        "cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 'checkpoint.dir=/work/x y/ckpt'"
+    )
     # (the resume goes on in the run's own directory, named absolute)
-    assert resume_command(run) == ("cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
-                                   f"hydra.run.dir={path.resolve()} checkpoint.dir={ckpt} checkpoint.resume=latest")
+    assert resume_command(run) == (
+        "cd '/work/x y' && clorch-train +recipe=cpu_smoke ++optim.lr=0.001 "
+        f"hydra.run.dir={path.resolve()} checkpoint.dir={ckpt} checkpoint.resume=latest"
+    )
     typed = ["/venv/bin/clorch-train", "+recipe=/my/r.yaml", "optim.lr=1e-3", "hydra.run.dir=/o/r"]
     (path / "env.json").write_text(json.dumps({"cwd": "/w", "argv": typed}))
     assert rerun_command(Run(path)) == "cd /w && clorch-train +recipe=/my/r.yaml optim.lr=1e-3"
@@ -127,9 +153,17 @@ def test_rerun_and_resume_commands(tmp_path):
 
 
 def test_where_conditions(tmp_path):
-    runs = [Run(_run_dir(tmp_path, f"outputs/2026-12-01/10-00-0{i}", config={"optim": {"lr": lr}},
-                         summary={"status": "succeeded", "final": {"eval_loss": loss}} if loss else None))
-            for i, (lr, loss) in enumerate([(1e-3, 0.05), (3e-3, 0.2), (3e-3, None)])]
+    runs = [
+        Run(
+            _run_dir(
+                tmp_path,
+                f"outputs/2026-12-01/10-00-0{i}",
+                config={"optim": {"lr": lr}},
+                summary={"status": "succeeded", "final": {"eval_loss": loss}} if loss else None,
+            )
+        )
+        for i, (lr, loss) in enumerate([(1e-3, 0.05), (3e-3, 0.2), (3e-3, None)])
+    ]
     assert [r.path.name for r in pick(runs, ["eval_loss<0.1"])] == ["10-00-00"]
     assert [r.path.name for r in pick(runs, ["optim.lr == 3e-3", "eval_loss!=null"])] == ["10-00-01"]
     assert [r.path.name for r in pick(runs, ["eval_loss=null"])] == ["10-00-02"]

@@ -17,8 +17,7 @@ from clorch.distributed.collectives import failure_like
 MIB = 1024 * 1024
 
 
-def plan_buckets(params: Sequence[torch.Tensor], bucket_cap_mb: float,
-                 first_bucket_cap_mb: float) -> list[list[int]]:
+def plan_buckets(params: Sequence[torch.Tensor], bucket_cap_mb: float, first_bucket_cap_mb: float) -> list[list[int]]:
     """Group parameter indices into buckets; bucket 0 is the one whose gradients arrive first.
 
     Parameters are visited in reverse registration order because autograd
@@ -114,26 +113,31 @@ def wait_for_reduction(work, bucket: Bucket) -> None:
 def _reduction_failure(exc: RuntimeError, bucket: Bucket) -> RuntimeError:
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     names = ", ".join(bucket.names[:3]) + (", ..." if len(bucket.names) > 3 else "")
-    return failure_like(exc, (
-        f"DistributedDataParallel: the gradient all-reduce of the bucket holding {names} failed on "
-        f"rank {rank} ({type(exc).__name__}: {exc}). Every rank must run the same synchronized "
-        "backward: a peer that died, is stuck, or called another collective instead "
-        "(save_checkpoint on rank 0 only, say) leaves this rank waiting here until the collective "
-        "timeout. HINT: CLORCH_DEBUG_COLLECTIVES=1 makes clorch's collectives name the one each "
-        "rank called"))
+    return failure_like(
+        exc,
+        (
+            f"DistributedDataParallel: the gradient all-reduce of the bucket holding {names} failed on "
+            f"rank {rank} ({type(exc).__name__}: {exc}). Every rank must run the same synchronized "
+            "backward: a peer that died, is stuck, or called another collective instead "
+            "(save_checkpoint on rank 0 only, say) leaves this rank waiting here until the collective "
+            "timeout. HINT: CLORCH_DEBUG_COLLECTIVES=1 makes clorch's collectives name the one each "
+            "rank called"
+        ),
+    )
 
 
 def _views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
     views, offset = [], 0
     for shape in shapes:
         numel = shape.numel()
-        views.append(flat[offset:offset + numel].view(shape))
+        views.append(flat[offset : offset + numel].view(shape))
         offset += numel
     return views
 
 
-def build_buckets(params: Sequence[torch.Tensor], names: Sequence[str], plan: list[list[int]],
-                  reduce_dtype: torch.dtype | None) -> list[Bucket]:
+def build_buckets(
+    params: Sequence[torch.Tensor], names: Sequence[str], plan: list[list[int]], reduce_dtype: torch.dtype | None
+) -> list[Bucket]:
     """Allocate one flat buffer per planned bucket (plus a comm buffer when converting)."""
     buckets = []
     for index, members in enumerate(plan):
@@ -146,6 +150,7 @@ def build_buckets(params: Sequence[torch.Tensor], names: Sequence[str], plan: li
             comm = torch.zeros(numel, dtype=reduce_dtype, device=first.device)
         grad_views = _views(flat, shapes)
         comm_views = grad_views if comm is flat else _views(comm, shapes)
-        buckets.append(Bucket(index, list(members), flat, comm, grad_views, comm_views,
-                              names=[names[i] for i in members]))
+        buckets.append(
+            Bucket(index, list(members), flat, comm, grad_views, comm_views, names=[names[i] for i in members])
+        )
     return buckets

@@ -49,7 +49,8 @@ def check_comm_hook(hook: object) -> Callable:
             f"register_comm_hook: clorch's DistributedDataParallel accepts torch's elementwise hooks "
             f"({names}, from torch.distributed.algorithms.ddp_comm_hooks), got {name!r}: clorch's "
             "buckets are not torch's, so a hook that looks across a bucket would compute other values "
-            "(for bf16 or fp16 buckets without a hook, reduce_dtype= does the same pre-divided)")
+            "(for bf16 or fp16 buckets without a hook, reduce_dtype= does the same pre-divided)"
+        )
     return hook
 
 
@@ -110,8 +111,10 @@ class HookWork:
         if isinstance(result, (list, tuple)) and len(result) == 1:
             result = result[0]
         if not isinstance(result, torch.Tensor) or result.numel() != flat.numel():
-            raise ValueError(f"register_comm_hook: the hook's Future must hold one tensor of the "
-                             f"bucket's {flat.numel()} elements, got {result!r:.200}")
+            raise ValueError(
+                f"register_comm_hook: the hook's Future must hold one tensor of the "
+                f"bucket's {flat.numel()} elements, got {result!r:.200}"
+            )
         if result.data_ptr() != flat.data_ptr():
             flat.copy_(result.view(flat.shape))
         return True
@@ -125,16 +128,23 @@ class HookReducer(Reducer):
     must register the same hook.
     """
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
-                 bucket_cap_mb: float, first_bucket_cap_mb: float, hook: Callable, state: Any):
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        bucket_cap_mb: float,
+        first_bucket_cap_mb: float,
+        hook: Callable,
+        state: Any,
+    ):
         # world_size=1 makes the divisor 1; communicate=True makes each full bucket call _send.
-        super().__init__(params, names, bucket_cap_mb, first_bucket_cap_mb, None, world_size=1,
-                         communicate=True)
+        super().__init__(params, names, bucket_cap_mb, first_bucket_cap_mb, None, world_size=1, communicate=True)
         self.hook, self.state = hook, state
 
     def _send(self, bucket: Bucket) -> None:
         future = self.hook(self.state, GradBucket(bucket, self.params, len(self.buckets)))
         if not isinstance(future, torch._C.Future):  # what .then() returns is the C++ class
-            raise TypeError(f"register_comm_hook: the hook must return a torch.futures.Future, "
-                            f"got {type(future).__name__}")
+            raise TypeError(
+                f"register_comm_hook: the hook must return a torch.futures.Future, got {type(future).__name__}"
+            )
         bucket.work = HookWork(future, bucket)

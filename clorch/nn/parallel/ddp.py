@@ -30,6 +30,7 @@ from clorch.precision import DTYPE_NAMES, torch_dtype
 DEFAULT_BUCKET_CAP_MB = 25.0
 """MiB per bucket when `bucket_cap_mb` is None (torch's DDP default; the config's default too)."""
 
+
 def resolve_reduce_dtype(value: object) -> torch.dtype | None:
     """The dtype buckets travel in, for `DistributedDataParallel(reduce_dtype=value)`.
 
@@ -50,8 +51,9 @@ def resolve_reduce_dtype(value: object) -> torch.dtype | None:
     if isinstance(value, str) and value in DTYPE_NAMES:
         return torch_dtype(value)
     names = ", ".join(repr(name) for name in DTYPE_NAMES)
-    raise ValueError(f"reduce_dtype must be None, one of {names} or a floating torch dtype "
-                     f"(e.g. torch.bfloat16), got {value!r}")
+    raise ValueError(
+        f"reduce_dtype must be None, one of {names} or a floating torch dtype (e.g. torch.bfloat16), got {value!r}"
+    )
 
 
 def _check_cap(name: str, value: object) -> float:
@@ -90,7 +92,8 @@ class DistributedDataParallel(TorchDDPInterface):
     `static_graph`, `gradient_as_bucket_view`, `device`), `no_sync()`,
     `register_comm_hook` (torch's elementwise hooks) and `_set_static_graph()`;
     torch's `__init__` and reducer never run, and torch's internals that would
-    need them (`join`, `_register_fused_optim`, ...) raise NotImplementedError. As with torch's DDP, `.grad` holds the average
+    need them (`join`, `_register_fused_optim`, ...) raise NotImplementedError. As with torch's DDP,
+    `.grad` holds the average
     over ranks when a synchronized `backward()` returns; forwards inside
     `no_sync()` (or with `require_backward_grad_sync = False`) make their
     backward accumulate locally instead. Construction is a synchronization
@@ -150,23 +153,43 @@ class DistributedDataParallel(TorchDDPInterface):
         RuntimeError: no process group is initialized but WORLD_SIZE > 1.
     """
 
-    def __init__(self, module: nn.Module, device_ids: Any = None, output_device: Any = None,
-                 dim: int = 0, broadcast_buffers: bool | None = True, init_sync: bool = True,
-                 process_group: Any = None, bucket_cap_mb: float | None = None,
-                 find_unused_parameters: bool = False, check_reduction: bool = False,
-                 gradient_as_bucket_view: bool = False, static_graph: bool = False,
-                 delay_all_reduce_named_params: Any = None, param_to_hook_all_reduce: Any = None,
-                 mixed_precision: Any = None, device_mesh: Any = None,
-                 skip_all_reduce_unused_params: bool = False, *, first_bucket_cap_mb: float = 1.0,
-                 reduce_dtype: Any = None, overlap_grad_copies: bool = False, **torch_only: Any):
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Any = None,
+        output_device: Any = None,
+        dim: int = 0,
+        broadcast_buffers: bool | None = True,
+        init_sync: bool = True,
+        process_group: Any = None,
+        bucket_cap_mb: float | None = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        delay_all_reduce_named_params: Any = None,
+        param_to_hook_all_reduce: Any = None,
+        mixed_precision: Any = None,
+        device_mesh: Any = None,
+        skip_all_reduce_unused_params: bool = False,
+        *,
+        first_bucket_cap_mb: float = 1.0,
+        reduce_dtype: Any = None,
+        overlap_grad_copies: bool = False,
+        **torch_only: Any,
+    ):
         nn.Module.__init__(self)  # not torch's DDP __init__: that would build torch's reducer
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        check_unsupported(find_unused_parameters=find_unused_parameters,
-                          delay_all_reduce_named_params=delay_all_reduce_named_params,
-                          param_to_hook_all_reduce=param_to_hook_all_reduce,
-                          mixed_precision=mixed_precision, device_mesh=device_mesh,
-                          skip_all_reduce_unused_params=skip_all_reduce_unused_params, **torch_only)
+        check_unsupported(
+            find_unused_parameters=find_unused_parameters,
+            delay_all_reduce_named_params=delay_all_reduce_named_params,
+            param_to_hook_all_reduce=param_to_hook_all_reduce,
+            mixed_precision=mixed_precision,
+            device_mesh=device_mesh,
+            skip_all_reduce_unused_params=skip_all_reduce_unused_params,
+            **torch_only,
+        )
         check_process_group(process_group)
         if not isinstance(overlap_grad_copies, bool):
             raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
@@ -199,10 +222,14 @@ class DistributedDataParallel(TorchDDPInterface):
         trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
         if comm_hook is not None:
             cap, first_cap = self._reducer_args[:2]
-            return HookReducer([p for _, p in trainable], [n for n, _ in trainable], cap, first_cap,
-                               *comm_hook)
-        return Reducer([p for _, p in trainable], [n for n, _ in trainable], *self._reducer_args,
-                       communicate=communicate, overlap_grad_copies=self.overlap_grad_copies)
+            return HookReducer([p for _, p in trainable], [n for n, _ in trainable], cap, first_cap, *comm_hook)
+        return Reducer(
+            [p for _, p in trainable],
+            [n for n, _ in trainable],
+            *self._reducer_args,
+            communicate=communicate,
+            overlap_grad_copies=self.overlap_grad_copies,
+        )
 
     def _run_bucket_path(self) -> None:
         """Run the whole bucket path even at world size 1 (each bucket all-reduced to this rank alone).
@@ -250,14 +277,18 @@ class DistributedDataParallel(TorchDDPInterface):
                 optimizer was already handed over.
         """
         if isinstance(self._reducer, HookReducer):
-            raise ValueError("step_in_backward() cannot be combined with register_comm_hook(): the "
-                             "hook's Future, not clorch's all-reduce, completes each bucket")
+            raise ValueError(
+                "step_in_backward() cannot be combined with register_comm_hook(): the "
+                "hook's Future, not clorch's all-reduce, completes each bucket"
+            )
         if self._reducer is None:
             self._reducer = self._build_reducer()
         reducer = self._reducer
         if reducer.stepper is not None:
-            raise ValueError("step_in_backward() was already called on this model "
-                             f"(with a {type(reducer.stepper.optimizer).__name__}); call it once")
+            raise ValueError(
+                "step_in_backward() was already called on this model "
+                f"(with a {type(reducer.stepper.optimizer).__name__}); call it once"
+            )
         reducer.stepper = BucketStepper(optimizer, reducer.buckets, reducer.params)
 
     @property
@@ -350,8 +381,10 @@ class DistributedDataParallel(TorchDDPInterface):
             raise reducer.no_synchronized_backward()
         if reducer is not None and reducer.stepper is not None and reducer.stepper.optimizer is optimizer:
             if scaler is not None:
-                raise ValueError("optimizer_step(): a scaler cannot skip a step that backward already "
-                                 "took (step_in_backward); use bf16 or fp32 without a scaler")
+                raise ValueError(
+                    "optimizer_step(): a scaler cannot skip a step that backward already "
+                    "took (step_in_backward); use bf16 or fp32 without a scaler"
+                )
             stepped = True
         elif scaler is None:
             optimizer.step()
@@ -368,8 +401,12 @@ class DistributedDataParallel(TorchDDPInterface):
     def _unscale_flat(self, optimizer: torch.optim.Optimizer, scaler: Any) -> bool:
         """Unscale through the buckets where every gradient of `optimizer` views one; whether it did."""
         reducer = self._reducer
-        if (reducer is not None and isinstance(scaler, GradScaler) and not scaler.is_unscaled(optimizer)
-                and self._optimizer_covers(optimizer)):
+        if (
+            reducer is not None
+            and isinstance(scaler, GradScaler)
+            and not scaler.is_unscaled(optimizer)
+            and self._optimizer_covers(optimizer)
+        ):
             # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
             scaler.unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
             return True

@@ -49,8 +49,18 @@ import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
 from clorch.precision import get_precision
 
-__all__ = ["AUTO_MIN_PARAMS", "ShardedTrainer", "apply_activation_checkpointing", "clip_grad_norm_", "device_mesh",
-           "gpt_init_fn", "materialize", "mixed_precision_policy", "shard_model", "sharded_modules"]
+__all__ = [
+    "AUTO_MIN_PARAMS",
+    "ShardedTrainer",
+    "apply_activation_checkpointing",
+    "clip_grad_norm_",
+    "device_mesh",
+    "gpt_init_fn",
+    "materialize",
+    "mixed_precision_policy",
+    "shard_model",
+    "sharded_modules",
+]
 
 AUTO_MIN_PARAMS = 1_000_000
 """`shard_modules="auto"`: a child module with at least this many parameters gets its own fully_shard."""
@@ -68,8 +78,10 @@ def device_mesh(device_type: str | None = None) -> DeviceMesh:
     Collective: every rank must call it. Raises RuntimeError outside a process group.
     """
     if not cdist.is_initialized():
-        raise RuntimeError("device_mesh needs an initialized process group "
-                           "(clorch.distributed.process_group() or torch.distributed.init_process_group)")
+        raise RuntimeError(
+            "device_mesh needs an initialized process group "
+            "(clorch.distributed.process_group() or torch.distributed.init_process_group)"
+        )
     if device_type is None:
         device_type = "cuda" if cdist.backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, (cdist.world_size(),))
@@ -91,8 +103,9 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
     compute, reduce = get_precision(precision), get_precision(reduce_dtype)
     if not compute.autocast and not reduce.autocast:
         return None
-    return MixedPrecisionPolicy(param_dtype=compute.torch_dtype() if compute.autocast else None,
-                                reduce_dtype=reduce.torch_dtype())
+    return MixedPrecisionPolicy(
+        param_dtype=compute.torch_dtype() if compute.autocast else None, reduce_dtype=reduce.torch_dtype()
+    )
 
 
 def _class_name(module: nn.Module) -> str:
@@ -107,8 +120,9 @@ def _parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto",
-                    min_params: int = AUTO_MIN_PARAMS) -> list[nn.Module]:
+def sharded_modules(
+    model: nn.Module, shard_modules: str | Sequence[str] = "auto", min_params: int = AUTO_MIN_PARAMS
+) -> list[nn.Module]:
     """The submodules that get their own `fully_shard` (never the root, which `shard_model` adds).
 
     Args:
@@ -135,25 +149,34 @@ def sharded_modules(model: nn.Module, shard_modules: str | Sequence[str] = "auto
     present = {_class_name(m) for m in model.modules()}
     missing = [n for n in shard_modules if n not in present]
     if missing:
-        raise ValueError(f"shard_modules names classes that are not in the model: {missing}; "
-                         f"the model has {sorted(present)}")
+        raise ValueError(
+            f"shard_modules names classes that are not in the model: {missing}; the model has {sorted(present)}"
+        )
     wanted = set(shard_modules)
     return [m for m in model.modules() if m is not model and _class_name(m) in wanted]
 
 
 def _auto_collect(module: nn.Module, min_params: int, chosen: list[nn.Module]) -> None:
     for child in module.children():
-        if _parameter_count(child) >= min_params and not isinstance(child, (nn.ModuleList, nn.ModuleDict,
-                                                                            nn.Sequential)):
+        if _parameter_count(child) >= min_params and not isinstance(
+            child, (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+        ):
             chosen.append(child)
         else:
             _auto_collect(child, min_params, chosen)
 
 
-def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None,
-                shard_modules: str | Sequence[str] = "auto", min_params: int = AUTO_MIN_PARAMS,
-                reshard_after_forward: bool = True, precision: str = "fp32", reduce_dtype: str = "fp32",
-                cpu_offload: bool = False) -> nn.Module:
+def shard_model(
+    model: nn.Module,
+    *,
+    mesh: DeviceMesh | None = None,
+    shard_modules: str | Sequence[str] = "auto",
+    min_params: int = AUTO_MIN_PARAMS,
+    reshard_after_forward: bool = True,
+    precision: str = "fp32",
+    reduce_dtype: str = "fp32",
+    cpu_offload: bool = False,
+) -> nn.Module:
     """Apply `fully_shard` to the chosen submodules, then to the root; return the same model.
 
     Works on a model on the meta device (then call `materialize`) or on real tensors.
@@ -185,8 +208,9 @@ def shard_model(model: nn.Module, *, mesh: DeviceMesh | None = None,
     if policy is not None:
         kwargs["mp_policy"] = policy
     # Pinned memory exists only with CUDA; a CPU-only job offloads to where it already is.
-    kwargs["offload_policy"] = (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-                                if cpu_offload else OffloadPolicy())
+    kwargs["offload_policy"] = (
+        CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    )
     for module in sharded_modules(model, shard_modules, min_params):
         fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
@@ -202,7 +226,7 @@ def gpt_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
 
 
 def _module_seed(seed: int, name: str) -> int:
-    return (seed + zlib.crc32(name.encode())) % (2 ** 63)
+    return (seed + zlib.crc32(name.encode())) % (2**63)
 
 
 def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
@@ -216,8 +240,9 @@ def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
             param.copy_(full)
 
 
-def materialize(model: nn.Module, device: str | torch.device, *, seed: int = 0,
-                init_fn: Callable[[nn.Module], None] | None = None) -> nn.Module:
+def materialize(
+    model: nn.Module, device: str | torch.device, *, seed: int = 0, init_fn: Callable[[nn.Module], None] | None = None
+) -> nn.Module:
     """Give a meta (or empty) model real storage on `device` and seeded initial values.
 
     See the module docstring for the rule that makes the values independent of
@@ -265,11 +290,16 @@ def _check_initializable(model: nn.Module, init_fn: Callable[[nn.Module], None] 
         if any(True for _ in module.buffers(recurse=False)):
             buffers.append(f"{name or '(root)'} ({_class_name(module)})")
     if bare:
-        raise ValueError(f"materialize cannot initialize the parameters of {bare}: they have no "
-                         "reset_parameters(); pass init_fn=, a function of a module that fills its parameters")
+        raise ValueError(
+            f"materialize cannot initialize the parameters of {bare}: they have no "
+            "reset_parameters(); pass init_fn=, a function of a module that fills its parameters"
+        )
     if buffers:
-        warnings.warn(f"materialize leaves the buffers of {buffers} uninitialized (no reset_parameters()); "
-                      "fill them after materialize", stacklevel=3)
+        warnings.warn(
+            f"materialize leaves the buffers of {buffers} uninitialized (no reset_parameters()); "
+            "fill them after materialize",
+            stacklevel=3,
+        )
 
 
 def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -291,8 +321,9 @@ def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
                 module._parameters[name] = first._parameters[first_name]
 
 
-def _with_parameters(module: nn.Module, full: dict[str, nn.Parameter],
-                     init_fn: Callable[[nn.Module], None] | None) -> None:
+def _with_parameters(
+    module: nn.Module, full: dict[str, nn.Parameter], init_fn: Callable[[nn.Module], None] | None
+) -> None:
     """Run the module's initializers on full-size CPU stand-ins for its parameters."""
     saved = {n: module._parameters[n] for n in full}
     try:
@@ -331,8 +362,10 @@ def apply_activation_checkpointing(model: nn.Module, module_classes: str | Seque
     """
     if module_classes == "auto":
         if _class_name(model) != "GPT":
-            raise ValueError("apply_activation_checkpointing(module_classes='auto') knows only the built-in "
-                             f"GPT's blocks; name your model's block classes, e.g. ['{_GPT_BLOCK}']")
+            raise ValueError(
+                "apply_activation_checkpointing(module_classes='auto') knows only the built-in "
+                f"GPT's blocks; name your model's block classes, e.g. ['{_GPT_BLOCK}']"
+            )
         module_classes = [_GPT_BLOCK]
     chosen = sharded_modules(model, module_classes)
     for module in chosen:
@@ -340,8 +373,9 @@ def apply_activation_checkpointing(model: nn.Module, module_classes: str | Seque
     return len(chosen)
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor] | nn.Module, max_norm: float,
-                    norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor] | nn.Module, max_norm: float, norm_type: float = 2.0
+) -> torch.Tensor:
     """torch's `clip_grad_norm_`, on sharded (DTensor) or plain gradients; returns the total norm.
 
     The norm is that of the whole model's gradient, as in one process. With sharded
@@ -411,8 +445,10 @@ class ShardedTrainer:
             ValueError: a loss scaler (fp16 needs one that sees sharded gradients).
         """
         if scaler is not None:
-            raise ValueError("a sharded model cannot step with clorch's loss scaler: fp16 under "
-                             "parallel=fsdp is not supported yet (use precision=bf16 or fp32)")
+            raise ValueError(
+                "a sharded model cannot step with clorch's loss scaler: fp16 under "
+                "parallel=fsdp is not supported yet (use precision=bf16 or fp32)"
+            )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return True

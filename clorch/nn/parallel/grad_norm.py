@@ -20,8 +20,9 @@ from torch import nn
 from clorch.nn.parallel.ddp import unwrap_model
 
 
-def clip_grad_norm(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None,
-                   scaler: Any = None) -> torch.Tensor | None:
+def clip_grad_norm(
+    model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None, scaler: Any = None
+) -> torch.Tensor | None:
     """Unscale the step's gradients, take their total 2-norm and, with `max_norm`, clip them to it.
 
     Local: no collective and no host sync (the norm stays on the device). Call
@@ -50,8 +51,10 @@ def clip_grad_norm(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm:
         # Backward stepped already (no scaler can be in play): the averages are still in .grad,
         # to be measured, but too late to clip.
         if max_norm is not None:
-            raise ValueError(f"grad_clip={max_norm} cannot clip gradients that backward already "
-                             "stepped (step_in_backward): clip with an ordinary step")
+            raise ValueError(
+                f"grad_clip={max_norm} cannot clip gradients that backward already "
+                "stepped (step_in_backward): clip with an ordinary step"
+            )
     elif (unscale := getattr(model, "unscale_gradients", None)) is not None:
         unscale(optimizer, scaler)
     else:

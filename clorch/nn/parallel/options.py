@@ -9,14 +9,19 @@ import torch.distributed as dist
 from torch import nn
 
 _UNSUPPORTED_DEFAULTS = {
-    "find_unused_parameters": False, "delay_all_reduce_named_params": None,
-    "param_to_hook_all_reduce": None, "mixed_precision": None, "device_mesh": None,
-    "skip_all_reduce_unused_params": False, "bucket_cap_mb_list": None,
-    "batched_grad_copy": False, "forward_sync_buffers": None,
+    "find_unused_parameters": False,
+    "delay_all_reduce_named_params": None,
+    "param_to_hook_all_reduce": None,
+    "mixed_precision": None,
+    "device_mesh": None,
+    "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+    "batched_grad_copy": False,
+    "forward_sync_buffers": None,
 }
 _HINTS = {
     "find_unused_parameters": "every trainable parameter must receive a gradient in each "
-                              "synchronized backward (set requires_grad=False on unused ones)",
+    "synchronized backward (set requires_grad=False on unused ones)",
     "mixed_precision": "use reduce_dtype= for the buckets and clorch.amp.autocast for compute",
     "device_mesh": "clorch reduces over the whole job (the default process group)",
 }
@@ -30,8 +35,9 @@ def check_unsupported(**options: Any) -> None:
         default = _UNSUPPORTED_DEFAULTS[name]
         if value is not default and value != default:
             hint = _HINTS.get(name, "leave it at its default")
-            raise ValueError(f"{name}={value!r} is unsupported by clorch's DistributedDataParallel "
-                             f"(allowed: {default!r}): {hint}")
+            raise ValueError(
+                f"{name}={value!r} is unsupported by clorch's DistributedDataParallel (allowed: {default!r}): {hint}"
+            )
 
 
 def check_process_group(process_group: Any) -> None:
@@ -41,17 +47,23 @@ def check_process_group(process_group: Any) -> None:
     default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     if process_group is default or process_group is dist.group.WORLD:
         return
-    raise ValueError(f"process_group must be None or the default process group, got {process_group!r}: "
-                     "clorch's DistributedDataParallel reduces over every rank of the job")
+    raise ValueError(
+        f"process_group must be None or the default process group, got {process_group!r}: "
+        "clorch's DistributedDataParallel reduces over every rank of the job"
+    )
 
 
 def _as_device(name: str, value: Any) -> torch.device:
     try:
-        device = torch.device("cuda", value) if isinstance(value, int) and not isinstance(value, bool) \
+        device = (
+            torch.device("cuda", value)
+            if isinstance(value, int) and not isinstance(value, bool)
             else torch.device(value)
+        )
     except (TypeError, RuntimeError, ValueError):
-        raise ValueError(f"{name} must name a device (an int index, 'cuda:N' or a torch.device), "
-                         f"got {value!r}") from None
+        raise ValueError(
+            f"{name} must name a device (an int index, 'cuda:N' or a torch.device), got {value!r}"
+        ) from None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -81,8 +93,10 @@ def check_device_ids(module: nn.Module, device_ids: Any, output_device: Any) -> 
     if where is not None and where.type == "cpu":
         raise ValueError(f"device_ids must be None for a module on the CPU, got {device_ids!r}")
     if where is not None and where != device:
-        raise ValueError(f"device_ids={device_ids!r} names {device}, but the module is on {where}: "
-                         "move the module to this rank's device first (model.to(device_ids[0]))")
+        raise ValueError(
+            f"device_ids={device_ids!r} names {device}, but the module is on {where}: "
+            "move the module to this rank's device first (model.to(device_ids[0]))"
+        )
     if output_device is not None and _as_device("output_device", output_device) != device:
         raise ValueError(f"output_device={output_device!r} must be the device of device_ids ({device})")
     return device

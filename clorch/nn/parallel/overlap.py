@@ -39,7 +39,8 @@ def _refuse_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object)
     raise ValueError(
         f"{type(optimizer).__name__}.step() was called, but this optimizer already steps inside "
         "backward (DistributedDataParallel.step_in_backward): each synchronized backward updates "
-        "the parameters; call only optimizer.zero_grad() (or model.optimizer_step(optimizer)) after it")
+        "the parameters; call only optimizer.zero_grad() (or model.optimizer_step(optimizer)) after it"
+    )
 
 
 class BucketStepper:
@@ -57,14 +58,15 @@ class BucketStepper:
             or parameters that differ from the model's trainable ones.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, buckets: Sequence[Bucket],
-                 params: Sequence[torch.Tensor]):
+    def __init__(self, optimizer: torch.optim.Optimizer, buckets: Sequence[Bucket], params: Sequence[torch.Tensor]):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"step_in_backward() takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
         name = type(optimizer).__name__
         if name in _NEEDS_WHOLE_MODEL:
-            raise ValueError(f"step_in_backward() needs an optimizer that steps each parameter on its "
-                             f"own (SGD, Adam, AdamW, ...), got {name}")
+            raise ValueError(
+                f"step_in_backward() needs an optimizer that steps each parameter on its "
+                f"own (SGD, Adam, AdamW, ...), got {name}"
+            )
         _check_covers(optimizer, params)
         self.optimizer = optimizer
         self._group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
@@ -144,12 +146,29 @@ class BucketStepper:
         for g, params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in lists:
             group = main.param_groups[g]
             beta1, beta2 = group["betas"]
-            adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                 amsgrad=group["amsgrad"], has_complex=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                 foreach=group["foreach"], capturable=group["capturable"], differentiable=False,
-                 fused=group["fused"], grad_scale=None, found_inf=None,
-                 decoupled_weight_decay=group["decoupled_weight_decay"])
+            adam(
+                params,
+                [p.grad for p in params],
+                exp_avgs,
+                exp_avg_sqs,
+                max_exp_avg_sqs,
+                steps,
+                amsgrad=group["amsgrad"],
+                has_complex=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=group["maximize"],
+                foreach=group["foreach"],
+                capturable=group["capturable"],
+                differentiable=False,
+                fused=group["fused"],
+                grad_scale=None,
+                found_inf=None,
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+            )
         return True
 
     def _adam_lists(self, index: int) -> list[tuple] | None:
@@ -165,9 +184,16 @@ class BucketStepper:
             states = [main.state.get(p) for p in params]
             if not all(state and "step" in state for state in states) or any(p.is_complex() for p in params):
                 return None
-            lists.append((g, params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                          [s["max_exp_avg_sq"] for s in states] if settings["amsgrad"] else [],
-                          [s["step"] for s in states]))
+            lists.append(
+                (
+                    g,
+                    params,
+                    [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [s["max_exp_avg_sq"] for s in states] if settings["amsgrad"] else [],
+                    [s["step"] for s in states],
+                )
+            )
         return lists
 
     def join(self) -> None:
@@ -190,4 +216,5 @@ def _check_covers(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tenso
             "step_in_backward(): the optimizer must hold exactly the model's trainable parameters "
             f"(the model has {len(ours)}, the optimizer {len(theirs)}, {len(theirs - ours)} of them "
             f"not the model's, {len(ours - theirs)} of the model's missing); build it from "
-            "model.parameters()")
+            "model.parameters()"
+        )

@@ -84,10 +84,17 @@ class Reducer:
             side stream, one multi-tensor copy per bucket (ignored on CPU).
     """
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str],
-                 bucket_cap_mb: float, first_bucket_cap_mb: float,
-                 reduce_dtype: torch.dtype | None, world_size: int, communicate: bool | None = None,
-                 overlap_grad_copies: bool = False):
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        bucket_cap_mb: float,
+        first_bucket_cap_mb: float,
+        reduce_dtype: torch.dtype | None,
+        world_size: int,
+        communicate: bool | None = None,
+        overlap_grad_copies: bool = False,
+    ):
         self._params = list(params)
         self._names = list(names)
         plan = plan_buckets(self._params, bucket_cap_mb, first_bucket_cap_mb)
@@ -95,8 +102,8 @@ class Reducer:
         self._fired = [False] * len(self._params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
-        self.sync = True           # set from DistributedDataParallel.forward
-        self.committed = False     # a synchronized backward finished since the last optimizer step
+        self.sync = True  # set from DistributedDataParallel.forward
+        self.committed = False  # a synchronized backward finished since the last optimizer step
         self._in_backward = False
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self._communicates = world_size > 1 if communicate is None else bool(communicate)
@@ -159,7 +166,8 @@ class Reducer:
             f"DistributedDataParallel: parameter {self._names[index]!r} received its gradient twice in "
             "one synchronized backward (a re-entrant backward, such as torch.utils.checkpoint(..., "
             "use_reentrant=True) around a parameter that is used more than once); use "
-            "use_reentrant=False")
+            "use_reentrant=False"
+        )
 
     def restore_views(self) -> None:
         """Point each `.grad` that is None back at its zeroed bucket slot (see `BucketFiller.restore_views`)."""
@@ -318,7 +326,8 @@ class Reducer:
         return ValueError(
             "DistributedDataParallel.optimizer_step(): no synchronized backward since the last "
             "step (every forward ran under no_sync() or with require_backward_grad_sync=False?); "
-            "run the last micro-batch's forward and backward outside no_sync()")
+            "run the last micro-batch's forward and backward outside no_sync()"
+        )
 
     def _raise_missing(self, missing: list[str]) -> None:
         raise ValueError(
@@ -327,7 +336,8 @@ class Reducer:
             "synchronized backward (set requires_grad=False on parameters you do not use; "
             "find_unused_parameters is unsupported). Under a re-entrant backward, such as "
             "torch.utils.checkpoint(..., use_reentrant=True), the gradients of one checkpointed "
-            "segment arrive in a backward of their own: use use_reentrant=False")
+            "segment arrive in a backward of their own: use use_reentrant=False"
+        )
 
     def remove(self) -> None:
         """Remove every hook, after waiting for reductions and copies still in flight (local, no collective)."""

@@ -12,8 +12,9 @@ from clorch.distributed.groups import device as group_device, rank, world_size
 
 
 def _entries(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[list]:
-    return [[name, list(p.shape), str(p.dtype).replace("torch.", ""), bool(p.requires_grad)]
-            for name, p in named_params]
+    return [
+        [name, list(p.shape), str(p.dtype).replace("torch.", ""), bool(p.requires_grad)] for name, p in named_params
+    ]
 
 
 def _gather_entries(entries: list[list]) -> list[list[list]]:
@@ -25,11 +26,11 @@ def _gather_entries(entries: list[list]) -> list[list[list]]:
     lengths_host = lengths.tolist()
     longest = max(lengths_host)
     mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     gathered = torch.empty(size * longest, dtype=torch.uint8, device=device)
     collectives.all_gather_into(gathered, mine.to(device))
     rows = gathered.cpu().view(size, longest)
-    return [json.loads(bytes(rows[r, :lengths_host[r]].tolist())) for r in range(size)]
+    return [json.loads(bytes(rows[r, : lengths_host[r]].tolist())) for r in range(size)]
 
 
 def _describe(entry: list | None) -> str:
@@ -53,17 +54,20 @@ def check_signature(named_params: Sequence[tuple[str, torch.Tensor]]) -> None:
     longest = max(len(entries) for entries in everyone)
     for position in range(longest):
         ref = reference[position] if position < len(reference) else None
-        differing = [r for r, entries in enumerate(everyone)
-                     if (entries[position] if position < len(entries) else None) != ref]
+        differing = [
+            r for r, entries in enumerate(everyone) if (entries[position] if position < len(entries) else None) != ref
+        ]
         if differing:
             theirs = "; ".join(
                 f"rank {r} has {_describe(everyone[r][position] if position < len(everyone[r]) else None)}"
-                for r in differing)
+                for r in differing
+            )
             raise ValueError(
                 f"DistributedDataParallel: parameter signatures differ across ranks at parameter "
                 f"#{position}: rank 0 has {_describe(ref)}; {theirs}. Ranks {differing} differ from "
                 "rank 0; every rank must wrap the same model (names, shapes, dtypes, requires_grad, "
-                "in registration order)")
+                "in registration order)"
+            )
 
 
 def broadcast_coalesced(tensors: Sequence[torch.Tensor], src: int = 0) -> None:

@@ -59,8 +59,12 @@ class BackwardStreams:
 
     def one_stream_so_far(self) -> bool:
         """CUDA without a copy stream: every hook so far ran on the current stream (cheap to ask)."""
-        return (self.cuda is not None and self.copy_stream is None and not self._others
-                and torch._C._cuda_getCurrentRawStream(self.cuda.index) == self.home_raw)
+        return (
+            self.cuda is not None
+            and self.copy_stream is None
+            and not self._others
+            and torch._C._cuda_getCurrentRawStream(self.cuda.index) == self.home_raw
+        )
 
     def _producers(self) -> list:
         """The streams this backward's hooks ran on (home first)."""

@@ -24,19 +24,25 @@ TORCH_DDP = nn.parallel.DistributedDataParallel
 
 # Members of torch's class that work as they are on clorch's DDP (they read only
 # `module`, `dim` or the default group, or are torch's own class-level helpers).
-HARMLESS = frozenset({
-    "train", "scatter", "gather", "_get_active_ddp_module", "_get_data_parallel_params",
-    "_set_params_and_buffers_to_ignore_for_model", "_distributed_rank",
-})
+HARMLESS = frozenset(
+    {
+        "train",
+        "scatter",
+        "gather",
+        "_get_active_ddp_module",
+        "_get_data_parallel_params",
+        "_set_params_and_buffers_to_ignore_for_model",
+        "_distributed_rank",
+    }
+)
 
 _HINTS = {
     "join": "every rank must run the same number of synchronized backwards (give every rank as "
-            "many batches: clorch.data.DistributedSampler pads, or drop_last=True)",
+    "many batches: clorch.data.DistributedSampler pads, or drop_last=True)",
     "join_hook": "see join",
     "join_device": "see join",
     "join_process_group": "see join",
-    "_register_builtin_comm_hook": "use register_comm_hook(None, default_hooks.fp16_compress_hook) "
-                                   "(or allreduce_hook)",
+    "_register_builtin_comm_hook": "use register_comm_hook(None, default_hooks.fp16_compress_hook) (or allreduce_hook)",
     "_register_fused_optim": "use step_in_backward(optimizer)",
     "_update_process_group": "clorch reduces over the default process group",
 }
@@ -44,8 +50,10 @@ _HINTS = {
 
 def _refusal(name: str, is_property: bool) -> Any:
     hint = _HINTS.get(name, "clorch's DDP runs its own bucketed reducer (clorch.nn.parallel.reducer)")
-    message = (f"DistributedDataParallel.{name} belongs to torch's DDP internals (its C++ reducer, "
-               f"logger or join state), which clorch's DistributedDataParallel does not have: {hint}")
+    message = (
+        f"DistributedDataParallel.{name} belongs to torch's DDP internals (its C++ reducer, "
+        f"logger or join state), which clorch's DistributedDataParallel does not have: {hint}"
+    )
 
     def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(message)
@@ -59,7 +67,7 @@ def refuse_torch_internals(cls: type) -> type:
     """Class decorator: every member of torch's DDP that `cls` does not define and that is not
     `HARMLESS` raises NotImplementedError (checked against the installed torch at import)."""
     for name, member in vars(TORCH_DDP).items():
-        if any(name in vars(klass) for klass in cls.__mro__[:cls.__mro__.index(TORCH_DDP)]) or name in HARMLESS:
+        if any(name in vars(klass) for klass in cls.__mro__[: cls.__mro__.index(TORCH_DDP)]) or name in HARMLESS:
             continue
         if name.startswith("__") and name not in ("__getstate__", "__setstate__"):
             continue
@@ -87,8 +95,11 @@ class TorchDDPInterface(TORCH_DDP):
         self.device = first.device if first is not None else torch.device("cpu")
         self.device_type = self.device.type
         self.dim = dim
-        self.process_group = process_group if process_group is not None else (
-            torch.distributed.group.WORLD if is_initialized() else None)
+        self.process_group = (
+            process_group
+            if process_group is not None
+            else (torch.distributed.group.WORLD if is_initialized() else None)
+        )
         self.find_unused_parameters = False  # True is refused by check_unsupported
         self.mixed_precision = None
         self.bucket_bytes_cap = int(cap_mb * 1024 * 1024)
@@ -131,18 +142,28 @@ class TorchDDPInterface(TORCH_DDP):
         if isinstance(self._reducer, HookReducer):
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         if self._forwarded:
-            raise RuntimeError("register_comm_hook must be called before the first forward "
-                               "(each bucket's reduction is set up then)")
+            raise RuntimeError(
+                "register_comm_hook must be called before the first forward (each bucket's reduction is set up then)"
+            )
         if not is_initialized():
-            raise RuntimeError("register_comm_hook needs an initialized process group (the hook "
-                               "all-reduces over it): call clorch.distributed.init_process_group() first")
-        conflicts = [name for name, on in (("reduce_dtype", self._reducer_args[2] is not None),
-                                           ("overlap_grad_copies", self.overlap_grad_copies),
-                                           ("step_in_backward", self._reducer is not None
-                                            and self._reducer.stepper is not None)) if on]
+            raise RuntimeError(
+                "register_comm_hook needs an initialized process group (the hook "
+                "all-reduces over it): call clorch.distributed.init_process_group() first"
+            )
+        conflicts = [
+            name
+            for name, on in (
+                ("reduce_dtype", self._reducer_args[2] is not None),
+                ("overlap_grad_copies", self.overlap_grad_copies),
+                ("step_in_backward", self._reducer is not None and self._reducer.stepper is not None),
+            )
+            if on
+        ]
         if conflicts:
-            raise ValueError(f"register_comm_hook cannot be combined with {', '.join(conflicts)}: "
-                             "the hook decides what travels and completes each bucket")
+            raise ValueError(
+                f"register_comm_hook cannot be combined with {', '.join(conflicts)}: "
+                "the hook decides what travels and completes each bucket"
+            )
         if self._reducer is not None:
             self._reducer.remove()
         self._reducer = self._build_reducer(comm_hook=(hook, state))
@@ -165,8 +186,10 @@ class TorchDDPInterface(TORCH_DDP):
     def _check_reducer_finalized(self) -> None:
         """Raise RuntimeError if a synchronized backward started and did not finish. Local."""
         if self._reducer is not None and self._reducer.in_backward:
-            raise RuntimeError("DistributedDataParallel: the last synchronized backward did not finish "
-                               "(it raised, or was abandoned before its end)")
+            raise RuntimeError(
+                "DistributedDataParallel: the last synchronized backward did not finish "
+                "(it raised, or was abandoned before its end)"
+            )
 
     def _remove_autograd_hooks(self) -> None:
         """torch's name for `close()`: remove the reducer's hooks (local)."""
@@ -180,11 +203,16 @@ class TorchDDPInterface(TORCH_DDP):
         """
         reducer = self._reducer
         if reducer is not None and reducer.stepper is not None:
-            raise TypeError("a DistributedDataParallel with step_in_backward() cannot be pickled or "
-                            "copied; copy ddp.module (or its state_dict()) instead")
+            raise TypeError(
+                "a DistributedDataParallel with step_in_backward() cannot be pickled or "
+                "copied; copy ddp.module (or its state_dict()) instead"
+            )
         state = nn.Module.__getstate__(self)
-        state["_reducer"] = None if reducer is None else (
-            ("hook", reducer.hook, reducer.state) if isinstance(reducer, HookReducer) else ("plain",))
+        state["_reducer"] = (
+            None
+            if reducer is None
+            else (("hook", reducer.hook, reducer.state) if isinstance(reducer, HookReducer) else ("plain",))
+        )
         state["_covers"] = {}
         state["process_group"] = None
         return state
@@ -197,7 +225,6 @@ class TorchDDPInterface(TORCH_DDP):
         self.process_group = torch.distributed.group.WORLD if is_initialized() else None
         if kind is not None:
             self._reducer = self._build_reducer(comm_hook=kind[1:] if kind[0] == "hook" else None)
-
 
 
 def logging_data(ddp: Any) -> dict[str, Any]:

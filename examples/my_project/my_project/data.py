@@ -13,8 +13,9 @@ class Spirals(Dataset):
     (the two draw different points). The same arguments give the same items.
     """
 
-    def __init__(self, sample_count: int = 2048, noise: float = 0.05, turns: float = 1.5,
-                 split: str = "train", seed: int = 0):
+    def __init__(
+        self, sample_count: int = 2048, noise: float = 0.05, turns: float = 1.5, split: str = "train", seed: int = 0
+    ):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         gen = torch.Generator().manual_seed(seed * 2 + (split == "eval"))

@@ -10,8 +10,9 @@ class SpiralNet(nn.Module):
 
     def __init__(self, hidden: int = 64, classes: int = 2):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                    nn.Linear(hidden, classes))
+        self.layers = nn.Sequential(
+            nn.Linear(2, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+        )
 
     def forward(self, points):
         return self.layers(points)

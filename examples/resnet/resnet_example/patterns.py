@@ -18,8 +18,9 @@ CLASSES = 4
 
 
 class Stripes(Dataset):
-    def __init__(self, sample_count: int = 2048, size: int = 16, noise: float = 0.5, split: str = "train",
-                 seed: int = 0):
+    def __init__(
+        self, sample_count: int = 2048, size: int = 16, noise: float = 0.5, split: str = "train", seed: int = 0
+    ):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         gen = torch.Generator().manual_seed(seed * 2 + (split == "eval"))

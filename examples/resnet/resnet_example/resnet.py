@@ -20,8 +20,14 @@ def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+    def __init__(
+        self,
+        inplanes: int,
+        planes: int,
+        stride: int = 1,
+        downsample: nn.Module | None = None,
+        norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d,
+    ):
         super().__init__()
         self.conv1 = conv3x3(inplanes, planes, stride)
         self.bn1 = norm_layer(planes)
@@ -50,9 +56,15 @@ class ResNet(nn.Module):
             BatchNorm2d by default).
     """
 
-    def __init__(self, layers: list[int] = (2, 2, 2, 2), num_classes: int = 10, width: int = 64,
-                 in_channels: int = 3, small_input: bool = False,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+    def __init__(
+        self,
+        layers: list[int] = (2, 2, 2, 2),
+        num_classes: int = 10,
+        width: int = 64,
+        in_channels: int = 3,
+        small_input: bool = False,
+        norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d,
+    ):
         super().__init__()
         self._norm_layer = norm_layer
         self.inplanes = width
@@ -81,9 +93,10 @@ class ResNet(nn.Module):
         norm_layer = self._norm_layer
         downsample = None
         if stride != 1 or self.inplanes != planes * BasicBlock.expansion:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * BasicBlock.expansion, kernel_size=1,
-                                                 stride=stride, bias=False),
-                                       norm_layer(planes * BasicBlock.expansion))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes * BasicBlock.expansion, kernel_size=1, stride=stride, bias=False),
+                norm_layer(planes * BasicBlock.expansion),
+            )
         layers = [BasicBlock(self.inplanes, planes, stride, downsample, norm_layer)]
         self.inplanes = planes * BasicBlock.expansion
         layers += [BasicBlock(self.inplanes, planes, norm_layer=norm_layer) for _ in range(1, blocks)]

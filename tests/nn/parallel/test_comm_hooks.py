@@ -21,8 +21,11 @@ from tests.nn import models as m
 pytestmark = pytest.mark.timeout(300)
 
 STEPS = 4
-HOOKS = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-         "bf16": default_hooks.bf16_compress_hook}
+HOOKS = {
+    "allreduce": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
 
 
 def _model() -> torch.nn.Module:
@@ -53,14 +56,19 @@ def _same_as_torch(rank, world_size, name):
     ours_grads = _grads_per_step(ours, rank, world_size)
     theirs_grads = _grads_per_step(theirs, rank, world_size)
     plain_grads = _grads_per_step(plain, rank, world_size)
-    equal = all(torch.equal(a, b) for step_a, step_b in zip(ours_grads, theirs_grads)
-                for a, b in zip(step_a, step_b))
+    equal = all(torch.equal(a, b) for step_a, step_b in zip(ours_grads, theirs_grads) for a, b in zip(step_a, step_b))
     weights_equal = all(torch.equal(a, b) for a, b in zip(ours.module.parameters(), theirs.module.parameters()))
-    differs_from_plain = any(not torch.equal(a, b) for step_a, step_b in zip(ours_grads, plain_grads)
-                             for a, b in zip(step_a, step_b))
+    differs_from_plain = any(
+        not torch.equal(a, b) for step_a, step_b in zip(ours_grads, plain_grads) for a, b in zip(step_a, step_b)
+    )
     hook_name = ours._get_ddp_logging_data()["comm_hook"]
-    return {"equal": equal, "weights_equal": weights_equal, "differs_from_plain": differs_from_plain,
-            "buckets": len(ours.buckets), "comm_hook": hook_name}
+    return {
+        "equal": equal,
+        "weights_equal": weights_equal,
+        "differs_from_plain": differs_from_plain,
+        "buckets": len(ours.buckets),
+        "comm_hook": hook_name,
+    }
 
 
 def _deepcopy_keeps_the_hook(rank, world_size):
@@ -69,8 +77,10 @@ def _deepcopy_keeps_the_hook(rank, world_size):
     ours.register_comm_hook(None, default_hooks.fp16_compress_hook)
     twin = copy.deepcopy(ours)
     a, b = _grads_per_step(ours, rank, world_size), _grads_per_step(twin, rank, world_size)
-    return all(torch.equal(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb)) and \
-        type(twin._reducer).__name__ == "HookReducer"
+    return (
+        all(torch.equal(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+        and type(twin._reducer).__name__ == "HookReducer"
+    )
 
 
 def _errors(rank, world_size):
@@ -91,16 +101,21 @@ def _errors(rank, world_size):
     late(torch.randn(2, m.IN))
     record("after_forward", lambda: late.register_comm_hook(None, default_hooks.allreduce_hook))
     state = powerSGD_hook.PowerSGDState(process_group=None)
-    record("powersgd", lambda: DistributedDataParallel(_model()).register_comm_hook(
-        state, powerSGD_hook.powerSGD_hook))
+    record("powersgd", lambda: DistributedDataParallel(_model()).register_comm_hook(state, powerSGD_hook.powerSGD_hook))
     record("not_callable", lambda: DistributedDataParallel(_model()).register_comm_hook(None, 3))
-    record("reduce_dtype", lambda: DistributedDataParallel(_model(), reduce_dtype="bf16").register_comm_hook(
-        None, default_hooks.allreduce_hook))
+    record(
+        "reduce_dtype",
+        lambda: DistributedDataParallel(_model(), reduce_dtype="bf16").register_comm_hook(
+            None, default_hooks.allreduce_hook
+        ),
+    )
     hooked = DistributedDataParallel(_model())
     hooked.register_comm_hook(None, default_hooks.allreduce_hook)
     record("then_step_in_backward", lambda: hooked.step_in_backward(torch.optim.SGD(hooked.parameters(), lr=0.1)))
-    record("builtin", lambda: DistributedDataParallel(_model())._register_builtin_comm_hook(
-        tdist.BuiltinCommHookType.FP16_COMPRESS))
+    record(
+        "builtin",
+        lambda: DistributedDataParallel(_model())._register_builtin_comm_hook(tdist.BuiltinCommHookType.FP16_COMPRESS),
+    )
     return out
 
 
@@ -151,8 +166,10 @@ def test_a_deep_copy_keeps_its_hook(results):
 
 def test_refusals(results):
     for errors in _ok(results, "errors"):
-        assert errors["twice"] == ("RuntimeError", "register_comm_hook or register_builtin_comm_hook "
-                                                   "can only be called once.")
+        assert errors["twice"] == (
+            "RuntimeError",
+            "register_comm_hook or register_builtin_comm_hook can only be called once.",
+        )
         assert errors["after_forward"][0] == "RuntimeError" and "before the first forward" in errors["after_forward"][1]
         kind, message = errors["powersgd"]
         assert kind == "ValueError" and "powerSGD_hook" in message and "fp16_compress_hook" in message

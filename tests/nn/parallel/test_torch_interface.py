@@ -35,8 +35,9 @@ def test_passes_torchs_isinstance_check_and_unwraps():
 
 
 def test_has_torchs_public_attributes_with_torchs_values():
-    ddp = DistributedDataParallel(m.mlp(), bucket_cap_mb=2.0, broadcast_buffers=False, dim=0,
-                                  gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(
+        m.mlp(), bucket_cap_mb=2.0, broadcast_buffers=False, dim=0, gradient_as_bucket_view=True
+    )
     assert ddp.device_ids is None and ddp.output_device is None  # a CPU module, as in torch
     assert ddp.device == torch.device("cpu") and ddp.device_type == "cpu"
     assert ddp.dim == 0 and ddp.broadcast_buffers is False and ddp.find_unused_parameters is False
@@ -82,8 +83,7 @@ def test_no_sync_is_clorchs_and_restores_the_flag():
     assert ddp.require_backward_grad_sync is True
 
 
-@pytest.mark.parametrize("copier", [copy.deepcopy, lambda d: pickle.loads(pickle.dumps(d))],
-                         ids=["deepcopy", "pickle"])
+@pytest.mark.parametrize("copier", [copy.deepcopy, lambda d: pickle.loads(pickle.dumps(d))], ids=["deepcopy", "pickle"])
 def test_copies_train_like_the_original(copier):
     ddp = DistributedDataParallel(m.mlp())
     twin = copier(ddp)
@@ -156,8 +156,11 @@ def test_compile_of_the_wrapper_still_runs_clorchs_forward():
 
 def test_refuses_to_run_alone_when_the_environment_says_world_size_2(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2.*clorch\.distributed\.process_group\(\)"
-                                           r".*clorch\.distributed\.init_process_group\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"WORLD_SIZE=2.*clorch\.distributed\.process_group\(\)"
+        r".*clorch\.distributed\.init_process_group\(\)",
+    ):
         DistributedDataParallel(m.mlp())
     monkeypatch.setenv("WORLD_SIZE", "1")
     DistributedDataParallel(m.mlp())  # a job of one rank runs without a group, as before
