@@ -403,7 +403,7 @@ class AdamWConfig:
         default_factory=lambda: list(source_constant(Optimizers, "ADAMW_BETAS")),  # moment decays
         metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"),
     )
-    fused: Optional[bool] = None  # fused kernels; null lets torch decide
+    fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
 
 
 @dataclass
@@ -420,7 +420,7 @@ class SGDConfig:
     momentum: float = field(
         default=source_constant(Optimizers, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1)
     )  # momentum factor
-    fused: Optional[bool] = None  # fused kernels; null lets torch decide
+    fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
 
 
 @dataclass

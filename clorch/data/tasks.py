@@ -52,7 +52,7 @@ def build_task(name: str, *, split: str, seed: int, **kwargs) -> Task:
     """Build one split of a task by name.
 
     Args:
-        name: "synthetic", "arithmetic" or "text".
+        name: "synthetic", "arithmetic", "text" or "tokens".
         split: "train" or "eval"; for a given seed the two are disjoint.
         seed: picks the data (and, for synthetic, the teacher).
         **kwargs: the task class's other arguments (`SyntheticRegression`,
@@ -77,7 +77,7 @@ def split_size(name: str, split: str, seed: int, **kwargs) -> int:
     only they tell whether the split has enough pairs to draw from.
 
     Args:
-        name: "synthetic", "arithmetic" or "text".
+        name: "synthetic", "arithmetic", "text" or "tokens".
         split: "train" or "eval".
         seed: as for `build_task`.
         **kwargs: the task class's other arguments, as for `build_task`.
@@ -95,7 +95,7 @@ def model_sizes(name: str, **kwargs) -> dict:
     that the same arguments fail here exactly as they would there.
 
     Args:
-        name: "synthetic", "arithmetic" or "text".
+        name: "synthetic", "arithmetic", "text" or "tokens".
         **kwargs: the task class's other arguments, as for `build_task`.
 
     Raises:

@@ -118,7 +118,7 @@ class JobEnd:
     """How the launcher says the job ended (clorch.launch's final status, or what the
     launching process knows under launcher=torchrun), with rank 0's result when it has it."""
 
-    state: Status
+    state: Status = Status.UNKNOWN  # a launcher record without one says nothing of how it ended
     results: list[RankResult] = field(default_factory=list)
     exit_codes: list[int | None] | None = None
     failed_rank: int | None = None

@@ -38,6 +38,7 @@ RECIPE_SETS = {
     "preflight": ("preflight: only\n", "default"),
     "loss": ("loss:\n  _target_: torch.nn.functional.l1_loss\n  reduction: sum\n", "mse"),
     "step": ("step:\n  _target_: clorch.data.datasets.classification_step\n", "auto"),
+    "parallel": ("defaults:\n  - override /parallel: fsdp\nparallel:\n  min_params: 7\n", "ddp"),
 }
 
 
