@@ -34,11 +34,17 @@ def leaders(hosts: list[str]) -> list[int]:
     return sorted(first.values())
 
 
+# gloo connects a new group's pairs within the group's timeout, and a connect that times out can
+# take the process down (seen: SIGSEGV after "connectFullMesh failed ... Connect timeout" with
+# preflight.timeout_s=0.001). Every wait on these groups has the preflight's own deadline
+# (timing.wait_for), so connecting gets at least this long and the deadlines stay the preflight's.
+GLOO_CONNECT_FLOOR_S = 10.0
+
+
 def _new_group(ranks: list[int] | None, backend: str, timeout_s: float) -> Any:
-    # gloo ends its own collectives at the group's timeout, so the preflight's timeout is right.
-    # NCCL's watchdog takes the whole process down at that timeout: give it several times the
-    # preflight's, so that the ranks first report through the store who hung.
-    seconds = timeout_s if backend == "gloo" else 4 * timeout_s + 60
+    # NCCL's watchdog takes the whole process down at the group's timeout: give it several times
+    # the preflight's, so that the ranks first report through the store who hung.
+    seconds = max(timeout_s, GLOO_CONNECT_FLOOR_S) if backend == "gloo" else 4 * timeout_s + 60
     return dist.new_group(ranks, timeout=_dt.timedelta(seconds=seconds), backend=backend)
 
 
