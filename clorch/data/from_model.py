@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from clorch.data.user import batch_size_of, split_parts
+from clorch.data.user import batch_size_of, split_parts, sums_of
 
 LABELS = ("target", "input")
 
@@ -126,14 +126,4 @@ class SteppedTask:
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """`count`, `loss_sum` and a `<metric>_sum` per metric (batch means times the batch size)."""
         loss, metrics = self._loss_and_metrics(model, batch)
-        count = batch_size_of(batch)
-        sums = {
-            "count": torch.full((), count, dtype=torch.float64, device=loss.device),
-            "loss_sum": loss.detach().to(torch.float64) * count,
-        }
-        for name, value in metrics.items():
-            value = torch.as_tensor(
-                value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float64, device=loss.device
-            )
-            sums[f"{name}_sum"] = value * count
-        return sums
+        return sums_of(loss, metrics, batch_size_of(batch))

@@ -226,18 +226,25 @@ class DatasetTask:
         """`count`, `loss_sum` and one `<metric>_sum` per metric (batch means times the batch size)."""
         loss, metrics = self._loss_and_metrics(model, batch)
         _check_scalar("the loss", loss)
-        count = batch_size_of(batch)
-        sums = {
-            "count": torch.full((), count, dtype=torch.float64, device=loss.device),
-            "loss_sum": loss.detach().to(torch.float64) * count,
-        }
         for name, value in metrics.items():
-            value = torch.as_tensor(
-                value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float64, device=loss.device
+            _check_scalar(
+                f"metric {name!r}", torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value)
             )
-            _check_scalar(f"metric {name!r}", value)
-            sums[f"{name}_sum"] = value * count
-        return sums
+        return sums_of(loss, metrics, batch_size_of(batch))
+
+
+def sums_of(loss: torch.Tensor, metrics: Mapping[str, Any], count: int) -> dict[str, torch.Tensor]:
+    """`count`, `loss_sum` and one `<metric>_sum` per metric (batch means times `count`), in float64."""
+    sums = {
+        "count": torch.full((), count, dtype=torch.float64, device=loss.device),
+        "loss_sum": loss.detach().to(torch.float64) * count,
+    }
+    for name, value in metrics.items():
+        value = torch.as_tensor(
+            value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float64, device=loss.device
+        )
+        sums[f"{name}_sum"] = value * count
+    return sums
 
 
 def _check_scalar(what: str, value: Any) -> None:
