@@ -27,6 +27,14 @@ def test_no_import_circles():
     assert (modules.group(1), packages.group(1)) == ("0", "0"), done.stdout
 
 
+def test_only_the_engine_and_its_command_line_import_the_plan():
+    above = ("plan", "engine", "cli", "bench", "__init__.py")
+    for path in (ROOT / "clorch").rglob("*.py"):
+        if path.relative_to(ROOT / "clorch").parts[0] in above:
+            continue
+        assert not re.search(r"^\s*(from|import) clorch\.plan\b", path.read_text(), re.M), path
+
+
 def test_nothing_below_the_engine_imports_it():
     above = ("engine", "cli", "bench", "__init__.py")  # the runner, its command line, its benchmarks
     for path in (ROOT / "clorch").rglob("*.py"):
@@ -95,4 +103,19 @@ def test_every_lazy_import_says_why_and_only_modules_without_torch_have_them():
                 continue
             if not _has_reason(lines, node.lineno - 1):
                 problems.append(f"{where}:{node.lineno}: a lazy import without a '# lazy:' reason")
+    assert not problems, "\n".join(problems)
+
+
+def test_config_describes_and_checks_without_torch_or_builders():
+    """clorch.config never imports torch, not even lazily, nor the packages that build what a
+    config names (data, models, nn, checkpoint, plan, engine): that is clorch.plan's work."""
+    builders = r"clorch\.(data|models|nn|checkpoint|plan|engine|amp|optim|distributed)\b"
+    problems = []
+    for path in sorted((ROOT / "clorch" / "config").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            statement = line.strip()
+            if not statement.startswith(("import ", "from ")):
+                continue
+            if re.match(r"(import|from) torch\b", statement) or re.match(rf"(import|from) {builders}", statement):
+                problems.append(f"{path.relative_to(ROOT)}:{number}: {statement}")
     assert not problems, "\n".join(problems)

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
-from clorch.config.plan import absolute, check_run_dir, config_key, plan_or_errors, resolve, run_errors_as_config_errors
+from clorch.plan.plan import absolute, check_run_dir, config_key, plan_or_errors, resolve, run_errors_as_config_errors
 from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
@@ -63,7 +63,7 @@ def _report_interrupted(result: RunResult) -> None:
 
 
 CHECKED: dict[str, Any] = {}
-"""Plans a sweep checked before it started, by `clorch.config.plan.config_key` of their config."""
+"""Plans a sweep checked before it started, by `clorch.plan.plan.config_key` of their config."""
 
 
 def remember_plan(cfg: DictConfig) -> list[str]:

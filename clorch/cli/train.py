@@ -24,7 +24,7 @@ from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
 from clorch.config.composer import rewrite_recipe_overrides
 from clorch.config.overrides import check_overrides, grammar_errors, hydra_overrides, split_overrides
-from clorch.config.plan import config_errors, resolve_errors
+from clorch.plan.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
 from clorch.engine.outputs import typed_command
@@ -111,7 +111,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error; a sweep's jobs then take the plans made here). A
         # single run is composed by Hydra and checked once, in its job. A printed config
-        # gets the checks that import no torch (clorch.config.plan.config_errors).
+        # gets the checks that import no torch (clorch.plan.plan.config_errors).
         errors = check_overrides(overrides, config_errors if flags & set(PRINT_CONFIG) else remember_plan)
         if errors:
             print_config_errors(errors)

@@ -1,4 +1,7 @@
-"""The typed config of `clorch-train` and `clorch.run_local`: schemas, composition, the launch plan.
+"""The typed config of `clorch-train` and `clorch.run_local`: what describes and checks a config.
+
+No torch and no builders here (`tests/test_layers.py`): turning a checked config and
+the machine into a launch plan is clorch.plan's work, one floor up.
 
 schema.py           one dataclass per config group option, and TrainConfig (what the engine reads)
 source_defaults.py  defaults read from the classes' source (no torch import)
@@ -9,11 +12,7 @@ overrides.py        command-line overrides checked before Hydra composes (every 
 checks.py           every error in a composed config, at once (ConfigError)
 fields.py           one section's keys, types and ranges
 targets.py          the `_target_` allow-list
-plan.py             the front door: a composed config becomes the launch plan, once per run
-plan_checks.py      the plan's checks of this machine, the data's sizes and the filesystem
-model_spec.py       the model a config names, and the data sizes it gets
-paths.py            relative paths made absolute against where the user ran from
-resume.py           does the checkpoint to resume fit this run"""
+paths.py            relative paths made absolute against where the user ran from"""
 
 from __future__ import annotations
 

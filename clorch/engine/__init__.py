@@ -1,4 +1,4 @@
-"""The engine: a checked launch plan (clorch.config.plan) becomes a multi-rank job.
+"""The engine: a checked launch plan (clorch.plan.plan) becomes a multi-rank job.
 
 api.py         run_local(): compose, check, launch, wait, report, from Python
 run.py         execute(plan, run_dir): launch, follow, report (the launching process)

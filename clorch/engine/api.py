@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from clorch.config.composer import format_value
-from clorch.config.plan import plan_overrides, run_errors_as_config_errors
+from clorch.plan.plan import plan_overrides, run_errors_as_config_errors
 from clorch.engine.outputs import new_run_dir
 from clorch.engine.run import execute
 from clorch.precision import get_precision

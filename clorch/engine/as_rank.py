@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.overrides import compose_once
-from clorch.config.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
+from clorch.plan.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.outputs import rank0_result_path, write_json
 from clorch.engine.run import owning_checkpoint_dir
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m clorch.engine.as_rank --plan FILE --run-dir DIR [--worker M:F]`: a rank
     under `launcher=torchrun`.
 
-    The launching process checked the config and wrote its plan (clorch.config.plan.write_plan);
+    The launching process checked the config and wrote its plan (clorch.plan.plan.write_plan);
     each rank reads it, checks its digest, and adapts only the step arithmetic when the
     rendezvous formed another world size (an elastic nnodes range).
     """

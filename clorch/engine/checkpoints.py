@@ -32,7 +32,7 @@ from clorch.checkpoint.sharded import (
     save_sharded,
     sharded_step_path,
 )
-from clorch.config.resume import RECORD_KEY, run_record
+from clorch.plan.resume import RECORD_KEY, run_record
 from clorch.config.schema import FSDPParallelConfig, TrainConfig
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
 from clorch.engine.components import Components

@@ -15,8 +15,8 @@ from torch import nn
 
 from clorch.amp import MixedPrecision
 from clorch.checkpoint.weights import load_weights
-from clorch.config.data_spec import build_splits
-from clorch.config.model_spec import build_model_for
+from clorch.plan.data import build_splits
+from clorch.plan.model import build_model_for
 from clorch.config.schema import (
     CUDA_GRAPH_MODES,
     AdamWConfig,

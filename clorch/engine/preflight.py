@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from clorch.config.data_spec import model_sizes_of
-from clorch.config.model_spec import build_model_for
-from clorch.config.plan import Plan
+from clorch.plan.data import model_sizes_of
+from clorch.plan.model import build_model_for
+from clorch.plan.plan import Plan
 from clorch.config.schema import AdamWConfig
 from clorch.engine.outputs import announce
 from clorch.preflight import run_preflight

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from clorch.config.plan import Plan
+from clorch.plan.plan import Plan
 from clorch.runs.status import Status
 
 

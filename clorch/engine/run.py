@@ -2,7 +2,7 @@
 
 This is the launching process's side (the ranks run `clorch.engine.worker`).
 `execute(plan, run_dir)` is what `clorch-train` (inside its Hydra job) and
-`clorch.run_local` call with the plan `clorch.config.plan` made of the config.
+`clorch.run_local` call with the plan `clorch.plan.plan` made of the config.
 The run's experiment trackers (logger.trackers) are fed from here, from rank 0's
 metrics.jsonl (clorch.engine.tracking), never from the ranks' training step.
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from clorch.config.plan import Plan, write_plan
+from clorch.plan.plan import Plan, write_plan
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.outputs import announce, rank0_result_path
@@ -98,7 +98,7 @@ def execute(
     """Launch the ranks of a checked plan, wait, and write the run's outputs into `run_dir`.
 
     Args:
-        plan: the launch plan `clorch.config.plan.resolve(cfg, run_dir)` made of a config
+        plan: the launch plan `clorch.plan.plan.resolve(cfg, run_dir)` made of a config
             (checking happens there, once; the engine builds and runs what it is given).
         run_dir: the run directory (created if missing).
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
@@ -117,7 +117,7 @@ def execute(
     """
     if not isinstance(plan, Plan):
         raise TypeError(
-            f"execute() takes the Plan clorch.config.plan.resolve(cfg, run_dir) returns, got {type(plan).__name__}"
+            f"execute() takes the Plan clorch.plan.plan.resolve(cfg, run_dir) returns, got {type(plan).__name__}"
         )
     run_dir = Path(run_dir).resolve()
     # In use while the run lives: a launch refused meanwhile never takes this run's files back.
@@ -134,7 +134,7 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> 
 
     Raises:
         DirectoryInUse: another live job holds it (its pid, host, job and run directory named);
-            `clorch.config.plan.run_errors_as_config_errors` reports it as checkpoint.dir's error.
+            `clorch.plan.plan.run_errors_as_config_errors` reports it as checkpoint.dir's error.
     """
     if plan.config.checkpoint.policy == "none":
         yield

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from clorch._files import write_text_atomic
-from clorch.config.plan import Plan
+from clorch.plan.plan import Plan
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
 from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
 from clorch.runs.status import Status

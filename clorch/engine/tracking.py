@@ -36,7 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from clorch.config.plan import Plan
+from clorch.plan.plan import Plan
 from clorch.engine.outputs import read_metrics
 from clorch.trackers import Tracker, build_trackers, run_name
 

@@ -1,6 +1,6 @@
 """The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` carries the launch plan (`clorch.config.plan.Plan.to_dict()`:
+`ctx["args"]` carries the launch plan (`clorch.plan.plan.Plan.to_dict()`:
 the checked config, world size, planned steps) and the run directory; the
 ranks trust the plan. Each rank builds its components, resumes if asked,
 trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from clorch.checkpoint.weights import save_safetensors
-from clorch.config.plan import Plan
+from clorch.plan.plan import Plan
 from clorch.config.schema import TrainConfig
 from clorch.distributed import all_reduce, is_initialized
 from clorch.engine import checkpoints, preflight

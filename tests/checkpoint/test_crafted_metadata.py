@@ -109,7 +109,7 @@ def test_the_engine_refuses_a_crafted_training_state(tmp_path):
 
 def test_a_crafted_run_record_does_not_crash_the_resume_check(tmp_path, monkeypatch):
     from clorch.config import compose
-    from clorch.config.plan import resolve_errors
+    from clorch.plan.plan import resolve_errors
 
     monkeypatch.delenv("CLORCH_RESTART_COUNT", raising=False)
     model, optimizer, sampler = _parts()

@@ -7,7 +7,7 @@ import pytest
 
 from clorch.config import TrainConfig, check_config, compose, config_groups, group_options, recipes_dir
 from clorch.config import schema
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import clorch
 from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
 from clorch.config.overrides import compose_once, hydra_overrides, check_overrides
 from clorch.config.targets import check_target
-from clorch.config.plan import resolve, resolve_errors
+from clorch.plan.plan import resolve, resolve_errors
 
 pytestmark = pytest.mark.timeout(120)
 

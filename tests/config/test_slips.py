@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clorch.config.overrides import check_overrides
-from clorch.config.plan import resolve_errors
+from clorch.plan.plan import resolve_errors
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(120)

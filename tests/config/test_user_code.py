@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clorch.config.overrides import check_overrides
-from clorch.config.plan import resolve_errors
+from clorch.plan.plan import resolve_errors
 
 pytestmark = pytest.mark.timeout(120)
 BLOBS = ["+recipe=cpu_smoke", "data._target_=clorch.data.datasets.Blobs"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from clorch.config import compose
-from clorch.config.plan import resolve_errors
+from clorch.plan.plan import resolve_errors
 from clorch.data.tasks import build_task, split_size
 from clorch.data.tokens import TokenFileTask, largest_token
 

@@ -34,7 +34,7 @@ class FailingHooks(StepHooks):
 
 
 def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
-    from clorch.config.plan import Plan
+    from clorch.plan.plan import Plan
 
     plan = Plan.from_dict(ctx["args"]["plan"])
     return train(plan, Path(ctx["args"]["run_dir"]), ctx, hooks_class=FailingHooks)
@@ -45,7 +45,7 @@ def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) ->
     from clorch.config.checks import ConfigError
     from clorch.config.overrides import compose_once
     from clorch.engine.api import overrides_for
-    from clorch.config.plan import resolve
+    from clorch.plan.plan import resolve
     from clorch.engine.run import execute
 
     monkeypatch.setenv(FAIL_AT_STEP_VARIABLE, str(fail_at_step))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clorch.config import compose
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import build_components, train_step
 from clorch.engine.progress import Progress

@@ -12,7 +12,7 @@ import torch
 
 import clorch
 from clorch.config import compose
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 from clorch.distributed import all_gather_into
 from clorch.engine.api import overrides_for
 from clorch.engine.components import build_components, training_seed

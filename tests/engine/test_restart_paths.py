@@ -11,7 +11,7 @@ import pytest
 
 from clorch.config import ConfigError, TrainConfig, compose
 from clorch.config.schema import CheckpointConfig
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 from clorch.engine import checkpoints, run
 from clorch.engine.progress import Progress
 

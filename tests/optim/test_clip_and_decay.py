@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from clorch.config import compose
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 from clorch.engine.components import build_raw_model
 from clorch.engine.loop import build_components, train_step
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from clorch.config import compose
-from clorch.config.plan import resolve
+from clorch.plan.plan import resolve
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,7 +1,7 @@
 """The launch plan's checks that need more than the config: this machine, the data's sizes,
 the filesystem. Each returns error messages (naming the key, the value and what is allowed)
 and runs only on the sections of the config that are valid (`clorch.config.checks.complete`),
-so that `clorch.config.plan` reports every error in one go.
+so that `clorch.plan.plan` reports every error in one go.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
-from clorch.config.data_spec import model_sizes_of
-from clorch.config.model_spec import build_model_for
+from clorch.plan.data import model_sizes_of
+from clorch.plan.model import build_model_for
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
 from clorch.launch.gpus import resolve_ranks

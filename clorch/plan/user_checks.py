@@ -18,8 +18,8 @@ import sysconfig
 import traceback
 from typing import Any, Mapping
 
-from clorch.config.data_spec import build_splits, is_user_data, model_sizes_of, user_tasks
-from clorch.config.model_spec import build_model_for
+from clorch.plan.data import build_splits, is_user_data, model_sizes_of, user_tasks
+from clorch.plan.model import build_model_for
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
 from clorch.config.targets import TargetBuildError, has_target
 
@@ -100,7 +100,7 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     and loss (one forward on the CPU). Empty for the built-in data."""
     if not is_user_data(cfg):
         return []
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     data = cfg.data
     train, _ = user_tasks(cfg, "cpu")
@@ -142,7 +142,7 @@ def _needs_model_check(cfg: TrainConfig) -> bool:
 
 def _meta_batch(task: Any, indices: list[int]) -> Any:
     """A batch of the task's shape and dtypes on the meta device (no data is kept)."""
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     batch = task.batch(indices)
     return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -165,7 +165,7 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
     """
     if not _needs_model_check(cfg):
         return []
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     sizes = model_sizes_of(cfg)
     train, _ = build_splits(cfg, "cpu")
@@ -189,7 +189,7 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
 
 def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -> list[str]:
     """The model built and one real batch run on the CPU (where the meta device cannot serve)."""
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     try:
         model = build_model_for(cfg, sizes)
@@ -222,7 +222,7 @@ def init_from_errors(cfg: TrainConfig) -> list[str]:
     path = getattr(cfg.model, "init_from", None)
     if path is None:
         return []
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     from clorch.checkpoint.weights import fit_errors, read_weights  # lazy: imports torch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable
 
-from clorch.config.data_spec import model_sizes_of
+from clorch.plan.data import model_sizes_of
 from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
 from clorch.config.targets import instantiate_nested, resolve_target
 from clorch.config.user_code import names
@@ -44,9 +44,9 @@ def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) 
 
     Args:
         data_sizes: the data's sizes (a task's `model_kwargs()`); None reads them from the
-            data's config (clorch.config.data_spec.model_sizes_of).
+            data's config (clorch.plan.data.model_sizes_of).
     """
-    import torch  # lazy: the config package is imported by clorch-train --help
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     if data_sizes is None:
         data_sizes = model_sizes_of(cfg)

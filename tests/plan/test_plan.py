@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clorch.config import compose
-from clorch.config.plan import Plan, for_world_size, read_plan, resolve, write_plan
+from clorch.plan.plan import Plan, for_world_size, read_plan, resolve, write_plan
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (clorch-train's train_main, or run_local), one interpreter for all of them.
 _COUNTING = textwrap.dedent("""
     import json, os, sys
-    import clorch.config.plan as door
+    import clorch.plan.plan as door
     calls = []
     original = door.checked_partial
     def counted(values):

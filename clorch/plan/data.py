@@ -11,7 +11,7 @@ task with a step (`data=tokens step._target_=...` or `loss=from_model`) keeps it
 takes its loss from the step (`clorch.data.from_model.SteppedTask`).
 
 The launch plan builds the user's datasets once in the launching process (their
-sizes, and the checks of `clorch.config.user_checks`); each rank builds its own.
+sizes, and the checks of `clorch.plan.user_checks`); each rank builds its own.
 """
 
 from __future__ import annotations

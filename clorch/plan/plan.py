@@ -11,7 +11,7 @@ the errors that need the machine (nccl without GPUs, devices that do not
 exist), the data's sizes (a batch larger than a rank's shard, an eval split
 smaller than the job, a model sequence shorter than the samples), the
 filesystem (directories the run cannot write) and the checkpoint to resume
-(another model, world size or batch size, clorch.config.resume): all of them
+(another model, world size or batch size, clorch.plan.resume): all of them
 at once. The dataset sizes come from `clorch.data.tasks.split_size`, without
 building the data.
 
@@ -36,10 +36,10 @@ from omegaconf import DictConfig
 
 from clorch._files import write_text_atomic
 from clorch.config.checks import ConfigError, checked_partial, complete
-from clorch.config.data_spec import is_user_data, split_sizes
+from clorch.plan.data import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
 from clorch.config.paths import with_absolute_paths
-from clorch.config.plan_checks import (
+from clorch.plan.checks import (
     data_errors,
     drop_last,
     external_ranks,
@@ -55,10 +55,10 @@ from clorch.config.plan_checks import (
     token_file_errors,
     top_backend,
 )
-from clorch.config.resume import resume_errors
+from clorch.plan.resume import resume_errors
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
-from clorch.config.user_checks import init_from_errors, user_data_errors, user_model_errors
+from clorch.plan.user_checks import init_from_errors, user_data_errors, user_model_errors
 from clorch.precision import get_precision
 
 
