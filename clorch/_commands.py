@@ -14,20 +14,12 @@ import shlex
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from clorch.config.registry import path_keys
+
 TRUST_VARIABLE = "CLORCH_TRUSTED_MODULES"  # as clorch.config.targets.TRUSTED_VARIABLE
-# Override keys whose values are files or directories (clorch.config.paths.PATH_KEYS, and the
-# weights a model starts from); a recipe's value is a path when it looks like one.
-PATH_KEYS = (
-    "data.path",
-    "data.train_path",
-    "data.eval_path",
-    "checkpoint.dir",
-    "checkpoint.path",
-    "checkpoint.resume",
-    "model.init_from",
-    "hydra.run.dir",
-    "hydra.sweep.dir",
-)
+# Override keys whose values are files or directories (the config's, marked rule(path=True) in
+# their options, and Hydra's run directories); a recipe's value is a path when it looks like one.
+PATH_KEYS = (*path_keys(), "hydra.run.dir", "hydra.sweep.dir")
 _NOT_PATHS = ("none", "latest", "null", "")
 
 

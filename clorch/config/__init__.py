@@ -3,7 +3,9 @@
 No torch and no builders here (`tests/test_layers.py`): turning a checked config and
 the machine into a launch plan is clorch.plan's work, one floor up.
 
-schema.py           one dataclass per config group option, and TrainConfig (what the engine reads)
+registry.py         the config groups and their options: everything about an option is found there
+options/            the options, one module per group: keys, defaults, rules across keys
+schema.py           the top-level keys and TrainConfig, one option per group (what the engine reads)
 source_defaults.py  defaults read from the classes' source (no torch import)
 conf_files.py       conf/'s YAML files, written from the schemas
 store.py            the config groups and their options
@@ -16,30 +18,36 @@ paths.py            relative paths made absolute against where the user ran from
 
 from __future__ import annotations
 
-from clorch.config.checks import ConfigError, check_config, checked
-from clorch.config.composer import (
-    available_recipes,
-    compose,
-    config_groups,
-    group_options,
-    recipes_dir,
-    register_recipes,
-)
-from clorch.config.schema import TrainConfig
-from clorch.config.targets import allowed_prefixes, register_target_prefix, resolve_target
+import importlib
+from typing import Any
 
-__all__ = [
-    "ConfigError",
-    "TrainConfig",
-    "allowed_prefixes",
-    "available_recipes",
-    "check_config",
-    "checked",
-    "compose",
-    "config_groups",
-    "group_options",
-    "recipes_dir",
-    "register_recipes",
-    "register_target_prefix",
-    "resolve_target",
-]
+# Where each public name lives. Imported on first use, so that `import clorch.config.registry`
+# (read by clorch-runs and the printed commands) does not import Hydra.
+_NAMES = {
+    "ConfigError": "clorch.config.checks",
+    "check_config": "clorch.config.checks",
+    "checked": "clorch.config.checks",
+    "available_recipes": "clorch.config.composer",
+    "compose": "clorch.config.composer",
+    "config_groups": "clorch.config.composer",
+    "group_options": "clorch.config.composer",
+    "recipes_dir": "clorch.config.composer",
+    "register_recipes": "clorch.config.composer",
+    "TrainConfig": "clorch.config.schema",
+    "allowed_prefixes": "clorch.config.targets",
+    "register_target_prefix": "clorch.config.targets",
+    "resolve_target": "clorch.config.targets",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'clorch.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_NAMES[name]), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

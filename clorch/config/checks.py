@@ -10,24 +10,19 @@ that tie keys together, and the `_target_` checks.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import sys
-from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from clorch._checkpoint_names import any_step_checkpoints
-from clorch.config import schema
+from clorch.config import registry, schema
 from clorch.config import user_code
 from clorch.config.fields import check_section, did_you_mean
+from clorch.config.options.checkpoint import reused_dir_errors
 from clorch.config.targets import check_target, find_targets, trusted_module_errors
 from clorch.config.user_code import TARGET_KEYS, target_section_errors
-from clorch.env import restart_count
-from clorch.trackers import missing_extras
 
-MODEL_FOR_DATA = {"synthetic": "mlp", "arithmetic": "gpt", "text": "gpt", "tokens": "gpt"}
+__all__ = ["ConfigError", "check_config", "checked", "checked_partial", "complete", "reused_dir_errors", "to_plain"]
 
 
 EXIT_STATUS = 2
@@ -52,9 +47,9 @@ class ConfigError(ValueError):
 
 def _option_of(group: str, values: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     """(the option a group section is, or None with an error)."""
-    options = schema.OPTIONS[group]
-    selector = schema.SELECTOR.get(group, "name")
-    if not hasattr(next(iter(options.values())), selector):  # one option, no key naming it
+    options = registry.options(group)
+    selector = registry.groups()[group].selector
+    if selector is None:  # one option, no key naming it
         return next(iter(options)), []
     option = values.get(selector)
     if option in options:
@@ -65,12 +60,12 @@ def _option_of(group: str, values: Mapping[str, Any]) -> tuple[str | None, list[
 def _group_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
     """(every error in the groups and top-level keys, the groups and "top" that have errors)."""
     errors, bad = [], set()
-    for group in schema.OPTIONS:
+    for group in registry.groups():
         before = len(errors)
         _check_group(cfg, group, errors)
         if len(errors) > before:
             bad.add(group)
-    top = {k: v for k, v in cfg.items() if k not in schema.OPTIONS}
+    top = {k: v for k, v in cfg.items() if k not in registry.groups()}
     unknown, known_errors = _top_errors(top)
     if known_errors:  # an unknown top-level key leaves the known ones usable
         bad.add("top")
@@ -85,7 +80,7 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
             errors.append(
                 f"{group} must be a config group (mapping), got {values!r}"
                 if group in cfg
-                else f"{group} is missing: choose one of {', '.join(sorted(schema.OPTIONS[group]))} ({group}=OPTION)"
+                else f"{group} is missing: choose one of {', '.join(sorted(registry.options(group)))} ({group}=OPTION)"
             )
             return
         if group in schema.TARGET_SCHEMAS and "_target_" in values:
@@ -95,7 +90,7 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
             errors.append(
                 f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
                 f"{group}._target_=my_project.models.Net) or a built-in option: "
-                f"{', '.join(sorted(schema.OPTIONS[group]))}"
+                f"{', '.join(sorted(registry.options(group)))}"
             )
             return
         option, problems = _option_of(group, values)
@@ -105,16 +100,16 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
         errors += check_section(
             f"{group}.",
             values,
-            schema.option_schemas(group)[option],
+            registry.schemas(group)[option],
             owner=f"{group}={option}",
-            siblings=schema.option_schemas(group),
+            siblings=registry.schemas(group),
         )
 
 
 def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(errors for unknown top-level keys, errors in TopConfig's keys)."""
     known = [f.name for f in dataclasses.fields(schema.TopConfig)]
-    groups = sorted(schema.OPTIONS)
+    groups = sorted(registry.groups())
     errors = []
     for key in top:
         if key not in known:
@@ -129,8 +124,8 @@ def _group_keys_named(key: str) -> list[str]:
     """`group.key` for every group with an option that has `key` (sample_count -> data.sample_count)."""
     return [
         f"{group}.{key}"
-        for group, options in sorted(schema.OPTIONS.items())
-        if any(key in {f.name for f in dataclasses.fields(type(o))} for o in options.values())
+        for group in sorted(registry.groups())
+        if any(key in {f.name for f in dataclasses.fields(cls)} for cls in registry.schemas(group).values())
     ]
 
 
@@ -156,130 +151,30 @@ def _target_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
     return errors, refused
 
 
-def _cross_errors(cfg: schema.TrainConfig) -> list[str]:
-    """Rules that involve more than one key (run once every key is valid on its own)."""
+def _cross_errors(cfg: Any) -> list[str]:
+    """Rules that involve more than one key, run once every key is valid on its own: each
+    option's own (`rules`, clorch.config.registry), the top level's and your code's."""
     errors = []
-    model, data = cfg.model, cfg.data
-    want = MODEL_FOR_DATA.get(getattr(data, "name", None))
-    if want and model is not None and model.name != want and not isinstance(model, schema.TargetModelConfig):
-        errors.append(f"model={model.name} cannot train data={data.name}: use model={want}")
-    if isinstance(model, schema.GPTConfig) and model.d_model % model.n_head:
-        errors.append(f"model.d_model ({model.d_model}) must be divisible by model.n_head ({model.n_head})")
-    if isinstance(data, schema.TextDataConfig):
-        if data.path is None:
-            errors.append("data.path is required for data=text: name a UTF-8 file")
-        elif not Path(data.path).expanduser().is_file():
-            errors.append(f"data.path={data.path!r} does not exist or is not a file")
-    if isinstance(data, schema.TokensDataConfig) and data.train_path is None:
-        errors.append(
-            "data.train_path is required for data=tokens: name a token file (nanoGPT's train.bin, or an llm.c .bin)"
-        )
-    if cfg.preflight is not None:
-        errors += cfg.preflight.errors()
-    if cfg.checkpoint is not None and cfg.launcher is not None:
-        errors += _checkpoint_errors(cfg.checkpoint, cfg.launcher)
-    if isinstance(cfg.launcher, schema.TorchrunLauncherConfig):
-        errors += _nnodes_errors(cfg.launcher)
+    for group in registry.groups():
+        section = getattr(cfg, group)
+        if section is not None and hasattr(section, "rules"):
+            errors += section.rules(cfg)
     if complete(cfg, "top"):
         errors += _unused_top_keys(cfg)
-    if isinstance(cfg.precision, schema.FP16Config) and not cfg.precision.scaler.enabled:
-        errors.append(
-            "precision.scaler.enabled=false with precision=fp16 risks underflow: "
-            "keep the scaler on for fp16 (use bf16 for no scaler)"
-        )
-    if isinstance(cfg.precision, schema.FP16Config) and cfg.ddp is not None and cfg.ddp.step_in_backward:
-        errors.append(
-            "ddp.step_in_backward=true cannot run with precision=fp16: the loss scaler decides "
-            "to skip a step only after every gradient is in, and backward would already have "
-            "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)"
-        )
-    if isinstance(cfg.parallel, schema.FSDPParallelConfig) and isinstance(cfg.precision, schema.FP16Config):
-        errors.append(
-            "precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not work on "
-            "sharded gradients (use precision=bf16 or fp32)"
-        )
-    if cfg.ddp is not None and cfg.ddp.step_in_backward and cfg.optim.grad_clip is not None:
-        errors.append(
-            f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: each "
-            "bucket's parameters are stepped before the whole gradient's norm is known "
-            "(set optim.grad_clip=null or ddp.step_in_backward=false)"
-        )
+        errors += _top_rules(cfg)
+    errors += user_code.cross_errors(cfg)
+    return errors
+
+
+def _top_rules(cfg: Any) -> list[str]:
     if cfg.compile and cfg.compile_mode in schema.CUDA_GRAPH_MODES and cfg.accumulation > 1:
-        errors.append(
+        return [
             f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "
             f"at every forward, so gradients cannot accumulate over micro-batches (got "
             f"accumulation={cfg.accumulation}): use accumulation=1, or compile_mode=default or "
             "max-autotune-no-cudagraphs"
-        )
-    errors += user_code.cross_errors(cfg)
-    if cfg.logger is not None:
-        errors += [f"logger.trackers: {e}" for e in missing_extras(cfg.logger.trackers)]
-    if cfg.logger is not None and cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        errors.append(
-            "logger=tensorboard needs the tensorboard package: "
-            "pip install tensorboard (in a clorch checkout: pip install '.[tensorboard]'), "
-            "or use logger=jsonl"
-        )
-    return errors
-
-
-def _nnodes_errors(launcher: Any) -> list[str]:
-    """launcher.nnodes for torchrun: N or "MIN:MAX" with 1 <= MIN <= MAX."""
-    value = launcher.nnodes
-    text = str(value)
-    parts = text.split(":")
-    try:
-        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
-    except ValueError:
-        low, high = 0, -1
-    if isinstance(value, bool) or not 1 <= low <= high:
-        return [
-            f"launcher.nnodes={value!r} is not allowed; give a node count >= 1 or a range "
-            f"MIN:MAX with 1 <= MIN <= MAX (e.g. 2 or 1:4)"
         ]
     return []
-
-
-def _checkpoint_errors(ckpt: schema.CheckpointConfig, launcher: Any) -> list[str]:
-    errors = _unused_checkpoint_keys(ckpt)
-    if ckpt.policy == "periodic" and ckpt.every_n_steps < 1:
-        errors.append(f"checkpoint.every_n_steps must be >= 1 with checkpoint=periodic, got {ckpt.every_n_steps}")
-    # resume=latest with checkpoint.dir null resumes from <run dir>/checkpoints, the default
-    # directory: hydra.run.dir=<a run> goes on in place (none there yet: a fresh start, as torch's
-    # and Lightning's "last" do).
-    if ckpt.resume not in ("none", "latest") and not Path(ckpt.resume).expanduser().exists():
-        errors.append(
-            f"checkpoint.resume={ckpt.resume!r}: no such checkpoint "
-            "(allowed: none, latest, or an existing checkpoint path)"
-        )
-    if ckpt.resume == "none" and ckpt.policy == "periodic" and ckpt.dir is not None:
-        errors += reused_dir_errors("checkpoint.dir", ckpt.dir)
-    if launcher.max_restarts > 0 and ckpt.policy != "periodic":
-        errors.append(
-            f"launcher.max_restarts={launcher.max_restarts} resumes from the latest "
-            f"checkpoint: use checkpoint=periodic (got checkpoint={ckpt.policy})"
-        )
-    return errors
-
-
-def _unused_checkpoint_keys(ckpt: schema.CheckpointConfig) -> list[str]:
-    """Checkpoint keys that the chosen policy would ignore: a run that silently writes no
-    checkpoint is found out only after the interrupt that was meant to be safe."""
-    defaults = schema.CheckpointConfig()
-    writes = {"none": set(), "final": {"path"}, "periodic": {"path", "every_n_steps", "keep_last"}}
-    used = writes[ckpt.policy] | ({"dir"} if ckpt.policy != "none" or ckpt.resume == "latest" else set())
-    errors = []
-    for key in ("dir", "path", "every_n_steps", "keep_last"):
-        value = getattr(ckpt, key)
-        if key in used or value == getattr(defaults, key):
-            continue
-        needs = "periodic" if key in ("every_n_steps", "keep_last") else "final or checkpoint=periodic"
-        errors.append(
-            f"checkpoint.{key}={value!r} does nothing with checkpoint={ckpt.policy}: "
-            f"it writes no {'step ' if needs == 'periodic' else ''}checkpoints; "
-            f"choose checkpoint={needs}"
-        )
-    return errors
 
 
 def _unused_top_keys(cfg: schema.TrainConfig) -> list[str]:
@@ -289,26 +184,6 @@ def _unused_top_keys(cfg: schema.TrainConfig) -> list[str]:
             f"compile_mode={cfg.compile_mode} does nothing with compile=false: add compile=true, or drop compile_mode"
         ]
     return []
-
-
-def reused_dir_errors(key: str, directory: str | os.PathLike) -> list[str]:
-    """An error when a new run would write step checkpoints beside an earlier run's.
-
-    Pruning keeps the highest step numbers and resume=latest takes the highest,
-    so the two runs' checkpoints would mix. Only the launching process checks
-    this, before launch: the launcher's restarts (CLORCH_RESTART_COUNT > 0)
-    resume from the job's own checkpoints and are not refused.
-    """
-    if restart_count() > 0:
-        return []
-    found = sorted(path.name for _, path in any_step_checkpoints(Path(directory).expanduser()))
-    if not found:
-        return []
-    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-    return [
-        f"{key}={str(directory)} already holds checkpoints ({shown}); pass "
-        "checkpoint.resume=latest to continue that run, or choose an empty directory"
-    ]
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -378,7 +253,7 @@ class Partial:
     """
 
     def __init__(self, values: Mapping[str, Any], bad: set[str]):
-        for group in schema.OPTIONS:
+        for group in registry.groups():
             setattr(self, group, None if group in bad else schema.section_from_dict(group, values[group]))
         self.raw = values  # a bad section's plain values, for checks that need one good key of it
         self.top_ok = "top" not in bad

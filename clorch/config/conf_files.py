@@ -26,7 +26,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS, TopConfig
+from clorch.config import registry
+from clorch.config.schema import BACKENDS, CUSTOM, TARGET_GROUPS, TopConfig
 
 CUSTOM_EXAMPLES = {
     "model": "my_pkg.Net",
@@ -45,8 +46,8 @@ def rendered() -> dict[str, str]:
         files[f"backend/{backend}.yaml"] = (
             f"# @package _global_\n# Sets the top-level key backend (the process-group backend).\nbackend: {backend}\n"
         )
-    for group, options in OPTIONS.items():
-        for name, values in options.items():
+    for group in registry.groups():
+        for name, values in registry.options(group).items():
             files[f"{group}/{name}.yaml"] = _render(values)
     for group in TARGET_GROUPS:
         files[f"{group}/{CUSTOM}.yaml"] = (

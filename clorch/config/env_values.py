@@ -14,7 +14,8 @@ import os
 import typing
 from typing import Any, Optional
 
-from clorch.config.schema import OPTIONS, TopConfig, option_schemas
+from clorch.config import registry
+from clorch.config.schema import TopConfig
 
 
 def _takes_text_only(key: str) -> bool:
@@ -23,8 +24,8 @@ def _takes_text_only(key: str) -> bool:
     head, _, rest = key.partition(".")
     if not rest:
         classes, path = [TopConfig], [head]
-    elif head in OPTIONS:
-        classes, path = list(option_schemas(head).values()), rest.split(".")
+    elif head in registry.groups():
+        classes, path = list(registry.schemas(head).values()), rest.split(".")
     else:
         return False
     found = []

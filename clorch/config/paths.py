@@ -9,18 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from clorch.config import registry
 from clorch.config.checks import to_plain
 
-
-# Config keys that name files or directories, resolved against the directory the user ran from.
-PATH_KEYS = (
-    ("data", "path"),
-    ("data", "train_path"),
-    ("data", "eval_path"),
-    ("checkpoint", "dir"),
-    ("checkpoint", "path"),
-    ("checkpoint", "resume"),
-)
 _NOT_PATHS = {"none", "latest"}  # checkpoint.resume's words
 
 
@@ -35,7 +26,7 @@ def with_absolute_paths(cfg: Any, base: str | os.PathLike) -> dict[str, Any]:
         ConfigError: an interpolation does not resolve (the message names its key).
     """
     values = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
-    for section, key in PATH_KEYS:
+    for section, _, key in (k.partition(".") for k in registry.path_keys()):
         node = values.get(section)
         value = node.get(key) if isinstance(node, dict) else None
         if isinstance(value, str) and value and value not in _NOT_PATHS:

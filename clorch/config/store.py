@@ -7,16 +7,17 @@ listed here are what clorch offers, checks and prints in its errors.
 
 from __future__ import annotations
 
-from clorch.config.schema import BACKENDS, CUSTOM, OPTIONS, TARGET_GROUPS
+from clorch.config import registry
+from clorch.config.schema import BACKENDS, CUSTOM, TARGET_GROUPS
 
 
 def group_options(group: str) -> list[str]:
     """The options of a config group (sorted; `custom`, your own code, last)."""
     if group == "backend":
         return sorted(BACKENDS)
-    return [*sorted(OPTIONS[group]), *([CUSTOM] if group in TARGET_GROUPS else [])]
+    return [*sorted(registry.options(group)), *([CUSTOM] if group in TARGET_GROUPS else [])]
 
 
 def config_groups() -> list[str]:
     """The config groups (the `recipe` group aside)."""
-    return sorted(["backend", *OPTIONS])
+    return sorted(["backend", *registry.groups()])

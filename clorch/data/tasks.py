@@ -1,4 +1,7 @@
-"""The task registry: task names to classes, `build_task`, and sizes without building.
+"""Built-in tasks by name: `build_task`, and sizes without building.
+
+A task's name is its `data` option's (clorch.config.options.data: `data=arithmetic`), whose
+class names the task's class; a new task is its class here in clorch.data and its option there.
 
 The protocol every task follows, and the helpers the tasks share, live in
 `clorch.data.base`; `Task`, `SPLITS` and `finalize_metrics` are re-exported here so that
@@ -11,21 +14,15 @@ epoch, the model's shape) before any rank builds the data.
 
 from __future__ import annotations
 
-from clorch.data.arithmetic import ArithmeticTask
+from clorch.config import registry
 from clorch.data.base import SPLITS, Task, TaskSizes, finalize_metrics
-from clorch.data.synthetic import SyntheticRegression
-from clorch.data.text import ByteTextTask
-from clorch.data.tokens import TokenFileTask
 
-__all__ = ["SPLITS", "TASK_NAMES", "Task", "build_task", "finalize_metrics", "model_sizes", "split_size"]
+__all__ = ["SPLITS", "Task", "build_task", "finalize_metrics", "model_sizes", "split_size", "task_names"]
 
-_CLASSES: dict[str, type] = {
-    "synthetic": SyntheticRegression,
-    "arithmetic": ArithmeticTask,
-    "text": ByteTextTask,
-    "tokens": TokenFileTask,
-}
-TASK_NAMES = tuple(_CLASSES)
+
+def task_names() -> tuple[str, ...]:
+    """The built-in tasks: the `data` options that name a task class."""
+    return tuple(name for name, option in registry.options("data").items() if getattr(option, "task", None))
 
 
 def _task_class(name: str, kwargs: dict) -> type:
@@ -35,9 +32,9 @@ def _task_class(name: str, kwargs: dict) -> type:
         ValueError: unknown name.
         TypeError: an argument the task does not take.
     """
-    if name not in _CLASSES:
-        raise ValueError(f"task name must be one of {', '.join(TASK_NAMES)}, got {name!r}")
-    cls = _CLASSES[name]
+    if name not in task_names():
+        raise ValueError(f"task name must be one of {', '.join(task_names())}, got {name!r}")
+    cls = registry.resolve(registry.options("data")[name].task)
     allowed = cls.ARGUMENTS
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:

@@ -76,6 +76,10 @@ class PreflightConfig:
             errors.append(f"preflight.disk_check must be one of {', '.join(DISK_CHECKS)}, got {self.disk_check!r}")
         return errors
 
+    def rules(self, cfg: Any) -> list[str]:
+        """The config checks' hook (clorch.config.registry.Option): `errors()`."""
+        return self.errors()
+
     def validate(self) -> PreflightConfig:
         """Return self when every value is good.
 

@@ -18,7 +18,10 @@ from hydra.core.global_hydra import GlobalHydra
 from clorch.config import compose, config_groups, group_options
 from clorch.config.composer import CONFIG_MODULE, rewrite_recipe_overrides
 from clorch.config.overrides import check_overrides
-from clorch.config.schema import CUSTOM, OPTIONS, SHORTHAND, TARGET_GROUPS
+from clorch.config.registry import groups as registered_groups
+from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
+
+OPTIONS = registered_groups()  # every config group
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,21 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from clorch.config import schema
+from clorch.config.options import data, ddp, launcher, model, precision, sampler
 from clorch.config.source_defaults import source_constant, source_default
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNERS = [
-    schema.GradScaler,
-    schema.DistributedSampler,
-    schema.DistributedDataParallel,
-    schema.MLP,
-    schema.GPTArchitecture,
-    schema.SyntheticRegression,
-    schema.ArithmeticTask,
-    schema.ByteTextTask,
-    schema.TokenFiles,
-    schema.launch,
+    tuple(reference.split(":"))  # "module:Class", as the options name them
+    for reference in (
+        precision.SCALER,
+        sampler.SAMPLER,
+        ddp.DDP,
+        model.MLP,
+        model.GPT,
+        data.SYNTHETIC,
+        data.ARITHMETIC,
+        data.TEXT,
+        data.TOKENS,
+        launcher.LAUNCH,
+    )
 ]
 
 

@@ -1,0 +1,86 @@
+"""The `optim` and `schedule` groups: the optimizer and its learning-rate schedule.
+
+The defaults are the library's (clorch.optim, clorch.optim.schedule), read from their source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from clorch.config.registry import Option, constant_of, declare, option, rule
+
+OPTIMIZERS = "clorch.optim"  # its constants: ADAMW_BETAS, SGD_MOMENTUM, DEFAULT_DECAY
+SCHEDULES = "clorch.optim.schedule"  # its constants: COSINE_WARMUP_STEPS, COSINE_MIN_LR_RATIO
+Decay = Literal["matrices", "all"]  # clorch.optim.DECAY_RULES
+
+declare("optim", "the optimizer")
+declare("schedule", "the learning-rate schedule")
+
+
+class OptimOption(Option):
+    """Any `optim` option."""
+
+
+class ScheduleOption(Option):
+    """Any `schedule` option."""
+
+
+@option("optim", "adamw")
+@dataclass
+class AdamWConfig(OptimOption):
+    """torch.optim.AdamW."""
+
+    name: Literal["adamw"] = "adamw"
+    lr: float = field(default=3e-3, metadata=rule(gt=0))  # peak learning rate
+    weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # decoupled weight decay
+    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    decay: Decay = constant_of(OPTIMIZERS, "DEFAULT_DECAY")
+    # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
+    grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
+    betas: list[float] = field(
+        default_factory=lambda: list(constant_of(OPTIMIZERS, "ADAMW_BETAS")),  # moment decays
+        metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"),
+    )
+    fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
+
+
+@option("optim", "sgd")
+@dataclass
+class SGDConfig(OptimOption):
+    """torch.optim.SGD with momentum."""
+
+    name: Literal["sgd"] = "sgd"
+    lr: float = field(default=1e-2, metadata=rule(gt=0))  # peak learning rate
+    weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # L2 penalty
+    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    decay: Decay = constant_of(OPTIMIZERS, "DEFAULT_DECAY")
+    # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
+    grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
+    momentum: float = field(
+        default=constant_of(OPTIMIZERS, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1)
+    )  # momentum factor
+    fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
+
+
+@option("schedule", "constant")
+@dataclass
+class ConstantScheduleConfig(ScheduleOption):
+    """Constant learning rate after an optional linear warmup."""
+
+    name: Literal["constant"] = "constant"
+    warmup_steps: int = field(default=0, metadata=rule(ge=0, unit="steps"))  # linear warmup
+
+
+@option("schedule", "cosine")
+@dataclass
+class CosineScheduleConfig(ScheduleOption):
+    """Linear warmup, then cosine decay to min_lr_ratio * lr."""
+
+    name: Literal["cosine"] = "cosine"
+    warmup_steps: int = field(
+        default=constant_of(SCHEDULES, "COSINE_WARMUP_STEPS"), metadata=rule(ge=0, unit="steps")
+    )  # linear warmup
+    min_lr_ratio: float = field(
+        default=constant_of(SCHEDULES, "COSINE_MIN_LR_RATIO"), metadata=rule(ge=0, le=1)
+    )  # floor / peak lr

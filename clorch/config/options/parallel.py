@@ -1,0 +1,44 @@
+"""The `parallel` group: whole model on every rank (ddp) or sharded (fsdp)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from clorch.config.registry import Option, constant_of, declare, option, rule
+
+declare("parallel", "data parallel (ddp) or sharded data parallel (fsdp)")
+
+
+class ParallelOption(Option):
+    """Any `parallel` option."""
+
+
+@option("parallel", "ddp")
+@dataclass
+class DDPParallelConfig(ParallelOption):
+    """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
+
+    name: Literal["ddp"] = "ddp"
+
+
+@option("parallel", "fsdp")
+@dataclass
+class FSDPParallelConfig(ParallelOption):
+    """Sharded data parallel (torch's fully_shard): each rank holds 1/world of the model's state.
+
+    Parameters, gradients and optimizer state are split over the job's ranks
+    (clorch.nn.parallel.fsdp); the `ddp` group's keys do not apply.
+    """
+
+    name: Literal["fsdp"] = "fsdp"
+    # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
+    # every child with >= min_params parameters) or a list of class names, e.g. [Block]
+    shard: Union[Literal["auto"], list[str]] = "auto"
+    min_params: int = field(
+        default=constant_of("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"), metadata=rule(ge=1)
+    )  # shard=auto: parameters a child needs to be a unit of its own
+    reshard_after_forward: bool = (
+        True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
+    )
+    cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
