@@ -23,6 +23,7 @@ that `loss=cross_entropy` replaces a recipe's `loss._target_` and its arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -35,6 +36,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from clorch.config import registry
 from clorch.config.env_values import env_values, with_env_values
 from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options
@@ -219,9 +221,22 @@ def recipe_errors(name: str) -> list[str]:
     return list(_recipe_errors.get(name, []))
 
 
+def register_unwritten_options() -> None:
+    """Store in Hydra's ConfigStore each registered option that conf/ has no file for: one
+    an installed package adds (clorch.config.registry.ENTRY_POINTS), or one added to clorch
+    before `python -m clorch.config.conf_files` writes its file."""
+    conf = resources.files(CONFIG_MODULE)
+    for group in registry.groups():
+        for name, values in registry.options(group).items():
+            if not (conf / group / f"{name}.yaml").is_file():
+                ConfigStore.instance().store(group=group, name=name, node=dataclasses.asdict(values), provider="clorch")
+
+
 def register_recipes(without: Iterable[str] = ()) -> dict[str, Path | Traversable]:
     """Register every recipe file in Hydra's ConfigStore as group `recipe` (and again each one
-    registered from a path), less their sections for the groups in `without`."""
+    registered from a path), less their sections for the groups in `without`; and the options
+    conf/ has no file for (`register_unwritten_options`)."""
+    register_unwritten_options()
     found = available_recipes()
     for name, path in found.items():
         _store_recipe(name, path, without=without)

@@ -15,7 +15,8 @@ An option is one dataclass in a module of `clorch.config.options`, registered wi
 Everything else is derived from the registry: `TrainConfig.from_dict`, the checks, the
 generated conf/ files and docs/keys.md, `clorch-train --help`'s groups, the path keys made
 absolute, the override hints. Every module in `clorch.config.options` is imported when the
-registry is first read, so a new option is one new file there (see docs/extending.md).
+registry is first read, so a new option is one new file there (see docs/extending.md); an
+installed package adds its own through the `clorch.options` entry-point group.
 
 Torch-free and Hydra-free: `clorch-train --help` and `clorch-runs` read it.
 """
@@ -27,6 +28,7 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, TypeVar
 
 from clorch.config.source_defaults import source_constant, source_default
@@ -88,8 +90,14 @@ def option(group: str, name: str, /, **preset: Any) -> Callable[[type[T]], type[
     return add
 
 
+ENTRY_POINTS = "clorch.options"
+"""The entry-point group through which an installed package of yours adds options: each entry
+names a module that registers them (`[project.entry-points."clorch.options"] mine = "my_pkg.options"`)."""
+
+
 def _load() -> None:
-    """Import every module of clorch.config.options once (each registers its options)."""
+    """Import every module of clorch.config.options once (each registers its options), then the
+    modules installed packages name in the `clorch.options` entry-point group."""
     global _loaded
     if _loaded:
         return
@@ -97,6 +105,8 @@ def _load() -> None:
     package = importlib.import_module("clorch.config.options")
     for found in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         importlib.import_module(f"{package.__name__}.{found.name}")
+    for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        importlib.import_module(entry.value)
 
 
 def groups() -> dict[str, Group]:

@@ -17,9 +17,9 @@ from clorch.amp import MixedPrecision
 from clorch.checkpoint.weights import load_weights
 from clorch.plan.data import build_splits
 from clorch.plan.model import build_model_for
+from clorch.config import registry
 from clorch.config.schema import (
     CUDA_GRAPH_MODES,
-    AdamWConfig,
     CosineScheduleConfig,
     FP16Config,
     FSDPParallelConfig,
@@ -31,7 +31,7 @@ from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
 from clorch.nn.parallel.fsdp import ShardedTrainer, apply_activation_checkpointing, device_mesh, shard_model
-from clorch.optim import build_optimizer, build_scheduler, param_groups
+from clorch.optim import build_scheduler, fused_by_default, param_groups
 
 
 @dataclass
@@ -111,10 +111,14 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer `cfg.optim` names (its `builds`), given its keys (`kwargs()`) and clorch's
+    parameter groups (weight decay on `optim.decay`'s parameters only)."""
     optim = cfg.optim
-    extra = {"betas": tuple(optim.betas)} if isinstance(optim, AdamWConfig) else {"momentum": optim.momentum}
     groups = param_groups(model, optim.weight_decay, optim.decay)
-    return build_optimizer(optim.name, groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=optim.fused, **extra)
+    kwargs = optim.kwargs()
+    if "fused" in kwargs and kwargs["fused"] is None:
+        kwargs["fused"] = fused_by_default(groups)
+    return registry.resolve(optim.builds)(groups, **kwargs)
 
 
 # derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,

@@ -16,7 +16,6 @@ import torch
 from clorch.plan.data import model_sizes_of
 from clorch.plan.model import build_model_for
 from clorch.plan.plan import Plan
-from clorch.config.schema import AdamWConfig
 from clorch.engine.outputs import announce
 from clorch.preflight import run_preflight
 
@@ -28,9 +27,7 @@ def _estimate(plan: Plan) -> dict[str, Any]:
     sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
-    optim = plan.config.optim
-    states = 2 if isinstance(optim, AdamWConfig) else (1 if getattr(optim, "momentum", 0) else 0)
-    return {"model_params": params, "bytes_per_param": 4.0, "optimizer_states": states}
+    return {"model_params": params, "bytes_per_param": 4.0, "optimizer_states": plan.config.optim.states()}
 
 
 def run_first(plan: Plan, run_dir: Path, checkpoint_dir: Path | None, rank: int) -> Any:

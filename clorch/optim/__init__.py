@@ -63,6 +63,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay: str = DEFAU
     return [g for g in groups if g["params"]]
 
 
+def fused_by_default(params: Iterable) -> bool:
+    """Whether torch's fused optimizer kernels suit `params` (parameters or param groups): when
+    every parameter is on CUDA, where they are fastest (what `fused=None` means here and in the config)."""
+    return _all_cuda(list(params))
+
+
 def _all_cuda(groups: list) -> bool:
     tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
     return bool(tensors) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in tensors)

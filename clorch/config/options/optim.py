@@ -5,8 +5,9 @@ The defaults are the library's (clorch.optim, clorch.optim.schedule), read from 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from clorch.config.registry import Option, constant_of, declare, option, rule
 
@@ -19,7 +20,24 @@ declare("schedule", "the learning-rate schedule")
 
 
 class OptimOption(Option):
-    """Any `optim` option."""
+    """Any `optim` option: its keys are the torch optimizer's keyword arguments (`builds` names the
+    class), but those clorch reads itself (CLORCH_KEYS)."""
+
+    builds: ClassVar[str] = ""  # "module:Class" of the torch optimizer, called (param_groups, **kwargs())
+    CLORCH_KEYS: ClassVar[tuple[str, ...]] = ("name", "decay", "grad_clip")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The optimizer's keyword arguments: every other key, lists as tuples (AdamW's betas);
+        `fused=None` is for the engine to decide (fused when every parameter is on CUDA)."""
+        return {
+            f.name: tuple(v) if isinstance(v := getattr(self, f.name), list) else v
+            for f in dataclasses.fields(self)
+            if f.name not in self.CLORCH_KEYS
+        }
+
+    def states(self) -> int:
+        """Tensors of optimizer state per parameter, each of the parameter's size (memory plans)."""
+        return 0
 
 
 class ScheduleOption(Option):
@@ -30,6 +48,8 @@ class ScheduleOption(Option):
 @dataclass
 class AdamWConfig(OptimOption):
     """torch.optim.AdamW."""
+
+    builds: ClassVar[str] = "torch.optim:AdamW"
 
     name: Literal["adamw"] = "adamw"
     lr: float = field(default=3e-3, metadata=rule(gt=0))  # peak learning rate
@@ -44,11 +64,16 @@ class AdamWConfig(OptimOption):
     )
     fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
 
+    def states(self) -> int:
+        return 2  # exp_avg, exp_avg_sq
+
 
 @option("optim", "sgd")
 @dataclass
 class SGDConfig(OptimOption):
     """torch.optim.SGD with momentum."""
+
+    builds: ClassVar[str] = "torch.optim:SGD"
 
     name: Literal["sgd"] = "sgd"
     lr: float = field(default=1e-2, metadata=rule(gt=0))  # peak learning rate
@@ -61,6 +86,9 @@ class SGDConfig(OptimOption):
         default=constant_of(OPTIMIZERS, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1)
     )  # momentum factor
     fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
+
+    def states(self) -> int:
+        return 1 if self.momentum else 0  # momentum_buffer
 
 
 @option("schedule", "constant")
