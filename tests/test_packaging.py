@@ -35,6 +35,13 @@ def test_conf_files_match_the_schemas():
     assert conf_files.stale(ROOT / "conf") == []
 
 
+def test_the_keys_page_and_table_match_the_options():
+    """docs/keys.md and docs/training.md's key table are what the options render."""
+    from clorch.config import keys_page
+
+    assert keys_page.stale_pages(ROOT / "docs") == []
+
+
 def test_a_stale_conf_file_is_reported(tmp_path):
     conf_files.write(tmp_path)
     (tmp_path / "optim" / "sgd.yaml").write_text("name: sgd\nlr: 0.5\n")

@@ -7,26 +7,21 @@ Every group option a user can pick has a file that shows what it sets
 rendered from them, field comments included, and a test fails when a file
 differs from its rendering. After changing a schema, write them again:
 
-    python -m clorch.config.conf_files          # rewrites conf/ in this checkout
+    python -m clorch.config.conf_files          # rewrites conf/ (and docs/keys.md) in this checkout
     python -m clorch.config.conf_files --check  # exit 1 if a file is stale
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
-import io
 import sys
-import tokenize
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
 
-from clorch.config import registry
+from clorch.config import keys_page, registry
+from clorch.config.comments import field_comments, scalar
 from clorch.config.schema import BACKENDS, CUSTOM, TARGET_GROUPS, TopConfig
 
 CUSTOM_EXAMPLES = {
@@ -66,7 +61,7 @@ def _render(values: Any, header: str = "") -> str:
 
 
 def _lines(values: Any, depth: int) -> Iterator[str]:
-    comments = _field_comments(type(values))
+    comments = field_comments(type(values))
     indent = "  " * depth
     for f in dataclasses.fields(values):
         value = getattr(values, f.name)
@@ -75,37 +70,7 @@ def _lines(values: Any, depth: int) -> Iterator[str]:
             yield f"{indent}{f.name}:{comment}\n"
             yield from _lines(value, depth + 1)
         else:
-            yield f"{indent}{f.name}: {_scalar(value)}{comment}\n"
-
-
-def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
-    return text[: -len("\n...")].strip() if text.endswith("...") else text
-
-
-@lru_cache(maxsize=None)
-def _field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment written beside it (or on the lines just above) in the source."""
-    source = inspect.getsource(cls)
-    comments = {
-        tok.start[0]: tok.string.lstrip("#").strip()
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-        if tok.type == tokenize.COMMENT
-    }
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body[0].body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        beside = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
-        above, n = [], node.lineno - 1
-        while n in comments and lines[n - 1].lstrip().startswith("#"):
-            above.insert(0, comments[n])
-            n -= 1
-        text = " ".join(beside or above)
-        if text:
-            found[node.target.id] = text
-    return found
+            yield f"{indent}{f.name}: {scalar(value)}{comment}\n"
 
 
 def stale(conf_dir: Path) -> list[str]:
@@ -143,14 +108,23 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(__file__).resolve().parents[2] / "conf",
         help="the conf/ folder (default: this checkout's)",
     )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "docs",
+        help="the docs/ folder whose keys.md and training.md key table are written too",
+    )
     args = parser.parse_args(argv)
     if args.check:
-        bad = stale(args.dir)
-        for name in bad:
-            print(f"stale: {args.dir / name}", file=sys.stderr)
+        bad = [args.dir / n for n in stale(args.dir)] + [args.docs / n for n in keys_page.stale_pages(args.docs)]
+        for path in bad:
+            print(f"stale: {path}", file=sys.stderr)
         return 1 if bad else 0
     for name in write(args.dir):
         print(f"wrote {args.dir / name}")
+    if args.docs.is_dir():
+        for name in keys_page.write_pages(args.docs):
+            print(f"wrote {args.docs / name}")
     return 0
 
 

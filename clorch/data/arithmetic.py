@@ -190,7 +190,6 @@ class ArithmeticTask:
     compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
     ARGUMENTS = ("sample_count", "digits", "seq_len", "eval_fraction")
-    default_model = "gpt"
 
     def __init__(
         self,

@@ -54,7 +54,6 @@ class SyntheticRegression:
 
     ARGUMENTS = ("sample_count", "in_features", "out_features", "noise")
     tokens_per_sample = None
-    default_model = "mlp"
 
     def __init__(
         self,

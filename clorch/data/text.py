@@ -123,7 +123,6 @@ class ByteTextTask:
     compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
     ARGUMENTS = ("path", "seq_len", "sample_count", "eval_fraction")
-    default_model = "gpt"
 
     def __init__(
         self,

@@ -163,7 +163,6 @@ class TokenFileTask:
     compile_loss: bool | str = False  # with `compile: true` the engine sets its compile_mode here
 
     ARGUMENTS = ("train_path", "eval_path", "seq_len", "vocab_size", "dtype", "header", "sample_count", "eval_fraction")
-    default_model = "gpt"
 
     def __init__(
         self,
