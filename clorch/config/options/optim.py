@@ -63,6 +63,7 @@ class AdamWConfig(OptimOption):
         metadata=rule(length=2, items=rule(ge=0, lt=1), words="in [0, 1)"),
     )
     fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
+    foreach: Optional[bool] = None  # multi-tensor kernels (torch's foreach); null: torch decides
 
     def states(self) -> int:
         return 2  # exp_avg, exp_avg_sq
@@ -86,6 +87,7 @@ class SGDConfig(OptimOption):
         default=constant_of(OPTIMIZERS, "SGD_MOMENTUM"), metadata=rule(ge=0, lt=1)
     )  # momentum factor
     fused: Optional[bool] = None  # fused kernels; null: fused when every parameter is on CUDA
+    foreach: Optional[bool] = None  # multi-tensor kernels (torch's foreach); null: torch decides
 
     def states(self) -> int:
         return 1 if self.momentum else 0  # momentum_buffer
