@@ -1,4 +1,4 @@
-"""Every status owns its exit code and its console line (clorch.runs.status.Status), and the
+"""Every status owns its exit code and its console line (clorch.status.Status), and the
 records that carry it read and write the files they always did."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from clorch.engine.results import JobEnd, PreflightVerdict, RunSummary
 from clorch.engine.summary import preflight_lines, summary_lines
 from clorch.engine.sweep import SweepRow
 from clorch.runs.records import STATUSES
-from clorch.runs.status import Status
+from clorch.status import Status
 
 pytestmark = pytest.mark.timeout(60)
 

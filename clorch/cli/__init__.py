@@ -12,7 +12,7 @@ when several runs start in the same second); sweeps get multirun/DATE/TIME.
 Every config error is reported together, before anything launches, and the
 command exits with status 2 (leaving no run directory behind); a failed job (a failed
 preflight too, on every node) exits with 1, an interrupted one with 128 + the signal:
-each status's code and console line are clorch.runs.status.Status's.
+each status's code and console line are clorch.status.Status's.
 
     train.py        the console script: flags, refusals, who runs the job
     hydra_app.py    the Hydra job (one run, or one job of a sweep) and running Hydra in-process

@@ -31,7 +31,7 @@ from clorch.engine.results import RunResult, RunSummary, last_step
 from clorch.engine.summary import show, summary_lines
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
-from clorch.runs.status import Status
+from clorch.status import Status
 
 
 def report(result: RunResult) -> None:

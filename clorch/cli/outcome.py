@@ -2,7 +2,7 @@
 
 One command starts one run or a sweep's jobs inside Hydra, whose job function
 returns nothing to its caller: each job records here how it ended (its
-clorch.runs.status.Status), and the command's exit status is read from here once
+clorch.status.Status), and the command's exit status is read from here once
 Hydra returns: each status's own exit code (Status.exit_code), combined.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clorch.runs.status import Status
+from clorch.status import Status
 
 
 @dataclass

@@ -31,7 +31,7 @@ from clorch.engine.outputs import typed_command
 from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
-from clorch.runs.status import Status
+from clorch.status import Status
 
 EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
 

@@ -80,7 +80,7 @@ def run_local(
         **overrides: see `overrides_for`.
 
     Returns:
-        A `clorch.engine.summary.RunResult`: `.status` (a clorch.runs.status.Status, with the
+        A `clorch.engine.summary.RunResult`: `.status` (a clorch.status.Status, with the
         exit code `clorch-train` would give: a failed preflight is PREFLIGHT_FAILED, exit 1),
         `.summary` (summary.json), `.run_dir`, `.logs` ({rank: {"stdout", "stderr"}}) and `.job`;
         `result["status"]["state"]`, `result["summary"]` ... of earlier versions still work.

@@ -46,7 +46,7 @@ from clorch.engine.tracking import feed_at_end
 from clorch.env import restart_count
 from clorch.launch.child import resolve_target
 from clorch.launch.external import detect, rank_environ
-from clorch.runs.status import Status
+from clorch.status import Status
 
 REPORT_GRACE_S = 10.0
 

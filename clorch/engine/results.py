@@ -7,7 +7,7 @@ summary.json, and what `execute` (and `clorch.run_local`) returns.
     RunSummary   summary.json (its keys as they always were; `from_dict` reads older files)
     RunResult    execute()'s result (indexable as the dict earlier versions returned)
 
-Each status is a clorch.runs.status.Status, which owns the exit code and the console line.
+Each status is a clorch.status.Status, which owns the exit code and the console line.
 Nothing here imports torch.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from clorch.plan.plan import Plan
-from clorch.runs.status import Status
+from clorch.status import Status
 
 
 def _known(cls: type, record: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from clorch.engine.outputs import announce, rank0_result_path
 from clorch.engine.progress import Progress
 from clorch.engine.results import JobEnd, NodeResult, RankResult, RunResult
 from clorch.engine.summary import summarize, write_start, write_summary
-from clorch.runs.status import Status
+from clorch.status import Status
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.launch import launch
 from clorch.launch.torchrun import TorchrunError, run_torchrun
@@ -107,7 +107,7 @@ def execute(
 
     Returns:
         A RunResult: how the job ended (`.job`), summary.json's content (`.summary`, whose
-        `.status` says it all: clorch.runs.status.Status), the run directory, the plan and
+        `.status` says it all: clorch.status.Status), the run directory, the plan and
         the ranks' logs ({rank: {"stdout", "stderr"}}); indexing it as the dict of earlier
         versions (`result["status"]["state"]`) still works.
 

@@ -3,7 +3,7 @@ and loss.png when it ends (written by the launching process, or by rank 0 of an 
 launcher's job), and the one-line error the console shows.
 
 The records are typed in clorch.engine.results; the console lines of a run's end are
-here, each starting with its status's line (clorch.runs.status.Status.line).
+here, each starting with its status's line (clorch.status.Status.line).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from clorch._files import write_text_atomic
 from clorch.plan.plan import Plan
 from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
 from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
-from clorch.runs.status import Status
+from clorch.status import Status
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def preflight_lines(
 
 
 def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) -> list[Line]:
-    """How a run ended, on the console: its status's line (clorch.runs.status.Status.line)
+    """How a run ended, on the console: its status's line (clorch.status.Status.line)
     with what it knows, and a failure's traceback after it. An interruption's lines, which
     carry the resume hint, are the command line's (clorch.cli.hydra_app).
 

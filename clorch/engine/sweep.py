@@ -9,7 +9,7 @@ row with its status; the sweep goes on.
 
 An interrupted sweep (Ctrl-C, SIGTERM, SIGHUP: it ends with the job it
 interrupted) writes its summary too, with a row for every job it planned:
-each job's status (clorch.runs.status.Status) is succeeded, failed,
+each job's status (clorch.status.Status) is succeeded, failed,
 preflight_failed, config_error, interrupted, or not_started for the jobs it did
 not reach (their overrides as planned). A job whose preflight failed is a
 failed job: the sweep exits 1.
@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt
 from clorch.engine.results import RunSummary
-from clorch.runs.status import Status
+from clorch.status import Status
 
 METRICS = ("loss", "eval_loss", "eval_exact")
 RESULTS = ("status", "steps", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")

@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from clorch.status import Status
 from clorch.launch.console import protect
 from clorch.launch.launcher import launch
 
@@ -44,11 +45,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def exit_code(status: dict[str, Any]) -> int:
     """The launcher's exit code for a final status (see the module docstring's policy)."""
-    if status["state"] == "succeeded":
+    if status["state"] == Status.SUCCEEDED:
         return 0
-    if status["state"] == "timed_out":
+    if status["state"] == Status.TIMED_OUT:
         return TIMED_OUT_EXIT
-    if status["state"] == "stopped":
+    if status["state"] == Status.STOPPED:
         return 128 + int(signal.SIGTERM)
     error = status.get("error") or {}
     if error.get("signal"):

@@ -20,10 +20,11 @@ from typing import Any
 
 from clorch._files import write_json_atomic
 from clorch.launch.procs import kill_group, pid_alive
+from clorch.status import Status
 
 RECORD = "job.json"
 STOP_REQUEST = "stop.request"
-FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out")
+FINAL_STATES = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.TIMED_OUT)
 _OBSERVER_POLL_S = 0.05
 
 
@@ -75,12 +76,12 @@ class Job:
                 return copy.deepcopy(self._record)
         record = json.loads((self.log_dir / RECORD).read_text())
         status = record["status"]
-        if status["state"] == "running" and self._launcher_gone(record):
+        if status["state"] == Status.RUNNING and self._launcher_gone(record):
             # The launcher died without writing the end; its ranks died with it (PDEATHSIG).
             # "stopped" when someone had asked for that, since the ranks are gone as asked.
             stopped = (self.log_dir / STOP_REQUEST).exists()
             status.update(
-                state="stopped" if stopped else "failed",
+                state=Status.STOPPED if stopped else Status.FAILED,
                 error={
                     "rank": None,
                     "type": None,
@@ -171,7 +172,7 @@ class Job:
         """`stop` in a process that does not own the job (see there)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         record = self._read_record()
-        if record["status"]["state"] == "running":
+        if record["status"]["state"] == Status.RUNNING:
             (self.log_dir / STOP_REQUEST).write_text(str(os.getpid()))
             self._signal_ranks(record, signal.SIGTERM)
         kill_at = time.monotonic() + record["config"]["grace_period"]
@@ -203,7 +204,7 @@ class Job:
         the system may give to another process later.
         """
         on_disk = json.loads((self.log_dir / RECORD).read_text())
-        if on_disk["status"]["state"] == "running" and self._launcher_gone(on_disk):
+        if on_disk["status"]["state"] == Status.RUNNING and self._launcher_gone(on_disk):
             record["status"]["ended_at"] = record["status"]["ended_at"] or time.time()
             write_json_atomic(self.log_dir / RECORD, record, indent=1)
         return record

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from clorch.status import Status
 from clorch._files import write_json_atomic
 from clorch.launch import signals
 from clorch.launch.config import LaunchConfig, build_config
@@ -136,7 +137,7 @@ def _initial_record(config: LaunchConfig) -> dict[str, Any]:
         "created_at": time.time(),
         "python": sys.executable,
         "status": {
-            "state": "running",
+            "state": Status.RUNNING,
             "log_dir": config.log_dir,
             "world_size": config.world_size,
             "ranks": ranks,

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clorch.status import Status
 from clorch._files import unique_token
 from clorch.launch.config import LaunchConfig
 from clorch.launch.job import STOP_REQUEST, Job
@@ -107,12 +108,12 @@ class _Attempt:
         if self.ending is None and failed:
             self.failed = self._first_failure(failed)
             stopped = (Path(self.config.log_dir) / STOP_REQUEST).exists()
-            self._end("stopped" if stopped else "failed")
+            self._end(Status.STOPPED if stopped else Status.FAILED)
         if self.ending is None and self.job._stop_signal is not None:
-            self._end("stopped", self.job._stop_signal)
+            self._end(Status.STOPPED, self.job._stop_signal)
         now = time.monotonic()
         if self.ending is None and self.deadline is not None and now >= self.deadline:
-            self._end("timed_out")
+            self._end(Status.TIMED_OUT)
         if self.kill_at is not None and now >= self.kill_at:
             self._signal_running(signal.SIGKILL)
             self.kill_at = now + 1.0  # again in a second, should one be slow to go
@@ -141,11 +142,11 @@ class _Attempt:
         self._end_leftovers()
         for fd in self.pidfds.values():
             os.close(fd)
-        return self.ending or "succeeded"
+        return self.ending or Status.SUCCEEDED
 
     def error(self) -> dict[str, Any] | None:
         if self.failed is None:
-            if self.ending == "timed_out":
+            if self.ending == Status.TIMED_OUT:
                 return _error(None, None, None, f"timed out after {self.config.timeout}s (timeout)")
             return None
         rank = self.config.global_rank(self.procs.index(self.failed))
@@ -163,7 +164,7 @@ class _Attempt:
     def record(self) -> dict[str, Any]:
         return {
             "attempt": self.number,
-            "state": self.ending or "succeeded",
+            "state": self.ending or Status.SUCCEEDED,
             "master_port": self.port,
             "pids": [p.pid for p in self.procs],
             "exit_codes": [p.returncode for p in self.procs],
@@ -250,7 +251,7 @@ def _meet_other_nodes(job: Job, config: LaunchConfig, number: int, attempts: lis
         attempts.append(
             {
                 "attempt": number,
-                "state": "stopped" if stopped else "failed",
+                "state": Status.STOPPED if stopped else Status.FAILED,
                 "master_port": config.master_port,
                 "pids": [],
                 "exit_codes": [None] * config.nproc_per_node,
@@ -287,12 +288,12 @@ def run_job(job: Job, config: LaunchConfig) -> None:
             attempts.append(attempt.record())
             job._update(attempts=attempts)
             out_of_time = deadline is not None and time.monotonic() >= deadline
-            if state != "failed" or job._stop_signal is not None or out_of_time:
+            if state != Status.FAILED or job._stop_signal is not None or out_of_time:
                 break
         _publish_end(job, config, attempts)
     except BaseException as exc:  # the job must end, and say why, whatever went wrong here
         job._update(
-            state="failed",
+            state=Status.FAILED,
             attempts=attempts,
             error=_error(None, None, None, f"the launcher failed: {type(exc).__name__}: {exc}"),
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from clorch._commands import pasteable, recipe_files_again, trusted_in_config
 from clorch.runs.records import Run
-from clorch.runs.status import Status
+from clorch.status import Status
 
 # What clorch-train adds to the command line it hands Hydra (clorch.cli.run_dir.launch_overrides): a
 # re-run makes its own directory, so these are left out.

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from clorch.runs.discover import UsageError
 from clorch.runs.records import STATUSES, Run
-from clorch.runs.status import Status
+from clorch.status import Status
 
 FIELDS = (
     "id",
@@ -172,7 +172,7 @@ def pick(
 
 def _has_status(run: Run, statuses: Sequence[str]) -> bool:
     """`run` has one of `statuses`; "failed" takes in every status that counts as a failure
-    (clorch.runs.status.Status.failed: a failed preflight, a stopped or killed run, ...)."""
+    (clorch.status.Status.failed: a failed preflight, a stopped or killed run, ...)."""
     if run.status in statuses:
         return True
     return Status.FAILED in statuses and Status.of(run.status).failed and run.status != Status.UNKNOWN

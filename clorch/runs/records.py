@@ -22,14 +22,15 @@ from typing import Any
 import yaml
 
 from clorch.launch.procs import pid_alive
-from clorch.runs.status import Status
+from clorch.launch.job import FINAL_STATES
+from clorch.status import Status
 
 # The files whose presence makes a directory a run directory.
 MARKERS = ("env.json", "summary.json", "config.yaml", "metrics.jsonl", "logs/job.json")
 # What a sweep directory holds besides its numbered trials.
 SWEEP_MARKERS = ("multirun.yaml", "sweep_summary.csv", "sweep_summary.md")
 # The launcher's final states (clorch.launch.job.FINAL_STATES), as job.json records them.
-_JOB_FINAL = (Status.SUCCEEDED, Status.FAILED, Status.STOPPED, Status.TIMED_OUT)
+_JOB_FINAL = FINAL_STATES
 # Every status a listed run can have: summary.json's, the launcher's, and those told from files.
 STATUSES = tuple(s.value for s in Status if s not in (Status.NOT_STARTED, Status.MISSING))
 

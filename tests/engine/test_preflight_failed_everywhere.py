@@ -27,7 +27,7 @@ import clorch
 from clorch.env import with_multicast_off
 from clorch.launch.procs import reserve_free_port
 from clorch.runs.cli import run_cli
-from clorch.runs.status import Status
+from clorch.status import Status
 from tests.clirunner import start_clorch_train
 
 pytestmark = pytest.mark.timeout(420)
