@@ -129,9 +129,7 @@ def missing_extras(names: Sequence[str]) -> list[str]:
     return errors
 
 
-def build_trackers(
-    names: Sequence[str], run_dir: Path, *, run_name: str, settings: Mapping[str, Any]
-) -> list[Tracker]:
+def build_trackers(names: Sequence[str], run_dir: Path, *, run_name: str, settings: Mapping[str, Any]) -> list[Tracker]:
     """The trackers `names` names, in that order (each once), none started yet.
 
     Args:

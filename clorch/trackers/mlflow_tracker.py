@@ -193,4 +193,3 @@ def _param_value(value: Any) -> str:
 
     text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
     return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
-
