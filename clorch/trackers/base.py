@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
-logger = logging.getLogger("clorch.trackers")  # one logger for every tracker: the warnings users filter on
+logger = logging.getLogger(__package__)  # clorch.trackers, for every tracker: the name users filter warnings on
 
 HYDRA_ROOTS = ("outputs", "multirun")
 DEFAULT_EXPERIMENT = "clorch"  # MLflow's experiment and W&B's project when neither config nor environment names one
@@ -184,10 +184,10 @@ class BaseTracker:
 
 
 _REGISTRY: dict[str, type[BaseTracker]] = {}
-T = TypeVar("T", bound=type[BaseTracker])
+_Class = TypeVar("_Class", bound=type[BaseTracker])
 
 
-def register(cls: T) -> T:
+def register(cls: _Class) -> _Class:
     """Class decorator: `cls` joins the trackers under `cls.name`. Returns `cls`.
 
     Raises:
