@@ -19,6 +19,7 @@ from clorch.trackers import (
     default_tracking_uri,
     flatten,
     missing_extras,
+    mlflow_tracker,
     resolve_wandb_mode,
     run_name,
 )
@@ -38,15 +39,10 @@ RECORDS = [
 ]
 
 
-def _kwargs(**changes):
-    return {
-        "run_name": "run-a",
-        "tracking_uri": None,
-        "experiment": "clorch-test",
-        "wandb_mode": "offline",
-        "wandb_project": "clorch-test",
-        **changes,
-    }
+def _kwargs(run_name="run-a", **changes):
+    """build_trackers' keywords: the run's name and the logger section's keys the trackers read."""
+    settings = {"tracking_uri": None, "experiment": "clorch-test", "mode": "offline", **changes}
+    return {"run_name": run_name, "settings": settings}
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -164,7 +160,7 @@ def test_the_trackers_follow_their_own_environment_variables_when_the_config_nam
     run_dir = _run_dir(tmp_path)
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
         monkeypatch.delenv(key, raising=False)
-    unset = _kwargs(experiment=None, wandb_project=None)
+    unset = _kwargs(experiment=None)
     mlflow, wandb = build_trackers(["mlflow", "wandb"], run_dir, **unset)
     assert (mlflow.tracking_uri, mlflow.experiment) == (default_tracking_uri(run_dir), "clorch")
     assert (wandb.project, wandb.directory) == ("clorch", run_dir)
@@ -185,8 +181,8 @@ def test_the_sqlite_store_without_sqlalchemy_warns_with_the_pip_line(tmp_path, m
     pytest.importorskip("mlflow")
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(key, raising=False)
-    real = trackers.find_spec
-    monkeypatch.setattr(trackers, "find_spec", lambda module: None if module == "alembic" else real(module))
+    real = mlflow_tracker.find_spec
+    monkeypatch.setattr(mlflow_tracker, "find_spec", lambda module: None if module == "alembic" else real(module))
     (tracker,) = build_trackers(["mlflow"], _run_dir(tmp_path), **_kwargs())
     with caplog.at_level(logging.WARNING, logger="clorch.trackers"):
         tracker.start(CONFIG)
@@ -338,7 +334,7 @@ def test_wandb_that_cannot_start_warns_once(tmp_path, wandb_home, monkeypatch, c
         raise wandb_home.errors.UsageError("No API key configured. Use `wandb login` to log in.")
 
     monkeypatch.setattr(wandb_home, "init", refused)
-    (tracker,) = build_trackers(["wandb"], _run_dir(tmp_path), **_kwargs(wandb_mode="online"))
+    (tracker,) = build_trackers(["wandb"], _run_dir(tmp_path), **_kwargs(mode="online"))
     with caplog.at_level(logging.WARNING, logger="clorch.trackers"):
         tracker.start(CONFIG)
         tracker.log(RECORDS[0])
@@ -355,7 +351,7 @@ def test_wandb_offline_follows_wandb_dir_project_and_entity(tmp_path, wandb_home
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("WANDB_PROJECT", "team-project")
     monkeypatch.setenv("WANDB_ENTITY", "team")
-    (tracker,) = build_trackers(["wandb"], run_dir, **_kwargs(wandb_project=None))
+    (tracker,) = build_trackers(["wandb"], run_dir, **_kwargs(experiment=None))
     tracker.start(CONFIG)
     assert (tracker.run.project, tracker.run.entity) == ("team-project", "team")
     tracker.finish("completed", [])

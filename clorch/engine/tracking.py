@@ -25,6 +25,7 @@ loss.png. Each job of a sweep is a run of its own, named after its directory
 (clorch.trackers.run_name); the default MLflow store, mlflow.db beside outputs/ and
 multirun/, holds every run and sweep job of the project (clorch.trackers.mlflow_target says
 how MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME are used, wandb_target W&B's variables).
+Each tracker gets the whole `logger` section and reads its own keys from it.
 
 A tracker that fails warns once and is off for the rest of the run
 (clorch.trackers); nothing here raises but an interrupt (Ctrl-C, SIGTERM).
@@ -32,6 +33,7 @@ A tracker that fails warns once and is off for the rest of the run
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -95,15 +97,9 @@ def tracker_feed(plan: Plan, run_dir: Path) -> TrackerFeed:
     """The feed for the trackers `plan.config.logger` names (none started yet; cheap: the
     trackers' packages are imported when they start)."""
     logger = plan.config.logger
-    trackers = build_trackers(
-        logger.trackers,
-        run_dir,
-        run_name=run_name(run_dir),
-        tracking_uri=logger.tracking_uri,
-        experiment=logger.experiment,
-        wandb_mode=logger.mode,
-        wandb_project=logger.experiment,
-    )
+    # The whole logger section: each tracker reads its own keys (tracking_uri, experiment, mode, ...).
+    settings = dataclasses.asdict(logger)
+    trackers = build_trackers(logger.trackers, run_dir, run_name=run_name(run_dir), settings=settings)
     return TrackerFeed(trackers, plan.config.to_dict())
 
 

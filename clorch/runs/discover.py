@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from clorch.runs.records import Run, is_run_dir, is_sweep_dir
+from clorch.trackers import tracker_folders
 
 DEFAULT_ROOTS = ("outputs", "multirun")
 # The trackers' stores hold copies of a run's files (config.yaml, summary.json): MLflow's
-# mlartifacts/ (beside the default mlflow.db) and mlruns/ (a file store), W&B's wandb/.
-_SKIPPED = {"logs", "checkpoints", "mlruns", "mlartifacts", "wandb"}
+# mlartifacts/ (beside the default mlflow.db) and mlruns/ (a file store), W&B's wandb/, and
+# whatever folders another tracker declares (clorch.trackers.tracker_folders).
+_SKIPPED = {"logs", "checkpoints", *tracker_folders()}
 
 
 class UsageError(ValueError):
