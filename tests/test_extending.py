@@ -74,11 +74,12 @@ def tree(tmp_path_factory) -> Path:
     return root
 
 
-def test_the_page_adds_an_option_a_task_and_its_option():
+def test_the_page_adds_an_option_a_task_and_its_option_and_a_tracker():
     assert sorted(page_files()) == [
         "clorch/config/options/adam.py",
         "clorch/config/options/parity.py",
         "clorch/data/parity.py",
+        "clorch/trackers/csv_tracker.py",
     ]
 
 
@@ -87,7 +88,7 @@ def test_the_new_options_get_their_yaml_and_their_keys_page(tree):
     assert "name: adam" in (tree / "clorch" / "conf" / "optim" / "adam.yaml").read_text()
     assert "bits: 8" in (tree / "clorch" / "conf" / "data" / "parity.yaml").read_text()
     keys = (tree / "docs" / "keys.md").read_text()
-    assert "### `optim=adam`" in keys and "`data.bits`" in keys
+    assert "### `optim=adam`" in keys and "`data.bits`" in keys and "### `logger=csv`" in keys
 
 
 @pytest.mark.timeout(300)
@@ -115,10 +116,13 @@ def test_one_job_trains_with_every_example(tree):
     done = _python(
         tree, "-m", "clorch.cli",
         "optim=adam", "data=parity", "data.sample_count=256", "model._target_=my_models.Wide", "model.width=16",
-        "batch_size=16", "max_steps=6", "launcher.nproc_per_node=2", f"hydra.run.dir={run_dir}",
+        "batch_size=16", "max_steps=6", "log_every=2", "logger=csv", "launcher.nproc_per_node=2",
+        f"hydra.run.dir={run_dir}",
         cwd=tree / "work",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == 6
     assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,name,value" and any(row.startswith("6,") and "accuracy" in row for row in rows), rows
