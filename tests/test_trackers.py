@@ -291,6 +291,17 @@ def _wandb_records(path: Path):
             yield record
 
 
+def _records_once_written(path: Path, within_s: float = 20.0) -> list:
+    """The .wandb file's records once its exit record is in: W&B's own process writes the file,
+    and under load it may still be writing when finish() has returned."""
+    deadline = time.monotonic() + within_s
+    while True:
+        records = list(_wandb_records(path))
+        if any(r.HasField("exit") for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(60)
 def test_wandb_offline_writes_the_run_under_run_dir(tmp_path, wandb_home):
     run_dir = _run_dir(tmp_path)
@@ -309,7 +320,7 @@ def test_wandb_offline_writes_the_run_under_run_dir(tmp_path, wandb_home):
     def name(item):
         return item.key or "/".join(item.nested_key)
 
-    records = list(_wandb_records(log))
+    records = _records_once_written(log)
     (run,) = [r.run for r in records if r.HasField("run")]
     config = {name(u): json.loads(u.value_json) for u in run.config.update}
     assert run.display_name == "run-a" and run.project == "clorch-test"
