@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,11 +50,11 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import clorch.distributed as cd
+from clorch.bench.jobs import run_and_print_table
 from clorch.bench import ddp_models
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, interleave, median, ratio
 from clorch.bench.trace import profile_step
-from clorch.env import with_multicast_off
 from clorch.nn.parallel import DistributedDataParallel
 
 DEFAULTS = {
@@ -372,37 +371,16 @@ def _under_launcher(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
-    try:
-        from clorch.launch import await_job, job_logs, job_status, launch
-    except ImportError:  # launcher not installed: fall back to torchrun
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={ns.nproc}",
-            "-m",
-            "clorch.bench.ddp",
-            *argv,
-        ]
-        return subprocess.call(cmd, env=with_multicast_off(os.environ))
+def _launch(ns: argparse.Namespace) -> int:
     cuda = ns.device == "cuda"
-    job = launch(
+    return run_and_print_table(
         "clorch.bench.ddp:worker",
-        nproc_per_node=ns.nproc,
+        nproc=ns.nproc,
         backend="nccl" if cuda else "gloo",
         devices=list(range(ns.nproc)) if cuda else None,
         args=_argv_args(ns),
         timeout=1800,
     )
-    status = await_job(job)
-    if status.get("state") != "succeeded":
-        print(job_logs(job, 0).get("stderr", ""), file=sys.stderr)
-        print(f"benchmark job ended {status.get('state')}: {status.get('error')}", file=sys.stderr)
-        return 1
-    print(job_status(job)["results"][0]["table"])
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     _check(ns, p)
     if os.environ.get("RANK") is not None:
         return _under_launcher(ns)
-    return _launch(ns, argv)
+    return _launch(ns)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from torch.distributed.fsdp import fully_shard
 
 import clorch.distributed as cd
 from clorch.bench.stats import format_table, interleave, median, ratio
-from clorch.launch import await_job, job_logs, job_status, launch
+from clorch.bench.jobs import run_and_print_table
 from clorch.models.gpt import GPT, GPTConfig
 from clorch.nn.parallel.fsdp import (
     clip_grad_norm_,
@@ -188,21 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(result["table"])
         return 0
-    job = launch(
+    return run_and_print_table(
         "clorch.bench.fsdp:worker",
-        nproc_per_node=ns.nproc,
+        nproc=ns.nproc,
         backend=backend,
         devices=list(range(ns.nproc)) if ns.device == "cuda" else None,
         args=_args(ns),
         timeout=3600,
     )
-    status = await_job(job)
-    if status.get("state") != "succeeded":
-        print(job_logs(job, 0).get("stderr", ""), file=sys.stderr)
-        print(f"benchmark job ended {status.get('state')}: {status.get('error')}", file=sys.stderr)
-        return 1
-    print(job_status(job)["results"][0]["table"])
-    return 0
 
 
 if __name__ == "__main__":

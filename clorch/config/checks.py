@@ -9,8 +9,11 @@ that tie keys together, and the `_target_` checks.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -187,13 +190,13 @@ def _unused_top_keys(cfg: schema.TrainConfig) -> list[str]:
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """Plain containers with interpolations resolved.
+    """Plain containers with interpolations resolved: a new copy, whatever `cfg` is.
 
     Raises:
         ConfigError: an interpolation does not resolve.
     """
     if not isinstance(cfg, DictConfig):
-        return dict(cfg)
+        return copy.deepcopy(dict(cfg))
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:  # an interpolation that does not resolve
@@ -226,8 +229,14 @@ def checked(cfg: DictConfig | Mapping[str, Any]) -> tuple[schema.TrainConfig | N
     return (typed, []) if not errors else (None, errors)
 
 
-def checked_partial(cfg: DictConfig | Mapping[str, Any]) -> tuple[Any, list[str]]:
+def checked_partial(
+    cfg: DictConfig | Mapping[str, Any], base: str | os.PathLike | None = None
+) -> tuple[Any, list[str]]:
     """(a TrainConfig, or a `Partial` of its good sections, or None; every error).
+
+    Args:
+        base: make the config's relative paths absolute against this directory first
+            (where the user ran clorch-train); None leaves them as written.
 
     None only when the config does not resolve at all; later checks (the launch
     plan) judge what the good sections allow.
@@ -236,13 +245,29 @@ def checked_partial(cfg: DictConfig | Mapping[str, Any]) -> tuple[Any, list[str]
         values = to_plain(cfg)
     except ConfigError as exc:
         return None, exc.errors
+    if base is not None:
+        make_paths_absolute(values, base)
     errors, bad = _group_errors(values)
     target_errors, refused = _target_errors(values)
     errors += target_errors
     bad |= refused  # a refused _target_ is never imported
-    typed = partial_config(values, bad)
+    typed = schema.TrainConfig.from_dict(values) if not bad else Partial(values, bad)
     errors += _cross_errors(typed)
     return typed, errors
+
+
+_NOT_PATHS = {"none", "latest"}  # checkpoint.resume's words
+
+
+def make_paths_absolute(values: dict[str, Any], base: str | os.PathLike) -> None:
+    """Make the relative paths of a plain config (every key marked `rule(path=True)`) absolute
+    against `base`, in place."""
+    for section, _, key in (k.partition(".") for k in registry.path_keys()):
+        node = values.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and value not in _NOT_PATHS:
+            path = Path(value).expanduser()
+            node[key] = str(path if path.is_absolute() else Path(base) / path)
 
 
 class Partial:
@@ -266,13 +291,6 @@ def complete(cfg: Any, *sections: str) -> bool:
     if isinstance(cfg, schema.TrainConfig):
         return True
     return all(cfg.top_ok if s == "top" else getattr(cfg, s) is not None for s in sections)
-
-
-def partial_config(values: Mapping[str, Any], bad: set[str]) -> Any:
-    """A TrainConfig when nothing is bad, else a `Partial`."""
-    if not bad:
-        return schema.TrainConfig.from_dict(dict(values))
-    return Partial(values, bad)
 
 
 def check_config(cfg: DictConfig | Mapping[str, Any]) -> list[str]:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import os
-from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from clorch.config import registry
-from clorch.config.checks import to_plain
-
-_NOT_PATHS = {"none", "latest"}  # checkpoint.resume's words
+from clorch.config.checks import make_paths_absolute, to_plain
 
 
 def with_absolute_paths(cfg: Any, base: str | os.PathLike) -> dict[str, Any]:
@@ -20,16 +13,12 @@ def with_absolute_paths(cfg: Any, base: str | os.PathLike) -> dict[str, Any]:
 
     With `hydra.job.chdir=true` the job runs in its run directory; the paths a
     user typed are relative to where they ran `clorch-train`, and are checked and
-    read from there, once, whatever the ranks' working directory.
+    read from there, once, whatever the ranks' working directory. (The checks do the
+    same on their own copy: `clorch.config.checks.checked_partial(cfg, base=...)`.)
 
     Raises:
         ConfigError: an interpolation does not resolve (the message names its key).
     """
-    values = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
-    for section, _, key in (k.partition(".") for k in registry.path_keys()):
-        node = values.get(section)
-        value = node.get(key) if isinstance(node, dict) else None
-        if isinstance(value, str) and value and value not in _NOT_PATHS:
-            path = Path(value).expanduser()
-            node[key] = str(path if path.is_absolute() else Path(base) / path)
+    values = to_plain(cfg)
+    make_paths_absolute(values, base)
     return values

@@ -198,15 +198,14 @@ def section_from_dict(group: str, values: dict[str, Any]) -> Any:
     values = {k: v for k, v in values.items() if k != "_target_"}  # reported by the checks elsewhere
     selector = registry.groups()[group].selector
     cls = type(options[values[selector]] if selector else next(iter(options.values())))
-    return _build(cls, values)
+    return cls(**{**values, **_nested(cls, values)})
 
 
-def _build(cls: type, values: dict[str, Any]) -> Any:
-    """`cls(**values)`, with nested sections (fp16's `scaler`) built as their dataclasses too."""
+def _nested(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The nested sections of `values` (fp16's `scaler`) built as their dataclasses."""
     hints = typing.get_type_hints(cls)
-    nested = {
-        k: _build(hints[k], v)
+    return {
+        k: hints[k](**{**v, **_nested(hints[k], v)})
         for k, v in values.items()
         if isinstance(v, dict) and dataclasses.is_dataclass(hints.get(k))
     }
-    return cls(**{**values, **nested})

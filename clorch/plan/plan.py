@@ -245,11 +245,7 @@ def plan_or_errors(
     if isinstance(cfg, TrainConfig):
         typed, problems = cfg, []
     else:
-        try:
-            values = cfg if base is None else with_absolute_paths(cfg, base)
-        except ConfigError as exc:  # an interpolation that does not resolve
-            return None, exc.errors
-        typed, problems = checked_partial(values)
+        typed, problems = checked_partial(cfg, base=base)
     if typed is None:
         return None, problems
     plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized)

@@ -24,9 +24,9 @@ _COUNTING = textwrap.dedent("""
     import clorch.plan.plan as door
     calls = []
     original = door.checked_partial
-    def counted(values):
+    def counted(values, **kwargs):
         calls.append(1)
-        return original(values)
+        return original(values, **kwargs)
     door.checked_partial = counted
     for mode, args, where in json.loads(sys.argv[1]):
         os.makedirs(where, exist_ok=True)
