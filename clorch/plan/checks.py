@@ -243,7 +243,12 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     gpu = _gpu_memory(cfg.launcher, ranks_here) if backend == "nccl" else None
     try:
         memory = config_memory(
-            cfg, model, world, sharded=sharded, cpu_offload=sharded and cfg.parallel.cpu_offload, cpu_ranks=backend != "nccl"
+            cfg,
+            model,
+            world,
+            sharded=sharded,
+            cpu_offload=sharded and cfg.parallel.cpu_offload,
+            cpu_ranks=backend != "nccl",
         )
     except (ValueError, TypeError):  # a parallel.shard naming no class of the model: the ranks say so
         return []

@@ -134,7 +134,9 @@ class RankMemory:
         parts = [f"{self.params:,} params x {self.bytes_per_param} B{where} = {human_bytes(self.state)}"]
         if self.gathered:
             parts.append(f"gathered units {human_bytes(self.gathered)}")
-        parts.append(f"activations {human_bytes(self.activations)}" if self.activations else "activations not estimated")
+        parts.append(
+            f"activations {human_bytes(self.activations)}" if self.activations else "activations not estimated"
+        )
         return " + ".join(parts)
 
 
