@@ -217,10 +217,10 @@ def _alternative(
             f"and {human_bytes(offload.host)} of host memory per rank: use parallel=fsdp parallel.cpu_offload=true"
         )
     alone = "" if sharded else f"; {fsdp} would still need about {human_bytes(plain.device)} per rank"
-    return (
-        f"{alone}: use more ranks (the state divides by their number), "
-        "model.activation_checkpointing=true or a smaller batch_size"
-    )
+    lighter = ""
+    if plain.activations * 10 >= plain.device:  # activations are a good part of it
+        lighter = ", model.activation_checkpointing=true or a smaller batch_size"
+    return f"{alone}: use more ranks (the state divides by their number){lighter}"
 
 
 def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:

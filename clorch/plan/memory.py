@@ -131,7 +131,8 @@ class RankMemory:
     def describe(self) -> str:
         """The figures and how they were made, for an error message."""
         where = "" if self.shards == 1 else f" / {self.shards} shards"
-        parts = [f"{self.params:,} params x {self.bytes_per_param} B{where} = {human_bytes(self.state)}"]
+        host = " on the host" if self.offloaded and not self.cpu_ranks else ""
+        parts = [f"{self.params:,} params x {self.bytes_per_param} B{where} = {human_bytes(self.state)}{host}"]
         if self.gathered:
             parts.append(f"gathered units {human_bytes(self.gathered)}")
         parts.append(
