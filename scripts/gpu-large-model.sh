@@ -9,10 +9,10 @@
 #
 # Sizes (PRESET, each overridable: N_LAYER D_MODEL N_HEAD BATCH SAMPLES):
 #   refused (default): 52 x 4096, ~10.5B parameters: 16 B each (fp32 weights, gradients, AdamW's
-#       two moments) is ~168 GB, more than an H200's memory under ddp; offloaded, more than a
+#       two moments) is 156 GiB, more than an H200's memory under ddp; offloaded, more than a
 #       128 GiB host holds too, so (b) is refused before launch on that machine.
-#   offload: 36 x 4096, ~7.3B parameters (~116 GB of state) and a batch of 640 arithmetic
-#       samples whose activations (~40 GB) push ddp past the GPU; offloaded, the state fits a
+#   offload: 36 x 4096, ~7.2B parameters (108 GiB of state) and a batch of 800 arithmetic
+#       samples whose activations (~42 GiB) push ddp past the GPU; offloaded, the state fits a
 #       host with >= ~110 GiB available and the GPU keeps the activations, so (b) may train.
 #   tiny: 2 x 64, for checking this script's logic on a machine without a GPU.
 # Run from the repository root; logs go to $OUT (or ./gpu-out). PYTHON picks the interpreter.
@@ -21,7 +21,7 @@ source scripts/gpu-setup.sh
 OUT=${OUT:-gpu-out}; mkdir -p $OUT; OUT=$(cd $OUT && pwd)
 case ${PRESET:-refused} in
   refused) L=52 D=4096 H=32 B=1 S=2048 ;;
-  offload) L=36 D=4096 H=32 B=640 S=4096 ;;
+  offload) L=36 D=4096 H=32 B=800 S=4096 ;;
   tiny) L=2 D=64 H=2 B=4 S=2048 ;;
   *) echo "PRESET must be refused, offload or tiny, got ${PRESET}" >&2; exit 2 ;;
 esac

@@ -194,9 +194,11 @@ def too_large(memory: RankMemory, ranks_here: int, gpu: int | None, host: int | 
     if gpu is not None and not memory.cpu_ranks and memory.device > gpu:
         found.append(f"{human_bytes(memory.device)} of GPU memory per rank, more than the GPU's {human_bytes(gpu)}")
     if host is not None and memory.host * ranks_here > host:
+        node = (
+            f" ({human_bytes(memory.host * ranks_here)} for this node's {ranks_here} ranks)" if ranks_here > 1 else ""
+        )
         found.append(
-            f"{human_bytes(memory.host)} of host memory per rank, more than the {human_bytes(host)} available "
-            f"for this node's {ranks_here} rank(s)"
+            f"{human_bytes(memory.host)} of host memory per rank{node}, more than the {human_bytes(host)} available"
         )
     return found
 
@@ -209,14 +211,15 @@ def _alternative(
     plain = config_memory(cfg, model, world, sharded=True, cpu_offload=False, cpu_ranks=cpu)
     offload = config_memory(cfg, model, world, sharded=True, cpu_offload=True, cpu_ranks=cpu)
     fsdp = f"parallel=fsdp over the job's {world} rank(s)"
+    need = f"{human_bytes(plain.host)} of host memory" if cpu else f"{human_bytes(plain.device)} of GPU memory"
     if not sharded and not too_large(plain, ranks_here, gpu, host):
-        return f"; {fsdp} would need about {human_bytes(plain.device)} per rank ({plain.describe()}): use parallel=fsdp"
+        return f"; {fsdp} would need about {need} per rank ({plain.describe()}): use parallel=fsdp"
     if not cpu and not (sharded and cfg.parallel.cpu_offload) and not too_large(offload, ranks_here, gpu, host):
         return (
             f"; {fsdp} with parallel.cpu_offload=true would need about {human_bytes(offload.device)} of GPU memory "
             f"and {human_bytes(offload.host)} of host memory per rank: use parallel=fsdp parallel.cpu_offload=true"
         )
-    alone = "" if sharded else f"; {fsdp} would still need about {human_bytes(plain.device)} per rank"
+    alone = "" if sharded else f"; {fsdp} would still need about {need} per rank"
     lighter = ""
     if plain.activations * 10 >= plain.device:  # activations are a good part of it
         lighter = ", model.activation_checkpointing=true or a smaller batch_size"

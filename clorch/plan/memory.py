@@ -8,15 +8,18 @@ each rank needs:
     activations = b x s x (e x (L x (8d + 2f) + 2d + V) + 4V + m x (2L + 1) x d)
                   with model.activation_checkpointing: L x d + (8d + 2f) in place of L x (8d + 2f)
 
-    device      = state + gathered + activations           (cpu_offload: without state)
-    host        = max(4 x P, state if cpu_offload)          (per rank; CPU ranks: max(4 x P, device))
+    GPU         = state + gathered + activations + 0.5 GiB     (cpu_offload: without state)
+    host        = max(4 x P, state if cpu_offload) + 0.75 GiB  (per rank)
+    CPU ranks   : host = max(4 x P, state + gathered + activations) + 0.75 GiB
 
 - B, bytes a parameter keeps for training: 4 (fp32 weights) + 4 (fp32 gradients) + the
   optimizer's (AdamW 8: two fp32 moments; SGD with momentum 4; plain SGD 0), so 16 with AdamW.
-  The weights and gradients stay fp32 under every `precision`: `ddp` runs bf16/fp16 as autocast
-  over fp32 weights, and `fsdp`'s policy (clorch.nn.parallel.fsdp.mixed_precision_policy) keeps
-  the sharded weights fp32 and reduce-scatters gradients in fp32. Under `ddp`, gradient buckets
-  that travel in another dtype (`ddp.reduce_dtype=bf16`) add that copy: 2 more bytes.
+  The weights and gradients stay fp32 under every `precision`. `fsdp`'s policy
+  (clorch.nn.parallel.fsdp.mixed_precision_policy) keeps the sharded weights fp32, all-gathers
+  them in bf16/fp16 and reduce-scatters gradients in fp32: 16. `ddp` runs bf16/fp16 as autocast
+  over fp32 weights, and autocast keeps its low-precision copy of each weight from forward until
+  backward has used it: 2 more bytes (18 with AdamW); gradient buckets that travel in another
+  dtype (`ddp.reduce_dtype=bf16`) add that copy: 2 more.
 - c, bytes of a gathered parameter: 2 under bf16 and fp16 (fsdp all-gathers in the compute
   dtype), 4 under fp32. U: the largest unit's parameters (one unit gathered while the next is
   prefetched, or its unsharded gradients); G: the parameters that stay gathered through the
@@ -32,9 +35,14 @@ each rank needs:
   + out). A model of your own: activations are not estimated (0).
 - 4 x P on the host: the seeded start is drawn whole, in fp32, on each rank's host before it
   moves to the device (and, under fsdp, is cut to the rank's shard).
+- 0.75 GiB on the host: a rank's process (a CPU rank of clorch-train peaks at 0.70 GiB of RSS
+  with a tiny model); 0.5 GiB on a GPU: CUDA's context.
 
-The figures are a floor, not a promise: the allocator's fragmentation, CUDA's context (about
-0.5 GiB a GPU), torch.compile's workspaces and temporary buffers come on top.
+The figures are a floor, not a promise: the allocator's fragmentation, torch.compile's
+workspaces and temporary buffers come on top. Measured on 2 CPU ranks (gloo, a 101M-parameter
+GPT, bf16, AdamW), the peak RSS of a rank against the estimate: ddp 2.44-2.49 GiB against 2.47;
+fsdp 2.00-2.16 GiB against 1.57 (glibc's allocator keeps much of what the full build, the gathered
+units and the collectives' buffers freed).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ from clorch.precision import get_precision
 WEIGHT_BYTES = 4  # fp32 weights, under every precision
 GRADIENT_BYTES = 4  # fp32 gradients (ddp: the parameters' dtype; fsdp: reduce-scattered in fp32)
 BUILD_BYTES = 4  # each rank draws the seeded start whole, in fp32, on its host
+PROCESS_BYTES = 3 * 2**28  # 0.75 GiB: a rank's process on the host (a CPU rank of clorch-train: 0.70 GiB)
+CUDA_CONTEXT_BYTES = 2**29  # 0.5 GiB: CUDA's context on each GPU
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # fp32 parameter-sized buffers (sgd: with momentum)
 
 
@@ -54,24 +64,37 @@ def element_bytes(precision: str) -> int:
     return 4 if get_precision(precision).name == "fp32" else 2
 
 
-def bytes_per_parameter(optimizer: str, *, momentum: float = 0.0, ddp_reduce_dtype: str | None = None) -> int:
-    """B: the bytes a parameter keeps for training (weights, gradients, optimizer state).
+def bytes_per_parameter(
+    optimizer: str,
+    *,
+    momentum: float = 0.0,
+    precision: str = "fp32",
+    sharded: bool = False,
+    ddp_reduce_dtype: str | None = None,
+) -> int:
+    """B: the bytes a parameter keeps for training (weights, gradients, optimizer state, and
+    under ddp the copies autocast and the gradient buckets make).
 
     Args:
         optimizer: "adamw" or "sgd" (SGD keeps a momentum buffer only when momentum > 0).
-        ddp_reduce_dtype: under parallel=ddp, the dtype gradient buckets travel in (None: the
+        precision: a clorch precision name; under ddp (`sharded=False`) bf16/fp16 autocast keeps
+            a copy of each weight in that dtype from forward to backward.
+        sharded: parallel=fsdp (its bf16 copies are the gathered units, counted apart).
+        ddp_reduce_dtype: under ddp, the dtype gradient buckets travel in (None: the
             gradients' own); another dtype than fp32 adds its copy of every gradient.
 
     Raises:
-        ValueError: an unknown optimizer or reduce dtype name.
+        ValueError: an unknown optimizer, precision or reduce dtype name.
     """
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     states = OPTIMIZER_STATES[optimizer] if optimizer == "adamw" or momentum > 0 else 0
-    copy = 0
-    if ddp_reduce_dtype is not None and get_precision(ddp_reduce_dtype).name != "fp32":
-        copy = element_bytes(ddp_reduce_dtype)
-    return WEIGHT_BYTES + GRADIENT_BYTES + 4 * states + copy
+    total = WEIGHT_BYTES + GRADIENT_BYTES + 4 * states
+    if not sharded and get_precision(precision).name != "fp32":
+        total += element_bytes(precision)  # autocast's cached copy of each weight
+    if not sharded and ddp_reduce_dtype is not None and get_precision(ddp_reduce_dtype).name != "fp32":
+        total += element_bytes(ddp_reduce_dtype)
+    return total
 
 
 def gpt_activation_bytes(
@@ -117,16 +140,17 @@ class RankMemory:
 
     @property
     def device(self) -> int:
-        """Bytes on the rank's device (a GPU; for CPU ranks the same figure, in host memory)."""
-        return (0 if self.offloaded else self.state) + self.gathered + self.activations
+        """Bytes on the rank's GPU (for CPU ranks: the same training figures, in host memory)."""
+        runtime = 0 if self.cpu_ranks else CUDA_CONTEXT_BYTES
+        return (0 if self.offloaded else self.state) + self.gathered + self.activations + runtime
 
     @property
     def host(self) -> int:
         """Bytes of the host's memory this rank needs at its peak."""
         build = BUILD_BYTES * self.params
         if self.cpu_ranks:
-            return max(build, self.device + (self.state if self.offloaded else 0))
-        return max(build, self.state if self.offloaded else 0)
+            return max(build, self.device + (self.state if self.offloaded else 0)) + PROCESS_BYTES
+        return max(build, self.state if self.offloaded else 0) + PROCESS_BYTES
 
     def describe(self) -> str:
         """The figures and how they were made, for an error message."""
@@ -138,6 +162,10 @@ class RankMemory:
         parts.append(
             f"activations {human_bytes(self.activations)}" if self.activations else "activations not estimated"
         )
+        if self.cpu_ranks:
+            parts.append(f"{human_bytes(PROCESS_BYTES)} for the rank's process")
+        else:
+            parts.append(f"{human_bytes(CUDA_CONTEXT_BYTES)} for CUDA's context")
         return " + ".join(parts)
 
 
@@ -246,7 +274,9 @@ def config_memory(
     per_param = bytes_per_parameter(
         optim.name,
         momentum=getattr(optim, "momentum", 0.0),
-        ddp_reduce_dtype=None if sharded else cfg.ddp.reduce_dtype,
+        precision=cfg.precision.name,
+        sharded=sharded,
+        ddp_reduce_dtype=cfg.ddp.reduce_dtype,
     )
     activations = activation_bytes(cfg, model)
     if not sharded:

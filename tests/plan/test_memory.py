@@ -13,6 +13,8 @@ from clorch.plan.data import model_sizes_of
 from clorch.plan.memory import (
     bytes_per_parameter,
     config_memory,
+    CUDA_CONTEXT_BYTES,
+    PROCESS_BYTES,
     gathered_bytes,
     gpt_activation_bytes,
     human_bytes,
@@ -28,25 +30,30 @@ pytestmark = pytest.mark.timeout(120)
 GIB = 2**30
 
 
-def test_bytes_per_parameter_follow_the_optimizer_and_the_ddp_buckets():
+def test_bytes_per_parameter_follow_the_optimizer_the_precision_and_the_ddp_buckets():
     assert bytes_per_parameter("adamw") == 4 + 4 + 8  # fp32 weights, gradients, two moments
     assert bytes_per_parameter("sgd", momentum=0.9) == 4 + 4 + 4
     assert bytes_per_parameter("sgd") == 4 + 4
+    assert bytes_per_parameter("adamw", precision="bf16") == 16 + 2  # ddp: autocast's bf16 weights
+    assert bytes_per_parameter("adamw", precision="bf16", sharded=True) == 16  # fsdp: fp32 shards
     assert bytes_per_parameter("adamw", ddp_reduce_dtype="bf16") == 16 + 2  # the buckets' bf16 copy
+    assert bytes_per_parameter("adamw", precision="fp16", ddp_reduce_dtype="fp16") == 16 + 2 + 2
     assert bytes_per_parameter("adamw", ddp_reduce_dtype="float32") == 16  # no copy: the gradients' dtype
+    assert bytes_per_parameter("adamw", sharded=True, ddp_reduce_dtype="bf16") == 16  # a ddp key only
     with pytest.raises(ValueError, match="optimizer must be one of"):
         bytes_per_parameter("lion")
 
 
 def test_state_divides_by_the_shards_and_moves_to_the_host_when_offloaded():
+    C, R = CUDA_CONTEXT_BYTES, PROCESS_BYTES  # on the GPU, on the host
     ddp = rank_memory(1000, 16, activations=50)
-    assert (ddp.state, ddp.device, ddp.host) == (16000, 16050, 4000)  # host: the fp32 start, 4 x P
+    assert (ddp.state, ddp.device, ddp.host) == (16000, 16050 + C, 4000 + R)  # host: the fp32 start, 4P
     fsdp = rank_memory(1000, 16, shards=4, gathered=100, activations=50)
-    assert (fsdp.state, fsdp.device, fsdp.host) == (4000, 4150, 4000)
+    assert (fsdp.state, fsdp.device, fsdp.host) == (4000, 4150 + C, 4000 + R)
     offloaded = rank_memory(1000, 16, shards=2, gathered=100, activations=50, cpu_offload=True)
-    assert (offloaded.device, offloaded.host) == (150, 8000)
+    assert (offloaded.device, offloaded.host) == (150 + C, 8000 + R)
     cpu = rank_memory(1000, 16, shards=2, gathered=100, activations=50, cpu_ranks=True)
-    assert cpu.host == 8000 + 100 + 50  # CPU ranks: everything is host memory
+    assert cpu.host == 8000 + 100 + 50 + R  # CPU ranks: everything is host memory
     assert rank_memory(1001, 16, shards=3).state == 5339  # 16016 / 3, rounded up (fully_shard pads)
     with pytest.raises(ValueError, match="shards must be >= 1"):
         rank_memory(10, 16, shards=0)
@@ -98,7 +105,7 @@ def test_a_gpt_config_by_hand():
     tokens, e, f, V = 4 * arch.seq_len, 2, 4 * d, arch.vocab_size
     assert got.activations == tokens * (e * (2 * d + 8 * d + 2 * f + 2 * d + V) + 4 * V)
     ddp = config_memory(cfg, model, 2, sharded=False, cpu_offload=False, cpu_ranks=False)
-    assert (ddp.state, ddp.gathered, ddp.activations) == (params * 16, 0, got.activations)
+    assert (ddp.state, ddp.gathered, ddp.activations) == (params * 18, 0, got.activations)  # + autocast's copy
 
 
 def _fitting_between(overrides, monkeypatch):
@@ -120,7 +127,7 @@ def test_ddp_is_refused_naming_fsdp_and_the_same_config_plans_under_fsdp(monkeyp
     plan, errors = plan_or_errors(compose(overrides))
     assert plan is None and len(errors) == 1, errors
     assert "under parallel=ddp" in errors[0] and "use parallel=fsdp" in errors[0]
-    assert f"about {human_bytes(fsdp.device)} per rank" in errors[0]  # fsdp's own figure
+    assert f"about {human_bytes(fsdp.host)} of host memory per rank (" in errors[0]  # fsdp's own figure
     assert f"about {human_bytes(ddp.host)} of host memory per rank" in errors[0]
     plan, errors = plan_or_errors(compose(overrides + ["parallel=fsdp"]))
     assert errors == [] and plan.world_size == 2
@@ -188,4 +195,4 @@ def test_sharding_divides_the_measured_state_by_the_shard_count():
         ddp, fsdp, params = rank_bytes["ddp"], rank_bytes["fsdp"], rank_bytes["params"]
         assert ddp == {"params": 4 * params, "grads": 4 * params, "optimizer": 8 * params}
         assert {k: 2 * v for k, v in fsdp.items()} == ddp
-        assert sum(fsdp.values()) == rank_memory(params, bytes_per_parameter("adamw"), shards=2).state
+        assert sum(fsdp.values()) == rank_memory(params, bytes_per_parameter("adamw", sharded=True), shards=2).state
