@@ -9,8 +9,8 @@ each rank needs:
                   with model.activation_checkpointing: L x d + (8d + 2f) in place of L x (8d + 2f)
 
     GPU         = state + gathered + activations + 0.5 GiB     (cpu_offload: without state)
-    host        = max(4 x P, state if cpu_offload) + 0.75 GiB  (per rank)
-    CPU ranks   : host = max(4 x P, state + gathered + activations) + 0.75 GiB
+    host        = max(4 x P, state if cpu_offload) + 0.5 GiB   (per rank)
+    CPU ranks   : host = max(4 x P, state + gathered + activations) + 0.5 GiB
 
 - B, bytes a parameter keeps for training: 4 (fp32 weights) + 4 (fp32 gradients) + the
   optimizer's (AdamW 8: two fp32 moments; SGD with momentum 4; plain SGD 0), so 16 with AdamW.
@@ -35,14 +35,15 @@ each rank needs:
   + out). A model of your own: activations are not estimated (0).
 - 4 x P on the host: the seeded start is drawn whole, in fp32, on each rank's host before it
   moves to the device (and, under fsdp, is cut to the rank's shard).
-- 0.75 GiB on the host: a rank's process (a CPU rank of clorch-train peaks at 0.70 GiB of RSS
-  with a tiny model); 0.5 GiB on a GPU: CUDA's context.
+- 0.5 GiB on the host: a rank's own memory (a CPU rank of clorch-train with a tiny model peaks
+  at 0.70 GiB of RSS, of which about 0.23 GiB are shared libraries, counted once a host);
+  0.5 GiB on a GPU: CUDA's context.
 
 The figures are a floor, not a promise: the allocator's fragmentation, torch.compile's
 workspaces and temporary buffers come on top. Measured on 2 CPU ranks (gloo, a 101M-parameter
-GPT, bf16, AdamW), the peak RSS of a rank against the estimate: ddp 2.44-2.49 GiB against 2.47;
-fsdp 2.00-2.16 GiB against 1.57 (glibc's allocator keeps much of what the full build, the gathered
-units and the collectives' buffers freed).
+GPT, bf16, AdamW), the peak RSS of a rank (shared libraries included) against the estimate:
+ddp 2.44-2.49 GiB against 2.22; fsdp 2.00-2.16 GiB against 1.32 (glibc's allocator keeps much
+of what the full build, the gathered units and the collectives' buffers freed).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from clorch.precision import get_precision
 WEIGHT_BYTES = 4  # fp32 weights, under every precision
 GRADIENT_BYTES = 4  # fp32 gradients (ddp: the parameters' dtype; fsdp: reduce-scattered in fp32)
 BUILD_BYTES = 4  # each rank draws the seeded start whole, in fp32, on its host
-PROCESS_BYTES = 3 * 2**28  # 0.75 GiB: a rank's process on the host (a CPU rank of clorch-train: 0.70 GiB)
+PROCESS_BYTES = 2**29  # 0.5 GiB: a rank's own host memory (a CPU rank of clorch-train: ~0.45 GiB)
 CUDA_CONTEXT_BYTES = 2**29  # 0.5 GiB: CUDA's context on each GPU
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # fp32 parameter-sized buffers (sgd: with momentum)
 
