@@ -187,9 +187,9 @@ def _gpu_memory(launcher: Any, ranks_here: int) -> int | None:
 
 
 def too_large(memory: RankMemory, ranks_here: int, gpu: int | None, host: int | None) -> list[str]:
-    """What `memory` does not fit, as phrases ("" for each machine that has room): the GPU
-    (`gpu` bytes each, None: CPU ranks or unknown) and the host (`host` bytes available for
-    this node's `ranks_here` ranks, None: unknown)."""
+    """Where `memory` does not fit, one phrase for each (empty: it fits): the GPU (`gpu` bytes
+    each; None: CPU ranks, or not known) and the host (`host` bytes available for this node's
+    `ranks_here` ranks; None: not known)."""
     found = []
     if gpu is not None and not memory.cpu_ranks and memory.device > gpu:
         found.append(f"{human_bytes(memory.device)} of GPU memory per rank, more than the GPU's {human_bytes(gpu)}")

@@ -166,7 +166,9 @@ class RankMemory:
         if self.cpu_ranks:
             parts.append(f"{human_bytes(PROCESS_BYTES)} for the rank's process")
         else:
-            parts.append(f"{human_bytes(CUDA_CONTEXT_BYTES)} for CUDA's context")
+            parts.append(
+                f"{human_bytes(CUDA_CONTEXT_BYTES)} for CUDA's context ({human_bytes(PROCESS_BYTES)} on the host)"
+            )
         return " + ".join(parts)
 
 
