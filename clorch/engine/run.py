@@ -27,10 +27,25 @@ from clorch.engine.summary import summarize, write_start, write_summary
 from clorch.status import Status
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.launch import launch
+from clorch.launch.slurm import read_slurm
 from clorch.launch.torchrun import TorchrunError, run_torchrun
 
 POLL_S = 0.25
 WORKER = "clorch.engine.worker:main"
+
+
+def node_log_dir(plan: Plan, run_dir: Path) -> Path:
+    """Where this node's launcher keeps its logs, job.json and args.json: `run_dir/logs` on node 0,
+    `run_dir/logs/node<k>` on node k > 0, so that the nodes of a job sharing one run directory
+    do not overwrite each other's records. The node is `launcher.node_rank`, or SLURM's node id
+    where the launcher takes its layout from SLURM (nnodes and node_rank left at 1 and 0)."""
+    launcher = plan.config.launcher
+    node = launcher.node_rank
+    if launcher.nnodes == 1 and node == 0:
+        with contextlib.suppress(ValueError):  # malformed SLURM variables: the launcher names them
+            layout = read_slurm(os.environ)
+            node = layout.node_rank if layout is not None else 0
+    return run_dir / "logs" if node == 0 else run_dir / "logs" / f"node{node}"
 
 
 def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
@@ -42,7 +57,7 @@ def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
         backend=plan.backend,
         timeout=launcher.timeout,
         args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
-        log_dir=run_dir / "logs",
+        log_dir=node_log_dir(plan, run_dir),
         nnodes=launcher.nnodes,
         node_rank=launcher.node_rank,
         master_addr=launcher.master_addr,

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
 from clorch.plan.data import model_sizes_of
+from clorch.plan.memory import RankMemory, config_memory, human_bytes
 from clorch.plan.model import build_model_for
-from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
+from clorch.config.schema import BACKENDS, FSDPParallelConfig, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
-from clorch.launch.gpus import resolve_ranks
+from clorch.launch.gpus import resolve_ranks, visible_gpus
 
 
 def top_backend(cfg: Any) -> str | None:
@@ -125,8 +127,6 @@ def token_file_errors(cfg: TrainConfig) -> list[str]:
 
 
 RANKS_PER_CPU = 4  # more CPU ranks than this per core is a typo, not a plan
-# Bytes a parameter costs during training: fp32 weight, gradient, two AdamW moments.
-TRAINING_BYTES_PER_PARAMETER = 16
 
 
 def rank_count_errors(nproc: int, backend: str) -> list[str]:
@@ -169,28 +169,101 @@ def _available_memory() -> int | None:
     return None
 
 
+def _gpu_memory(launcher: Any, ranks_here: int) -> int | None:
+    """The smallest total memory of the GPUs this node's ranks use, from `nvidia-smi` (so that
+    CUDA never starts in the launching process); None where that cannot be read."""
+    visible = visible_gpus(os.environ)
+    indices = getattr(launcher, "devices", None) or range(ranks_here)
+    ids = [visible[i] for i in indices if i < len(visible)]
+    if not ids:
+        return None
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", ",".join(ids)]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    mib = [int(v) for v in out.split() if v.isdigit()]
+    return min(mib) * 2**20 if mib else None
+
+
+def too_large(memory: RankMemory, ranks_here: int, gpu: int | None, host: int | None) -> list[str]:
+    """Where `memory` does not fit, one phrase for each (empty: it fits): the GPU (`gpu` bytes
+    each; None: CPU ranks, or not known) and the host (`host` bytes available for this node's
+    `ranks_here` ranks; None: not known)."""
+    found = []
+    if gpu is not None and not memory.cpu_ranks and memory.device > gpu:
+        found.append(f"{human_bytes(memory.device)} of GPU memory per rank, more than the GPU's {human_bytes(gpu)}")
+    if host is not None and memory.host * ranks_here > host:
+        node = (
+            f" ({human_bytes(memory.host * ranks_here)} for this node's {ranks_here} ranks)" if ranks_here > 1 else ""
+        )
+        found.append(
+            f"{human_bytes(memory.host)} of host memory per rank{node}, more than the {human_bytes(host)} available"
+        )
+    return found
+
+
+def _alternative(
+    cfg: TrainConfig, model: Any, world: int, cpu: bool, ranks_here: int, gpu: int | None, host: int | None
+) -> str:
+    """What parallel=fsdp (and its cpu_offload) would need per rank, and whether it fits."""
+    sharded = isinstance(cfg.parallel, FSDPParallelConfig)
+    plain = config_memory(cfg, model, world, sharded=True, cpu_offload=False, cpu_ranks=cpu)
+    offload = config_memory(cfg, model, world, sharded=True, cpu_offload=True, cpu_ranks=cpu)
+    fsdp = f"parallel=fsdp over the job's {world} rank(s)"
+    need = f"{human_bytes(plain.host)} of host memory" if cpu else f"{human_bytes(plain.device)} of GPU memory"
+    if not sharded and not too_large(plain, ranks_here, gpu, host):
+        return f"; {fsdp} would need about {need} per rank ({plain.describe()}): use parallel=fsdp"
+    if not cpu and not (sharded and cfg.parallel.cpu_offload) and not too_large(offload, ranks_here, gpu, host):
+        return (
+            f"; {fsdp} with parallel.cpu_offload=true would need about {human_bytes(offload.device)} of GPU memory "
+            f"and {human_bytes(offload.host)} of host memory per rank: use parallel=fsdp parallel.cpu_offload=true"
+        )
+    alone = "" if sharded else f"; {fsdp} would still need about {need} per rank"
+    lighter = ""
+    if plain.activations * 10 >= plain.device:  # activations are a good part of it
+        lighter = ", model.activation_checkpointing=true or a smaller batch_size"
+    return f"{alone}: use more ranks (the state divides by their number){lighter}"
+
+
 def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
-    """A model whose training state cannot fit: the CPU ranks' copies in this machine's memory.
-    Sized on the meta device (no memory allocated). GPU memory is not checked here: asking
-    for it would start CUDA in the launching process; a rank reports CUDA's own out-of-memory."""
+    """A model whose training state cannot fit one rank's GPU (its total memory, read with
+    nvidia-smi) or this node's host memory, under the config's `parallel` choice, with the
+    choice that would fit. Sized on the meta device (no memory allocated); the rule is
+    clorch.plan.memory's. A model of your own that cannot be built on the meta device is
+    not checked; a rank then reports torch's own out-of-memory error."""
     # lazy: keeps torch out of clorch-train's start
     import torch
 
-    if backend == "nccl":
-        return []
+    world = ranks_here * min_nodes(cfg.launcher.nnodes)
+    sharded = isinstance(cfg.parallel, FSDPParallelConfig)
     try:
         sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
-            params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
+            model = build_model_for(cfg, sizes)
     except Exception:  # a user model that cannot be built on the meta device: not checked here
         return []
-    need, have = params * TRAINING_BYTES_PER_PARAMETER * ranks_here, _available_memory()
-    if have is None or need <= have:
+    gpu = _gpu_memory(cfg.launcher, ranks_here) if backend == "nccl" else None
+    try:
+        memory = config_memory(
+            cfg,
+            model,
+            world,
+            sharded=sharded,
+            cpu_offload=sharded and cfg.parallel.cpu_offload,
+            cpu_ranks=backend != "nccl",
+        )
+    except (ValueError, TypeError):  # a parallel.shard naming no class of the model: the ranks say so
         return []
+    host = _available_memory()
+    found = too_large(memory, ranks_here, gpu, host)
+    if not found:
+        return []
+    offload = " parallel.cpu_offload=true" if memory.offloaded else ""
     return [
-        f"model={cfg.model.name}: {params:,} parameters need about {need / 2**30:.1f} GiB to train "
-        f"({TRAINING_BYTES_PER_PARAMETER} bytes each: weights, gradients, optimizer state, per rank), "
-        f"more than the memory available for {ranks_here} rank(s) ({have / 2**30:.1f} GiB)"
+        f"model={cfg.model.name}: under parallel={cfg.parallel.name}{offload}, {memory.params:,} parameters "
+        f"need about {' and '.join(found)} ({memory.describe()})"
+        + _alternative(cfg, model, world, memory.cpu_ranks, ranks_here, gpu, host)
     ]
 
 
