@@ -68,6 +68,7 @@ def element_bytes(precision: str) -> int:
 def bytes_per_parameter(
     optimizer: str,
     *,
+    states: int | None = None,
     momentum: float = 0.0,
     precision: str = "fp32",
     sharded: bool = False,
@@ -78,6 +79,8 @@ def bytes_per_parameter(
 
     Args:
         optimizer: "adamw" or "sgd" (SGD keeps a momentum buffer only when momentum > 0).
+        states: the optimizer's parameter-sized fp32 buffers, when given (an `optim` option's
+            `states()`: any optimizer); None looks `optimizer` up.
         precision: a clorch precision name; under ddp (`sharded=False`) bf16/fp16 autocast keeps
             a copy of each weight in that dtype from forward to backward.
         sharded: parallel=fsdp (its bf16 copies are the gathered units, counted apart).
@@ -87,9 +90,10 @@ def bytes_per_parameter(
     Raises:
         ValueError: an unknown optimizer, precision or reduce dtype name.
     """
-    if optimizer not in OPTIMIZER_STATES:
+    if states is None and optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
-    states = OPTIMIZER_STATES[optimizer] if optimizer == "adamw" or momentum > 0 else 0
+    if states is None:
+        states = OPTIMIZER_STATES[optimizer] if optimizer == "adamw" or momentum > 0 else 0
     total = WEIGHT_BYTES + GRADIENT_BYTES + 4 * states
     if not sharded and get_precision(precision).name != "fp32":
         total += element_bytes(precision)  # autocast's cached copy of each weight
@@ -276,7 +280,7 @@ def config_memory(
     params = sum(p.numel() for p in model.parameters())
     per_param = bytes_per_parameter(
         optim.name,
-        momentum=getattr(optim, "momentum", 0.0),
+        states=optim.states(),
         precision=cfg.precision.name,
         sharded=sharded,
         ddp_reduce_dtype=cfg.ddp.reduce_dtype,
