@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from clorch.amp import MixedPrecision
-from clorch.checkpoint.weights import load_weights, weight_names
+from clorch.engine.model_build import build_raw_model, build_sharded_model
 from clorch.plan.data import build_splits
-from clorch.plan.model import build_model_for, seeds_per_module
 from clorch.config.schema import (
     CUDA_GRAPH_MODES,
     AdamWConfig,
@@ -30,16 +29,7 @@ from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import (
-    ShardedTrainer,
-    allocate,
-    apply_activation_checkpointing,
-    device_mesh,
-    gpt_init_fn,
-    materialize,
-    parameters_on_meta,
-    shard_model,
-)
+from clorch.nn.parallel.fsdp import ShardedTrainer
 from clorch.optim import build_optimizer, build_scheduler, param_groups
 
 
@@ -100,35 +90,6 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data` (a dataset of yours loads for `device_type`)."""
     return build_splits(cfg, device_type)
-
-
-def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
-    """The whole model of `cfg.model` in host memory, sized by the task, initialized from
-    `cfg.seed` (`seeds_per_module`: a built-in model module by module, as under `parallel=fsdp`;
-    a model of your own by its `__init__`), then from the weights of `model.init_from` when it
-    names a file; its blocks recompute their activations in backward with
-    `model.activation_checkpointing`.
-
-    Raises:
-        ValueError: the init_from file does not fit the model (the plan checks it first).
-    """
-    sizes = task.model_kwargs()
-    if seeds_per_module(cfg):
-        with torch.device("meta"):
-            model = build_model_for(cfg, sizes)
-        materialize(model, "cpu", seed=cfg.seed, init_fn=gpt_init_fn(model))
-    else:
-        model = build_model_for(cfg, sizes)
-    path = getattr(cfg.model, "init_from", None)
-    if path is not None:
-        load_weights(model, path, strict=cfg.model.init_strict)
-    _checkpoint_activations(cfg, model)
-    return model
-
-
-def _checkpoint_activations(cfg: TrainConfig, model: nn.Module) -> None:
-    if getattr(cfg.model, "activation_checkpointing", False):  # before DDP or fully_shard, as torch advises
-        apply_activation_checkpointing(model, "auto")
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -228,7 +189,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
     precision = _precision(cfg, device)
     if isinstance(cfg.parallel, FSDPParallelConfig):
-        raw, compiled = _sharded(cfg, task, device)
+        raw = build_sharded_model(cfg, task, device)
+        compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
         optimizer = _optimizer(cfg, raw)  # after sharding: its state is sharded too
         model: Any = ShardedTrainer(raw, compiled, optimizer=optimizer, scaler=precision.scaler)
     else:
@@ -288,83 +250,3 @@ def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[n
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)
     return raw, model, optimizer
-
-
-def _sharded(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, Any]:
-    """parallel=fsdp: the model sharded over every rank of the job (torch's fully_shard), and its
-    compiled forward (None without `compile`).
-
-    No rank holds the whole model, except where a model of your own must initialize itself:
-    - a built-in model is built on the meta device, sharded, then given storage shard by shard:
-      seeded values by `materialize` (the weights `parallel=ddp` starts from, `seeds_per_module`),
-      and then `model.init_from`'s tensors one at a time (`load_weights`); when the file holds
-      every tensor of the model nothing is drawn at all;
-    - a model of your own with a `model.init_from` that holds every tensor of its state dict is
-      built with its parameters on the meta device (`parameters_on_meta`: the buffers its
-      `__init__` computes are kept), sharded, and filled from the file tensor by tensor;
-    - otherwise a model of your own is built once in host memory, its `__init__` initializing
-      it as under `ddp` (and `model.init_from` loaded into it), then each unit is cut to this
-      rank's shard as it is sharded, and the whole is freed.
-
-    Collective: every rank calls it (fully_shard over the mesh).
-
-    Raises:
-        ValueError: a `parallel.shard` class that is not in the model, or an init_from file
-            that does not fit it.
-    """
-    parallel = cfg.parallel
-    path = getattr(cfg.model, "init_from", None)
-    home = torch.device("cpu") if parallel.cpu_offload else device  # where the shards live
-    raw = _on_meta(cfg, task, path)
-    if raw is None:
-        raw = build_raw_model(cfg, task)
-    else:
-        _checkpoint_activations(cfg, raw)
-    if device.type == "cuda" and not parallel.cpu_offload:
-        torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
-    # bf16 and fp16: parameters all-gathered and computed in that dtype, gradients
-    # reduce-scattered in fp32 into fp32 shards (fp16's loss scaler unscales those).
-    shard_model(
-        raw,
-        mesh=device_mesh(device.type),
-        shard_modules=parallel.shard,
-        min_params=parallel.min_params,
-        reshard_after_forward=parallel.reshard_after_forward,
-        precision=cfg.precision.name,
-        cpu_offload=parallel.cpu_offload,
-    )
-    if _is_on_meta(raw):
-        if path is not None and _covers(path, raw):
-            allocate(raw, home)  # every tensor comes from the file: nothing to draw
-        else:
-            materialize(raw, home, seed=cfg.seed, init_fn=gpt_init_fn(raw))
-        if path is not None:
-            load_weights(raw, path, strict=cfg.model.init_strict)
-    compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
-    return raw, compiled
-
-
-def _on_meta(cfg: TrainConfig, task: Any, path: str | None) -> nn.Module | None:
-    """The model with its parameters on the meta device, or None where it must be built whole
-    (a model of your own without an init_from file that holds all of it)."""
-    sizes = task.model_kwargs()
-    if seeds_per_module(cfg):
-        with torch.device("meta"):
-            return build_model_for(cfg, sizes)
-    if path is None:
-        return None
-    try:
-        with parameters_on_meta():
-            model = build_model_for(cfg, sizes)
-    except Exception:  # an __init__ that reads its weights' values: built whole, where it can
-        return None
-    return model if _covers(path, model) else None
-
-
-def _covers(path: str, model: nn.Module) -> bool:
-    """Whether the file at `path` holds every tensor of the model's state dict (names only)."""
-    return set(model.state_dict()) <= weight_names(path)
-
-
-def _is_on_meta(model: nn.Module) -> bool:
-    return any(p.is_meta for p in model.parameters())

@@ -6,10 +6,11 @@ state; the test compares them here:
 
 - the seeded start of the built-in GPT: fsdp (built on the meta device, sharded,
   drawn module by module) equals ddp exactly, on both ranks;
-- `model.init_from` from a safetensors file, a torch.save'd state dict (keys with
-  torch.compile's `_orig_mod.` prefix) and a clorch checkpoint: fsdp equals ddp and
-  both equal the file; with `init_strict=false` and half the keys, the rest keeps the
-  seeded start under both; a file of the wrong shape raises the same ValueError;
+- `model.init_from` from a safetensors file: fsdp equals ddp, and both equal the file;
+  from a torch.save'd state dict (keys with torch.compile's `_orig_mod.` prefix) and a
+  clorch checkpoint, fsdp equals the file; with `init_strict=false` and half the blocks'
+  tensors, the rest keeps the seeded start (ddp's rule); a file of the wrong shape raises
+  the ValueError `load_weights` raises for the whole model (ddp's path);
 - the bytes torch's CPU allocator holds (its profiler's net allocations, peak)
   while the fsdp components are built from each file: at most one rank's shard of
   the model plus its largest tensor (with 16 KiB for the rest of the build), and
@@ -37,6 +38,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from clorch.checkpoint import save_checkpoint
+from clorch.checkpoint.weights import load_weights
 from clorch.config import compose
 from clorch.engine.components import build_components
 from clorch.plan.data import model_sizes_of
@@ -141,14 +143,14 @@ def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped:
     for parallel in ("ddp", "fsdp"):
         gpt, own = configs[f"gpt/{parallel}"], configs[f"own/{parallel}"]
         out[f"seeded/{parallel}"] = _build(rank, world, gpt)
-        for kind in ("safetensors", "pt", "checkpoint"):
-            out[f"{kind}/{parallel}"] = _build(
-                rank, world, _with(gpt, init_from=files[kind]), mapped[kind] if parallel == "fsdp" else None
-            )
-        out[f"partial/{parallel}"] = _build(rank, world, _with(gpt, init_from=files["partial"], init_strict=False))
-        out[f"wrong/{parallel}"] = _error(rank, world, _with(gpt, init_from=files["wrong"]))
+        out[f"safetensors/{parallel}"] = _build(rank, world, _with(gpt, init_from=files["safetensors"]))
         out[f"own/{parallel}"] = _build(rank, world, own)
         out[f"own_file/{parallel}"] = _build(rank, world, _with(own, init_from=files["own"]))
+    # Against the file itself (which ddp's safetensors load equals), measuring the bytes.
+    for kind in ("safetensors", "pt", "checkpoint"):
+        out[f"measured/{kind}"] = _build(rank, world, _with(gpt, init_from=files[kind]), mapped[kind])
+    out["partial"] = _build(rank, world, _with(gpt, init_from=files["partial"], init_strict=False))
+    out["wrong"] = _error(rank, world, _with(gpt, init_from=files["wrong"]))
     return out
 
 
@@ -204,26 +206,31 @@ def test_fsdp_starts_where_ddp_does_seeded_and_from_each_kind_of_file_holding_on
     mapped["checkpoint"] = archive[0].stat().st_size
     first, second = run_ranks(_checks, 2, configs, files, mapped, timeout=150)
     for rank in (first, second):  # every rank's gathered state is the same whole model
-        for case in ("seeded", "safetensors", "pt", "checkpoint", "partial", "own", "own_file"):
+        for case in ("seeded", "safetensors", "own", "own_file"):
             _equal(rank[f"{case}/fsdp"]["state"], first[f"{case}/ddp"]["state"])
+        for kind in ("safetensors", "pt", "checkpoint"):
+            _equal({k: v for k, v in rank[f"measured/{kind}"]["state"].items() if k in weights}, weights)
     seeded = first["seeded/ddp"]["state"]
-    for kind in ("safetensors", "pt", "checkpoint"):
-        _equal({k: v for k, v in first[f"{kind}/ddp"]["state"].items() if k in weights}, weights)
-    loaded = first["partial/ddp"]["state"]
-    for name in weights:  # loaded where the file has the key, else the seeded start
-        assert torch.equal(loaded[name], partial[name] if name in partial else seeded[name]), name
-    assert not torch.equal(loaded[next(iter(partial))], seeded[next(iter(partial))])
-    assert first["wrong/fsdp"] == first["wrong/ddp"] and "another shape" in first["wrong/ddp"]
+    _equal({k: v for k, v in first["safetensors/ddp"]["state"].items() if k in weights}, weights)
+    for rank in (first, second):  # loaded where the file has the key, else the seeded start (as ddp)
+        loaded = rank["partial"]["state"]
+        for name in weights:
+            assert torch.equal(loaded[name], partial[name] if name in partial else seeded[name]), name
+    assert not torch.equal(partial[next(iter(partial))], seeded[next(iter(partial))])
+    # The same error as a whole model's load (ddp's path: load_weights on the model in one process).
+    whole_model = _random_model(configs["gpt/ddp"], 3)
+    with pytest.raises(ValueError) as ddp_error:
+        load_weights(whole_model, files["wrong"])
+    assert first["wrong"] == second["wrong"] == str(ddp_error.value) and "another shape" in first["wrong"]
     # A model of your own: its own init kept (std 0.5), its computed buffer kept under fsdp.
-    own = first["own/ddp"]["state"]
-    assert own["inp.weight"].std().item() > 0.3
+    assert first["own/ddp"]["state"]["inp.weight"].std().item() > 0.3
     assert torch.equal(first["own_file/fsdp"]["state"]["buffer:scale"], torch.linspace(0.5, 1.5, 64))
     # One rank's bytes while it reads each file: its shard and one tensor, never the whole model.
     whole = sum(v.numel() * 4 for k, v in seeded.items() if k != "lm_head.weight")  # tied to tok_emb
     largest = max(v.numel() * 4 for v in seeded.values())
     for rank in (first, second):
         for kind in ("safetensors", "pt", "checkpoint"):
-            run = rank[f"{kind}/fsdp"]
+            run = rank[f"measured/{kind}"]
             assert run["local"] < whole * 0.55, (kind, run["local"], whole)
             assert run["peak"] <= run["local"] + largest + SLACK_BYTES, (kind, run["peak"], run["local"], largest)
             assert run["peak"] < whole, (kind, run["peak"], whole)
