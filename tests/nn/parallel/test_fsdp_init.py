@@ -18,7 +18,9 @@ state; the test compares them here:
 - a model of your own (`model._target_`, below) that initializes itself in
   `__init__` and computes a non-persistent buffer: without init_from (built whole
   on the host, then sharded) and with an init_from that holds all of it (built
-  with its parameters on the meta device) fsdp equals ddp, buffer included.
+  with its parameters on the meta device) fsdp equals ddp, buffer included;
+- of all the fsdp builds, only that model without init_from is built whole in host
+  memory (the engine's function for it, wrapped in the ranks, counts its calls).
 
 Exact equality everywhere: both paths draw or read the same numbers and only copy them.
 """
@@ -40,6 +42,7 @@ from torch.profiler import ProfilerActivity, profile
 from clorch.checkpoint import save_checkpoint
 from clorch.checkpoint.weights import load_weights
 from clorch.config import compose
+from clorch.engine import model_build
 from clorch.engine.components import build_components
 from clorch.plan.data import model_sizes_of
 from clorch.plan.model import build_model_for
@@ -139,7 +142,13 @@ def _error(rank: int, world: int, cfg) -> str:
 
 
 def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped: dict[str, int]) -> dict:
-    out: dict = {}
+    out: dict = {"host_builds": []}
+    # Which fsdp builds made the whole model in host memory (fsdp's one exception): recorded by
+    # wrapping the function `build_sharded_model` calls for it (ddp's own call is not this name).
+    whole = model_build.build_raw_model
+    model_build.build_raw_model = lambda cfg, task: (
+        out["host_builds"].append((type(cfg.model).__name__, cfg.model.init_from)) or whole(cfg, task)
+    )
     for parallel in ("ddp", "fsdp"):
         gpt, own = configs[f"gpt/{parallel}"], configs[f"own/{parallel}"]
         out[f"seeded/{parallel}"] = _build(rank, world, gpt)
@@ -151,6 +160,7 @@ def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped:
         out[f"measured/{kind}"] = _build(rank, world, _with(gpt, init_from=files[kind]), mapped[kind])
     out["partial"] = _build(rank, world, _with(gpt, init_from=files["partial"], init_strict=False))
     out["wrong"] = _error(rank, world, _with(gpt, init_from=files["wrong"]))
+    model_build.build_raw_model = whole
     return out
 
 
@@ -222,6 +232,8 @@ def test_fsdp_starts_where_ddp_does_seeded_and_from_each_kind_of_file_holding_on
     with pytest.raises(ValueError) as ddp_error:
         load_weights(whole_model, files["wrong"])
     assert first["wrong"] == second["wrong"] == str(ddp_error.value) and "another shape" in first["wrong"]
+    # Only a model of your own without init_from was built whole (every rank alike).
+    assert first["host_builds"] == second["host_builds"] == [("TargetModelConfig", None)]
     # A model of your own: its own init kept (std 0.5), its computed buffer kept under fsdp.
     assert first["own/ddp"]["state"]["inp.weight"].std().item() > 0.3
     assert torch.equal(first["own_file/fsdp"]["state"]["buffer:scale"], torch.linspace(0.5, 1.5, 64))
