@@ -152,10 +152,11 @@ def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped:
     for parallel in ("ddp", "fsdp"):
         gpt, own = configs[f"gpt/{parallel}"], configs[f"own/{parallel}"]
         out[f"seeded/{parallel}"] = _build(rank, world, gpt)
-        out[f"safetensors/{parallel}"] = _build(rank, world, _with(gpt, init_from=files["safetensors"]))
         out[f"own/{parallel}"] = _build(rank, world, own)
         out[f"own_file/{parallel}"] = _build(rank, world, _with(own, init_from=files["own"]))
-    # Against the file itself (which ddp's safetensors load equals), measuring the bytes.
+    out["safetensors/ddp"] = _build(rank, world, _with(configs["gpt/ddp"], init_from=files["safetensors"]))
+    # fsdp from each file, measuring the bytes; against the file itself (and ddp's load of it).
+    gpt = configs["gpt/fsdp"]
     for kind in ("safetensors", "pt", "checkpoint"):
         out[f"measured/{kind}"] = _build(rank, world, _with(gpt, init_from=files[kind]), mapped[kind])
     out["partial"] = _build(rank, world, _with(gpt, init_from=files["partial"], init_strict=False))
@@ -216,8 +217,9 @@ def test_fsdp_starts_where_ddp_does_seeded_and_from_each_kind_of_file_holding_on
     mapped["checkpoint"] = archive[0].stat().st_size
     first, second = run_ranks(_checks, 2, configs, files, mapped, timeout=150)
     for rank in (first, second):  # every rank's gathered state is the same whole model
-        for case in ("seeded", "safetensors", "own", "own_file"):
+        for case in ("seeded", "own", "own_file"):
             _equal(rank[f"{case}/fsdp"]["state"], first[f"{case}/ddp"]["state"])
+        _equal(rank["measured/safetensors"]["state"], first["safetensors/ddp"]["state"])
         for kind in ("safetensors", "pt", "checkpoint"):
             _equal({k: v for k, v in rank[f"measured/{kind}"]["state"].items() if k in weights}, weights)
     seeded = first["seeded/ddp"]["state"]
