@@ -9,7 +9,9 @@
 
 What clorch adds: the found-inf flag is all-reduced (max) across every rank of
 the initialized group, so every rank skips the same steps (torch's scaler
-decides per rank); unscaling uses the fused multi-tensor kernel, and
+decides per rank); sharded (DTensor) gradients, as `parallel=fsdp` has them,
+are unscaled shard by shard on each rank, which with that all-reduce is what
+torch's `ShardedGradScaler` does; unscaling uses the fused multi-tensor kernel, and
 `unscale_flat_` unscales gradients through the flat buffers that hold them
 (DDP's buckets: `DistributedDataParallel.optimizer_step` calls it);
 `skipped_steps` and `last_step_skipped` count overflows. `clorch.amp.step`
@@ -43,6 +45,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from clorch.amp.loss_scale import LossScale, check_factors, checked_state, positive
 from clorch.distributed import collectives
@@ -62,6 +65,10 @@ def _device_type(device: object) -> str:
     if isinstance(device, str) and device.split(":")[0] in ("cuda", "cpu"):
         return device.split(":")[0]
     raise ValueError(f"device must be 'cuda' or 'cpu' (or a torch.device), got {device!r}")
+
+
+def _has_sharded_parameters(optimizer: torch.optim.Optimizer) -> bool:
+    return any(isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
 
 
 def _kept_by_loss_scale(name: str) -> property:
@@ -138,6 +145,10 @@ class GradScaler:
         for group in optimizer.param_groups:
             for param in group["params"]:
                 grad = param.grad
+                if isinstance(grad, DTensor):
+                    # A sharded gradient (parallel=fsdp): this rank's shard, unscaled in place. The
+                    # found-inf flag is then this rank's, and step() all-reduces it over the ranks.
+                    grad = grad.to_local()
                 if grad is not None:
                     groups.setdefault((grad.device, grad.dtype), []).append(grad)
         return groups
@@ -312,13 +323,16 @@ class GradScaler:
 
         Only those two: they leave parameters and state as they were on a
         skipped step. (torch's fused SGD with momentum, for one, creates its
-        momentum buffers uninitialized on a first step it then skips.)
+        momentum buffers uninitialized on a first step it then skips.) Not for
+        sharded (DTensor) parameters: their fused step would take a plain flag
+        beside DTensors, so the skip is decided on the host.
         """
         return (
             type(optimizer) in _DEVICE_SKIP_OPTIMIZERS
             and getattr(optimizer, "_step_supports_amp_scaling", False)
             and self._scale is not None
             and self._scale.device == found.device
+            and not _has_sharded_parameters(optimizer)
         )
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:

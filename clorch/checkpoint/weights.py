@@ -17,23 +17,29 @@ the kind.
 
 `fit_errors` compares names and shapes only, so it works on a model built on
 the `meta` device, before any process starts; `load_weights` then copies the
-weights into a real model. `save_safetensors` exports a model's weights.
+weights into a real model, or tensor by tensor into a sharded one
+(`open_weights` reads one tensor at a time). `save_safetensors` exports a
+model's weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Mapping
 
 import safetensors.torch
 import torch
+from torch.distributed.tensor import DTensor
 
 from clorch._files import create_exclusive
 from clorch.checkpoint import archive, atomic, metadata
 from clorch.checkpoint.errors import CheckpointError
 from clorch.nn.parallel.ddp import unwrap_model
+from clorch.nn.parallel.fsdp_init import fill_shard
 
 KINDS = (
     "a clorch checkpoint (the path given to save_checkpoint)",
@@ -125,9 +131,16 @@ def _torch_load_reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
 
 
-def _read_torch(path: Path) -> dict[str, torch.Tensor]:
+def _read_torch(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict of a torch.save file; with `mmap`, its tensors map the file (read when used),
+    unless the file is of torch's legacy (pre-zip) format, which cannot be mapped: then it is read whole."""
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError as exc:
+            if not (mmap and "mmap" in str(exc)):
+                raise
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, MemoryError):
         raise
     except Exception as exc:  # arbitrary bytes make torch.load raise nearly any type; none ran code
@@ -202,6 +215,99 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     else:
         weights = _read_torch(path)
     return _strip_wrapper_prefixes(weights)
+
+
+class _LazyWeights(Mapping[str, torch.Tensor]):
+    """A weights file's tensors by name, each read from the file when it is asked for (see `open_weights`)."""
+
+    def __init__(self, shapes: dict[str, torch.Size], read: Any):
+        self._shapes, self._read = shapes, read
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._shapes:
+            raise KeyError(name)
+        return self._read(name)
+
+    def __iter__(self):
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def specs(self) -> dict[str, torch.Tensor]:
+        """Every name with a meta tensor of its shape: what `fit_errors` compares, nothing read."""
+        return {name: torch.empty(shape, device="meta") for name, shape in self._shapes.items()}
+
+
+def _stripped_names(names: list[str]) -> dict[str, str]:
+    """{name without the wrapper prefixes: name in the file} (see `_strip_wrapper_prefixes`)."""
+    return dict(zip(_strip_wrapper_prefixes(dict.fromkeys(names)), names))  # type: ignore[arg-type]
+
+
+def _lazy_safetensors(path: Path, handle: Any) -> _LazyWeights:
+    try:
+        names = _stripped_names(list(handle.keys()))
+        shapes = {name: torch.Size(handle.get_slice(raw).get_shape()) for name, raw in names.items()}
+    except safetensors.SafetensorError as exc:
+        raise ValueError(f"{path} is not a readable safetensors file ({exc}): {_ACCEPTED}") from None
+    return _LazyWeights(shapes, lambda name: handle.get_tensor(names[name]))
+
+
+def _lazy_mapped(weights: dict[str, torch.Tensor]) -> _LazyWeights:
+    weights = _strip_wrapper_prefixes(weights)
+    return _LazyWeights({name: value.shape for name, value in weights.items()}, weights.__getitem__)
+
+
+@contextlib.contextmanager
+def open_weights(path: str | os.PathLike) -> Iterator[Mapping[str, torch.Tensor]]:
+    """The weights in a file, each tensor read only when it is asked for; `read_weights` reads all.
+
+    The mapping's keys are known at once (without the wrapper prefixes, as
+    `read_weights` strips them), and `mapping.specs()` gives their shapes as
+    meta tensors for `fit_errors`. `mapping[name]` reads that one tensor:
+    from a safetensors file by `safe_open` (a copy of that tensor only); from
+    a torch.save file or a clorch checkpoint's archive, a tensor that maps
+    the file (`torch.load(mmap=True)`), so its pages are read when it is
+    used and belong to the page cache, not to the process's heap. A torch
+    file of the legacy (pre-zip) format cannot be mapped and is read whole.
+    A clorch checkpoint's archive is verified first (read through once,
+    block by block, as `read_weights` does).
+
+    Local: not collective. Use the tensors inside the `with` block.
+
+    Raises:
+        As `read_weights`.
+    """
+    path = _as_path(path)
+    head, size = _head(path)
+    if _is_safetensors(path, head, size):
+        try:
+            handle = safetensors.safe_open(path, framework="pt", device="cpu")
+        except safetensors.SafetensorError as exc:
+            raise ValueError(f"{path} is not a readable safetensors file ({exc}): {_ACCEPTED}") from None
+        with handle:
+            yield _lazy_safetensors(path, handle)
+        return
+    if head.lstrip()[:1] == b"{":
+        if not metadata.is_checkpoint(path):
+            raise ValueError(f"{path} is a JSON file but not a clorch checkpoint: {_ACCEPTED}")
+        yield _lazy_mapped(_read_clorch(path))
+        return
+    yield _lazy_mapped(_read_torch(path, mmap=True))
+
+
+def weight_names(path: str | os.PathLike) -> set[str]:
+    """The names of the tensors in a weights file (as `read_weights` gives them), reading no tensor.
+
+    Raises:
+        As `read_weights`.
+    """
+    with open_weights(path) as weights:
+        return set(weights)
+
+
+def _is_sharded(module: torch.nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in module.parameters())
 
 
 def _listed(names: list[str]) -> str:
@@ -282,6 +388,9 @@ def load_weights(
     Local: not collective; each rank that calls it reads the file itself.
     Everything is checked (`fit_errors`) before the model changes. The model
     keeps its devices and dtypes: each tensor of the file is cast to its own.
+    A sharded model (`parallel=fsdp`: DTensor parameters) is filled tensor by
+    tensor (`open_weights`), each rank keeping only its slice of each, so no
+    rank ever holds the whole model; a whole model through `load_state_dict`.
 
     Args:
         model: the model (a DDP wrapper is looked through); not on the meta device.
@@ -305,6 +414,9 @@ def load_weights(
             f"are on the meta device ({_listed(on_meta)}): materialize it first, "
             "e.g. model.to_empty(device=...)"
         )
+    if _is_sharded(module):
+        _load_into_shards(module, path, strict, key)
+        return
     weights = read_weights(path)
     errors = fit_errors(model, weights, strict=strict, key=key)
     if errors:
@@ -318,6 +430,24 @@ def load_weights(
         for name, value in weights.items()
     }
     module.load_state_dict(cast, strict=strict)
+
+
+def _load_into_shards(module: torch.nn.Module, path: Path | str | os.PathLike, strict: bool, key: str) -> None:
+    """`load_weights` into a sharded model: tensor by tensor, each rank keeping only its slice.
+
+    The same check and messages as for a whole model (`fit_errors`, on the shapes
+    alone, before anything changes); then each of the model's tensors is read
+    from the file, cast to the model's dtype and cut to this rank's shard
+    (`fill_shard`), one at a time: besides its shards a rank holds at most one
+    tensor of the file.
+    """
+    with open_weights(path) as weights:
+        errors = fit_errors(module, weights.specs(), strict=strict, key=key)  # type: ignore[attr-defined]
+        if errors:
+            raise ValueError(f"{key}: the weights in {path} do not fit the model:\n" + "\n".join(errors))
+        for name, target in module.state_dict(keep_vars=True).items():
+            if name in weights:
+                fill_shard(target, weights[name])
 
 
 def _tensors_to_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:

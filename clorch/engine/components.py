@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from clorch.amp import MixedPrecision
-from clorch.checkpoint.weights import load_weights
+from clorch.engine.model_build import build_raw_model, build_sharded_model
 from clorch.plan.data import build_splits
-from clorch.plan.model import build_model_for
 from clorch.config import registry
 from clorch.config.schema import (
     CUDA_GRAPH_MODES,
@@ -30,7 +29,7 @@ from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import ShardedTrainer, apply_activation_checkpointing, device_mesh, shard_model
+from clorch.nn.parallel.fsdp import ShardedTrainer
 from clorch.optim import build_scheduler, fused_by_default, param_groups
 
 
@@ -91,23 +90,6 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data` (a dataset of yours loads for `device_type`)."""
     return build_splits(cfg, device_type)
-
-
-def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
-    """The model of `cfg.model`, sized by the task, initialized from `cfg.seed`, then from the
-    weights of `model.init_from` when it names a file; its blocks recompute their activations
-    in backward with `model.activation_checkpointing`.
-
-    Raises:
-        ValueError: the init_from file does not fit the model (the plan checks it first).
-    """
-    model = build_model_for(cfg, task.model_kwargs())
-    path = getattr(cfg.model, "init_from", None)
-    if path is not None:
-        load_weights(model, path, strict=cfg.model.init_strict)
-    if getattr(cfg.model, "activation_checkpointing", False):  # before DDP or fully_shard, as torch advises
-        apply_activation_checkpointing(model, "auto")
-    return model
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -209,9 +191,12 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
     if cfg.compile and hasattr(task, "compile_loss"):
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
+    precision = _precision(cfg, device)
     if isinstance(cfg.parallel, FSDPParallelConfig):
-        raw, model = _sharded(cfg, task, device)
-        optimizer = _optimizer(cfg, raw)
+        raw = build_sharded_model(cfg, task, device)
+        compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
+        optimizer = _optimizer(cfg, raw)  # after sharding: its state is sharded too
+        model: Any = ShardedTrainer(raw, compiled, optimizer=optimizer, scaler=precision.scaler)
     else:
         raw, model, optimizer = _data_parallel(cfg, task, device)
     seed_training_draws(cfg.seed, rank)
@@ -229,7 +214,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         raw_model=raw,
         optimizer=optimizer,
         scheduler=_scheduler(cfg, optimizer, total_steps),
-        precision=_precision(cfg, device),
+        precision=precision,
         task=task,
         eval_task=eval_task,
         sampler=sampler,
@@ -269,38 +254,3 @@ def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[n
     if ddp.step_in_backward:
         model.step_in_backward(optimizer)
     return raw, model, optimizer
-
-
-def _sharded(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, ShardedTrainer]:
-    """parallel=fsdp: the model sharded over every rank of the job (torch's fully_shard).
-
-    The seeded weights are the ones `parallel=ddp` starts from: the model is built
-    (and `model.init_from` loaded) on the host, then each unit is moved to `device`
-    and cut to this rank's shard as it is sharded, so no device ever holds the whole
-    model. Collective: every rank calls it (fully_shard over the mesh).
-
-    Raises:
-        ValueError: precision=fp16 (no loss scaler for sharded gradients yet), or a
-            `parallel.shard` class that is not in the model.
-    """
-    parallel = cfg.parallel
-    if isinstance(cfg.precision, FP16Config):
-        raise ValueError(
-            "precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not "
-            "work on sharded gradients (use precision=bf16 or fp32)"
-        )
-    raw = build_raw_model(cfg, task)
-    if device.type == "cuda" and not parallel.cpu_offload:
-        torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
-    # bf16: parameters all-gathered and computed in bf16, gradients reduce-scattered in fp32.
-    shard_model(
-        raw,
-        mesh=device_mesh(device.type),
-        shard_modules=parallel.shard,
-        min_params=parallel.min_params,
-        reshard_after_forward=parallel.reshard_after_forward,
-        precision=cfg.precision.name,
-        cpu_offload=parallel.cpu_offload,
-    )
-    compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
-    return raw, ShardedTrainer(raw, compiled)

@@ -39,8 +39,25 @@ def model_call(cfg: TrainConfig, data_sizes: dict[str, Any]) -> tuple[Callable[.
     return (lambda **kwargs: build_model(model.name, **kwargs)), {**data_sizes, **given}
 
 
+def seeds_per_module(cfg: TrainConfig) -> bool:
+    """Whether the model's seeded start is drawn module by module (`clorch.nn.parallel.fsdp.materialize`).
+
+    True for the built-in models (`model=gpt`, `model=mlp`): the ranks build them on the meta
+    device and draw each module's parameters from `cfg.seed` and the module's name, under
+    `parallel=ddp` and `parallel=fsdp` alike, so both start from the same weights and no rank
+    ever holds the whole model under `fsdp`. False for a model of your own (`model._target_`):
+    its `__init__` initializes its weights, from torch's generator seeded with `cfg.seed`
+    (`build_model_for`), and that initialization is kept.
+    """
+    return not isinstance(cfg.model, TargetModelConfig)
+
+
 def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) -> Any:
-    """The model of `cfg.model`, initialized from `cfg.seed` (identical on every rank and run).
+    """The model of `cfg.model`, built by its constructor after `torch.manual_seed(cfg.seed)`.
+
+    Identical on every rank and run. Under a `torch.device("meta")` context it has shapes
+    only (the plan's checks); the ranks then give a built-in model its values by
+    `seeds_per_module`'s rule.
 
     Args:
         data_sizes: the data's sizes (a task's `model_kwargs()`); None reads them from the

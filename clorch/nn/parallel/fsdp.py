@@ -8,18 +8,10 @@ Parameters, gradients and optimizer state are split across the ranks of a
     materialize(model, device, seed=0, init_fn=gpt_init_fn(model))
     optimizer = torch.optim.AdamW(model.parameters())   # built after sharding: state is sharded too
 
-Seeded start. `materialize` gives every parameter the value a function of the
-seed and the owning module's name only, never of the world size or the
-sharding: for each module in `named_modules()` order it draws that module's
-parameters at full size on the CPU, under the CPU generator seeded with
-`seed` plus a CRC32 of the module's name (`reset_parameters()` then
-`init_fn(module)`), and keeps only this rank's slice (no broadcast: every
-rank draws the same full values and slices them). At most one module's full
-parameters exist at a time. The same call on an unsharded model (a `ddp` run,
-or one process) gives the same weights, which is how the tests compare them.
-Buffers are re-made only by a module's `reset_parameters` (LayerNorm and
-Linear have none to re-make); a model whose buffers are computed in
-`__init__` must fill them itself after `materialize`.
+Seeded start and weights from a file: `clorch.nn.parallel.fsdp_init` (`materialize`,
+`allocate`, `parameters_on_meta`, re-exported here) and
+`clorch.checkpoint.weights.load_weights`, which reads a file tensor by tensor into
+the shards.
 
 Collectives: `shard_model` (through `fully_shard`) and every forward and
 backward of a sharded model are collective over the mesh: every rank calls
@@ -33,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -42,22 +32,27 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
+from clorch.amp.mixed_precision import MixedPrecision
+from clorch.amp.scaler import GradScaler
+from clorch.nn.parallel.fsdp_init import _class_name, allocate, gpt_init_fn, materialize, parameters_on_meta
 from clorch.precision import get_precision
 
 __all__ = [
     "AUTO_MIN_PARAMS",
     "ShardedTrainer",
+    "allocate",
     "apply_activation_checkpointing",
     "clip_grad_norm_",
     "device_mesh",
     "gpt_init_fn",
     "materialize",
     "mixed_precision_policy",
+    "parameters_on_meta",
     "shard_model",
     "sharded_modules",
 ]
@@ -94,8 +89,9 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
     gradients are reduced in bf16 (half the bytes on the wire). "bf16" keeps fp32 sharded parameters, all-gathers
     and computes in bf16, and reduce-scatters gradients in fp32 (the default
     `reduce_dtype`), so summing many ranks' gradients loses no bits to bf16.
-    fp16 needs a loss scaler that sees sharded gradients (torch's
-    `ShardedGradScaler`); this policy only sets the dtypes.
+    "fp16" likewise, in fp16: it needs a loss scaler that sees sharded gradients
+    (`clorch.amp.GradScaler`, see `ShardedTrainer`, or torch's `ShardedGradScaler`);
+    this policy only sets the dtypes.
 
     Raises:
         TypeError / ValueError: an unknown precision name (see `clorch.precision`).
@@ -106,14 +102,6 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
     return MixedPrecisionPolicy(
         param_dtype=compute.torch_dtype() if compute.autocast else None, reduce_dtype=reduce.torch_dtype()
     )
-
-
-def _class_name(module: nn.Module) -> str:
-    """The module's own class name; a sharded module's class is FSDP's subclass `FSDP<name>` of it."""
-    cls = type(module)
-    if isinstance(module, FSDPModule):
-        cls = next(c for c in cls.__mro__[1:] if c is not FSDPModule and not issubclass(c, FSDPModule))
-    return cls.__name__
 
 
 def _parameter_count(module: nn.Module) -> int:
@@ -217,126 +205,6 @@ def shard_model(
     return model
 
 
-def gpt_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
-    """The built-in GPT's per-module initializer (GPT-2's N(0, 0.02), scaled residual projections).
-
-    None for other models: `materialize` then uses each module's `reset_parameters` only.
-    """
-    return getattr(model, "_init_weights", None) if _class_name(model) == "GPT" else None
-
-
-def _module_seed(seed: int, name: str) -> int:
-    return (seed + zlib.crc32(name.encode())) % (2**63)
-
-
-def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full-size value into a parameter: this rank's slice of it when sharded."""
-    with torch.no_grad():
-        if isinstance(param, DTensor):
-            # src_data_rank=None: every rank slices its own shard, nothing is sent.
-            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(local.to_local())
-        else:
-            param.copy_(full)
-
-
-def materialize(
-    model: nn.Module, device: str | torch.device, *, seed: int = 0, init_fn: Callable[[nn.Module], None] | None = None
-) -> nn.Module:
-    """Give a meta (or empty) model real storage on `device` and seeded initial values.
-
-    See the module docstring for the rule that makes the values independent of
-    sharding. The global RNG state is left as it was.
-
-    Args:
-        device: where the (sharded) parameters live.
-        seed: the run's seed.
-        init_fn: called on each module after its `reset_parameters` (e.g. `gpt_init_fn(model)`).
-
-    Local: no collective.
-
-    Raises:
-        ValueError: without `init_fn`, a module owns parameters but has no `reset_parameters`
-            (they would keep `to_empty`'s garbage); names the modules.
-
-    Warns:
-        UserWarning: a module without `reset_parameters` holds buffers, which `to_empty`
-            leaves uninitialized: fill them yourself.
-    """
-    _check_initializable(model, init_fn)
-    ties = _shared_parameters(model)
-    model.to_empty(device=device)
-    _retie(ties)
-    for name, module in model.named_modules():
-        own = dict(module.named_parameters(recurse=False))
-        if not own or not (hasattr(module, "reset_parameters") or init_fn is not None):
-            continue
-        full = {n: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu")) for n, p in own.items()}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_module_seed(seed, name))
-            _with_parameters(module, full, init_fn)
-        for n, p in own.items():
-            _fill(p, full[n].detach())
-    return model
-
-
-def _check_initializable(model: nn.Module, init_fn: Callable[[nn.Module], None] | None) -> None:
-    bare, buffers = [], []
-    for name, module in model.named_modules():
-        if hasattr(module, "reset_parameters"):
-            continue
-        if init_fn is None and any(True for _ in module.parameters(recurse=False)):
-            bare.append(f"{name or '(root)'} ({_class_name(module)})")
-        if any(True for _ in module.buffers(recurse=False)):
-            buffers.append(f"{name or '(root)'} ({_class_name(module)})")
-    if bare:
-        raise ValueError(
-            f"materialize cannot initialize the parameters of {bare}: they have no "
-            "reset_parameters(); pass init_fn=, a function of a module that fills its parameters"
-        )
-    if buffers:
-        warnings.warn(
-            f"materialize leaves the buffers of {buffers} uninitialized (no reset_parameters()); "
-            "fill them after materialize",
-            stacklevel=3,
-        )
-
-
-def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
-    """Every parameter held by several modules (tied weights), as its (module, name) places."""
-    places: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, param in module._parameters.items():
-            if param is not None:
-                places.setdefault(id(param), []).append((module, name))
-    return [group for group in places.values() if len(group) > 1]
-
-
-def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
-    # `to_empty` gives each module a new tensor of its own, so an unsharded model's tied
-    # weights come apart (fully_shard keeps them tied); tie them again as they were.
-    for (first, first_name), *others in ties:
-        for module, name in others:
-            if module._parameters[name] is not first._parameters[first_name]:
-                module._parameters[name] = first._parameters[first_name]
-
-
-def _with_parameters(
-    module: nn.Module, full: dict[str, nn.Parameter], init_fn: Callable[[nn.Module], None] | None
-) -> None:
-    """Run the module's initializers on full-size CPU stand-ins for its parameters."""
-    saved = {n: module._parameters[n] for n in full}
-    try:
-        module._parameters.update(full)
-        with torch.no_grad():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-            if init_fn is not None:
-                init_fn(module)
-    finally:
-        module._parameters.update(saved)
-
-
 def _checkpointed_forward(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # Non-reentrant: works with keyword arguments, with DDP's gradient hooks and with
     # FSDP2's pre-backward all-gather (the recomputation runs inside the unit's backward).
@@ -396,18 +264,36 @@ class ShardedTrainer:
     `set_requires_gradient_sync(False)` (gradients stay unsharded-unreduced until
     the last micro-batch's backward, which reduce-scatters them).
 
+    fp16: give the loss scaler (a `clorch.amp.GradScaler`) and the optimizer it
+    steps. `clip_gradients` then unscales the sharded gradients first (each rank
+    its own shard: `GradScaler.unscale_` works on DTensor gradients), and
+    `optimizer_step` steps through the scaler, whose found-inf flag is
+    all-reduced (max) over the job's ranks, so every rank skips the same steps:
+    torch's `ShardedGradScaler` agrees the same way.
+
     Collectives: each call (forward), each synchronized backward and
     `clip_gradients` are collective over the mesh; every rank calls them in the
-    same order. `optimizer_step` is local.
+    same order. `optimizer_step` is local without a scaler; with one it is
+    collective (the found-inf all-reduce, every rank once a step).
     """
 
     sharded = True
 
-    def __init__(self, module: nn.Module, forward: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        forward: Callable[..., Any] | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: GradScaler | None = None,
+    ):
         if not isinstance(module, FSDPModule):
             raise TypeError(f"ShardedTrainer takes a model sharded by shard_model, got {type(module).__name__}")
+        if scaler is not None and optimizer is None:
+            raise ValueError("ShardedTrainer(scaler=...) needs the optimizer it steps: pass optimizer= too")
         self.module = module
         self._forward = module if forward is None else forward  # e.g. torch.compile(module)
+        self._optimizer, self._scaler = optimizer, scaler
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -425,7 +311,11 @@ class ShardedTrainer:
             self.module.set_requires_gradient_sync(True)
 
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
-        """The total 2-norm of the model's (sharded) gradients, clipped to `max_norm` when given.
+        """The total 2-norm of the model's (sharded, unscaled) gradients, clipped to `max_norm` when given.
+
+        With a loss scaler the gradients are unscaled first (once a step; `optimizer_step`
+        then does not unscale again). An fp16 overflow gives an inf or nan norm, and the
+        step is skipped.
 
         Collective: all-reduces the partial norms over the mesh (every rank calls it).
         Returns None when no parameter has a gradient.
@@ -433,22 +323,41 @@ class ShardedTrainer:
         params = [p for p in self.module.parameters() if p.grad is not None]
         if not params:
             return None
+        scaler, optimizer = self._scaler, self._optimizer
+        if scaler is not None and not scaler.is_unscaled(optimizer):
+            scaler.unscale_(optimizer)
         if max_norm is not None:
             return clip_grad_norm_(params, max_norm)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool:
-        """Step the optimizer on the sharded gradients, then zero them. Local.
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool | torch.Tensor:
+        """Step the optimizer on the sharded gradients (through `scaler`: step, then update), then zero them.
+
+        Args:
+            scaler: None, a `clorch.amp.GradScaler` (or one with torch's `step` and
+                `update`), or a `clorch.amp.MixedPrecision` (its scaler).
+
+        Returns:
+            True when the optimizer stepped, False when the scaler skipped the step
+            (some rank's gradients overflowed).
+
+        Local without a scaler; with one, collective (see the class docstring).
 
         Raises:
-            ValueError: a loss scaler (fp16 needs one that sees sharded gradients).
+            TypeError: optimizer has no step(), or scaler has no step().
         """
-        if scaler is not None:
-            raise ValueError(
-                "a sharded model cannot step with clorch's loss scaler: fp16 under "
-                "parallel=fsdp is not supported yet (use precision=bf16 or fp32)"
-            )
-        optimizer.step()
+        if isinstance(scaler, MixedPrecision):
+            scaler = scaler.scaler
+        if not callable(getattr(optimizer, "step", None)):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if scaler is not None and not callable(getattr(scaler, "step", None)):
+            raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
+        stepped: bool | torch.Tensor = True
+        if scaler is None:
+            optimizer.step()
+        else:
+            stepped = scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        return True
+        return stepped
