@@ -224,10 +224,11 @@ def init_from_errors(cfg: TrainConfig) -> list[str]:
         return []
     import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
-    from clorch.checkpoint.weights import fit_errors, read_weights  # lazy: imports torch
+    from clorch.checkpoint.weights import fit_errors, open_weights  # lazy: imports torch
 
-    try:
-        weights = read_weights(path)
+    try:  # names and shapes only: the launching process reads no tensor of the file
+        with open_weights(path) as stored:
+            weights = stored.specs()
     except (OSError, ValueError, TypeError) as exc:
         return [f"model.init_from={path!r}: {exc}"]
     try:

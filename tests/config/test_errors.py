@@ -110,10 +110,6 @@ def test_the_issue_examples_are_reported_together(tmp_path):
                 "optim.grad_clip=null or ddp.step_in_backward=false",
             ],
         ),
-        (
-            ["parallel=fsdp", "precision=fp16"],
-            ["precision=fp16 cannot run with parallel=fsdp", "precision=bf16 or fp32"],
-        ),
         (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
         (
             ["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],

@@ -70,9 +70,4 @@ class FP16Config(PrecisionOption):
                 "to skip a step only after every gradient is in, and backward would already have "
                 "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)"
             )
-        if cfg.parallel is not None and cfg.parallel.name == "fsdp":
-            errors.append(
-                "precision=fp16 cannot run with parallel=fsdp yet: clorch's loss scaler does not work on "
-                "sharded gradients (use precision=bf16 or fp32)"
-            )
         return errors
