@@ -15,7 +15,7 @@ from typing import Any
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
 from clorch.plan.data import model_sizes_of
-from clorch.plan.memory import RankMemory, config_memory, human_bytes
+from clorch.plan.memory import RankMemory, bytes_per_parameter, config_memory, human_bytes
 from clorch.plan.model import build_model_for
 from clorch.config.schema import BACKENDS, FSDPParallelConfig, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
@@ -261,10 +261,19 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
         return []
     offload = " parallel.cpu_offload=true" if memory.offloaded else ""
     return [
-        f"model={cfg.model.name}: under parallel={cfg.parallel.name}{offload}, {memory.params:,} parameters "
-        f"need about {' and '.join(found)} ({memory.describe()})"
+        f"model={cfg.model.name}: {memory.params:,} parameters need about {' and '.join(found)} under "
+        f"parallel={cfg.parallel.name}{offload} ({_bytes_each(cfg, memory)}; {memory.describe()})"
         + _alternative(cfg, model, world, memory.cpu_ranks, ranks_here, gpu, host)
     ]
+
+
+def _bytes_each(cfg: TrainConfig, memory: RankMemory) -> str:
+    """What a parameter's bytes are made of, in words."""
+    states = cfg.optim.states()
+    base = bytes_per_parameter(cfg.optim.name, states=states, sharded=True)
+    words = f"{base} bytes each: weights, gradients, optimizer state ({states} buffer(s))"
+    extra = memory.bytes_per_param - base
+    return words + (f", plus {extra} for autocast's and the buckets' low-precision copies" if extra else "")
 
 
 def schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
