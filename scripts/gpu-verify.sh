@@ -41,5 +41,13 @@ examples)
 fsdp)
   run fsdp-compiled clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --compile --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_compiled.txt"
   run fsdp-eager clorch-bench fsdp --model gpt2-small --device cuda --precision bf16 --nproc 1 2>&1 | tee "$OUTDIR/bench_fsdp_eager.txt" ;;
+sharded)
+  # +recipe=gpt_bf16 under parallel=ddp and parallel=fsdp (one GPU: world size 1), then fsdp with fp16.
+  for parallel in ddp fsdp; do
+    (cd /tmp && run "gpt_bf16-$parallel" clorch-train +recipe=gpt_bf16 parallel=$parallel logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6
+  done 2>&1 | tee "$OUTDIR/gpt_bf16_ddp_fsdp.txt"
+  (cd /tmp && run gpt_fp16-fsdp clorch-train +recipe=gpt_bf16 parallel=fsdp precision=fp16 logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6 | tee "$OUTDIR/gpt_fp16_fsdp.txt" ;;
+large)
+  for preset in refused offload; do OUT="$OUTDIR/large-$preset" PRESET=$preset run "large-$preset" bash scripts/gpu-large-model.sh; done 2>&1 | tail -60 | tee "$OUTDIR/large.txt" ;;
 *) echo "unknown stage $stage" ;;
 esac; done

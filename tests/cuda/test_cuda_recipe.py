@@ -65,3 +65,24 @@ def test_compile_with_cuda_graphs_trains_like_default_compile(mode, tmp_path):
         assert abs(got - want) <= 1e-3 * abs(want) + 1e-4, losses
     finals = [runs[name]["summary"]["final"]["eval_loss"] for name in ("default", mode)]
     assert abs(finals[0] - finals[1]) <= 1e-3 * abs(finals[0]), finals
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_recipe_trains_sharded_on_one_gpu(precision, tmp_path):
+    """parallel=fsdp on the GPU: built on the meta device, sharded, filled shard by shard; fp16
+    with the loss scaler on sharded gradients."""
+    result = clorch.run_local(
+        devices=[0],
+        recipe="gpt_bf16",
+        run_dir=str(tmp_path / "run"),
+        max_steps=30,
+        eval_every=15,
+        progress="off",
+        parallel="fsdp",
+        precision=precision,
+        **{"schedule.warmup_steps": 5},
+    )
+    assert result["status"]["state"] == "succeeded", result["logs"][0]["stderr"][-3000:]
+    final = result["summary"]["final"]
+    assert final["eval_loss"] < 5.0, final  # far below log(256) = 5.55 after 30 steps
+    assert (final["loss_scale"] is not None) == (precision == "fp16"), final
