@@ -82,6 +82,7 @@ class WorldSizeChangedWarning(UserWarning):
     A trainer that reseeds them by a rule of its own filters this category.
     """
 
+
 _STEP_DIR = re.compile(r"step_(\d{8,})\.dcp")
 
 

@@ -13,8 +13,8 @@ smaller than the job, a model sequence shorter than the samples), the
 filesystem (directories the run cannot write) and the checkpoint to resume
 (another model or batch size, a world size that cannot keep its global batch:
 clorch.plan.resume; a resume onto another world size sets `accumulation` to
-keep it, and the plan's description says so): all of them at once. The dataset sizes come from `clorch.data.tasks.split_size`, without
-building the data.
+keep it, and the plan's description says so): all of them at once. The
+dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
 The ranks receive the plan (`Plan.to_dict()` in their launch arguments, or a
 plan file with its digest under `launcher=torchrun`) and do not check it again;

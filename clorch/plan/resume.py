@@ -179,7 +179,10 @@ def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str, path:
             f"keeps the global batch of {global_batch}"
         )
     elif kept != cfg.accumulation:
-        note = f"resume: accumulation={cfg.accumulation} -> {kept}, the checkpoint's, keeps its global batch of {global_batch}"
+        note = (
+            f"resume: accumulation={cfg.accumulation} -> {kept}, the checkpoint's, "
+            f"keeps its global batch of {global_batch}"
+        )
     else:
         note = None
     errors = []
