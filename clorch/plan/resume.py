@@ -126,12 +126,12 @@ def _kind_error(cfg: Any, path: Path, key: str) -> str | None:
     """A checkpoint of the other `parallel` option: its format cannot be loaded by this one."""
     if path.is_dir() and not _sharded(cfg):
         return (
-            f"{key}: {path} is a sharded checkpoint (a directory parallel=fsdp writes) and "
+            f"{key}: a sharded checkpoint (a directory parallel=fsdp writes), and "
             f"parallel={cfg.parallel.name} resumes checkpoint files: resume it with parallel=fsdp"
         )
     if path.is_file() and _sharded(cfg):
         return (
-            f"{key}: {path} is a checkpoint file (parallel=ddp writes them) and parallel=fsdp resumes "
+            f"{key}: a checkpoint file (parallel=ddp writes them), and parallel=fsdp resumes "
             "sharded checkpoints (.dcp directories): resume it with parallel=ddp"
         )
     return None
@@ -147,7 +147,7 @@ def _world_key(cfg: Any) -> str:
     return "launcher.nproc_per_node" + ("" if str(nnodes) == "1" else " x launcher.nnodes")
 
 
-def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str, path: Path) -> ResumeFit:
+def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str) -> ResumeFit:
     """The accumulation that keeps the saved run's global batch on `world_size` ranks, or why none does."""
     batch, ranks, accumulation = saved["batch_size"], saved["world_size"], saved["accumulation"]
     global_batch = batch * ranks * accumulation
@@ -166,7 +166,7 @@ def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str, path:
         fits = [w for w in range(1, global_batch // batch + 1) if (global_batch // batch) % w == 0]
         return ResumeFit(
             errors=[
-                f"{key}: {path} was trained with {shape}, which this job's {_ranks(world_size)} "
+                f"{key}: the checkpoint was trained with {shape}, which this job's {_ranks(world_size)} "
                 f"({_world_key(cfg)}) cannot keep: {global_batch} is not a multiple of batch_size {batch} x "
                 f"{world_size} = {batch * world_size}. Resume on a world size that keeps it "
                 f"({', '.join(map(str, fits))} ranks), or start afresh (checkpoint.resume=none)"
@@ -218,6 +218,8 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
     if path is None or not path.exists():
         return ResumeFit()
     key = f"checkpoint.resume={cfg.checkpoint.resume}"
+    if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
+        key += f" ({path})"
     restarted = restart_count() > 0
     kind = _kind_error(cfg, path, key)
     if kind is not None:
@@ -235,13 +237,13 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
             return ResumeFit()
         return ResumeFit(
             errors=[
-                f"{key}: {path} was written by {_ranks(body.get('world_size'))}, this job has "
+                f"{key}: the checkpoint was written by {_ranks(body.get('world_size'))}, this job has "
                 f"{world_size}, and it does not record its batch_size and accumulation (not written by "
                 f"clorch-train), so its global batch cannot be kept: resume with "
                 f"{body.get('world_size')} ranks ({_world_key(cfg)}) or start afresh"
             ]
         )
-    fit = _batch_fit(cfg, world_size, counts, key, path)
+    fit = _batch_fit(cfg, world_size, counts, key)
     if restarted:
         return fit
     errors = list(fit.errors)

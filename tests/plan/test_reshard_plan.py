@@ -88,7 +88,7 @@ def test_a_world_size_that_cannot_keep_the_global_batch_is_refused(tmp_path):
     assert plan is None
     assert _has(
         errors,
-        f"checkpoint.resume={path}: {path} was trained with the global batch 48 = batch_size 8 x 2 ranks "
+        f"checkpoint.resume={path}: the checkpoint was trained with the global batch 48 = batch_size 8 x 2 ranks "
         "x accumulation 3, which",
         "this job's 4 ranks (launcher.nproc_per_node) cannot keep: 48 is not a multiple of batch_size 8 x 4 = 32",
         "(1, 2, 3, 6 ranks), or start afresh (checkpoint.resume=none)",
@@ -115,10 +115,10 @@ def test_a_checkpoint_without_its_batch_is_refused_on_another_world_size(tmp_pat
 def test_a_checkpoint_of_the_other_parallel_option_is_refused(tmp_path):
     sharded = _checkpoint(tmp_path / "step.dcp", 2)
     _, errors = _plan(f"checkpoint.resume={sharded}")
-    assert _has(errors, "is a sharded checkpoint", "resume it with parallel=fsdp"), errors
+    assert _has(errors, f"checkpoint.resume={sharded}: a sharded checkpoint", "resume it with parallel=fsdp"), errors
     whole = _checkpoint(tmp_path / "whole.ckpt", 2)
     _, errors = _plan("parallel=fsdp", f"checkpoint.resume={whole}")
-    assert _has(errors, "is a checkpoint file", "resume it with parallel=ddp"), errors
+    assert _has(errors, f"checkpoint.resume={whole}: a checkpoint file", "resume it with parallel=ddp"), errors
     plan, errors = _plan("parallel=fsdp", "launcher.nproc_per_node=1", f"checkpoint.resume={sharded}")
     assert errors == [] and plan.config.accumulation == 2
 
@@ -133,7 +133,8 @@ def test_resume_latest_is_planned_with_the_run_directory(tmp_path):
     assert errors == [] and early.config.accumulation == 1 and early.resume_note is None
     late = check_run_dir(early, run_dir)
     assert late.config.accumulation == 2 and late.resume_note == plan.resume_note
-    with pytest.raises(ConfigError, match="cannot keep"):
+    newest = step_checkpoint_path(run_dir / "checkpoints", 4)
+    with pytest.raises(ConfigError, match=rf"checkpoint.resume=latest \({newest}\): .* cannot keep"):
         check_run_dir(_plan("launcher.nproc_per_node=3", "checkpoint.resume=latest")[0], run_dir)
 
 
