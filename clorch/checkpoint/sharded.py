@@ -283,7 +283,8 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     (blocking) before anything changes; DCP then reads each rank's shards (resharding
     as needed), the sampler continues the saved global position on this world size,
     and RNG states are restored per rank when the world size is the saved one (a
-    warning otherwise: random streams cannot be re-split; the data order can).
+    `WorldSizeChangedWarning` otherwise: random streams cannot be re-split; the data
+    order can).
 
     Returns:
         The `state` dict given to `save_sharded`.

@@ -36,8 +36,11 @@ the new ranks keep the global batch (`accumulation_for`). Only the last,
 partial step of such an epoch may be padded (or dropped with `drop_last`)
 differently. Later epochs follow the new world size's own rule. During such
 an epoch `len()` stays the new world size's full count (`remaining()` is
-exact) and `state_dict()` raises: its per-rank form cannot say where the
-epoch came from, so save `global_state_dict()` (sharded checkpoints do).
+exact) and `state_dict()` raises (`continues_another_world_size` says
+when): its per-rank form cannot say where the epoch came from, so save
+`global_state_dict()` (sharded checkpoints do, and so do clorch-train's
+checkpoint files). `global_state_of(state_dict())` gives the job's position
+from a rank's state saved without it.
 """
 
 from __future__ import annotations
