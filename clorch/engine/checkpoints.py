@@ -12,8 +12,8 @@ Either kind resumes on another world size: the model and optimizer load whole
 (a checkpoint file) or resharded (DCP); the sampler continues the job's global
 position (`DistributedSampler.global_state_dict`, in every checkpoint), so the
 rest of the epoch comes in the uninterrupted run's order, provided the run keeps
-the checkpoint's global batch (the plan sets `accumulation` to, clorch.plan.resume;
-`restore` refuses a run that does not). Random streams cannot be re-split over
+the checkpoint's global batch (clorch-train's plan sets `accumulation` so, see
+clorch.plan.resume; `restore` refuses a run that does not). Random streams cannot be re-split over
 another number of ranks: each rank then seeds torch's generators afresh from the
 run's seed, its rank and the step (`reseed_for`), deterministically.
 """
