@@ -62,6 +62,7 @@ from clorch.nn.parallel.ddp import unwrap_model
 
 __all__ = [
     "MARKER",
+    "WorldSizeChangedWarning",
     "latest_sharded_checkpoint",
     "load_sharded",
     "prune_sharded_checkpoints",
@@ -72,6 +73,16 @@ __all__ = [
 MARKER = "clorch.json"
 """clorch's file in a sharded checkpoint, written last: a directory without it is incomplete."""
 FORMAT = 1
+
+
+class WorldSizeChangedWarning(UserWarning):
+    """`load_sharded` onto another world size: the ranks' RNG states were not restored.
+
+    Random streams cannot be re-split over another number of ranks (the data order can).
+    A trainer that reseeds them by a rule of its own filters this category.
+    """
+
+
 _STEP_DIR = re.compile(r"step_(\d{8,})\.dcp")
 
 
@@ -272,7 +283,8 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     (blocking) before anything changes; DCP then reads each rank's shards (resharding
     as needed), the sampler continues the saved global position on this world size,
     and RNG states are restored per rank when the world size is the saved one (a
-    warning otherwise: random streams cannot be re-split; the data order can).
+    `WorldSizeChangedWarning` otherwise: random streams cannot be re-split; the data
+    order can).
 
     Returns:
         The `state` dict given to `save_sharded`.
@@ -311,6 +323,7 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
             f"sharded checkpoint {path} was saved by world_size {body['world_size']}, this job has "
             f"{cdist.world_size()}: RNG states not restored (dropout and augmentation draw other "
             "numbers than the uninterrupted run; the data order is exact)",
+            WorldSizeChangedWarning,
             stacklevel=2,
         )
     return body["state"]

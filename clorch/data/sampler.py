@@ -36,8 +36,11 @@ the new ranks keep the global batch (`accumulation_for`). Only the last,
 partial step of such an epoch may be padded (or dropped with `drop_last`)
 differently. Later epochs follow the new world size's own rule. During such
 an epoch `len()` stays the new world size's full count (`remaining()` is
-exact) and `state_dict()` raises: its per-rank form cannot say where the
-epoch came from, so save `global_state_dict()` (sharded checkpoints do).
+exact) and `state_dict()` raises (`continues_another_world_size` says
+when): its per-rank form cannot say where the epoch came from, so save
+`global_state_dict()` (sharded checkpoints do, and so do clorch-train's
+checkpoint files). `global_state_of(state_dict())` gives the job's position
+from a rank's state saved without it.
 """
 
 from __future__ import annotations
@@ -308,7 +311,7 @@ class DistributedSampler(TorchDistributedSampler):
             RuntimeError: the sampler is in an epoch continued from another world size
                 (`load_global_state_dict`); save `global_state_dict()` instead.
         """
-        if self._carried is not None and self._carried[0] == self._epoch:
+        if self.continues_another_world_size:
             raise RuntimeError(
                 "this epoch continues a run of another world size; its position is "
                 "global_state_dict(), not state_dict() (sharded checkpoints save that)"
@@ -389,6 +392,39 @@ class DistributedSampler(TorchDistributedSampler):
 
     _GLOBAL_FIXED = ("dataset_size", "seed", "shuffle", "drop_last")
 
+    @property
+    def continues_another_world_size(self) -> bool:
+        """Whether the current epoch continues a run of another world size (`load_global_state_dict`).
+
+        While it does, `state_dict()` raises: save `global_state_dict()` instead.
+        """
+        return self._carried is not None and self._carried[0] == self._epoch
+
+    @staticmethod
+    def global_state_of(state: dict[str, Any]) -> dict[str, Any]:
+        """The `global_state_dict()` of the job whose rank saved `state` (a `state_dict()`).
+
+        For a position saved per rank (by a checkpoint of an earlier clorch, say) that is
+        to continue on another world size. Like `global_state_dict` it assumes every rank
+        of that job consumed as many indices as this one.
+
+        Raises:
+            TypeError / ValueError: `state` is not a state `state_dict()` writes.
+        """
+        problem = DistributedSampler.state_problem(state)
+        if problem is not None:
+            raise ValueError(f"sampler state {problem}")
+        replicas, size, drop_last = state["num_replicas"], state["dataset_size"], state["drop_last"]
+        return {
+            "epoch": state["epoch"],
+            "dataset_size": size,
+            "seed": state["seed"],
+            "shuffle": state["shuffle"],
+            "drop_last": drop_last,
+            "layout_replicas": replicas,
+            "position": min(_fit_length(size, replicas, drop_last), state["consumed"] * replicas),
+        }
+
     def global_state_dict(self) -> dict[str, Any]:
         """The position as the whole job's, loadable on any world size (`load_global_state_dict`).
 
@@ -397,7 +433,7 @@ class DistributedSampler(TorchDistributedSampler):
         consumed). It assumes every rank consumed as many indices as this one, as
         ranks training in step do; a sharded checkpoint checks that all ranks agree.
         """
-        carried = self._carried if self._carried and self._carried[0] == self._epoch else None
+        carried = self._carried if self.continues_another_world_size else None
         layout, offset = (carried[1], carried[2]) if carried else (self.num_replicas, 0)
         full = _fit_length(self.dataset_size, layout, self.drop_last)
         return {

@@ -7,10 +7,20 @@ continues exactly where the checkpoint was taken.
 Under `parallel=fsdp` checkpoints are sharded (clorch.checkpoint.sharded): each
 is a directory (`step_00000100.dcp`, `final.dcp`) to which every rank writes its
 own shards; the same policies (final, periodic, keep_last, resume=latest) apply.
+
+Either kind resumes on another world size: the model and optimizer load whole
+(a checkpoint file) or resharded (DCP); the sampler continues the job's global
+position (`DistributedSampler.global_state_dict`, in every checkpoint), so the
+rest of the epoch comes in the uninterrupted run's order, provided the run keeps
+the checkpoint's global batch (clorch-train's plan sets `accumulation` so, see
+clorch.plan.resume; `restore` refuses a run that does not). Random streams cannot be re-split over
+another number of ranks: each rank then seeds torch's generators afresh from the
+run's seed, its rank and the step (`reseed_for`), deterministically.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +35,9 @@ from clorch.checkpoint import (
     save_checkpoint,
     step_checkpoint_path,
 )
+from clorch.checkpoint.metadata import read as read_metadata
 from clorch.checkpoint.sharded import (
+    WorldSizeChangedWarning,
     latest_sharded_checkpoint,
     load_sharded,
     prune_sharded_checkpoints,
@@ -34,8 +46,9 @@ from clorch.checkpoint.sharded import (
 )
 from clorch.plan.resume import RECORD_KEY, run_record
 from clorch.config.schema import FSDPParallelConfig, TrainConfig
+from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
-from clorch.engine.components import Components
+from clorch.engine.components import TRAINING_STREAM, Components
 from clorch.engine.loop import LoopState
 from clorch.env import restart_count as env_restart_count
 
@@ -107,6 +120,11 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return path
 
 
+SAMPLER_KEY = "sampler_position"
+"""A checkpoint file's state: the sampler's `global_state_dict()` (sharded checkpoints hold it
+in their own clorch.json), which continues the epoch on any world size."""
+
+
 def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_dir: Path | None = None) -> None:
     """Write a checkpoint of everything needed to continue.
 
@@ -136,38 +154,57 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_
     if parts.sharded:  # the scaler is None: fp16 is refused under fsdp
         save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, state=training)
         return
+    training[SAMPLER_KEY] = parts.sampler.global_state_dict()
+    # An epoch continued from another world size has no per-rank position (its state_dict
+    # raises): the global one above is the position then.
+    per_rank = None if parts.sampler.continues_another_world_size else parts.sampler
     save_checkpoint(
         path,
         model=parts.raw_model,
         optimizer=parts.optimizer,
-        sampler=parts.sampler,
+        sampler=per_rank,
         scaler=parts.scaler,
         state=training,
     )
 
 
-def restore(parts: Components, path: Path) -> LoopState:
+# The warnings the loads give on another world size: the RNG states are not restored there
+# (restore reseeds instead, `reseed_for`).
+_OTHER_WORLD_RNG = r"checkpoint was saved by world_size \d+, this job has \d+: RNG states not restored"
+
+
+def restore(parts: Components, path: Path, seed: int | None = None) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
     Every rank must call it (collective: see clorch.checkpoint.load_checkpoint, or load_sharded).
+    A checkpoint of another world size loads too (module docstring) when this run keeps
+    its global batch; each rank's generators are then seeded by `reseed_for(seed, ...)`
+    (not when `seed` is None).
 
     Raises:
         ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
+        CheckpointError: this run does not keep the checkpoint's batch_size and global batch.
     """
-    if parts.sharded:
-        saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
-        _check_world_size(path, saved, parts.world_size)
-    else:
-        saved = load_checkpoint(
-            path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, scaler=parts.scaler
-        )
-    _check_training_state(path, saved, parts.world_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorldSizeChangedWarning)
+        warnings.filterwarnings("ignore", message=_OTHER_WORLD_RNG)
+        saved = _load(parts, path)
+    record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
+    saved_world = record.get("world_size") if isinstance(record, dict) else None
+    saved_world = saved_world if type(saved_world) is int and saved_world >= 1 else parts.world_size
+    _check_training_state(path, saved, saved_world)
+    note = _check_global_batch(path, record, parts)
+    if saved_world != parts.world_size and seed is not None:
+        reseed_for(seed, parts.rank, saved["step"])
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
         parts.scheduler.load_state_dict(scheduler_state)
     window = saved.get("window_loss")
-    if window is not None:  # each rank continues its own window
-        window = torch.tensor(window[parts.rank], dtype=torch.float32, device=parts.device)
+    if window is not None:
+        # Each rank continues its own window; on another world size each carries the saved
+        # ranks' mean, so the first metrics line still averages the job's losses.
+        mine = window[parts.rank] if saved_world == parts.world_size else sum(window) / len(window)
+        window = torch.tensor(mine, dtype=torch.float32, device=parts.device)
     norm = saved.get("window_norm")  # the same on every rank (the gradients are all-reduced)
     norms = None if norm is None else [torch.tensor(float(x), dtype=torch.float32, device=parts.device) for x in norm]
     return LoopState(
@@ -178,26 +215,108 @@ def restore(parts: Components, path: Path) -> LoopState:
         window_norm=None if norms is None else norms[0],
         window_norms=None if norms is None else norms[1],
         window_steps=int(saved.get("window_steps", 0)),
-        window_samples=int(saved.get("window_samples", 0)),
+        # per rank: the job's samples shared by this run's ranks (only throughput reads it)
+        window_samples=int(saved.get("window_samples", 0)) * saved_world // parts.world_size,
         resumed_run_dir=saved.get("run_dir") or _run_dir_of(path),
+        resume_note=note,
     )
 
 
-def _check_world_size(path: Path, saved: Any, world_size: int) -> None:
-    """A sharded checkpoint loads on any world size, but the run would change its global batch
-    (batch_size x world size x accumulation) and its random streams: refused, on every rank alike.
+def reseed_for(seed: int, rank: int, step: int) -> None:
+    """Seed torch's generators (CPU and every CUDA device) for a resume onto another world size.
+
+    The saved ranks' random streams (dropout's) cannot be split over another number of
+    ranks. Each rank draws from a stream of its own instead, derived from the run's seed,
+    its rank and the step resumed at: ranks draw differently, none repeats a fresh start's
+    stream (`clorch.engine.components.training_seed`), and resuming the same checkpoint on
+    the same world size draws the same numbers again. Python's and numpy's generators are
+    left as a fresh start leaves them. Local.
+    """
+    torch.manual_seed(derive_seed(seed, TRAINING_STREAM, rank + 1, step + 1))
+
+
+def _load(parts: Components, path: Path) -> Any:
+    """Load model, optimizer, sampler (and scaler) on every rank; return the checkpoint's state.
+
+    A checkpoint file holds each rank's sampler state and, from the engine, the job's
+    global position (`SAMPLER_KEY`): the ranks take their own state when the world size
+    is the saved one, else the global position (derived from rank 0's state for a file
+    written before clorch saved it).
+    """
+    if parts.sharded:
+        return load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
+    position = _global_position(path, parts)
+    if position is not None:
+        # The same on every rank (one file, no rank's own part): every rank raises alike.
+        parts.sampler.check_global_state_dict(position)
+    saved = load_checkpoint(
+        path,
+        model=parts.raw_model,
+        optimizer=parts.optimizer,
+        sampler=parts.sampler if position is None else None,
+        scaler=parts.scaler,
+    )
+    if position is not None:
+        parts.sampler.load_global_state_dict(position)
+    return saved
+
+
+def _global_position(path: Path, parts: Components) -> dict[str, Any] | None:
+    """The global sampler position to continue from, or None: each rank loads its own state
+    (the same world size, and a checkpoint holding it), or load_checkpoint says why it cannot."""
+    try:
+        body = read_metadata(path)
+    except Exception:  # load_checkpoint reports it, on every rank alike
+        return None
+    samplers, state = body["samplers"], body["state"]
+    same = body["world_size"] == parts.world_size
+    if same and samplers[parts.rank] is not None:
+        return None
+    position = state.get(SAMPLER_KEY) if isinstance(state, dict) else None
+    if position is None and not same and samplers[0] is not None:
+        try:
+            position = parts.sampler.global_state_of(samplers[0])
+        except (TypeError, ValueError):
+            return None  # a malformed state: load_checkpoint names it
+    return position
+
+
+def _check_global_batch(path: Path, record: Any, parts: Components) -> str | None:
+    """Refuse a run that does not keep the checkpoint's batch_size and global batch (the same
+    on every rank); return the line saying what a resume onto another world size kept, or None.
+
+    clorch-train's plan sets `accumulation` to keep it (clorch.plan.resume); this catches a run
+    started otherwise. A checkpoint that does not record its batch is not checked.
 
     Raises:
-        CheckpointError: the checkpoint was saved by another number of ranks.
+        CheckpointError: another batch_size, or another global batch.
     """
-    record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
-    saved_world = record.get("world_size") if isinstance(record, dict) else None
-    if saved_world is not None and saved_world != world_size:
-        raise CheckpointError(
-            f"sharded checkpoint {path} was saved by {saved_world} ranks, this run has "
-            f"{world_size}: clorch-train resumes on the same number of ranks only "
-            f"(set launcher.nproc_per_node to match, or resume from another checkpoint)"
+    values = [record.get(k) if isinstance(record, dict) else None for k in ("batch_size", "world_size", "accumulation")]
+    if not all(type(v) is int and v >= 1 for v in values):
+        return None
+    batch, ranks, accumulation = values
+    global_batch = batch * ranks * accumulation
+    ours = parts.batch_size * parts.world_size * parts.accumulation
+    if parts.batch_size == batch and ours == global_batch:
+        if ranks == parts.world_size:
+            return None
+        return (
+            f"world size {ranks} -> {parts.world_size}, accumulation {accumulation} -> "
+            f"{parts.accumulation} keeps the global batch of {global_batch}"
         )
+    per_step = batch * parts.world_size
+    hint = (
+        f"use batch_size={batch} and accumulation={global_batch // per_step}"
+        if global_batch % per_step == 0
+        else f"{parts.world_size} ranks cannot keep it with batch_size={batch}"
+    )
+    raise CheckpointError(
+        f"checkpoint {path} was trained with a global batch of {global_batch} (batch_size {batch} x "
+        f"{ranks} ranks x accumulation {accumulation}), this run has {ours} (batch_size "
+        f"{parts.batch_size} x {parts.world_size} ranks x accumulation {parts.accumulation}): a resume "
+        f"keeps batch_size and the global batch, so that each optimizer step averages the samples "
+        f"the uninterrupted run's would (clorch-train sets accumulation so); {hint}"
+    )
 
 
 def _check_training_state(path: Path, saved: Any, world_size: int) -> None:

@@ -146,6 +146,8 @@ class LoopState:
     # On resume: the run directory that wrote the checkpoint, whose metrics.jsonl holds the
     # run's history up to `step` (None: a fresh start, or a checkpoint that does not say).
     resumed_run_dir: str | None = None
+    # On resume onto another world size: what kept the global batch, one line (clorch.engine.checkpoints).
+    resume_note: str | None = None
 
 
 def _add_norm(state: LoopState, norm: torch.Tensor | None) -> None:

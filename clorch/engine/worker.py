@@ -154,11 +154,14 @@ def _start(
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None, None
-    state = checkpoints.restore(parts, path)
+    state = checkpoints.restore(parts, path, seed=cfg.seed)
     history = None
     if parts.rank == 0:
-        print(f"resumed from {path} at step {state.step} (epoch {state.epoch})", flush=True)
+        resharded = f"; {state.resume_note}" if state.resume_note else ""
+        print(f"resumed from {path} at step {state.step} (epoch {state.epoch}){resharded}", flush=True)
         history, note, fields = _history(run_dir, state, total)
+        if state.resume_note:  # the console showed it before launch (the plan's description)
+            fields["resharded"] = state.resume_note
         message = f"resuming from {path} at step {state.step} (epoch {state.epoch})"
         if state.step >= total:
             message = (

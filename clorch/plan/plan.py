@@ -11,14 +11,15 @@ the errors that need the machine (nccl without GPUs, devices that do not
 exist), the data's sizes (a batch larger than a rank's shard, an eval split
 smaller than the job, a model sequence shorter than the samples), the
 filesystem (directories the run cannot write) and the checkpoint to resume
-(another model, world size or batch size, clorch.plan.resume): all of them
-at once. The dataset sizes come from `clorch.data.tasks.split_size`, without
-building the data.
+(another model or batch size, a world size that cannot keep its global batch:
+clorch.plan.resume; a resume onto another world size sets `accumulation` to
+keep it, and the plan's description says so): all of them at once. The
+dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
 The ranks receive the plan (`Plan.to_dict()` in their launch arguments, or a
 plan file with its digest under `launcher=torchrun`) and do not check it again;
-`for_world_size` adapts the step arithmetic when an elastic rendezvous formed
-another world size than the plan's.
+`for_world_size` adapts the step arithmetic (and the accumulation a resume
+keeps) when an elastic rendezvous formed another world size than the plan's.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from clorch.plan.checks import (
     token_file_errors,
     top_backend,
 )
-from clorch.plan.resume import resume_errors
+from clorch.plan.resume import ResumeFit, resume_fit
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
 from clorch.plan.user_checks import init_from_errors, user_data_errors, user_model_errors
@@ -81,9 +82,12 @@ class Plan:
     # the modules the person running the job trusted for `_target_`, by where each was named
     # (CLORCH_TRUSTED_MODULES, installed packages' entry points, register_target_prefix)
     trusted_modules: dict[str, list[str]] = field(default_factory=dict)
+    # a resume onto another world size: how `accumulation` was set to keep the checkpoint's
+    # global batch (clorch.plan.resume), one line for the console
+    resume_note: str | None = None
 
     def describe(self) -> str:
-        """One line for the user: where and how the job runs."""
+        """One line for the user: where and how the job runs (and a second one, `resume_note`)."""
         where = (
             f"{self.nproc_per_node} CUDA rank(s) on devices {self.devices} over {self.backend}"
             if self.device_type == "cuda"
@@ -101,9 +105,10 @@ class Plan:
                 + ("" if chosen else " (the default on more than one node; preflight=false skips it)")
                 + ", then "
             )
+        note = f"\nclorch: {self.resume_note}" if self.resume_note else ""
         return (
             f"clorch: running {where}{nodes}, {amp}; {first}"
-            f"{self.total_steps} steps of {self.steps_per_epoch} per epoch"
+            f"{self.total_steps} steps of {self.steps_per_epoch} per epoch{note}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,12 +202,15 @@ def _build(
         return None
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
+    fit = ResumeFit()
+    if complete(cfg, "checkpoint", "model", "data", "optim"):
+        fit = resume_fit(cfg, world, run_dir)
+        problems += fit.errors
+        cfg = fit.applied(cfg)  # the accumulation that keeps the checkpoint's global batch
     problems += data_errors(cfg, *sizes, world)
     shard, per_epoch, total = plan_steps(cfg, sizes[0], world)
     if complete(cfg, "schedule"):
         problems += schedule_errors(cfg, total)
-    if complete(cfg, "checkpoint", "model", "data", "optim"):
-        problems += resume_errors(cfg, world, run_dir)
     if problems:
         return None
     return Plan(
@@ -219,6 +227,7 @@ def _build(
         total_steps=total,
         preflight=cfg.preflight.mode_for(nodes=max(1, world // max(1, nproc))),
         trusted_modules={k: v for k, v in trusted_modules().items() if v},
+        resume_note=fit.note,
     )
 
 
@@ -287,11 +296,12 @@ def run_dir_errors(plan: Plan, run_dir: str | os.PathLike) -> list[str]:
     writable, a reused one holds no other run's step checkpoints, and the checkpoint a
     resume would take from it fits."""
     run_dir = Path(run_dir)
-    return path_errors(plan.config, run_dir) + resume_errors(plan.config, plan.world_size, run_dir)
+    return path_errors(plan.config, run_dir) + resume_fit(plan.config, plan.world_size, run_dir).errors
 
 
 def check_run_dir(plan: Plan, run_dir: str | os.PathLike) -> Plan:
-    """`plan`, once `run_dir_errors` finds nothing.
+    """`plan`, once `run_dir_errors` finds nothing, with the accumulation that keeps the
+    global batch of the checkpoint a resume takes from `run_dir` (`for_world_size`).
 
     Raises:
         ConfigError: every run-directory error.
@@ -299,7 +309,7 @@ def check_run_dir(plan: Plan, run_dir: str | os.PathLike) -> Plan:
     errors = run_dir_errors(plan, run_dir)
     if errors:
         raise ConfigError(errors)
-    return plan
+    return for_world_size(plan, plan.world_size, Path(run_dir))[0]
 
 
 def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> tuple[Plan, list[str]]:
@@ -307,15 +317,24 @@ def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> 
 
     The config was checked when the plan was made; only what depends on the world
     size is computed (and checked: the shard against the batch, the eval split against
-    the ranks, the checkpoint to resume) again. The same plan when the size is the plan's.
+    the ranks, the checkpoint to resume and the accumulation that keeps its global batch,
+    clorch.plan.resume) again. The same plan when neither the size nor the accumulation changes.
     """
-    if world_size == plan.world_size:
-        return plan, []
-    cfg = plan.config
-    errors = data_errors(cfg, plan.train_size, plan.eval_size, world_size)
-    errors += resume_errors(cfg, world_size, run_dir)
+    fit = resume_fit(plan.config, world_size, run_dir)
+    cfg = fit.applied(plan.config)
+    if world_size == plan.world_size and cfg is plan.config:
+        return plan, fit.errors
+    errors = data_errors(cfg, plan.train_size, plan.eval_size, world_size) + fit.errors
     shard, per_epoch, total = plan_steps(cfg, plan.train_size, world_size)
-    return replace(plan, world_size=world_size, shard_size=shard, steps_per_epoch=per_epoch, total_steps=total), errors
+    return replace(
+        plan,
+        config=cfg,
+        world_size=world_size,
+        shard_size=shard,
+        steps_per_epoch=per_epoch,
+        total_steps=total,
+        resume_note=fit.note,
+    ), errors
 
 
 @contextlib.contextmanager

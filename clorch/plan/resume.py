@@ -1,20 +1,29 @@
-"""Before launch: does the checkpoint to resume fit this run (model, world size, batch size)?
+"""Before launch: does the checkpoint to resume fit this run, and with which accumulation?
 
 Each checkpoint the engine writes records the run that wrote it (`run_record`)
-in its state; a resume with a different model, number of ranks or batch
-would fail inside the ranks (a shape or sampler mismatch) or, for the batch
-size, silently change what an epoch and a step mean. These are reported with
-the other config errors instead.
+in its state: model, data, batch_size, accumulation and world size. A resume
+with another model or data would fail inside the ranks (a shape mismatch) or
+silently train on something else; these are reported with the other config
+errors instead.
+
+A resume onto another world size keeps the checkpoint's global batch
+(batch_size x world size x accumulation), so that every optimizer step averages
+the samples the uninterrupted run's would have: batch_size (what each forward
+sees) stays, and `accumulation` is set to what keeps the global batch
+(`resume_fit`; the plan replaces the configured value and says so in one line).
+A world size that cannot keep it (the global batch is not a multiple of
+batch_size x world size), or another batch_size, is refused before launch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from clorch._checkpoint_names import step_checkpoints
-from clorch.config.schema import TargetModelConfig
+from clorch._checkpoint_names import SHARDED_MARKER, SHARDED_STEP_NAME, step_checkpoints
+from clorch.config.schema import CUDA_GRAPH_MODES, FSDPParallelConfig, TargetModelConfig, TrainConfig
 from clorch.env import restart_count
 
 RECORD_KEY = "run"
@@ -33,67 +42,212 @@ def run_record(cfg: Any, world_size: int) -> dict[str, Any]:
     }
 
 
-def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
-    """The checkpoint the ranks will start from, as the launching process sees it now."""
-    ckpt = cfg.checkpoint
-    if ckpt.resume == "none":
-        return None
-    if ckpt.resume != "latest":
-        return Path(ckpt.resume).expanduser()
-    # The newest step checkpoint by name: its metadata is all this check reads. Rank 0
-    # verifies the archive when it resumes (and falls back to an older one of the same run).
-    directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
-    found = step_checkpoints(directory) if directory is not None else []
-    return found[0][1] if found else None
+@dataclass(frozen=True)
+class ResumeFit:
+    """What the checkpoint to resume asks of this run.
 
-
-def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str) -> list[str]:
-    keys = sorted(set(saved) | set(now))
-    return [f"{prefix}{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in keys if saved.get(k) != now.get(k)]
-
-
-def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
-    """Errors for a resume whose checkpoint was written by a different run shape.
-
-    Restarts by a launcher (CLORCH_RESTART_COUNT > 0) resume their own job's
-    checkpoints and are not checked again.
+    `accumulation` keeps the checkpoint's global batch on this world size (None: no
+    checkpoint to resume, or one that does not record its batch); `note` is the one line
+    that says what a resume onto another world size (or a configured accumulation) changed.
     """
-    if restart_count() > 0:
-        return []
-    path = _candidate(cfg, run_dir)
-    if path is None or not path.is_file():
-        return []
-    # lazy: clorch.checkpoint.errors imports torch, kept out of clorch-train's start
-    from clorch.checkpoint.errors import CheckpointError
 
+    errors: list[str] = field(default_factory=list)
+    accumulation: int | None = None
+    note: str | None = None
+
+    def applied(self, cfg: Any) -> Any:
+        """`cfg` with the accumulation that keeps the global batch (a config with errors as it is)."""
+        if self.accumulation is None or self.accumulation == cfg.accumulation or not isinstance(cfg, TrainConfig):
+            return cfg
+        return replace(cfg, accumulation=self.accumulation)
+
+
+def _sharded(cfg: Any) -> bool:
+    return isinstance(cfg.parallel, FSDPParallelConfig)
+
+
+def _newest(directory: Path | None, sharded: bool) -> Path | None:
+    """The newest step checkpoint of the kind this run writes, by name (its metadata is all
+    this check reads; the ranks verify it and fall back to an older one when it is damaged)."""
+    if directory is None or not directory.is_dir():
+        return None
+    if not sharded:
+        found = step_checkpoints(directory)
+        return found[0][1] if found else None
+    named = [(int(m.group(1)), p) for p in directory.iterdir() if (m := SHARDED_STEP_NAME.fullmatch(p.name))]
+    committed = [(step, p) for step, p in named if (p / SHARDED_MARKER).is_file()]
+    return max(committed)[1] if committed else None
+
+
+def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
+    """The checkpoint the ranks will start from, as the launching process sees it now.
+
+    The rule of `clorch.engine.checkpoints.resume_path`: after a restart by a launcher the
+    newest step checkpoint of the job wins; else checkpoint.resume (latest: the newest).
+    """
+    ckpt = cfg.checkpoint
+    if ckpt.resume == "none" and restart_count() == 0:
+        return None
+    if restart_count() > 0 or ckpt.resume == "latest":
+        directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
+        newest = _newest(directory, _sharded(cfg))
+        if newest is not None or ckpt.resume in ("latest", "none"):
+            return newest
+    return Path(ckpt.resume).expanduser()
+
+
+def _read_sharded(path: Path) -> dict[str, Any]:
+    """clorch.json of a sharded checkpoint (JSON: no torch needed to read it).
+
+    Raises:
+        OSError / ValueError: it is missing or not JSON; ValueError: not clorch's.
+    """
+    body = json.loads((path / SHARDED_MARKER).read_text())
+    if not isinstance(body, dict) or not isinstance(body.get("world_size"), int):
+        raise ValueError(f"{SHARDED_MARKER} is not a clorch sharded checkpoint's")
+    return body
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The checkpoint's metadata: its world size and state.
+
+    Raises:
+        CheckpointError / OSError / ValueError: it cannot be read.
+    """
+    if path.is_dir():
+        return _read_sharded(path)
     # lazy: clorch.checkpoint.metadata imports torch, kept out of clorch-train's start
     from clorch.checkpoint.metadata import read
 
-    key = f"checkpoint.resume={cfg.checkpoint.resume}"
-    try:
-        body = read(path)
-    except (CheckpointError, OSError) as exc:
-        if cfg.checkpoint.resume == "latest":
-            return []  # the ranks skip a damaged newest checkpoint for the one before it
-        return [f"{key}: {path} cannot be resumed: {exc}"]
-    errors = []
-    if body["world_size"] != world_size:
-        errors.append(
-            f"{key}: {path} was written by {body['world_size']} rank(s), this job has "
-            f"{world_size}; each rank resumes its own sampler position, so resume with "
-            f"{body['world_size']} ranks (launcher.nproc_per_node) or start afresh"
+    return read(path)
+
+
+def _kind_error(cfg: Any, path: Path, key: str) -> str | None:
+    """A checkpoint of the other `parallel` option: its format cannot be loaded by this one."""
+    if path.is_dir() and not _sharded(cfg):
+        return (
+            f"{key}: a sharded checkpoint (a directory parallel=fsdp writes), and "
+            f"parallel={cfg.parallel.name} resumes checkpoint files: resume it with parallel=fsdp"
         )
-    saved = (body.get("state") or {}).get(RECORD_KEY)
-    if not isinstance(saved, dict):
-        return errors  # written by an older clorch, or by user code: nothing more to compare
+    if path.is_file() and _sharded(cfg):
+        return (
+            f"{key}: a checkpoint file (parallel=ddp writes them), and parallel=fsdp resumes "
+            "sharded checkpoints (.dcp directories): resume it with parallel=ddp"
+        )
+    return None
+
+
+def _ranks(world_size: int) -> str:
+    return f"{world_size} rank{'s' if world_size != 1 else ''}"
+
+
+def _world_key(cfg: Any) -> str:
+    """The keys that set the world size, for the messages."""
+    nnodes = getattr(cfg.launcher, "nnodes", 1)
+    return "launcher.nproc_per_node" + ("" if str(nnodes) == "1" else " x launcher.nnodes")
+
+
+def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str) -> ResumeFit:
+    """The accumulation that keeps the saved run's global batch on `world_size` ranks, or why none does."""
+    batch, ranks, accumulation = saved["batch_size"], saved["world_size"], saved["accumulation"]
+    global_batch = batch * ranks * accumulation
+    shape = f"the global batch {global_batch} = batch_size {batch} x {_ranks(ranks)} x accumulation {accumulation}"
+    if cfg.batch_size != batch:
+        keep = f"keep batch_size={batch}"
+        if global_batch % (batch * world_size) == 0 and world_size != ranks:
+            keep += f" (on {_ranks(world_size)} accumulation then becomes {global_batch // (batch * world_size)})"
+        return ResumeFit(
+            errors=[
+                f"{key}: batch_size={cfg.batch_size} but the checkpoint was trained with batch_size={batch}; "
+                f"a resumed run keeps its batch_size (what each forward sees) and {shape}: {keep}"
+            ]
+        )
+    if global_batch % (batch * world_size):
+        fits = [w for w in range(1, global_batch // batch + 1) if (global_batch // batch) % w == 0]
+        return ResumeFit(
+            errors=[
+                f"{key}: the checkpoint was trained with {shape}, which this job's {_ranks(world_size)} "
+                f"({_world_key(cfg)}) cannot keep: {global_batch} is not a multiple of batch_size {batch} x "
+                f"{world_size} = {batch * world_size}. Resume on a world size that keeps it "
+                f"({', '.join(map(str, fits))} ranks), or start afresh (checkpoint.resume=none)"
+            ]
+        )
+    kept = global_batch // (batch * world_size)
+    if world_size != ranks:
+        note = (
+            f"resume: world size {ranks} -> {world_size}, accumulation {accumulation} -> {kept} "
+            f"keeps the global batch of {global_batch}"
+        )
+    elif kept != cfg.accumulation:
+        note = (
+            f"resume: accumulation={cfg.accumulation} -> {kept}, the checkpoint's, "
+            f"keeps its global batch of {global_batch}"
+        )
+    else:
+        note = None
+    errors = []
+    if kept > 1 and getattr(cfg, "compile", False) and cfg.compile_mode in CUDA_GRAPH_MODES:
+        errors.append(
+            f"{key}: keeping {shape} on {_ranks(world_size)} takes accumulation {kept}, but "
+            f"compile_mode={cfg.compile_mode} replays CUDA graphs (accumulation 1 only): resume on "
+            f"{_ranks(global_batch // batch)}, or use compile_mode=default"
+        )
+    return ResumeFit(errors=errors, accumulation=kept, note=note)
+
+
+def _counts(record: Any) -> dict[str, int] | None:
+    """The record's batch_size, world_size and accumulation, when it holds all three as ints >= 1."""
+    if not isinstance(record, dict):
+        return None
+    values = {k: record.get(k) for k in ("batch_size", "world_size", "accumulation")}
+    if all(type(v) is int and v >= 1 for v in values.values()):
+        return values  # type: ignore[return-value]
+    return None
+
+
+def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
+    """What the checkpoint a run will resume asks of it: errors, accumulation and a note.
+
+    Errors: a checkpoint of another model or data, another batch_size, a world size that
+    cannot keep its global batch, a checkpoint of the other `parallel` option, or an
+    unreadable one named by path. After a restart by a launcher only the global batch is
+    computed (the job resumes its own checkpoints; an elastic restart may have another
+    world size).
+    """
+    path = _candidate(cfg, run_dir)
+    if path is None or not path.exists():
+        return ResumeFit()
+    key = f"checkpoint.resume={cfg.checkpoint.resume}"
+    if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
+        key += f" ({path})"
+    restarted = restart_count() > 0
+    kind = _kind_error(cfg, path, key)
+    if kind is not None:
+        return ResumeFit(errors=[] if restarted else [kind])
+    try:
+        body = _read(path)
+    except Exception as exc:  # CheckpointError (torch's side), OSError, ValueError
+        if cfg.checkpoint.resume == "latest" or restarted:
+            return ResumeFit()  # the ranks skip a damaged newest checkpoint for the one before it
+        return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
+    saved = (body.get("state") or {}).get(RECORD_KEY) if isinstance(body.get("state"), dict) else None
+    counts = _counts(saved)
+    if counts is None:  # written by user code or an older clorch: no batch to keep
+        if body.get("world_size") == world_size or restarted:
+            return ResumeFit()
+        return ResumeFit(
+            errors=[
+                f"{key}: the checkpoint was written by {_ranks(body.get('world_size'))}, this job has "
+                f"{world_size}, and it does not record its batch_size and accumulation (not written by "
+                f"clorch-train), so its global batch cannot be kept: resume with "
+                f"{body.get('world_size')} ranks ({_world_key(cfg)}) or start afresh"
+            ]
+        )
+    fit = _batch_fit(cfg, world_size, counts, key)
+    if restarted:
+        return fit
+    errors = list(fit.errors)
     now = run_record(cfg, world_size)
-    for name in ("batch_size", "accumulation"):
-        if saved.get(name) != now[name]:
-            errors.append(
-                f"{key}: {name}={now[name]} but the checkpoint was trained with "
-                f"{name}={saved.get(name)}; a resumed run continues in the same steps "
-                f"and epochs, so keep {name}={saved.get(name)}"
-            )
     for name in ("model", "data"):
         recorded = saved.get(name)
         diff = _differences(recorded if isinstance(recorded, dict) else {}, now[name], f"{name}.")
@@ -102,4 +256,14 @@ def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
                 f"{key}: the checkpoint holds another {name}: {', '.join(diff)}; "
                 f"resume with the {name} it was trained with"
             )
-    return errors
+    return replace(fit, errors=errors)
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str) -> list[str]:
+    keys = sorted(set(saved) | set(now))
+    return [f"{prefix}{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in keys if saved.get(k) != now.get(k)]
+
+
+def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
+    """Errors for a resume whose checkpoint does not fit this run (`resume_fit`'s)."""
+    return resume_fit(cfg, world_size, run_dir).errors
