@@ -151,7 +151,8 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_
         "window_norm": _window_norm(state),
         "run_dir": None if run_dir is None else str(run_dir),
     }
-    if parts.sharded:  # the scaler is None: fp16 is refused under fsdp
+    if parts.sharded:  # fp16's loss scale travels in the state (a checkpoint file holds it apart)
+        training["scaler"] = None if parts.scaler is None else parts.scaler.state_dict()
         save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, state=training)
         return
     training[SAMPLER_KEY] = parts.sampler.global_state_dict()
@@ -244,7 +245,10 @@ def _load(parts: Components, path: Path) -> Any:
     written before clorch saved it).
     """
     if parts.sharded:
-        return load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
+        saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
+        if parts.scaler is not None and isinstance(saved, dict) and saved.get("scaler"):
+            parts.scaler.load_state_dict(saved["scaler"])
+        return saved
     position = _global_position(path, parts)
     if position is not None:
         # The same on every rank (one file, no rank's own part): every rank raises alike.
