@@ -46,7 +46,7 @@ sharded)
   for parallel in ddp fsdp; do
     (cd /tmp && run "gpt_bf16-$parallel" clorch-train +recipe=gpt_bf16 parallel=$parallel logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6
   done 2>&1 | tee "$OUTDIR/gpt_bf16_ddp_fsdp.txt"
-  (cd /tmp && run gpt_fp16-fsdp clorch-train +recipe=gpt_bf16 parallel=fsdp precision=fp16 logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6 | tee "$OUTDIR/gpt_fp16_fsdp.txt" ;;
+  (cd /tmp && run gpt_fp16-fsdp clorch-train +recipe=gpt_bf16 parallel=fsdp precision=fp16 max_steps=1024 logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6 | tee "$OUTDIR/gpt_fp16_fsdp.txt" ;;
 large)
   for preset in refused offload; do OUT="$OUTDIR/large-$preset" PRESET=$preset run "large-$preset" bash scripts/gpu-large-model.sh; done 2>&1 | tail -60 | tee "$OUTDIR/large.txt" ;;
 *) echo "unknown stage $stage" ;;
