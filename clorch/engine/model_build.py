@@ -90,14 +90,15 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
     if device.type == "cuda" and not parallel.cpu_offload:
         torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
     # bf16 and fp16: parameters all-gathered and computed in that dtype, gradients
-    # reduce-scattered in fp32 into fp32 shards (fp16's loss scaler unscales those).
+    # reduce-scattered in fp32 into fp32 shards (fp16's loss scaler unscales those);
+    # parallel.param_dtype=fp32 gathers fp32 and leaves the casts to autocast, as under ddp.
     shard_model(
         raw,
         mesh=device_mesh(device.type),
         shard_modules=parallel.shard,
         min_params=parallel.min_params,
         reshard_after_forward=parallel.reshard_after_forward,
-        precision=cfg.precision.name,
+        precision="fp32" if parallel.param_dtype == "fp32" else cfg.precision.name,
         cpu_offload=parallel.cpu_offload,
     )
     if _is_on_meta(raw):

@@ -293,7 +293,8 @@ def config_memory(
     min_params = getattr(parallel, "min_params", None) or _auto_min_params()
     root, largest = unit_sizes(model, shard, min_params)
     reshard = getattr(parallel, "reshard_after_forward", True)
-    gathered = gathered_bytes(params, root, largest, cfg.precision.name, reshard)
+    gathered_in = "fp32" if getattr(parallel, "param_dtype", "auto") == "fp32" else cfg.precision.name
+    gathered = gathered_bytes(params, root, largest, gathered_in, reshard)
     return rank_memory(
         params,
         per_param,

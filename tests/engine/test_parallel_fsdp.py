@@ -151,3 +151,17 @@ def test_a_fsdp_key_under_ddp_is_a_config_error(tmp_path):
     assert "parallel.reshard_after_forward is not a key of parallel=ddp" in proc.stderr
     assert "parallel=fsdp" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_fsdp_with_fp32_gathers_trains_as_ddp_does_in_bf16(tmp_path):
+    """parallel.param_dtype=fp32: fp32 parameters gathered, bf16 compute by autocast, as under
+    ddp: the same losses (1e-3 relative: bf16 products round alike, only the gradients' sums
+    are ordered differently, and a last-bit difference in fp32 may tip a later bf16 rounding)."""
+    bf16 = [a for a in JOB if not a.startswith(("precision=", "checkpoint.export"))] + ["precision=bf16"]
+    ddp, ddp_dir = _train(bf16, tmp_path / "ddp")
+    fsdp, fsdp_dir = _train([*bf16, "parallel=fsdp", "parallel.param_dtype=fp32"], tmp_path / "fsdp")
+    assert ddp.returncode == 0 and fsdp.returncode == 0, ddp.stderr + fsdp.stderr
+    ddp_losses, fsdp_losses = _losses(ddp_dir), _losses(fsdp_dir)
+    assert sorted(fsdp_losses) == sorted(ddp_losses) == [1, 2, 3, 4, 5, 6]
+    for step, loss in ddp_losses.items():
+        assert fsdp_losses[step] == pytest.approx(loss, rel=1e-3), step

@@ -41,4 +41,8 @@ class FSDPParallelConfig(ParallelOption):
     reshard_after_forward: bool = (
         True  # free each unit's gathered parameters after forward (less memory, one more all-gather)
     )
+    # the dtype parameters are all-gathered and computed in: auto is the precision's (bf16 or fp16:
+    # half the all-gather bytes, as torchtitan does); fp32 gathers them in fp32 and lets autocast
+    # compute in the precision's dtype, as parallel=ddp does (ddp's numerics, twice the bytes)
+    param_dtype: Literal["auto", "fp32"] = "auto"
     cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
