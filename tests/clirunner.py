@@ -16,7 +16,8 @@ other in one such process, each through the same `clorch.cli.main` a console
 script calls, with its own arguments, working directory, a fresh copy of the
 environment, its own stdout and stderr, and its exit code. Hydra's and clorch's
 imports and Hydra's first start are paid once per batch instead
-of once per command (a second or two each on a loaded 2-core machine). Batch only
+of once per command (a second or two each on a loaded 2-core machine); the last
+command's exit status is the process's own. Batch only
 commands that end before launching ranks (config errors, refusals, printed
 configs): one that launches a job or is signalled gets a process of its own.
 """
@@ -72,17 +73,19 @@ def _batch_main(calls: list[tuple[list[str], str]], env: dict[str, str], workdir
         take_callers_state(env, cwd)  # each command: the caller's environment afresh, its own directory
         _redirect(str(Path(workdir, f"{index}.out")), str(Path(workdir, f"{index}.err")))
         sys.argv = ["clorch-train", *args]
+        code = None  # stays None when main() raises anything but SystemExit: the batch ends there
         try:
             main()
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc)
-            if code and not isinstance(exc.code, (int, type(None))):
-                print(exc.code, file=sys.stderr)  # as the interpreter prints it
+            if index == len(calls) - 1:
+                raise  # the last command's exit status is the process's, as a shell would see it
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-        Path(workdir, f"{index}.code").write_text(str(code))
+            if code is not None:
+                Path(workdir, f"{index}.code").write_text(str(code))
 
 
 class CliProcess:
@@ -178,5 +181,7 @@ def run_clorch_train_batch(
                     f"the batch process ended (exit code {proc.exitcode}) in clorch-train {' '.join(args)}:\n{found}"
                 )
             command, returncode = ["clorch-train", *args], int(code.read_text())
+            if index == len(calls) - 1:
+                assert proc.exitcode == returncode, f"exit code {proc.exitcode}, main() exited with {returncode}"
             done.append(subprocess.CompletedProcess(command, returncode, out.read_text(), err.read_text()))
         return done
