@@ -35,19 +35,37 @@ def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize(
-    "signals",
-    [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]],
-    ids=["int", "term", "hup", "int-twice"],
-)
-def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
-    run_dir = tmp_path / "run"
-    proc = _start(run_dir, tmp_path)
+def _interrupt(run_dir: Path, cwd: Path, signals: list[int]) -> tuple[CliProcess, str]:
+    """A run, `signals` sent (0.2 s apart) once it has a checkpoint; the ended process and its stderr."""
+    proc = _start(run_dir, cwd)
     _wait_for_a_checkpoint(run_dir, proc)
     for signum in signals:
         proc.send_signal(signum)
         time.sleep(0.2)
     _, stderr = proc.communicate(timeout=120)
+    return proc, stderr
+
+
+@pytest.fixture(scope="module")
+def ctrl_c(tmp_path_factory) -> tuple[Path, CliProcess, str]:
+    """A run ended by one SIGINT: (its working directory, the process, its stderr). The [int] case of
+    test_a_signal_ends_the_run_cleanly checks how it ended and test_the_printed_command_resumes_the_run
+    resumes it, so that the two start one run between them."""
+    tmp_path = tmp_path_factory.mktemp("ctrl_c")
+    return (tmp_path, *_interrupt(tmp_path / "run", tmp_path, [signal.SIGINT]))
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]],
+    ids=["int", "term", "hup", "int-twice"],
+)
+def test_a_signal_ends_the_run_cleanly(tmp_path, signals, request):
+    if signals == [signal.SIGINT]:
+        tmp_path, proc, stderr = request.getfixturevalue("ctrl_c")
+    else:
+        proc, stderr = _interrupt(tmp_path / "run", tmp_path, signals)
+    run_dir = tmp_path / "run"
     name = signal.Signals(signals[0]).name
     assert proc.returncode == 128 + signals[0], stderr
     assert f"clorch-train: interrupted by {name} after step" in stderr
@@ -59,12 +77,9 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
         assert "Traceback" not in log.read_text(), log
 
 
-def test_the_printed_command_resumes_the_run(tmp_path):
+def test_the_printed_command_resumes_the_run(ctrl_c):
+    tmp_path, _, stderr = ctrl_c
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, tmp_path)
-    _wait_for_a_checkpoint(run_dir, proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
     command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
     assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
     resumed_dir = tmp_path / "resumed"
