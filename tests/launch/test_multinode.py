@@ -110,9 +110,31 @@ def _alone(tmp_path, node_rank: int, nnodes: int = 2, port: int | None = None, *
     ), port
 
 
-def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
+@pytest.fixture(scope="module")
+def waiting(tmp_path_factory):
+    """The jobs whose other nodes never come (or come wrong), started together so that their
+    rendezvous timeouts run out side by side: {name: (start time, the jobs, the port)}."""
+    tmp, jobs = tmp_path_factory.mktemp("waiting"), {}
+    for name in ("node0", "node1", "disagree"):
+        (tmp / name).mkdir()
     start = time.monotonic()
-    job, port = _alone(tmp_path, node_rank=0)
+    job, port = _alone(tmp / "node0", node_rank=0)
+    jobs["node 0 alone"] = (start, [job], port)
+    start = time.monotonic()
+    job, port = _alone(tmp / "node1", node_rank=1)
+    jobs["node 1 alone"] = (start, [job], port)
+    start = time.monotonic()
+    node0, port = _alone(tmp / "disagree", node_rank=0, rdzv_timeout=4)
+    node1, _ = _alone(tmp / "disagree", node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
+    jobs["disagree"] = (start, [node0, node1], port)
+    yield jobs
+    for _, started, _ in jobs.values():
+        for job in started:
+            job.__exit__(None, None, None)  # stopped, should a test have left it running
+
+
+def test_node_0_alone_fails_within_the_rendezvous_timeout(waiting):
+    start, (job,), port = waiting["node 0 alone"]
     status = job.wait(30)
     assert time.monotonic() - start < 2 + 5
     assert status["state"] == "failed" and status["pids"] == [], "no rank may start"
@@ -124,17 +146,16 @@ def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
     )
 
 
-def test_node_1_alone_says_node_0_never_answered(tmp_path):
-    job, port = _alone(tmp_path, node_rank=1)
+def test_node_1_alone_says_node_0_never_answered(waiting):
+    _, (job,), port = waiting["node 1 alone"]
     status = job.wait(30)
     assert status["state"] == "failed" and status["pids"] == []
     assert f"did not meet at 127.0.0.1:{port}" in status["error"]["message"]
     assert "node 0 never answered there; node 1 waited" in status["error"]["message"]
 
 
-def test_nodes_that_disagree_on_nnodes_are_told_why(tmp_path):
-    node0, port = _alone(tmp_path, node_rank=0, rdzv_timeout=4)
-    node1, _ = _alone(tmp_path, node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
+def test_nodes_that_disagree_on_nnodes_are_told_why(waiting):
+    _, (node0, node1), _ = waiting["disagree"]
     with node0, node1:
         first, second = node0.wait(30), node1.wait(30)
     assert first["state"] == second["state"] == "failed"
