@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,25 +47,29 @@ def _interrupt(run_dir: Path, cwd: Path, signals: list[int]) -> tuple[CliProcess
     return proc, stderr
 
 
+SIGNALS = {
+    "int": [signal.SIGINT],
+    "term": [signal.SIGTERM],
+    "hup": [signal.SIGHUP],
+    "int-twice": [signal.SIGINT, signal.SIGINT],
+}
+
+
 @pytest.fixture(scope="module")
-def ctrl_c(tmp_path_factory) -> tuple[Path, CliProcess, str]:
-    """A run ended by one SIGINT: (its working directory, the process, its stderr). The [int] case of
-    test_a_signal_ends_the_run_cleanly checks how it ended and test_the_printed_command_resumes_the_run
-    resumes it, so that the two start one run between them."""
-    tmp_path = tmp_path_factory.mktemp("ctrl_c")
-    return (tmp_path, *_interrupt(tmp_path / "run", tmp_path, [signal.SIGINT]))
+def signalled(tmp_path_factory) -> dict[str, tuple[Path, CliProcess, str]]:
+    """{case: (its working directory, the ended process, its stderr)} for each case of SIGNALS: the
+    four runs side by side, each signalled once it has a checkpoint (a thread each). The "int" run is
+    also the one test_the_printed_command_resumes_the_run resumes."""
+    dirs = {case: tmp_path_factory.mktemp(case) for case in SIGNALS}
+    with ThreadPoolExecutor(len(SIGNALS)) as pool:
+        ended = {case: pool.submit(_interrupt, dirs[case] / "run", dirs[case], SIGNALS[case]) for case in SIGNALS}
+    return {case: (dirs[case], *future.result()) for case, future in ended.items()}
 
 
-@pytest.mark.parametrize(
-    "signals",
-    [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]],
-    ids=["int", "term", "hup", "int-twice"],
-)
-def test_a_signal_ends_the_run_cleanly(tmp_path, signals, request):
-    if signals == [signal.SIGINT]:
-        tmp_path, proc, stderr = request.getfixturevalue("ctrl_c")
-    else:
-        proc, stderr = _interrupt(tmp_path / "run", tmp_path, signals)
+@pytest.mark.parametrize("signals", list(SIGNALS.values()), ids=list(SIGNALS))
+def test_a_signal_ends_the_run_cleanly(signals, signalled):
+    (case,) = [case for case, sent in SIGNALS.items() if sent == signals]
+    tmp_path, proc, stderr = signalled[case]
     run_dir = tmp_path / "run"
     name = signal.Signals(signals[0]).name
     assert proc.returncode == 128 + signals[0], stderr
@@ -77,8 +82,8 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, signals, request):
         assert "Traceback" not in log.read_text(), log
 
 
-def test_the_printed_command_resumes_the_run(ctrl_c):
-    tmp_path, _, stderr = ctrl_c
+def test_the_printed_command_resumes_the_run(signalled):
+    tmp_path, _, stderr = signalled["int"]
     run_dir = tmp_path / "run"
     command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
     assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
