@@ -127,10 +127,15 @@ def waiting(tmp_path_factory):
     node0, port = _alone(tmp / "disagree", node_rank=0, rdzv_timeout=4)
     node1, _ = _alone(tmp / "disagree", node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
     jobs["disagree"] = (start, [node0, node1], port)
+    jobs["clorch-train"] = _missing_node(tmp)
     yield jobs
-    for _, started, _ in jobs.values():
+    for name, (_, started, _) in jobs.items():
         for job in started:
-            job.__exit__(None, None, None)  # stopped, should a test have left it running
+            if name != "clorch-train":
+                job.__exit__(None, None, None)  # stopped, should a test have left it running
+            elif job.poll() is None:  # its test failed before waiting for it
+                job.kill()
+                job.communicate()
 
 
 def test_node_0_alone_fails_within_the_rendezvous_timeout(waiting):
@@ -172,7 +177,11 @@ def test_stop_while_waiting_for_the_other_nodes(tmp_path):
     assert status["state"] == "stopped" and status["pids"] == []
 
 
-def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
+def _missing_node(tmp: Path) -> tuple[float, list[subprocess.Popen], tuple[int, Path]]:
+    """`clorch-train` as node 0 of 2 whose node 1 never comes, started in a new folder of `tmp`:
+    (its start, [it], (its port, the folder))."""
+    tmp_path = tmp / "clorch-train"
+    tmp_path.mkdir()
     port = reserve_free_port()
     command = [
         sys.executable,
@@ -185,9 +194,17 @@ def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
         "launcher.nproc_per_node=1",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return start, [proc], (port, tmp_path)
+
+
+def test_clorch_train_with_a_missing_node_exits_with_the_message(waiting):
+    """Started with the other waiting jobs (the fixture), as its own process."""
+    start, (proc,), (port, tmp_path) = waiting["clorch-train"]
+    _, stderr = proc.communicate(timeout=max(60 - (time.monotonic() - start), 1))
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     assert done.returncode == 1, done.stderr
     assert (
         f"job failed: RendezvousTimeout: the nodes did not meet at 127.0.0.1:{port} "
