@@ -1,9 +1,13 @@
-"""Shared test configuration: the `cuda` tier is skipped where CUDA is absent."""
+"""Shared test configuration: the `cuda` tier is skipped where CUDA is absent; `local_run`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+
+import clorch
 
 
 def pytest_collection_modifyitems(config, items):
@@ -13,3 +17,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory):
+    """`local_run(**kwargs)`: `clorch.run_local(**kwargs)`'s result in a run directory of its own,
+    run once per distinct kwargs in the session. For the runs of clorch's own launcher that tests
+    compare another launcher's run with (torchrun, two nodes): each such run costs a job launch."""
+    done: dict[str, dict] = {}
+
+    def run(**kwargs) -> dict:
+        key = json.dumps(kwargs, sort_keys=True)
+        if key not in done:
+            done[key] = clorch.run_local(run_dir=tmp_path_factory.mktemp("local_run"), **kwargs)
+        return done[key]
+
+    return run

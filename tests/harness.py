@@ -6,7 +6,7 @@ world_size, *args)` inside `clorch.distributed.process_group()` and returns
 the per-rank return values.
 
 * Each rank is forked from a server process (multiprocessing's forkserver)
-  that imported torch (and with it numpy) before any test state existed, so
+  that imported torch (and with it numpy; Hydra and OmegaConf too) before any test state existed, so
   torch's import (2-3 s of CPU) is paid once per test session instead of once
   per rank. The rank's environment is the caller's at the call, then the
   standard variables, then `env`; its working directory is the caller's.
@@ -51,7 +51,9 @@ class RankFailure(AssertionError):
 def _context() -> mp.context.BaseContext:
     """Where ranks start: the forkserver, with torch imported there before the first fork."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch"])  # only torch: clorch may read the environment on import
+    # torch, and Hydra and OmegaConf for the clorch-train processes of tests.clirunner (a few
+    # tenths of a second each); not clorch, which may read the environment on import.
+    ctx.set_forkserver_preload(["torch", "omegaconf", "hydra"])
     return ctx
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -127,10 +128,29 @@ def _save_then_die(rank: int, world_size: int, directory: str, point: str) -> No
     save_sharded(sharded_step_path(directory, 2), model=model, optimizer=optimizer, state={"step": 2})
 
 
-@pytest.mark.parametrize("point", ["before shards", "after shards", "before rename"])
-def test_kill_9_during_a_sharded_save_leaves_the_previous_checkpoint_latest_and_loadable(tmp_path, point):
+POINTS = ["before shards", "after shards", "before rename"]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> dict[str, tuple[Path, Future]]:
+    """{point: (its directory, the future of its 2-rank job)}: the three jobs run side by side, each
+    killed at its point; a job's rank that outlives the kill waits out the harness's grace, so
+    running them together overlaps those waits."""
+    jobs = {point: tmp_path_factory.mktemp("kill_9") for point in POINTS}
+    with ThreadPoolExecutor(len(POINTS)) as pool:
+        futures = {
+            point: pool.submit(run_ranks, _save_then_die, 2, str(where), point, timeout=120, grace=2.0)
+            for point, where in jobs.items()
+        }
+        wait(futures.values())
+    return {point: (jobs[point], futures[point]) for point in POINTS}
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_9_during_a_sharded_save_leaves_the_previous_checkpoint_latest_and_loadable(killed, point):
+    tmp_path, job = killed[point]
     with pytest.raises(RankFailure, match="exit code -9"):
-        run_ranks(_save_then_die, 2, str(tmp_path), point, timeout=120, grace=2.0)
+        job.result()  # the job's own outcome: its RankFailure is raised here
     first = sharded_step_path(tmp_path, 1)
     assert latest_sharded_checkpoint(tmp_path) == first
     assert not sharded_step_path(tmp_path, 2).exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clorch.config.overrides import check_overrides
-from tests.clirunner import run_clorch_train
+from tests.clirunner import run_clorch_train, run_clorch_train_batch
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,22 +55,32 @@ def test_adding_a_new_key_and_deleting_an_existing_one_are_no_slips():
     assert not any("in the config already" in e or "no key" in e for e in errors), errors
 
 
-@pytest.mark.parametrize(
-    "override",
-    [
-        "+epochs=3",
-        "+optim=sgd",
-        "++optim=sgd",
-        "~model.nokey=3",
-        "~nokey",
-        "~optim.lr=0.5",
-        "optim=adamx",
-        "optim.betas=[0.9",
-    ],
-)
-def test_clorch_train_exits_2_naming_the_fix_and_leaves_no_run_directory(override, tmp_path):
+CLI_SLIPS = [
+    "+epochs=3",
+    "+optim=sgd",
+    "++optim=sgd",
+    "~model.nokey=3",
+    "~nokey",
+    "~optim.lr=0.5",
+    "optim=adamx",
+    "optim.betas=[0.9",
+]
+
+
+@pytest.fixture(scope="module")
+def cli_slips(tmp_path_factory) -> dict[str, tuple]:
+    """{override: (clorch-train's result, its working directory)}: every slip through clorch-train's
+    own entry point, one after the other in one process (each takes the same path: the overrides
+    are checked before Hydra runs, exit 2), each in an empty directory of its own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = run_clorch_train(["+recipe=cpu_smoke", override], tmp_path, env=env, timeout=120)
+    dirs = [tmp_path_factory.mktemp("slip") for _ in CLI_SLIPS]
+    done = run_clorch_train_batch([(["+recipe=cpu_smoke", o], d) for o, d in zip(CLI_SLIPS, dirs)], env, timeout=200)
+    return {override: (result, where) for override, result, where in zip(CLI_SLIPS, done, dirs)}
+
+
+@pytest.mark.parametrize("override", CLI_SLIPS)
+def test_clorch_train_exits_2_naming_the_fix_and_leaves_no_run_directory(override, cli_slips):
+    done, tmp_path = cli_slips[override]
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "config error" in done.stderr and override.split("=")[0] in done.stderr
     assert "HYDRA_FULL_ERROR" not in done.stderr + done.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clorch.cli import train_main
-from tests.clirunner import run_clorch_train
+from tests.clirunner import run_clorch_train, run_clorch_train_batch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,11 +65,17 @@ def test_bad_config_exits_2_with_every_error_and_no_traceback(tmp_path):
 def test_a_config_error_found_in_the_run_leaves_nothing_behind(tmp_path):
     # Errors found after Hydra started (an unknown key; a batch larger than a shard) in the
     # default directory, a new directory of the user's, and an empty one the user made.
+    # The four commands run one after the other in one process (tests.clirunner.run_clorch_train_batch).
     (tmp_path / "mine").mkdir()
-    for extra in ([], ["hydra.run.dir=new/run"], ["hydra.run.dir=mine"]):
-        proc = _cli(["precison=bf16", *extra], tmp_path)
+    commands = [["precison=bf16", *extra] for extra in ([], ["hydra.run.dir=new/run"], ["hydra.run.dir=mine"])]
+    *typos, too_large = run_clorch_train_batch(
+        [(args, tmp_path) for args in [*commands, ["batch_size=100000"]]],
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=170,
+    )
+    for proc in typos:
         assert proc.returncode == 2 and "did you mean precision?" in proc.stderr, proc.stderr
-    proc = _cli(["batch_size=100000"], tmp_path)
+    proc = too_large
     assert proc.returncode == 2 and "larger than a rank's shard" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
     assert list((tmp_path / "mine").iterdir()) == []

@@ -7,7 +7,7 @@ import pytest
 
 from clorch.config.overrides import check_overrides
 from clorch.plan.plan import resolve_errors
-from tests.clirunner import run_clorch_train
+from tests.clirunner import run_clorch_train_batch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,17 +112,27 @@ def test_a_recipe_file_that_is_not_a_mapping_is_named(tmp_path):
     assert not _has(errors, "is not a known key"), errors
 
 
-@pytest.mark.parametrize(
-    "args, parts",
-    [
-        (["recipe=ddp_bf16"], ["write +recipe=ddp_bf16"]),
-        (["+recipe=ddp_bf16", "+recipe=cpu_smoke"], ["one recipe per run"]),
-        (["-m", "recipe=ddp_bf16,cpu_smoke"], ["write +recipe=ddp_bf16,cpu_smoke"]),
-        (["optim.lr=${oc.env:CLORCH_TEST_NOT_SET}"], ["optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve"]),
-    ],
-)
-def test_clorch_train_exits_2_and_leaves_nothing(args, parts, tmp_path):
-    done = run_clorch_train(args, cwd=tmp_path)
+CLI = [
+    (["recipe=ddp_bf16"], ["write +recipe=ddp_bf16"]),
+    (["+recipe=ddp_bf16", "+recipe=cpu_smoke"], ["one recipe per run"]),
+    (["-m", "recipe=ddp_bf16,cpu_smoke"], ["write +recipe=ddp_bf16,cpu_smoke"]),
+    (["optim.lr=${oc.env:CLORCH_TEST_NOT_SET}"], ["optim.lr=${oc.env:CLORCH_TEST_NOT_SET} does not resolve"]),
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> dict[tuple, tuple]:
+    """{arguments: (clorch-train's result, its working directory)} for each command of CLI: one
+    after the other in one process (tests.clirunner.run_clorch_train_batch), each in an empty
+    directory of its own."""
+    dirs = [tmp_path_factory.mktemp("slip") for _ in CLI]
+    done = run_clorch_train_batch([(args, where) for (args, _), where in zip(CLI, dirs)], timeout=110)
+    return {tuple(args): (result, where) for (args, _), result, where in zip(CLI, done, dirs)}
+
+
+@pytest.mark.parametrize("args, parts", CLI)
+def test_clorch_train_exits_2_and_leaves_nothing(args, parts, cli):
+    done, tmp_path = cli[tuple(args)]
     assert done.returncode == 2, done.stderr
     assert all(p in done.stderr for p in parts), done.stderr
     assert "Traceback" not in done.stderr and "HYDRA_FULL_ERROR" not in done.stderr, done.stderr

@@ -8,10 +8,12 @@ import os
 import shlex
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from clorch.launch.procs import reserve_free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,10 +25,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _start(run_dir: Path, cwd: Path) -> CliProcess:
-    return start_clorch_train([*ARGS, f"hydra.run.dir={run_dir}"], cwd, env=_env())
-
-
 def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("step_*.ckpt")):
@@ -35,19 +33,53 @@ def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize(
-    "signals",
-    [[signal.SIGINT], [signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]],
-    ids=["int", "term", "hup", "int-twice"],
-)
-def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
-    run_dir = tmp_path / "run"
-    proc = _start(run_dir, tmp_path)
-    _wait_for_a_checkpoint(run_dir, proc)
+def _interrupt(cwd: Path, args: list[str], watched: Path, signals: list[int]) -> tuple[CliProcess, str]:
+    """`clorch-train ARGS` in `cwd`, `signals` sent (0.2 s apart) once `watched` (a run directory)
+    has a checkpoint; the ended process and its stderr."""
+    proc = start_clorch_train(args, cwd, env=_env())
+    _wait_for_a_checkpoint(watched, proc)
     for signum in signals:
         proc.send_signal(signum)
         time.sleep(0.2)
     _, stderr = proc.communicate(timeout=120)
+    return proc, stderr
+
+
+SIGNALS = {
+    "int": [signal.SIGINT],
+    "term": [signal.SIGTERM],
+    "hup": [signal.SIGHUP],
+    "int-twice": [signal.SIGINT, signal.SIGINT],
+}
+
+
+def _command(case: str, cwd: Path) -> tuple[list[str], Path, list[int]]:
+    """A case's arguments, the run directory to watch for a checkpoint, and the signals to send."""
+    if case == "sweep":
+        return ["-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={cwd / 'sweep'}"], cwd / "sweep" / "0", [signal.SIGINT]
+    if case == "torchrun":
+        endpoint = f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}"
+        return [*ARGS, "launcher=torchrun", endpoint, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
+    return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", SIGNALS[case]
+
+
+@pytest.fixture(scope="module")
+def signalled(tmp_path_factory) -> dict[str, tuple[Path, CliProcess, str]]:
+    """{case: (its working directory, the ended process, its stderr)} for each case of SIGNALS, a
+    sweep and a launcher=torchrun run: all side by side, each signalled once it has a checkpoint (a
+    thread each). The "int" run is also the one test_the_printed_command_resumes_the_run resumes."""
+    cases = [*SIGNALS, "sweep", "torchrun"]
+    dirs = {case: tmp_path_factory.mktemp(case) for case in cases}
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ended = {case: pool.submit(_interrupt, dirs[case], *_command(case, dirs[case])) for case in cases}
+    return {case: (dirs[case], *future.result()) for case, future in ended.items()}
+
+
+@pytest.mark.parametrize("signals", list(SIGNALS.values()), ids=list(SIGNALS))
+def test_a_signal_ends_the_run_cleanly(signals, signalled):
+    (case,) = [case for case, sent in SIGNALS.items() if sent == signals]
+    tmp_path, proc, stderr = signalled[case]
+    run_dir = tmp_path / "run"
     name = signal.Signals(signals[0]).name
     assert proc.returncode == 128 + signals[0], stderr
     assert f"clorch-train: interrupted by {name} after step" in stderr
@@ -59,12 +91,9 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, signals):
         assert "Traceback" not in log.read_text(), log
 
 
-def test_the_printed_command_resumes_the_run(tmp_path):
+def test_the_printed_command_resumes_the_run(signalled):
+    tmp_path, _, stderr = signalled["int"]
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, tmp_path)
-    _wait_for_a_checkpoint(run_dir, proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
     command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
     assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
     resumed_dir = tmp_path / "resumed"
@@ -75,34 +104,17 @@ def test_the_printed_command_resumes_the_run(tmp_path):
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 400
 
 
-def test_an_interrupt_ends_the_whole_sweep(tmp_path):
+def test_an_interrupt_ends_the_whole_sweep(signalled):
+    tmp_path, proc, stderr = signalled["sweep"]
     sweep_dir = tmp_path / "sweep"
-    proc = start_clorch_train(["-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={sweep_dir}"], tmp_path, env=_env())
-    _wait_for_a_checkpoint(sweep_dir / "0", proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert json.loads((sweep_dir / "0" / "summary.json").read_text())["status"] == "interrupted"
     assert not (sweep_dir / "1").exists(), "the sweep's next job did not start"
 
 
-def test_an_interrupt_under_launcher_torchrun_is_recorded_too(tmp_path):
-    from clorch.launch.procs import reserve_free_port
-
+def test_an_interrupt_under_launcher_torchrun_is_recorded_too(signalled):
+    tmp_path, proc, stderr = signalled["torchrun"]
     run_dir = tmp_path / "run"
-    proc = start_clorch_train(
-        [
-            *ARGS,
-            "launcher=torchrun",
-            f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
-            f"hydra.run.dir={run_dir}",
-        ],
-        tmp_path,
-        env=_env(),
-    )
-    _wait_for_a_checkpoint(run_dir, proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "clorch-train: interrupted by SIGINT after step" in stderr and "resume with:" in stderr
     summary = json.loads((run_dir / "summary.json").read_text())

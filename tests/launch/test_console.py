@@ -62,15 +62,42 @@ def test_the_exit_flush_into_a_closed_pipe_keeps_the_exit_status():
     assert stderr.strip() == b"y"
 
 
+def _head_1(proc: subprocess.Popen, first: dict) -> None:
+    """`| head -1`: read one line, then go away."""
+    first[proc.pid] = proc.stdout.readline()
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def headed(tmp_path_factory) -> dict[str, tuple[Path, subprocess.Popen, bytes]]:
+    """{launcher: (its run directory, its ended clorch-train, the one line read)}: both runs side by
+    side, each read by its own `head -1` (a thread), which goes away after the first line as before."""
+    procs, first = {}, {}
+    for launcher in ("local", "torchrun"):
+        tmp_path = tmp_path_factory.mktemp(launcher)
+        run_dir = tmp_path / "run"
+        args = ["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"]
+        procs[launcher] = (run_dir, _train(args, tmp_path))
+    heads = [threading.Thread(target=_head_1, args=(proc, first), daemon=True) for _, proc in procs.values()]
+    for head in heads:
+        head.start()
+    for head in heads:
+        head.join(200)
+    for _, proc in procs.values():
+        try:
+            proc.wait(timeout=200)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {launcher: (run_dir, proc, first.get(proc.pid, b"")) for launcher, (run_dir, proc) in procs.items()}
+
+
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])
-def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(tmp_path, launcher):
+def test_a_reader_that_closes_after_one_line_does_not_stop_the_run(headed, launcher):
     """`clorch-train ... 2>&1 | head -1`: the run finishes, writes its summary and exits 0.
     Under launcher=torchrun the ranks' output also goes to logs/ (and from there to the console)."""
-    run_dir = tmp_path / "run"
-    proc = _train(["+recipe=cpu_smoke", "epochs=5", f"launcher={launcher}", f"hydra.run.dir={run_dir}"], tmp_path)
-    first = proc.stdout.readline()
-    proc.stdout.close()
-    assert proc.wait(timeout=200) == 0
+    run_dir, proc, first = headed[launcher]
+    assert proc.returncode == 0
     assert first.startswith(b"clorch: running")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"] == 20

@@ -87,7 +87,7 @@ def test_detection_rules():
         detect({**slurm, "SLURM_NTASKS": "many"})
 
 
-def test_torchrun_runs_the_recipe_as_its_ranks(tmp_path):
+def test_torchrun_runs_the_recipe_as_its_ranks(tmp_path, local_run):
     proc = _torchrun([*TINY, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -95,10 +95,9 @@ def test_torchrun_runs_the_recipe_as_its_ranks(tmp_path):
     assert summary["status"] == "succeeded" and summary["world_size"] == 2 and summary["launcher"] == "torchrun"
     assert env["launcher"] == "torchrun" and env["plan"]["world_size"] == 2
     assert not (tmp_path / "run" / "logs").exists()  # nothing spawned: torchrun's ranks trained
-    # The same job through clorch's own launcher trains the same numbers.
-    import clorch
-
-    own = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "own", sample_count=64, log_every=1)
+    # The same job through clorch's own launcher trains the same numbers (a run shared with
+    # tests/launch/test_torchrun_nodes.py).
+    own = local_run(recipe="cpu_smoke", sample_count=64, log_every=1, progress="off")
     assert own["summary"]["final"]["loss"] == pytest.approx(summary["final"]["loss"], rel=1e-6)
 
 

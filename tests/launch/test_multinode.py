@@ -110,9 +110,36 @@ def _alone(tmp_path, node_rank: int, nnodes: int = 2, port: int | None = None, *
     ), port
 
 
-def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
+@pytest.fixture(scope="module")
+def waiting(tmp_path_factory):
+    """The jobs whose other nodes never come (or come wrong), started together so that their
+    rendezvous timeouts run out side by side: {name: (start time, the jobs, the port)}."""
+    tmp, jobs = tmp_path_factory.mktemp("waiting"), {}
+    for name in ("node0", "node1", "disagree"):
+        (tmp / name).mkdir()
     start = time.monotonic()
-    job, port = _alone(tmp_path, node_rank=0)
+    job, port = _alone(tmp / "node0", node_rank=0)
+    jobs["node 0 alone"] = (start, [job], port)
+    start = time.monotonic()
+    job, port = _alone(tmp / "node1", node_rank=1)
+    jobs["node 1 alone"] = (start, [job], port)
+    start = time.monotonic()
+    node0, port = _alone(tmp / "disagree", node_rank=0, rdzv_timeout=4)
+    node1, _ = _alone(tmp / "disagree", node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
+    jobs["disagree"] = (start, [node0, node1], port)
+    jobs["clorch-train"] = _missing_node(tmp)
+    yield jobs
+    for name, (_, started, _) in jobs.items():
+        for job in started:
+            if name != "clorch-train":
+                job.__exit__(None, None, None)  # stopped, should a test have left it running
+            elif job.poll() is None:  # its test failed before waiting for it
+                job.kill()
+                job.communicate()
+
+
+def test_node_0_alone_fails_within_the_rendezvous_timeout(waiting):
+    start, (job,), port = waiting["node 0 alone"]
     status = job.wait(30)
     assert time.monotonic() - start < 2 + 5
     assert status["state"] == "failed" and status["pids"] == [], "no rank may start"
@@ -124,17 +151,16 @@ def test_node_0_alone_fails_within_the_rendezvous_timeout(tmp_path):
     )
 
 
-def test_node_1_alone_says_node_0_never_answered(tmp_path):
-    job, port = _alone(tmp_path, node_rank=1)
+def test_node_1_alone_says_node_0_never_answered(waiting):
+    _, (job,), port = waiting["node 1 alone"]
     status = job.wait(30)
     assert status["state"] == "failed" and status["pids"] == []
     assert f"did not meet at 127.0.0.1:{port}" in status["error"]["message"]
     assert "node 0 never answered there; node 1 waited" in status["error"]["message"]
 
 
-def test_nodes_that_disagree_on_nnodes_are_told_why(tmp_path):
-    node0, port = _alone(tmp_path, node_rank=0, rdzv_timeout=4)
-    node1, _ = _alone(tmp_path, node_rank=1, nnodes=3, port=port, rdzv_timeout=4)
+def test_nodes_that_disagree_on_nnodes_are_told_why(waiting):
+    _, (node0, node1), _ = waiting["disagree"]
     with node0, node1:
         first, second = node0.wait(30), node1.wait(30)
     assert first["state"] == second["state"] == "failed"
@@ -151,7 +177,11 @@ def test_stop_while_waiting_for_the_other_nodes(tmp_path):
     assert status["state"] == "stopped" and status["pids"] == []
 
 
-def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
+def _missing_node(tmp: Path) -> tuple[float, list[subprocess.Popen], tuple[int, Path]]:
+    """`clorch-train` as node 0 of 2 whose node 1 never comes, started in a new folder of `tmp`:
+    (its start, [it], (its port, the folder))."""
+    tmp_path = tmp / "clorch-train"
+    tmp_path.mkdir()
     port = reserve_free_port()
     command = [
         sys.executable,
@@ -164,9 +194,17 @@ def test_clorch_train_with_a_missing_node_exits_with_the_message(tmp_path):
         "launcher.nproc_per_node=1",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return start, [proc], (port, tmp_path)
+
+
+def test_clorch_train_with_a_missing_node_exits_with_the_message(waiting):
+    """Started with the other waiting jobs (the fixture), as its own process."""
+    start, (proc,), (port, tmp_path) = waiting["clorch-train"]
+    _, stderr = proc.communicate(timeout=max(60 - (time.monotonic() - start), 1))
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     assert done.returncode == 1, done.stderr
     assert (
         f"job failed: RendezvousTimeout: the nodes did not meet at 127.0.0.1:{port} "

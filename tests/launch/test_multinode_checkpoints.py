@@ -122,16 +122,19 @@ def test_a_node_of_another_job_is_refused_and_leaves_the_running_jobs_files(tmp_
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
 
 
-def test_a_node_whose_peer_never_comes_ends_at_the_timeout_in_words(tmp_path):
-    run_dir = tmp_path / "run"
-    [(code, out)] = _finish([_node(tmp_path, reserve_free_port(), "alone", run_dir, "launcher.rdzv_timeout=3")])
-    assert code == 1, out[-3000:]
-    assert "did not meet at launcher.rdzv_endpoint=127.0.0.1:" in out
-    assert "launcher.nnodes=2 needs 2 node(s); 1 node(s) joined" in out and "rdzv_timeout=3 s" in out
-    assert "Traceback" not in out, out[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """(its working directory, a node whose peer never comes: launcher.rdzv_timeout=3). Started by
+    the Ctrl-C test before its own node, so that this one's start and wait overlap that test's."""
+    tmp_path = tmp_path_factory.mktemp("alone")
+    node = _node(tmp_path, reserve_free_port(), "alone", tmp_path / "run", "launcher.rdzv_timeout=3")
+    yield tmp_path, node
+    if node.poll() is None:
+        node.send_signal(signal.SIGKILL)  # a test failed before finishing it
+        node.communicate(30)
 
 
+@pytest.mark.usefixtures("alone")  # started first: the peer-never-comes test finishes it
 def test_ctrl_c_while_a_node_waits_for_its_peer_exits_130_with_the_interrupt_summary(tmp_path):
     run_dir, port = tmp_path / "run", reserve_free_port()
     node = _node(tmp_path, port, "waits", run_dir, "launcher.rdzv_timeout=120")
@@ -151,3 +154,14 @@ def test_ctrl_c_while_a_node_waits_for_its_peer_exits_130_with_the_interrupt_sum
     assert "clorch-train: interrupted by SIGINT after step 0 of 2; the ranks were stopped" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_a_node_whose_peer_never_comes_ends_at_the_timeout_in_words(alone):
+    tmp_path, node = alone
+    run_dir = tmp_path / "run"
+    [(code, out)] = _finish([node])
+    assert code == 1, out[-3000:]
+    assert "did not meet at launcher.rdzv_endpoint=127.0.0.1:" in out
+    assert "launcher.nnodes=2 needs 2 node(s); 1 node(s) joined" in out and "rdzv_timeout=3 s" in out
+    assert "Traceback" not in out, out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"

@@ -25,7 +25,7 @@ def _endpoint() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_one_node_trains_like_the_local_launcher(tmp_path):
+def test_one_node_trains_like_the_local_launcher(tmp_path, local_run):
     torchrun = clorch.run_local(
         recipe="cpu_smoke",
         run_dir=tmp_path / "t",
@@ -35,7 +35,7 @@ def test_one_node_trains_like_the_local_launcher(tmp_path):
     assert torchrun["status"]["state"] == "succeeded", torchrun
     summary = torchrun["summary"]
     assert summary["launcher"] == "torchrun" and summary["steps"] == 2 and summary["weights_sha256"]
-    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "l", sample_count=64)
+    local = local_run(recipe="cpu_smoke", sample_count=64, progress="off")  # shared with the two-node test
     assert local["summary"]["final"]["loss"] == pytest.approx(summary["final"]["loss"], rel=1e-6)
 
 
@@ -89,7 +89,7 @@ def _two_nodes(args: list[str], cwd: Path) -> list[str]:
     return outputs
 
 
-def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
+def test_two_nodes_on_loopback_train_like_one_node(tmp_path, local_run):
     """Two `clorch-train launcher=torchrun` processes as two nodes, one rank each, sharing a run directory."""
     run_dir = tmp_path / "run"
     args = [
@@ -108,7 +108,7 @@ def test_two_nodes_on_loopback_train_like_one_node(tmp_path):
     _two_nodes(args, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["launcher"] == "torchrun"
-    local = clorch.run_local(recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, progress="off")
+    local = local_run(recipe="cpu_smoke", sample_count=64, progress="off")
     assert local["summary"]["weights_sha256"] == summary["weights_sha256"]
 
 

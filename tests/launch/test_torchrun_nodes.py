@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import clorch
 from clorch.env import with_multicast_off
 from clorch.launch.procs import reserve_free_port
 
@@ -66,7 +65,7 @@ def _finish(agents: list[subprocess.Popen]) -> list[tuple[int, str]]:
     return out
 
 
-def test_two_agents_train_like_one_node_with_two_ranks(tmp_path):
+def test_two_agents_train_like_one_node_with_two_ranks(tmp_path, local_run):
     port, run_dir = reserve_free_port(), tmp_path / "run"
     args = [*TINY, f"hydra.run.dir={run_dir}"]
     agents = [_agent(port, "two", _clorch_train(), args, tmp_path) for _ in range(2)]
@@ -76,9 +75,7 @@ def test_two_agents_train_like_one_node_with_two_ranks(tmp_path):
     assert summary["status"] == "succeeded" and summary["world_size"] == 2
     assert summary["launcher"] == "torchrun"
     assert json.loads((run_dir / "env.json").read_text())["launcher"] == "torchrun"
-    local = clorch.run_local(
-        recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, log_every=1, progress="off"
-    )
+    local = local_run(recipe="cpu_smoke", sample_count=64, log_every=1, progress="off")  # shared (test_external)
     assert local["summary"]["weights_sha256"] == summary["weights_sha256"]
 
 
