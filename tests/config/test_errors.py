@@ -110,6 +110,7 @@ def test_the_issue_examples_are_reported_together(tmp_path):
                 "optim.grad_clip=null or ddp.step_in_backward=false",
             ],
         ),
+        (["parallel=fsdp", "ddp.bucket_cap_mb=1"], ["ddp.bucket_cap_mb=1 does nothing with parallel=fsdp"]),
         (["data=arithmetic"], ["model=mlp cannot train data=arithmetic", "use model=gpt"]),
         (
             ["model=gpt", "data=arithmetic", "model.d_model=30", "model.n_head=4"],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from clorch.config.registry import Option, constant_of, declare, option, rule
 
@@ -46,3 +47,15 @@ class FSDPParallelConfig(ParallelOption):
     # compute in the precision's dtype, as parallel=ddp does (ddp's numerics, twice the bytes)
     param_dtype: Literal["auto", "fp32"] = "auto"
     cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
+
+    def rules(self, cfg: Any) -> list[str]:
+        """The `ddp` group's keys configure clorch's reducer, which a sharded run does not use."""
+        if cfg.ddp is None:
+            return []
+        default = type(cfg.ddp)()
+        return [
+            f"ddp.{f.name}={getattr(cfg.ddp, f.name)!r} does nothing with parallel=fsdp (the ddp group "
+            "configures clorch's reducer under parallel=ddp): drop it, or use parallel=ddp"
+            for f in dataclasses.fields(cfg.ddp)
+            if getattr(cfg.ddp, f.name) != getattr(default, f.name)
+        ]
