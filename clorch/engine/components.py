@@ -7,6 +7,7 @@ when world_size > 1.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -146,19 +147,11 @@ def _precision(cfg: TrainConfig, device: torch.device) -> Any:
     precision = cfg.precision
     if not isinstance(precision, FP16Config):
         return MixedPrecision(precision.name, device)
-    scaling = precision.scaler
-    if not scaling.enabled:  # the config checks refuse it; built as asked: fp16 autocast, unscaled
+    if not precision.scaler.enabled:  # the config checks refuse it; built as asked: fp16 autocast, unscaled
         return MixedPrecision(precision.name, device, scaler=False)
-    return MixedPrecision(
-        precision.name,
-        device,
-        scaler={
-            "init_scale": scaling.initial_scale,
-            "growth_factor": scaling.growth_factor,
-            "backoff_factor": scaling.backoff_factor,
-            "growth_interval": scaling.growth_interval,
-        },
-    )
+    # precision.scaler's keys are GradScaler's keyword arguments (initial_scale, growth_factor, ...)
+    settings = {k: v for k, v in dataclasses.asdict(precision.scaler).items() if k != "enabled"}
+    return MixedPrecision(precision.name, device, scaler=settings)
 
 
 def compile_mode_arg(mode: str) -> str | None:
