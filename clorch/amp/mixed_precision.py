@@ -75,6 +75,22 @@ def _checked_scaler(mode: Precision, device: torch.device, scaler: object) -> Gr
     )
 
 
+def step_scaler(optimizer: object, scaler: object) -> Any:
+    """The loss scaler an `optimizer_step(optimizer, scaler)` steps through: `scaler` itself, a
+    MixedPrecision's scaler, or None. Local.
+
+    Raises:
+        TypeError: optimizer has no step(), or scaler has no step().
+    """
+    if isinstance(scaler, MixedPrecision):
+        scaler = scaler.scaler
+    if not callable(getattr(optimizer, "step", None)):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if scaler is not None and not callable(getattr(scaler, "step", None)):
+        raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
+    return scaler
+
+
 class MixedPrecision:
     """Autocast, loss scaling, backward and the optimizer step of one precision mode; see the module docstring.
 

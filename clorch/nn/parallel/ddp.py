@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from clorch.amp.mixed_precision import MixedPrecision
+from clorch.amp.mixed_precision import MixedPrecision, step_scaler
 from clorch.amp.scaler import GradScaler
 from clorch.distributed.groups import check_group_joined, world_size
 from clorch.nn.parallel.comm_hooks import HookReducer
@@ -370,12 +370,7 @@ class DistributedDataParallel(TorchDDPInterface):
             RuntimeError: the found-inf all-reduce failed (a rank died, the group timed
                 out: the backend's RuntimeError or DistBackendError).
         """
-        if isinstance(scaler, MixedPrecision):
-            scaler = scaler.scaler
-        if not callable(getattr(optimizer, "step", None)):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if scaler is not None and not callable(getattr(scaler, "step", None)):
-            raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
+        scaler = step_scaler(optimizer, scaler)
         reducer = self._reducer
         if reducer is not None and not reducer.committed:
             raise reducer.no_synchronized_backward()

@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
-from clorch.amp.mixed_precision import MixedPrecision
+from clorch.amp.mixed_precision import step_scaler
 from clorch.amp.scaler import GradScaler
 from clorch.nn.parallel.fsdp_init import _class_name, allocate, gpt_init_fn, materialize, parameters_on_meta
 from clorch.precision import get_precision
@@ -347,12 +347,7 @@ class ShardedTrainer:
         Raises:
             TypeError: optimizer has no step(), or scaler has no step().
         """
-        if isinstance(scaler, MixedPrecision):
-            scaler = scaler.scaler
-        if not callable(getattr(optimizer, "step", None)):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if scaler is not None and not callable(getattr(scaler, "step", None)):
-            raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
+        scaler = step_scaler(optimizer, scaler)
         stepped: bool | torch.Tensor = True
         if scaler is None:
             optimizer.step()
