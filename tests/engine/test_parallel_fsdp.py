@@ -165,3 +165,30 @@ def test_fsdp_with_fp32_gathers_trains_as_ddp_does_in_bf16(tmp_path):
     assert sorted(fsdp_losses) == sorted(ddp_losses) == [1, 2, 3, 4, 5, 6]
     for step, loss in ddp_losses.items():
         assert fsdp_losses[step] == pytest.approx(loss, rel=1e-3), step
+
+
+def test_fsdp_fp16_resumes_with_its_loss_scale(tmp_path):
+    """fp16 under fsdp: the first steps overflow at an initial scale of 2**32 and back it off;
+    a resume from the step 4 checkpoint goes on with the scale the checkpoint holds, so its
+    losses and scales are the uninterrupted run's."""
+    fp16 = [a for a in JOB if not a.startswith(("precision=", "checkpoint.export"))]
+    fp16 += ["precision=fp16", "precision.scaler.initial_scale=4294967296", "parallel=fsdp", "checkpoint=periodic"]
+    fp16 += ["checkpoint.every_n_steps=2", "checkpoint.keep_last=3", f"checkpoint.dir={tmp_path / 'ckpt'}"]
+    full, full_dir = _train(fp16, tmp_path / "full")
+    assert full.returncode == 0, full.stderr
+    resumed_ckpt = tmp_path / "resumed_ckpt"
+    resumed_ckpt.mkdir()
+    shutil.copytree(tmp_path / "ckpt" / "step_00000004.dcp", resumed_ckpt / "step_00000004.dcp")
+    resumed_args = [a for a in fp16 if not a.startswith("checkpoint.dir")]
+    resumed_args += [f"checkpoint.dir={resumed_ckpt}", "checkpoint.resume=latest"]
+    resumed, resumed_dir = _train(resumed_args, tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr
+
+    def scales(run_dir):
+        records = read_metrics(run_dir / "metrics.jsonl")
+        return {r["step"]: r["loss_scale"] for r in records if r["kind"] == "train"}
+
+    full_scales = scales(full_dir)
+    assert full_scales[1] < 4294967296  # it backed off: the scale the checkpoint must carry
+    assert {s: scales(resumed_dir)[s] for s in (5, 6)} == {s: full_scales[s] for s in (5, 6)}
+    assert {s: _losses(resumed_dir)[s] for s in (5, 6)} == {s: _losses(full_dir)[s] for s in (5, 6)}
