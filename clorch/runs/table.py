@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from clorch.runs.query import FIELDS
 from clorch.runs.records import Run
 
 # Final metrics given a column of their own when some listed run has them.
@@ -127,22 +128,8 @@ def to_csv(runs: Sequence[Run]) -> str:
     records = [r.record() for r in runs]
     final = _union(r["final"] for r in records)
     best = _union(r["best"] for r in records)
-    fields = [
-        "id",
-        "dir",
-        "start",
-        "recipe",
-        "overrides",
-        "status",
-        "steps",
-        "planned_steps",
-        "wall_time_s",
-        "world_size",
-        "commit",
-        "clorch_commit",
-        "host",
-        "sweep",
-    ]
+    after_commit = FIELDS.index("commit") + 1  # the queryable fields, and clorch's own commit
+    fields = [*FIELDS[:after_commit], "clorch_commit", *FIELDS[after_commit:]]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*fields, *(f"final.{k}" for k in final), *(f"best.{k}" for k in best)])
