@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from clorch.distributed.exit_guard import watch_process_group
 from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, DistEnv, read_env, restart_count
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -218,6 +219,7 @@ def init_process_group(
         dist.destroy_process_group()
         raise
     _state = _GroupState(env=env, backend=name, device=device, debug=debug_on, group=_default_group())
+    watch_process_group()
 
 
 def destroy_process_group() -> None:

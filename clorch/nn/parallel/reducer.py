@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from clorch.distributed import collectives
+from clorch.distributed.exit_guard import watch_process_group
 from clorch.distributed.groups import debug_enabled
 from clorch.nn.parallel.buckets import Bucket, build_buckets, plan_buckets, wait_for_reduction
 from clorch.nn.parallel.fill import BucketFiller
@@ -107,6 +108,8 @@ class Reducer:
         self._in_backward = False
         self._use_wrapper = debug_enabled()  # debug mode fingerprints every bucket's all-reduce
         self._communicates = world_size > 1 if communicate is None else bool(communicate)
+        if self._communicates:
+            watch_process_group()  # also for a group torch made
         device = self._params[0].device if self._params else torch.device("cpu")
         # overlap_grad_copies on CUDA: new gradients are copied per bucket on a copy stream.
         self._streams = BackwardStreams(device, overlap_grad_copies)
