@@ -37,7 +37,7 @@ from clorch.status import Status
 def report(result: RunResult) -> None:
     """Print how a run ended (its status's line; a failure's traceback after it) and record it."""
     summary = result.summary
-    OUTCOME.hosted_agent |= result.plan.config.launcher.name == "torchrun"
+    OUTCOME.hosted_agent |= result.plan.config.launcher.torch_agent
     if summary.status is Status.INTERRUPTED:
         _report_interrupted(result)
     else:

@@ -45,7 +45,7 @@ from clorch.checkpoint.sharded import (
     sharded_step_path,
 )
 from clorch.plan.resume import RECORD_KEY, run_record
-from clorch.config.schema import FSDPParallelConfig, TrainConfig
+from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
 from clorch.engine.components import TRAINING_STREAM, Components
@@ -61,7 +61,7 @@ def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
 
 def sharded(cfg: TrainConfig) -> bool:
     """Whether the run's checkpoints are sharded directories (parallel=fsdp)."""
-    return isinstance(cfg.parallel, FSDPParallelConfig)
+    return cfg.parallel.shards
 
 
 def final_path(cfg: TrainConfig, run_dir: Path) -> Path:

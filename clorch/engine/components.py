@@ -7,7 +7,6 @@ when world_size > 1.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -15,22 +14,13 @@ import torch
 from torch import nn
 
 from clorch.amp import MixedPrecision
-from clorch.engine.model_build import build_raw_model, build_sharded_model
 from clorch.plan.data import build_splits
 from clorch.config import registry
-from clorch.config.schema import (
-    CUDA_GRAPH_MODES,
-    CosineScheduleConfig,
-    FP16Config,
-    FSDPParallelConfig,
-    TrainConfig,
-)
+from clorch.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from clorch.data import DistributedSampler
 from clorch.data.base import derive_seed
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
-from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import ShardedTrainer
 from clorch.optim import build_scheduler, fused_by_default, param_groups
 
 
@@ -93,7 +83,7 @@ def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     return build_splits(cfg, device_type)
 
 
-def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer `cfg.optim` names (its `builds`), given its keys (`kwargs()`) and clorch's
     parameter groups (weight decay on `optim.decay`'s parameters only)."""
     optim = cfg.optim
@@ -130,28 +120,12 @@ def training_seed(seed: int, rank: int) -> int:
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    schedule = cfg.schedule
-    if isinstance(schedule, CosineScheduleConfig):
-        return build_scheduler(
-            optimizer,
-            schedule.name,
-            warmup_steps=schedule.warmup_steps,
-            total_steps=total_steps,
-            min_lr_ratio=schedule.min_lr_ratio,
-        )
-    return build_scheduler(optimizer, schedule.name, warmup_steps=schedule.warmup_steps)
+    return build_scheduler(optimizer, cfg.schedule.name, **cfg.schedule.kwargs(total_steps))
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> Any:
-    """The MixedPrecision of `cfg.precision` on `device`; fp16's scaler from `precision.scaler`."""
-    precision = cfg.precision
-    if not isinstance(precision, FP16Config):
-        return MixedPrecision(precision.name, device)
-    if not precision.scaler.enabled:  # the config checks refuse it; built as asked: fp16 autocast, unscaled
-        return MixedPrecision(precision.name, device, scaler=False)
-    # precision.scaler's keys are GradScaler's keyword arguments (initial_scale, growth_factor, ...)
-    settings = {k: v for k, v in dataclasses.asdict(precision.scaler).items() if k != "enabled"}
-    return MixedPrecision(precision.name, device, scaler=settings)
+    """The MixedPrecision of `cfg.precision` on `device` (fp16's scaler from `precision.scaler`)."""
+    return MixedPrecision(cfg.precision.name, device, scaler=cfg.precision.scaler_settings())
 
 
 def compile_mode_arg(mode: str) -> str | None:
@@ -185,13 +159,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     if cfg.compile and hasattr(task, "compile_loss"):
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
     precision = _precision(cfg, device)
-    if isinstance(cfg.parallel, FSDPParallelConfig):
-        raw = build_sharded_model(cfg, task, device)
-        compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
-        optimizer = _optimizer(cfg, raw)  # after sharding: its state is sharded too
-        model: Any = ShardedTrainer(raw, compiled, optimizer=optimizer, scaler=precision.scaler)
-    else:
-        raw, model, optimizer = _data_parallel(cfg, task, device)
+    # parallel=ddp or fsdp: the option names its builder (clorch.engine.parallel)
+    raw, model, optimizer = registry.resolve(cfg.parallel.builds)(cfg, task, device, precision)
     seed_training_draws(cfg.seed, rank)
     sampling = cfg.sampler
     sampler = DistributedSampler(
@@ -218,32 +187,5 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         world_size=world,
         grad_clip=cfg.optim.grad_clip,
         cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device),
-        sharded=isinstance(cfg.parallel, FSDPParallelConfig),
+        sharded=cfg.parallel.shards,
     )
-
-
-def _data_parallel(cfg: TrainConfig, task: Any, device: torch.device) -> tuple[nn.Module, Any, Any]:
-    """parallel=ddp: the whole model on every rank in clorch's DistributedDataParallel (a
-    synchronization point: it checks parameter signatures and broadcasts rank 0's weights)."""
-    raw = build_raw_model(cfg, task).to(device)
-    inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
-    ddp = cfg.ddp
-    model = DistributedDataParallel(
-        inner,
-        bucket_cap_mb=ddp.bucket_cap_mb,
-        first_bucket_cap_mb=ddp.first_bucket_cap_mb,
-        broadcast_buffers=ddp.broadcast_buffers,
-        reduce_dtype=ddp.reduce_dtype,
-        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
-        overlap_grad_copies=ddp.overlap_grad_copies,
-    )
-    optimizer = _optimizer(cfg, raw)
-    if ddp.step_in_backward and cfg.optim.grad_clip is not None:
-        raise ValueError(
-            f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: "
-            "each bucket's parameters are stepped before the whole gradient's norm is known "
-            "(set optim.grad_clip=null or ddp.step_in_backward=false)"
-        )
-    if ddp.step_in_backward:
-        model.step_in_backward(optimizer)
-    return raw, model, optimizer

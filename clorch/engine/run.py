@@ -177,7 +177,7 @@ def job_id(plan: Plan) -> str | None:
     meet at one place at once.
     """
     launcher = plan.config.launcher
-    if launcher.name == "torchrun":
+    if launcher.torch_agent:
         return f"torchrun rdzv_id={launcher.rdzv_id} at {launcher.rdzv_endpoint}"
     if launcher.nnodes != 1:
         return f"nodes at {launcher.master_addr}:{launcher.master_port}"
@@ -191,7 +191,7 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
     if echo:
         print(plan.describe(), flush=True)
     start = time.perf_counter()
-    if plan.config.launcher.name == "torchrun":
+    if plan.config.launcher.torch_agent:
         return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
     job = _launch(plan, run_dir, worker)
     mode = progress or plan.config.logger.progress

@@ -17,7 +17,7 @@ from clorch.config.checks import complete, reused_dir_errors
 from clorch.plan.data import model_sizes_of
 from clorch.plan.memory import RankMemory, bytes_per_parameter, config_memory, human_bytes
 from clorch.plan.model import build_model_for
-from clorch.config.schema import BACKENDS, FSDPParallelConfig, GPTConfig, TrainConfig
+from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
 from clorch.launch.gpus import resolve_ranks, visible_gpus
 
@@ -207,7 +207,7 @@ def _alternative(
     cfg: TrainConfig, model: Any, world: int, cpu: bool, ranks_here: int, gpu: int | None, host: int | None
 ) -> str:
     """What parallel=fsdp (and its cpu_offload) would need per rank, and whether it fits."""
-    sharded = isinstance(cfg.parallel, FSDPParallelConfig)
+    sharded = cfg.parallel.shards
     plain = config_memory(cfg, model, world, sharded=True, cpu_offload=False, cpu_ranks=cpu)
     offload = config_memory(cfg, model, world, sharded=True, cpu_offload=True, cpu_ranks=cpu)
     fsdp = f"parallel=fsdp over the job's {world} rank(s)"
@@ -236,7 +236,7 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     import torch
 
     world = ranks_here * min_nodes(cfg.launcher.nnodes)
-    sharded = isinstance(cfg.parallel, FSDPParallelConfig)
+    sharded = cfg.parallel.shards
     try:
         sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
@@ -278,10 +278,10 @@ def _bytes_each(cfg: TrainConfig, memory: RankMemory) -> str:
 
 def schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
     schedule = cfg.schedule
-    if schedule.name == "cosine" and total <= schedule.warmup_steps:
+    if schedule.decays and total <= schedule.warmup_steps:
         return [
             f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
-            f"{total} optimizer steps for schedule=cosine"
+            f"{total} optimizer steps for schedule={schedule.name}"
         ]
     return []
 

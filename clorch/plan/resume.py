@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clorch._checkpoint_names import SHARDED_MARKER, SHARDED_STEP_NAME, step_checkpoints
-from clorch.config.schema import CUDA_GRAPH_MODES, FSDPParallelConfig, TargetModelConfig, TrainConfig
+from clorch.config.schema import CUDA_GRAPH_MODES, TargetModelConfig, TrainConfig
 from clorch.env import restart_count
 
 RECORD_KEY = "run"
@@ -63,7 +63,7 @@ class ResumeFit:
 
 
 def _sharded(cfg: Any) -> bool:
-    return isinstance(cfg.parallel, FSDPParallelConfig)
+    return cfg.parallel.shards
 
 
 def _newest(directory: Path | None, sharded: bool) -> Path | None:

@@ -8,14 +8,14 @@ import torch
 from clorch.config import check_config, compose
 from clorch.config.schema import TrainConfig
 from clorch.config.checks import to_plain
-from clorch.engine.components import _optimizer
+from clorch.engine.components import build_optimizer
 
 
 @pytest.mark.parametrize("optim", ["adamw", "sgd"])
 def test_foreach_reaches_the_optimizer(optim):
     cfg = compose([f"optim={optim}", "optim.foreach=false"])
     assert check_config(cfg) == []
-    built = _optimizer(TrainConfig.from_dict(to_plain(cfg)), torch.nn.Linear(4, 2))
+    built = build_optimizer(TrainConfig.from_dict(to_plain(cfg)), torch.nn.Linear(4, 2))
     assert built.defaults["foreach"] is False
 
 

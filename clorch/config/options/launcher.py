@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from clorch.config.registry import Option, constant_of, declare, default_of, option, rule
 
@@ -15,6 +15,9 @@ declare("launcher", "what starts the ranks: clorch's launcher or torchrun")
 
 class LauncherOption(Option):
     """Any `launcher` option."""
+
+    # torch's elastic agent starts the ranks (clorch.launch.torchrun), not clorch's launcher
+    torch_agent: ClassVar[bool] = False
 
 
 @option("launcher", "local")
@@ -56,6 +59,7 @@ class TorchrunLauncherConfig(LauncherOption):
     """
 
     name: Literal["torchrun"] = "torchrun"
+    torch_agent: ClassVar[bool] = True
     nproc_per_node: Union[Literal["auto"], int] = field(default="auto", metadata=rule(ge=1))  # ranks on this node
     nnodes: Union[int, str] = 1  # nodes in the job, or "MIN:MAX" for an elastic range
     rdzv_endpoint: str = "127.0.0.1:29400"  # HOST:PORT of the c10d rendezvous (the first node)

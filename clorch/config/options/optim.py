@@ -41,7 +41,14 @@ class OptimOption(Option):
 
 
 class ScheduleOption(Option):
-    """Any `schedule` option."""
+    """Any `schedule` option; built as `clorch.optim.build_scheduler(optimizer, name, **kwargs(total_steps))`."""
+
+    decays: ClassVar[bool] = False  # its length is the run's: build_scheduler takes total_steps
+
+    def kwargs(self, total_steps: int) -> dict[str, Any]:
+        """build_scheduler's keyword arguments: the option's keys but `name` (+ total_steps if it decays)."""
+        keys = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        return {**keys, "total_steps": total_steps} if self.decays else keys
 
 
 @option("optim", "adamw")
@@ -108,6 +115,7 @@ class CosineScheduleConfig(ScheduleOption):
     """Linear warmup, then cosine decay to min_lr_ratio * lr."""
 
     name: Literal["cosine"] = "cosine"
+    decays: ClassVar[bool] = True
     warmup_steps: int = field(
         default=constant_of(SCHEDULES, "COSINE_WARMUP_STEPS"), metadata=rule(ge=0, unit="steps")
     )  # linear warmup

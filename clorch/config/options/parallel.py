@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from clorch.config.registry import Option, constant_of, declare, option, rule
 
@@ -12,7 +12,12 @@ declare("parallel", "data parallel (ddp) or sharded data parallel (fsdp)")
 
 
 class ParallelOption(Option):
-    """Any `parallel` option."""
+    """Any `parallel` option: how the model is placed on the ranks."""
+
+    # "module:function" the engine calls as (cfg, task, device, precision) -> (raw model, the model
+    # it trains, optimizer) on every rank (clorch.engine.parallel)
+    builds: ClassVar[str] = ""
+    shards: ClassVar[bool] = False  # each rank holds a shard of the state (sharded checkpoints, memory per rank)
 
 
 @option("parallel", "ddp")
@@ -21,6 +26,7 @@ class DDPParallelConfig(ParallelOption):
     """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
 
     name: Literal["ddp"] = "ddp"
+    builds: ClassVar[str] = "clorch.engine.parallel:replicated"
 
 
 @option("parallel", "fsdp")
@@ -33,6 +39,8 @@ class FSDPParallelConfig(ParallelOption):
     """
 
     name: Literal["fsdp"] = "fsdp"
+    builds: ClassVar[str] = "clorch.engine.parallel:sharded"
+    shards: ClassVar[bool] = True
     # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
     # every child with >= min_params parameters) or a list of class names, e.g. [Block]
     shard: Union[Literal["auto"], list[str]] = "auto"

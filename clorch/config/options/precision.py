@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,7 +14,11 @@ declare("precision", "numerics: fp32, bf16 autocast, or fp16 with a loss scaler"
 
 
 class PrecisionOption(Option):
-    """Any `precision` option."""
+    """Any `precision` option. The engine builds `MixedPrecision(name, device, scaler=scaler_settings())`."""
+
+    def scaler_settings(self) -> dict[str, Any] | bool | None:
+        """MixedPrecision's `scaler` argument: None, no loss scaler."""
+        return None
 
 
 @dataclass
@@ -56,6 +61,13 @@ class FP16Config(PrecisionOption):
 
     name: Literal["fp16"] = "fp16"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
+
+    def scaler_settings(self) -> dict[str, Any] | bool:
+        """GradScaler's keyword arguments (`scaler`'s keys but `enabled`); False: fp16 unscaled,
+        built as asked (the rules below refuse it before launch)."""
+        if not self.scaler.enabled:
+            return False
+        return {k: v for k, v in dataclasses.asdict(self.scaler).items() if k != "enabled"}
 
     def rules(self, cfg: Any) -> list[str]:
         errors = []
