@@ -21,13 +21,25 @@ from clorch.preflight import run_preflight
 
 
 def _estimate(plan: Plan) -> dict[str, Any]:
-    """What training this model keeps per parameter: fp32 weights (autocast computes in
-    bf16/fp16 from fp32 weights), the gradients beside them, and the optimizer's buffers."""
+    """What training this model keeps per parameter on each rank: fp32 weights (autocast
+    computes in bf16/fp16 from fp32 weights), the gradients beside them, and the optimizer's
+    buffers; under a sharding `parallel` mode each rank's share of them (none on the GPU with
+    cpu_offload), while a checkpoint still holds the whole model."""
     cfg = plan.config
     sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
-    return {"model_params": params, "bytes_per_param": 4.0, "optimizer_states": plan.config.optim.states()}
+    states = cfg.optim.states()
+    held = params
+    if cfg.parallel.shards:
+        offloaded = getattr(cfg.parallel, "cpu_offload", False) and plan.device_type == "cuda"
+        held = 0 if offloaded else -(-params // plan.world_size)
+    return {
+        "model_params": held,
+        "bytes_per_param": 4.0,
+        "optimizer_states": states,
+        "checkpoint_bytes": int(params * 4 * (1 + states)),
+    }
 
 
 def run_first(plan: Plan, run_dir: Path, checkpoint_dir: Path | None, rank: int) -> Any:
