@@ -231,7 +231,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     nvidia-smi) or this node's host memory, under the config's `parallel` choice, with the
     choice that would fit. Sized on the meta device (no memory allocated); the rule is
     clorch.plan.memory's. A model of your own that cannot be built on the meta device is
-    not checked; a rank then reports torch's own out-of-memory error."""
+    not checked; a rank then reports torch's own out-of-memory error. A `parallel.shard`
+    naming a class the model does not have is an error here too (it names the classes it has)."""
     # lazy: keeps torch out of clorch-train's start
     import torch
 
@@ -253,8 +254,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
             cpu_offload=sharded and cfg.parallel.cpu_offload,
             cpu_ranks=backend != "nccl",
         )
-    except (ValueError, TypeError):  # a parallel.shard naming no class of the model: the ranks say so
-        return []
+    except (ValueError, TypeError) as exc:  # parallel.shard names a class the model does not have
+        return [f"parallel.shard={cfg.parallel.shard}: {exc}; name some of them, or use parallel.shard=auto"]
     host = _available_memory()
     found = too_large(memory, ranks_here, gpu, host)
     if not found:

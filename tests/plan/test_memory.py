@@ -196,3 +196,12 @@ def test_sharding_divides_the_measured_state_by_the_shard_count():
         assert ddp == {"params": 4 * params, "grads": 4 * params, "optimizer": 8 * params}
         assert {k: 2 * v for k, v in fsdp.items()} == ddp
         assert sum(fsdp.values()) == rank_memory(params, bytes_per_parameter("adamw", sharded=True), shards=2).state
+
+
+def test_a_shard_class_the_model_does_not_have_is_refused_before_launch_naming_the_classes_it_has():
+    overrides = GPT + ["launcher.nproc_per_node=2", "parallel=fsdp", "parallel.shard=[Blok]"]
+    plan, errors = plan_or_errors(compose(overrides))
+    assert plan is None and len(errors) == 1, errors
+    assert errors[0].startswith("parallel.shard=['Blok']: ") and "'Block'" in errors[0], errors
+    plan, errors = plan_or_errors(compose(overrides[:-1] + ["parallel.shard=[Block]"]))
+    assert errors == [] and plan.world_size == 2
