@@ -8,8 +8,9 @@ name is already gone, or, since torch 2.12, the `contextvars` context that
 script's last collective ends just before it exits, the main thread may
 already be finalizing the interpreter: the worker thread is then stopped
 while it waits for the GIL, and the process aborts with "terminate called
-without an active exception" (SIGABRT) after the work finished. torch's own
-DistributedDataParallel does the same (pytorch/pytorch#190489).
+without an active exception" (SIGABRT) after the work finished. A script using
+torch's own DistributedDataParallel aborts the same way (the race is discussed in
+pytorch/pytorch#190489).
 
 `watch_process_group()` registers, once per process, an exit handler that
 releases the GIL for a moment before the interpreter finalizes, so a worker

@@ -6,7 +6,8 @@ summary.py     config.yaml and env.json at the start, summary.json and loss.png 
 results.py     the typed records: a rank's result, the job's end, summary.json, execute()'s result
 as_rank.py     one rank of an outside launcher's job (torchrun, srun, submitit)
 worker.py      the per-rank entry point, clorch.engine.worker:main(ctx)
-components.py  build_components(cfg, ctx, steps): model (DDP), optimizer, schedule, precision, data
+components.py  build_components(cfg, ctx, steps): model, optimizer, schedule, precision, data
+parallel.py    the `parallel` options' builders: the model in clorch's DDP, or sharded (fully_shard)
 loop.py        train_step() and fit()
 evaluate.py    exact held-out metrics across ranks
 checkpoints.py checkpoint policy and resume

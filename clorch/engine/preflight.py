@@ -2,8 +2,9 @@
 
 `preflight=true` (the default on more than one node) runs `clorch.preflight.run_preflight`
 in the ranks right after they joined the process group, and trains only if it passes;
-`preflight=only` stops after it. The estimate it checks memory and the checkpoint
-directory against is the model's size at the run's precision, counted on the meta device.
+`preflight=only` stops after it. The estimate it checks memory against is a rank's training
+state (the whole model's under ddp, its share under fsdp), and the checkpoint directory's free
+space the whole model's checkpoint; the model is counted on the meta device.
 """
 
 from __future__ import annotations

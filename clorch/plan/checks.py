@@ -232,7 +232,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     choice that would fit. Sized on the meta device (no memory allocated); the rule is
     clorch.plan.memory's. A model of your own that cannot be built on the meta device is
     not checked; a rank then reports torch's own out-of-memory error. A `parallel.shard`
-    naming a class the model does not have is an error here too (it names the classes it has)."""
+    naming a class the model does not have is an error here too (it names the classes it has);
+    like the memory check, it runs before clorch's own launch, not in the ranks of torchrun or srun."""
     # lazy: keeps torch out of clorch-train's start
     import torch
 
@@ -254,8 +255,12 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
             cpu_offload=sharded and cfg.parallel.cpu_offload,
             cpu_ranks=backend != "nccl",
         )
-    except (ValueError, TypeError) as exc:  # parallel.shard names a class the model does not have
-        return [f"parallel.shard={cfg.parallel.shard}: {exc}; name some of them, or use parallel.shard=auto"]
+    except (ValueError, TypeError) as exc:
+        if not sharded:
+            raise
+        # parallel.shard names a class the model does not have (the message names those it has)
+        found = str(exc).removeprefix("shard_modules ")
+        return [f"parallel.shard={cfg.parallel.shard} {found}; name some of them, or use parallel.shard=auto"]
     host = _available_memory()
     found = too_large(memory, ranks_here, gpu, host)
     if not found:

@@ -202,6 +202,7 @@ def test_a_shard_class_the_model_does_not_have_is_refused_before_launch_naming_t
     overrides = GPT + ["launcher.nproc_per_node=2", "parallel=fsdp", "parallel.shard=[Blok]"]
     plan, errors = plan_or_errors(compose(overrides))
     assert plan is None and len(errors) == 1, errors
-    assert errors[0].startswith("parallel.shard=['Blok']: ") and "'Block'" in errors[0], errors
+    assert errors[0].startswith("parallel.shard=['Blok'] names classes that are not in the model: ['Blok']; ")
+    assert "the model has ['Block'," in errors[0] and errors[0].endswith("or use parallel.shard=auto"), errors
     plan, errors = plan_or_errors(compose(overrides[:-1] + ["parallel.shard=[Block]"]))
     assert errors == [] and plan.world_size == 2

@@ -144,11 +144,13 @@ def _error(rank: int, world: int, cfg) -> str:
 def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped: dict[str, int]) -> dict:
     out: dict = {"host_builds": []}
     # Which fsdp builds made the whole model in host memory (fsdp's one exception): recorded by
-    # wrapping the function `build_sharded_model` calls for it (ddp's builds are not counted).
+    # wrapping the function `build_sharded_model` calls for it. ddp's builder holds its own
+    # reference, taken when clorch.engine.parallel is imported (here, before the wrapper).
+    import clorch.engine.parallel  # noqa: F401
+
     whole = model_build.build_raw_model
     model_build.build_raw_model = lambda cfg, task: (
-        (cfg.parallel.shards and out["host_builds"].append((type(cfg.model).__name__, cfg.model.init_from)))
-        or whole(cfg, task)
+        out["host_builds"].append((type(cfg.model).__name__, cfg.model.init_from)) or whole(cfg, task)
     )
     for parallel in ("ddp", "fsdp"):
         gpt, own = configs[f"gpt/{parallel}"], configs[f"own/{parallel}"]
