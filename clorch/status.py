@@ -96,6 +96,3 @@ _PHRASE = {
     Status.INTERRUPTED: "interrupted",
     Status.CONFIG_ERROR: "config error(s); nothing was launched",
 }
-
-STATUSES = tuple(s.value for s in Status)
-"""Every status word, for `clorch-runs ls --status`."""

@@ -35,7 +35,7 @@ from clorch.checkpoint import archive, metadata
 from clorch.checkpoint.atomic import commit, file_kind, remove_quietly, write_durable
 from clorch.checkpoint.collective import agree, exchange
 from clorch.checkpoint.restore import detach_from_file, model_mismatches, optimizer_mismatches
-from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.errors import CheckpointError, WorldSizeChangedWarning
 from clorch.checkpoint.locks import path_lock
 from clorch.checkpoint.rng import capture_rng, restore_rng
 import clorch.distributed as cdist
@@ -341,6 +341,7 @@ def _apply(body: dict, tensors: dict, model, optimizer, sampler, scaler) -> None
         warnings.warn(
             f"checkpoint was saved by world_size {body['world_size']}, this job has "
             f"{cdist.world_size()}: RNG states not restored",
+            WorldSizeChangedWarning,
             stacklevel=3,
         )
 

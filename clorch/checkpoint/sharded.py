@@ -56,7 +56,7 @@ from clorch._files import unique_token
 from clorch._version import __version__
 from clorch.checkpoint.atomic import commit, fsync_dir, write_durable
 from clorch.checkpoint.collective import agree, exchange
-from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.errors import CheckpointError, WorldSizeChangedWarning
 from clorch.checkpoint.rng import capture_rng, restore_rng
 from clorch.nn.parallel.ddp import unwrap_model
 
@@ -73,14 +73,6 @@ __all__ = [
 MARKER = "clorch.json"
 """clorch's file in a sharded checkpoint, written last: a directory without it is incomplete."""
 FORMAT = 1
-
-
-class WorldSizeChangedWarning(UserWarning):
-    """`load_sharded` onto another world size: the ranks' RNG states were not restored.
-
-    Random streams cannot be re-split over another number of ranks (the data order can).
-    A trainer that reseeds them by a rule of its own filters this category.
-    """
 
 
 _STEP_DIR = re.compile(r"step_(\d{8,})\.dcp")

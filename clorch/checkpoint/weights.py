@@ -205,16 +205,30 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         TypeError: `path` is not a str or os.PathLike.
     """
     path = _as_path(path)
-    head, size = _head(path)
-    if _is_safetensors(path, head, size):
+    kind = _kind(path)
+    if kind == "safetensors":
         weights = _read_safetensors(path)
-    elif head.lstrip()[:1] == b"{":  # JSON: only clorch's metadata among the three kinds
-        if not metadata.is_checkpoint(path):
-            raise ValueError(f"{path} is a JSON file but not a clorch checkpoint: {_ACCEPTED}")
+    elif kind == "clorch":
         weights = _read_clorch(path)
     else:
         weights = _read_torch(path)
     return _strip_wrapper_prefixes(weights)
+
+
+def _kind(path: Path) -> str:
+    """Which of the three kinds of weights file `path` is: "safetensors", "clorch" or "torch".
+
+    Raises:
+        ValueError: a JSON file that is not a clorch checkpoint (and what `_head` raises).
+    """
+    head, size = _head(path)
+    if _is_safetensors(path, head, size):
+        return "safetensors"
+    if head.lstrip()[:1] == b"{":  # JSON: only clorch's metadata among the three kinds
+        if not metadata.is_checkpoint(path):
+            raise ValueError(f"{path} is a JSON file but not a clorch checkpoint: {_ACCEPTED}")
+        return "clorch"
+    return "torch"
 
 
 class _LazyWeights(Mapping[str, torch.Tensor]):
@@ -279,21 +293,18 @@ def open_weights(path: str | os.PathLike) -> Iterator[Mapping[str, torch.Tensor]
         As `read_weights`.
     """
     path = _as_path(path)
-    head, size = _head(path)
-    if _is_safetensors(path, head, size):
+    kind = _kind(path)
+    if kind == "safetensors":
         try:
             handle = safetensors.safe_open(path, framework="pt", device="cpu")
         except safetensors.SafetensorError as exc:
             raise ValueError(f"{path} is not a readable safetensors file ({exc}): {_ACCEPTED}") from None
         with handle:
             yield _lazy_safetensors(path, handle)
-        return
-    if head.lstrip()[:1] == b"{":
-        if not metadata.is_checkpoint(path):
-            raise ValueError(f"{path} is a JSON file but not a clorch checkpoint: {_ACCEPTED}")
+    elif kind == "clorch":
         yield _lazy_mapped(_read_clorch(path))
-        return
-    yield _lazy_mapped(_read_torch(path, mmap=True))
+    else:
+        yield _lazy_mapped(_read_torch(path, mmap=True))
 
 
 def weight_names(path: str | os.PathLike) -> set[str]:

@@ -22,7 +22,14 @@ from omegaconf import DictConfig
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
-from clorch.plan.plan import absolute, check_run_dir, config_key, plan_or_errors, run_errors_as_config_errors
+from clorch.plan.plan import (
+    absolute,
+    check_run_dir,
+    config_key,
+    plan_or_errors,
+    resolve,
+    run_errors_as_config_errors,
+)
 from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
 from clorch.engine.outputs import write_json
@@ -84,10 +91,7 @@ def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
     plan = CHECKED.pop(config_key(cfg, base), None) if CHECKED else None  # a sweep's, checked before it began
     if plan is not None:
         return check_run_dir(plan, run_dir)
-    plan, errors = plan_or_errors(cfg, run_dir, base=base)
-    if errors:
-        raise ConfigError(errors)
-    return plan
+    return resolve(cfg, run_dir, base=base)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)

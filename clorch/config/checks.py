@@ -77,36 +77,35 @@ def _group_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
 
 def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
     """Append the errors of one group section to `errors`."""
-    if True:
-        values = cfg.get(group)
-        if not isinstance(values, Mapping):
-            errors.append(
-                f"{group} must be a config group (mapping), got {values!r}"
-                if group in cfg
-                else f"{group} is missing: choose one of {', '.join(sorted(registry.options(group)))} ({group}=OPTION)"
-            )
-            return
-        if group in schema.TARGET_SCHEMAS and "_target_" in values:
-            errors += target_section_errors(group, values)
-            return
-        if group in schema.TARGET_GROUPS and values.get("name") == schema.CUSTOM:
-            errors.append(
-                f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
-                f"{group}._target_=my_project.models.Net) or a built-in option: "
-                f"{', '.join(sorted(registry.options(group)))}"
-            )
-            return
-        option, problems = _option_of(group, values)
-        if option is None:
-            errors += problems
-            return
-        errors += check_section(
-            f"{group}.",
-            values,
-            registry.schemas(group)[option],
-            owner=f"{group}={option}",
-            siblings=registry.schemas(group),
+    values = cfg.get(group)
+    if not isinstance(values, Mapping):
+        errors.append(
+            f"{group} must be a config group (mapping), got {values!r}"
+            if group in cfg
+            else f"{group} is missing: choose one of {', '.join(sorted(registry.options(group)))} ({group}=OPTION)"
         )
+        return
+    if group in schema.TARGET_SCHEMAS and "_target_" in values:
+        errors += target_section_errors(group, values)
+        return
+    if group in schema.TARGET_GROUPS and values.get("name") == schema.CUSTOM:
+        errors.append(
+            f"{group}={schema.CUSTOM} needs {group}._target_ (your class, e.g. "
+            f"{group}._target_=my_project.models.Net) or a built-in option: "
+            f"{', '.join(sorted(registry.options(group)))}"
+        )
+        return
+    option, problems = _option_of(group, values)
+    if option is None:
+        errors += problems
+        return
+    errors += check_section(
+        f"{group}.",
+        values,
+        registry.schemas(group)[option],
+        owner=f"{group}={option}",
+        siblings=registry.schemas(group),
+    )
 
 
 def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:

@@ -14,9 +14,9 @@ pytorch/pytorch#190489).
 
 `watch_process_group()` registers, once per process, an exit handler that
 releases the GIL for a moment before the interpreter finalizes, so a worker
-thread waiting for it drops its work while Python can still run. Processes
-that end with `os._exit` (clorch's launched ranks) run no exit handlers and
-need none.
+thread waiting for it drops its work while Python can still run. clorch's
+launched ranks skip finalization altogether (`clorch.launch.child.
+exit_without_finalizing`); they run the exit handlers first, this one included.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from clorch.checkpoint.sharded import (
     save_sharded,
     sharded_step_path,
 )
-from clorch.plan.resume import RECORD_KEY, run_record
+from clorch.plan.resume import RECORD_KEY, batch_counts, run_record
 from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
@@ -169,33 +169,27 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_
     )
 
 
-# The warnings the loads give on another world size: the RNG states are not restored there
-# (restore reseeds instead, `reseed_for`).
-_OTHER_WORLD_RNG = r"checkpoint was saved by world_size \d+, this job has \d+: RNG states not restored"
-
-
-def restore(parts: Components, path: Path, seed: int | None = None) -> LoopState:
+def restore(parts: Components, path: Path, seed: int) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
     Every rank must call it (collective: see clorch.checkpoint.load_checkpoint, or load_sharded).
     A checkpoint of another world size loads too (module docstring) when this run keeps
-    its global batch; each rank's generators are then seeded by `reseed_for(seed, ...)`
-    (not when `seed` is None).
+    its global batch; each rank's generators are then seeded by `reseed_for(seed, ...)`.
 
     Raises:
         ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
         CheckpointError: this run does not keep the checkpoint's batch_size and global batch.
     """
     with warnings.catch_warnings():
+        # another world size: the RNG states are not restored (reseeded below, `reseed_for`)
         warnings.simplefilter("ignore", WorldSizeChangedWarning)
-        warnings.filterwarnings("ignore", message=_OTHER_WORLD_RNG)
         saved = _load(parts, path)
     record = saved.get(RECORD_KEY) if isinstance(saved, dict) else None
     saved_world = record.get("world_size") if isinstance(record, dict) else None
     saved_world = saved_world if type(saved_world) is int and saved_world >= 1 else parts.world_size
     _check_training_state(path, saved, saved_world)
     note = _check_global_batch(path, record, parts)
-    if saved_world != parts.world_size and seed is not None:
+    if saved_world != parts.world_size:
         reseed_for(seed, parts.rank, saved["step"])
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
@@ -295,10 +289,10 @@ def _check_global_batch(path: Path, record: Any, parts: Components) -> str | Non
     Raises:
         CheckpointError: another batch_size, or another global batch.
     """
-    values = [record.get(k) if isinstance(record, dict) else None for k in ("batch_size", "world_size", "accumulation")]
-    if not all(type(v) is int and v >= 1 for v in values):
+    counts = batch_counts(record)
+    if counts is None:
         return None
-    batch, ranks, accumulation = values
+    batch, ranks, accumulation = counts["batch_size"], counts["world_size"], counts["accumulation"]
     global_batch = batch * ranks * accumulation
     ours = parts.batch_size * parts.world_size * parts.accumulation
     if parts.batch_size == batch and ours == global_batch:

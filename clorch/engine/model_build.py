@@ -83,7 +83,8 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
     path = getattr(cfg.model, "init_from", None)
     home = torch.device("cpu") if parallel.cpu_offload else device  # where the shards live
     raw, covered = _on_meta(cfg, task, path)
-    if raw is None:
+    on_meta = raw is not None
+    if not on_meta:
         raw = build_raw_model(cfg, task)
     else:
         _checkpoint_activations(cfg, raw)
@@ -101,7 +102,7 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
         precision="fp32" if parallel.param_dtype == "fp32" else cfg.precision.name,
         cpu_offload=parallel.cpu_offload,
     )
-    if _is_on_meta(raw):
+    if on_meta:
         if covered:
             allocate(raw, home)  # every tensor comes from the file: nothing to draw
         else:
@@ -134,7 +135,3 @@ def _on_meta(cfg: TrainConfig, task: Any, path: str | None) -> tuple[nn.Module |
 def _covers(path: str, model: nn.Module) -> bool:
     """Whether the file at `path` holds every tensor of the model's state dict (names only)."""
     return set(model.state_dict()) <= weight_names(path)
-
-
-def _is_on_meta(model: nn.Module) -> bool:
-    return any(p.is_meta for p in model.parameters())

@@ -291,25 +291,21 @@ def config_key(cfg: DictConfig | Mapping[str, Any], base: str | os.PathLike | No
         return None
 
 
-def run_dir_errors(plan: Plan, run_dir: str | os.PathLike) -> list[str]:
-    """The checks of a plan made without a run directory that need one: the directory is
-    writable, a reused one holds no other run's step checkpoints, and the checkpoint a
-    resume would take from it fits."""
-    run_dir = Path(run_dir)
-    return path_errors(plan.config, run_dir) + resume_fit(plan.config, plan.world_size, run_dir).errors
-
-
 def check_run_dir(plan: Plan, run_dir: str | os.PathLike) -> Plan:
-    """`plan`, once `run_dir_errors` finds nothing, with the accumulation that keeps the
-    global batch of the checkpoint a resume takes from `run_dir` (`for_world_size`).
+    """The checks of a plan made without a run directory that need one (the directory is
+    writable, a reused one holds no other run's step checkpoints, the checkpoint a resume
+    would take from it fits); then `plan` with the accumulation that keeps that checkpoint's
+    global batch (`for_world_size`).
 
     Raises:
         ConfigError: every run-directory error.
     """
-    errors = run_dir_errors(plan, run_dir)
+    run_dir = Path(run_dir)
+    fitted, errors = for_world_size(plan, plan.world_size, run_dir)
+    errors = path_errors(plan.config, run_dir) + errors
     if errors:
         raise ConfigError(errors)
-    return for_world_size(plan, plan.world_size, Path(run_dir))[0]
+    return fitted
 
 
 def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> tuple[Plan, list[str]]:

@@ -62,10 +62,6 @@ class ResumeFit:
         return replace(cfg, accumulation=self.accumulation)
 
 
-def _sharded(cfg: Any) -> bool:
-    return cfg.parallel.shards
-
-
 def _newest(directory: Path | None, sharded: bool) -> Path | None:
     """The newest step checkpoint of the kind this run writes, by name (its metadata is all
     this check reads; the ranks verify it and fall back to an older one when it is damaged)."""
@@ -90,7 +86,7 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
         return None
     if restart_count() > 0 or ckpt.resume == "latest":
         directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
-        newest = _newest(directory, _sharded(cfg))
+        newest = _newest(directory, cfg.parallel.shards)
         if newest is not None or ckpt.resume in ("latest", "none"):
             return newest
     return Path(ckpt.resume).expanduser()
@@ -124,12 +120,12 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _kind_error(cfg: Any, path: Path, key: str) -> str | None:
     """A checkpoint of the other `parallel` option: its format cannot be loaded by this one."""
-    if path.is_dir() and not _sharded(cfg):
+    if path.is_dir() and not cfg.parallel.shards:
         return (
             f"{key}: a sharded checkpoint (a directory parallel=fsdp writes), and "
             f"parallel={cfg.parallel.name} resumes checkpoint files: resume it with parallel=fsdp"
         )
-    if path.is_file() and _sharded(cfg):
+    if path.is_file() and cfg.parallel.shards:
         return (
             f"{key}: a checkpoint file (parallel=ddp writes them), and parallel=fsdp resumes "
             "sharded checkpoints (.dcp directories): resume it with parallel=ddp"
@@ -195,7 +191,7 @@ def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str) -> Re
     return ResumeFit(errors=errors, accumulation=kept, note=note)
 
 
-def _counts(record: Any) -> dict[str, int] | None:
+def batch_counts(record: Any) -> dict[str, int] | None:
     """The record's batch_size, world_size and accumulation, when it holds all three as ints >= 1."""
     if not isinstance(record, dict):
         return None
@@ -231,7 +227,7 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
             return ResumeFit()  # the ranks skip a damaged newest checkpoint for the one before it
         return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
     saved = (body.get("state") or {}).get(RECORD_KEY) if isinstance(body.get("state"), dict) else None
-    counts = _counts(saved)
+    counts = batch_counts(saved)
     if counts is None:  # written by user code or an older clorch: no batch to keep
         if body.get("world_size") == world_size or restarted:
             return ResumeFit()
@@ -262,8 +258,3 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
 def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str) -> list[str]:
     keys = sorted(set(saved) | set(now))
     return [f"{prefix}{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in keys if saved.get(k) != now.get(k)]
-
-
-def resume_errors(cfg: Any, world_size: int, run_dir: Path | None) -> list[str]:
-    """Errors for a resume whose checkpoint does not fit this run (`resume_fit`'s)."""
-    return resume_fit(cfg, world_size, run_dir).errors

@@ -29,8 +29,6 @@ from clorch.status import Status
 MARKERS = ("env.json", "summary.json", "config.yaml", "metrics.jsonl", "logs/job.json")
 # What a sweep directory holds besides its numbered trials.
 SWEEP_MARKERS = ("multirun.yaml", "sweep_summary.csv", "sweep_summary.md")
-# The launcher's final states (clorch.launch.job.FINAL_STATES), as job.json records them.
-_JOB_FINAL = FINAL_STATES
 # Every status a listed run can have: summary.json's, the launcher's, and those told from files.
 STATUSES = tuple(s.value for s in Status if s not in (Status.NOT_STARTED, Status.MISSING))
 
@@ -157,7 +155,7 @@ class Run:
         if isinstance(recorded, str) and recorded:
             return recorded
         state = (self.job.get("status") or {}).get("state") if isinstance(self.job.get("status"), dict) else None
-        if state in _JOB_FINAL:
+        if state in FINAL_STATES:  # the launcher's, as job.json records them
             return state  # the job ended and recorded it; only the summary was not written
         if state != Status.RUNNING:
             return Status.UNKNOWN.value

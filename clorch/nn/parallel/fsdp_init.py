@@ -55,7 +55,9 @@ def _module_seed(seed: int, name: str) -> int:
 def fill_shard(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full-size value into a parameter or buffer: this rank's slice of it when sharded.
 
-    `full` may be on the CPU and of another dtype: only the slice is moved and cast. Local.
+    `full` may be on the CPU and of another dtype; for a sharded parameter torch's
+    `distribute_tensor` moves the whole tensor to the parameter's device before keeping this
+    rank's slice, so for a moment the device holds that one tensor whole. Local.
     """
     with torch.no_grad():
         if isinstance(param, DTensor):

@@ -95,8 +95,8 @@ def _both(rank: int, world: int, configs: dict) -> dict:
 
 def test_fp16_under_fsdp_trains_and_skips_as_under_ddp():
     ddp = resolve(compose([*JOB, *FP16])).config
-    # The config checks still refuse fp16 with fsdp before launch: the fsdp job is the ddp one
-    # with the parallel group of an fsdp composition.
+    # The fsdp job is the ddp one with the parallel group of an fsdp composition: the same
+    # config in every other key.
     fsdp = replace(ddp, parallel=resolve(compose([*JOB, "parallel=fsdp"])).config.parallel)
     ranks = run_ranks(_both, 2, {"ddp": ddp, "fsdp": fsdp}, timeout=120)
     reference = ranks[0]["ddp"]
