@@ -14,6 +14,9 @@ from typing import Mapping
 REQUIRED_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 OPTIONAL_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
 COLLECTIVE_TIMEOUT_VARIABLE = "CLORCH_COLLECTIVE_TIMEOUT"  # seconds; read by init_process_group
+# Set by clorch's launcher for rank 0 alone when it chose the port: the descriptor of a socket
+# already listening on MASTER_PORT, which rank 0's store takes over (read by init_process_group).
+STORE_FD_VARIABLE = "CLORCH_STORE_FD"
 
 # NVLink multicast (NVLS) can put a shared host's GPUs out of service; clorch
 # keeps it off in every environment it builds, unless the user set a value.

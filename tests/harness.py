@@ -29,6 +29,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import random
 import socket
 import sys
 import tempfile
@@ -38,10 +39,40 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+# Ports handed out by `free_port` in this test session, never handed out twice.
+_given_ports: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port that is free now, below the kernel's ephemeral range, not handed out before.
+
+    A port the kernel chose with bind(0) comes from the ephemeral range, which
+    every outgoing connection (gloo opens many) draws from too: between the
+    test's choice and rank 0's bind, a connection could take it. Below that
+    range only an explicit bind can.
+    """
+    low, _ = _ephemeral_range()
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates:
+        if port in _given_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 class RankFailure(AssertionError):

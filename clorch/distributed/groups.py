@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from clorch.distributed.exit_guard import watch_process_group
-from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, DistEnv, read_env, restart_count
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, DistEnv, read_env, restart_count
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for NCCL; a hung rank is found within 10 minutes
@@ -160,15 +160,23 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
     every agent counts it; a restart that only admits a new node into an elastic
     range (nnodes=MIN:MAX) does not raise the healthy nodes' count, and such a
     start may then wait for its collective timeout before restarting again.
+
+    Where clorch's launcher chose the port, it hands rank 0 a socket already
+    listening on it (CLORCH_STORE_FD), so that no other process can take the
+    port between the launcher's choice and rank 0's start. It is used once:
+    a later group in the same process binds MASTER_PORT itself.
     """
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    hosts = env.rank == 0 and not agent_hosts
+    listen_fd = os.environ.pop(STORE_FD_VARIABLE, None) if hosts else None
     store = dist.TCPStore(
         env.master_addr,
         env.master_port,
         env.world_size,
-        is_master=env.rank == 0 and not agent_hosts,
+        is_master=hosts,
         timeout=timeout,
         multi_tenant=True,
+        master_listen_fd=None if listen_fd is None else int(listen_fd),
     )
     return dist.PrefixStore(f"clorch/start_{restart_count()}", store) if agent_hosts else store
 

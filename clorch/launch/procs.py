@@ -28,11 +28,6 @@ JOB_ID_VARIABLE = "CLORCH_JOB_ID"
 LEFTOVERS_LIMIT_S = 10.0
 _LEFTOVERS_POLL_S = 0.01
 
-# Ports handed to jobs of this process that may still be running: bind(0) can
-# return a port again as soon as it is closed, before rank 0 has bound it.
-_ports_in_use: set[int] = set()
-_ports_lock = threading.Lock()
-
 # Ranks of any job of this process that are not reaped yet: `end_leftovers` never touches
 # them, whatever their session looks like (only their own supervisor's Popen may reap them).
 _live_ranks: set[int] = set()
@@ -96,23 +91,22 @@ def pid_alive(pid: int) -> bool:
         return not os.path.exists("/proc")
 
 
-def reserve_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now and not handed to another job of this process."""
-    for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host if host in ("127.0.0.1", "localhost") else "", 0))
-            port = sock.getsockname()[1]
-        with _ports_lock:
-            if port not in _ports_in_use:
-                _ports_in_use.add(port)
-                return port
-    raise RuntimeError("could not find a free TCP port in 64 tries")
+def listen_on_free_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket listening on a port the system chose, for rank 0's store to take over.
 
-
-def release_port(port: int) -> None:
-    """Forget a port reserved by `reserve_free_port` (the job using it ended)."""
-    with _ports_lock:
-        _ports_in_use.discard(port)
+    Handing rank 0 the open socket, rather than a port number it binds later,
+    leaves no moment in which another process (an outgoing connection given
+    that ephemeral port, another job) can take the port. The caller closes its
+    copy when the ranks it started have ended.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host if host in ("127.0.0.1", "localhost") else "", 0))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def become_child_subreaper() -> bool:

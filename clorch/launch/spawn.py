@@ -8,22 +8,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, with_rank_defaults
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, with_rank_defaults
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import JOB_ID_VARIABLE, LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
 
 RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
 
 
-def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str) -> dict[str, str]:
+def rank_env(
+    config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str, store_fd: int | None = None
+) -> dict[str, str]:
     """The full environment of one rank: the launcher's, the user's `env`, then clorch's variables.
+
+    `store_fd` (rank 0 only): a socket already listening on `port`, for its store.
 
     The launcher pid and `job_id` mark the rank's descendants too (they
     inherit them), so that `end_leftovers` finds those that leave its session.
     """
     # A launcher that itself runs under torchrun must not pass on the agent's variables:
     # its ranks would then expect the agent to host their store.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_") and k != STORE_FD_VARIABLE}
     env.update(config.env)
     env.update(
         {
@@ -43,6 +47,8 @@ def rank_env(config: LaunchConfig, local_rank: int, port: int, attempt: int, job
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if store_fd is not None:
+        env[STORE_FD_VARIABLE] = str(store_fd)
     if config.nproc_per_node > 1:
         # Ranks sharing a node would otherwise each start one thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -66,12 +72,14 @@ def rank_command(config: LaunchConfig) -> list[str]:
     ]
 
 
-def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str) -> subprocess.Popen:
+def spawn_rank(
+    config: LaunchConfig, local_rank: int, port: int, attempt: int, job_id: str, store_fd: int | None = None
+) -> subprocess.Popen:
     """Start one rank in a new session (so its group id is its pid), output straight to its files.
 
     Call it from the thread that supervises the job: the rank's parent-death
     signal fires when that *thread* exits. `job_id` names the job among this
-    process's jobs (see `rank_env`).
+    process's jobs (see `rank_env`); `store_fd` is passed to this rank alone.
     """
     rank = config.global_rank(local_rank)
     log_dir = Path(config.log_dir)
@@ -88,6 +96,7 @@ def spawn_rank(config: LaunchConfig, local_rank: int, port: int, attempt: int, j
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env=rank_env(config, local_rank, port, attempt, job_id),
+            env=rank_env(config, local_rank, port, attempt, job_id, store_fd),
+            pass_fds=() if store_fd is None else (store_fd,),
             start_new_session=True,
         )

@@ -31,8 +31,7 @@ from clorch.launch.procs import (
     end_leftovers,
     forget_rank,
     kill_group,
-    release_port,
-    reserve_free_port,
+    listen_on_free_port,
     track_rank,
 )
 from clorch.launch.rendezvous import RendezvousStopped, RendezvousTimeout, meet_nodes
@@ -47,7 +46,9 @@ class _Attempt:
     def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None, job_id: str) -> None:
         self.job, self.config, self.number, self.deadline = job, config, number, deadline
         self.job_id = job_id
-        self.port = config.master_port or reserve_free_port()
+        # Without a port of the user's, rank 0's store takes over a socket listening already.
+        self.listener = None if config.master_port else listen_on_free_port(config.master_addr)
+        self.port = config.master_port or self.listener.getsockname()[1]
         self.procs: list[subprocess.Popen] = []
         self.pidfds: dict[int, int] = {}
         self.ending: str | None = None
@@ -55,11 +56,20 @@ class _Attempt:
         self.kill_at: float | None = None
         self.started_at = time.time()
 
+    def close_listener(self) -> None:
+        """Close the launcher's copy of the store's socket (the port is free again once rank 0's is gone)."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
     def start(self) -> None:
         become_child_subreaper()  # before any rank exists, so that every orphan of theirs comes here
         try:
             for local_rank in range(self.config.nproc_per_node):
-                proc = spawn_rank(self.config, local_rank, self.port, self.number, self.job_id)
+                store_fd = (
+                    self.listener.fileno() if self.listener and self.config.global_rank(local_rank) == 0 else None
+                )
+                proc = spawn_rank(self.config, local_rank, self.port, self.number, self.job_id, store_fd)
                 track_rank(proc.pid)
                 self.procs.append(proc)
                 try:
@@ -270,7 +280,6 @@ def run_job(job: Job, config: LaunchConfig) -> None:
     """The supervisor thread's body: attempts until success, a final failure, a stop or the timeout."""
     deadline = None if config.timeout is None else time.monotonic() + config.timeout
     attempts: list[dict[str, Any]] = []
-    ports: list[int] = []
     job_id = unique_token()  # marks this job's processes apart from other jobs of this process
     try:
         (Path(config.log_dir) / STOP_REQUEST).unlink(missing_ok=True)
@@ -279,12 +288,14 @@ def run_job(job: Job, config: LaunchConfig) -> None:
             if not _meet_other_nodes(job, config, number, attempts):
                 return
             attempt = _Attempt(job, config, number, deadline, job_id)
-            ports.append(attempt.port)
             try:
-                attempt.start()
+                try:
+                    attempt.start()
+                finally:
+                    job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port, restart_count=number)
+                state = attempt.supervise()
             finally:
-                job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port, restart_count=number)
-            state = attempt.supervise()
+                attempt.close_listener()
             attempts.append(attempt.record())
             job._update(attempts=attempts)
             out_of_time = deadline is not None and time.monotonic() >= deadline
@@ -299,8 +310,4 @@ def run_job(job: Job, config: LaunchConfig) -> None:
         )
         raise
     finally:
-        if config.master_port is None:
-            # Held until the job ends, so that every restart gets a port of its own.
-            for port in ports:
-                release_port(port)
         job._finish()

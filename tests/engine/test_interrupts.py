@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
 
 pytestmark = pytest.mark.timeout(240)
@@ -58,7 +58,7 @@ def _command(case: str, cwd: Path) -> tuple[list[str], Path, list[int]]:
     if case == "sweep":
         return ["-m", *ARGS, "seed=1,2", f"hydra.sweep.dir={cwd / 'sweep'}"], cwd / "sweep" / "0", [signal.SIGINT]
     if case == "torchrun":
-        endpoint = f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}"
+        endpoint = f"launcher.rdzv_endpoint=127.0.0.1:{free_port()}"
         return [*ARGS, "launcher=torchrun", endpoint, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
     return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", SIGNALS[case]
 

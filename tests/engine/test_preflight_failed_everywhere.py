@@ -25,7 +25,7 @@ import pytest
 
 import clorch
 from clorch.env import with_multicast_off
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 from clorch.runs.cli import run_cli
 from clorch.status import Status
 from tests.clirunner import start_clorch_train
@@ -63,7 +63,7 @@ def _popen(command: list[str], cwd: Path, **env: str) -> subprocess.Popen:
 
 def _start_all(tmp: Path) -> dict[str, list]:
     """Every outside-process mode, started; {mode: [its processes (one per node or task)]}."""
-    port, agents = reserve_free_port(), reserve_free_port()
+    port, agents = free_port(), free_port()
     torchrun = [
         sys.executable,
         "-m",
@@ -72,7 +72,7 @@ def _start_all(tmp: Path) -> dict[str, list]:
         "launcher=torchrun",
         "launcher.nnodes=2",
         "launcher.nproc_per_node=1",
-        f"launcher.rdzv_endpoint=127.0.0.1:{reserve_free_port()}",
+        f"launcher.rdzv_endpoint=127.0.0.1:{free_port()}",
         "launcher.rdzv_id=pf",
         f"hydra.run.dir={tmp / 'launcher_torchrun'}",
     ]

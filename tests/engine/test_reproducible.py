@@ -10,7 +10,7 @@ import pytest
 
 import clorch
 from clorch.engine.outputs import read_metrics, without_timing
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 
 pytestmark = pytest.mark.timeout(200)
@@ -142,7 +142,7 @@ def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, mo
         **{
             "launcher": "torchrun",
             "launcher.max_restarts": 1,
-            "launcher.rdzv_endpoint": f"127.0.0.1:{reserve_free_port()}",
+            "launcher.rdzv_endpoint": f"127.0.0.1:{free_port()}",
         },
     )
     assert result["summary"]["status"] == "succeeded", result["summary"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +12,11 @@ from pathlib import Path
 import pytest
 
 from clorch.launch.external import detect
+from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
 TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env() -> dict[str, str]:
@@ -109,7 +103,7 @@ def test_a_config_error_under_torchrun_is_reported_once_per_node(tmp_path):
 
 
 def test_srun_tasks_train_as_ranks(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = []
     for task in range(2):
         env = {

@@ -14,7 +14,7 @@ import torch
 
 from clorch.env import with_multicast_off
 from clorch.launch import launch
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 from clorch.launch.slurm import PORT_BASE, PORT_SPAN
 
 pytestmark = pytest.mark.timeout(90)
@@ -28,7 +28,7 @@ def _expected_sum(seeds, size: int) -> list[float]:
 
 
 def test_two_launchers_on_loopback(tmp_path):
-    port = reserve_free_port()
+    port = free_port()
     common = dict(nproc_per_node=1, nnodes=2, backend="gloo", master_port=port, timeout=60)
     node0 = launch("tests.launch.workers:gloo_all_reduce", node_rank=0, log_dir=tmp_path / "n0", **common)
     node1 = launch("tests.launch.workers:gloo_all_reduce", node_rank=1, log_dir=tmp_path / "n1", **common)
@@ -48,9 +48,9 @@ def test_two_launchers_on_loopback(tmp_path):
 
 def test_slurm_variables_place_each_launcher(tmp_path, monkeypatch):
     """Two launchers that differ only in SLURM_NODEID agree on the master and the port."""
-    port = reserve_free_port()
+    port = free_port()
     while not PORT_BASE <= port < PORT_BASE + PORT_SPAN:
-        port = reserve_free_port()
+        port = free_port()
     monkeypatch.setenv("SLURM_NNODES", "2")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost,otherhost")
     monkeypatch.setenv("SLURM_JOB_ID", str(port - PORT_BASE + 7 * PORT_SPAN))
@@ -97,7 +97,7 @@ def test_torchrun_runs_a_process_group_worker(tmp_path):
 
 
 def _alone(tmp_path, node_rank: int, nnodes: int = 2, port: int | None = None, **kw):
-    port = port or reserve_free_port()
+    port = port or free_port()
     return launch(
         "tests.launch.workers:gloo_all_reduce",
         nproc_per_node=1,
@@ -182,7 +182,7 @@ def _missing_node(tmp: Path) -> tuple[float, list[subprocess.Popen], tuple[int, 
     (its start, [it], (its port, the folder))."""
     tmp_path = tmp / "clorch-train"
     tmp_path.mkdir()
-    port = reserve_free_port()
+    port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -236,7 +236,7 @@ def test_a_joining_node_asks_again_while_another_program_holds_the_port(tmp_path
 
     from clorch.launch.rendezvous import meet_nodes
 
-    port = reserve_free_port()
+    port = free_port()
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     squatter.bind(("", port))

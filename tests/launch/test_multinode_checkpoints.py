@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 from tests.clirunner import start_clorch_train
 
 pytestmark = pytest.mark.timeout(180)
@@ -60,7 +60,7 @@ def _holds_lock(run_dir: Path, rdzv_id: str, node) -> None:
 
 def test_two_nodes_of_one_job_share_the_checkpoints_and_both_resume_from_them(tmp_path):
     run_dir = tmp_path / "run"
-    port = reserve_free_port()
+    port = free_port()
     first = _node(tmp_path, port, "job", run_dir)
     time.sleep(1.5)  # the second node starts while the first holds the checkpoint directory
     second = _node(tmp_path, port, "job", run_dir)
@@ -73,7 +73,7 @@ def test_two_nodes_of_one_job_share_the_checkpoints_and_both_resume_from_them(tm
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
 
     # The pair again, started together, one epoch more: both nodes resume from the checkpoint.
-    port = reserve_free_port()
+    port = free_port()
     again = [
         _node(
             tmp_path,
@@ -104,11 +104,11 @@ def test_two_nodes_of_one_job_share_the_checkpoints_and_both_resume_from_them(tm
 
 
 def test_a_node_of_another_job_is_refused_and_leaves_the_running_jobs_files(tmp_path):
-    run_dir, port = tmp_path / "run", reserve_free_port()
+    run_dir, port = tmp_path / "run", free_port()
     first = _node(tmp_path, port, "one", run_dir, "launcher.rdzv_timeout=120")
     _holds_lock(run_dir, "one", first)
     before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
-    intruder = _node(tmp_path, reserve_free_port(), "two", run_dir)
+    intruder = _node(tmp_path, free_port(), "two", run_dir)
     [(code, out)] = _finish([intruder])
     assert code == 2, out[-3000:]
     assert f"checkpoint directory {run_dir / 'checkpoints'} is in use by another run (pid " in out
@@ -127,7 +127,7 @@ def alone(tmp_path_factory):
     """(its working directory, a node whose peer never comes: launcher.rdzv_timeout=3). Started by
     the Ctrl-C test before its own node, so that this one's start and wait overlap that test's."""
     tmp_path = tmp_path_factory.mktemp("alone")
-    node = _node(tmp_path, reserve_free_port(), "alone", tmp_path / "run", "launcher.rdzv_timeout=3")
+    node = _node(tmp_path, free_port(), "alone", tmp_path / "run", "launcher.rdzv_timeout=3")
     yield tmp_path, node
     if node.poll() is None:
         node.send_signal(signal.SIGKILL)  # a test failed before finishing it
@@ -136,7 +136,7 @@ def alone(tmp_path_factory):
 
 @pytest.mark.usefixtures("alone")  # started first: the peer-never-comes test finishes it
 def test_ctrl_c_while_a_node_waits_for_its_peer_exits_130_with_the_interrupt_summary(tmp_path):
-    run_dir, port = tmp_path / "run", reserve_free_port()
+    run_dir, port = tmp_path / "run", free_port()
     node = _node(tmp_path, port, "waits", run_dir, "launcher.rdzv_timeout=120")
     _holds_lock(run_dir, "waits", node)
     while True:  # the agent waits once it serves the rendezvous store at the endpoint

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clorch.env import with_multicast_off
-from clorch.launch.procs import reserve_free_port
+from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def _finish(agents: list[subprocess.Popen]) -> list[tuple[int, str]]:
 
 
 def test_two_agents_train_like_one_node_with_two_ranks(tmp_path, local_run):
-    port, run_dir = reserve_free_port(), tmp_path / "run"
+    port, run_dir = free_port(), tmp_path / "run"
     args = [*TINY, f"hydra.run.dir={run_dir}"]
     agents = [_agent(port, "two", _clorch_train(), args, tmp_path) for _ in range(2)]
     (code0, out0), (code1, out1) = _finish(agents)
@@ -80,7 +80,7 @@ def test_two_agents_train_like_one_node_with_two_ranks(tmp_path, local_run):
 
 
 def test_a_rank_failing_on_one_node_ends_the_other_nodes_rank(tmp_path):
-    port, run_dir = reserve_free_port(), tmp_path / "run"
+    port, run_dir = free_port(), tmp_path / "run"
     args = [*TINY, f"hydra.run.dir={run_dir}", "data.sample_count=256", "epochs=20"]
     start = time.monotonic()
     healthy = _agent(port, "fail", _clorch_train(), args, tmp_path)

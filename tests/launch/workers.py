@@ -31,6 +31,7 @@ ENV_NAMES = (
     "CUDA_VISIBLE_DEVICES",
     "CLORCH_TEST_MARK",
     "TORCH_CPP_LOG_LEVEL",
+    "CLORCH_STORE_FD",
 )
 
 
@@ -44,6 +45,15 @@ def report(ctx):
         "env": {name: os.environ.get(name) for name in ENV_NAMES},
         "torch_imported": "torch" in sys.modules,
     }
+
+
+def wait_for_release(ctx):
+    """Block until the file at args["release"] exists (at most 30 s)."""
+    release = Path(ctx["args"]["release"])
+    deadline = time.monotonic() + 30
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return release.exists()
 
 
 def returns_a_set(ctx):
