@@ -21,6 +21,7 @@ Nothing here imports torch before step 3, and nothing at all without a backend.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from clorch._files import write_json_atomic
+from clorch.env import STORE_FD_VARIABLE
 from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE, set_parent_death_signal
 
 
@@ -49,6 +51,7 @@ def _start_sentinel() -> None:
     if os.fork() != 0:
         return
     try:
+        _close_store_socket()  # the rank's alone: a copy here would hold the port past its use
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Blocked before prctl, so the parent-death signal waits for sigwait instead of being lost.
@@ -112,6 +115,19 @@ def _write_result(log_dir: Path, rank: int, result: Any) -> None:
 GROUP_OPENER = "clorch.distributed.groups:process_group"
 
 
+def _close_store_socket() -> None:
+    """Close the listening socket the launcher handed rank 0 for a clorch group (see groups.py).
+
+    Called in the rank's sentinel, and in a rank launched without a backend: one
+    that makes its own group (torch's `init_process_group` binds MASTER_PORT
+    itself) would otherwise find the port taken by its own socket.
+    """
+    fd = os.environ.pop(STORE_FD_VARIABLE, None)
+    if fd is not None:
+        with contextlib.suppress(OSError, ValueError):
+            os.close(int(fd))
+
+
 def _call(fn: Any, backend: str, args: Any) -> Any:
     ctx = {
         "rank": int(os.environ["RANK"]),
@@ -122,6 +138,7 @@ def _call(fn: Any, backend: str, args: Any) -> Any:
         "args": args,
     }
     if backend == "none":
+        _close_store_socket()
         return fn(ctx)
     # lazy: a rank started without a backend never imports torch
     import torch.distributed as dist

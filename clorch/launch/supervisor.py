@@ -46,7 +46,8 @@ class _Attempt:
     def __init__(self, job: Job, config: LaunchConfig, number: int, deadline: float | None, job_id: str) -> None:
         self.job, self.config, self.number, self.deadline = job, config, number, deadline
         self.job_id = job_id
-        # Without a port of the user's, rank 0's store takes over a socket listening already.
+        # Without a port of the user's, rank 0's store takes over a socket listening already;
+        # the launcher closes its own copy once rank 0 holds one.
         self.listener = None if config.master_port else listen_on_free_port(config.master_addr)
         self.port = config.master_port or self.listener.getsockname()[1]
         self.procs: list[subprocess.Popen] = []
@@ -57,7 +58,7 @@ class _Attempt:
         self.started_at = time.time()
 
     def close_listener(self) -> None:
-        """Close the launcher's copy of the store's socket (the port is free again once rank 0's is gone)."""
+        """Close the launcher's copy of the store's socket (rank 0 has its own from its start)."""
         if self.listener is not None:
             self.listener.close()
             self.listener = None
@@ -289,13 +290,11 @@ def run_job(job: Job, config: LaunchConfig) -> None:
                 return
             attempt = _Attempt(job, config, number, deadline, job_id)
             try:
-                try:
-                    attempt.start()
-                finally:
-                    job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port, restart_count=number)
-                state = attempt.supervise()
+                attempt.start()
             finally:
                 attempt.close_listener()
+                job._update(pids=[p.pid for p in attempt.procs], master_port=attempt.port, restart_count=number)
+            state = attempt.supervise()
             attempts.append(attempt.record())
             job._update(attempts=attempts)
             out_of_time = deadline is not None and time.monotonic() >= deadline

@@ -57,7 +57,7 @@ def test_success_env_results_logs_and_record(tmp_path):
         assert env["TORCH_CPP_LOG_LEVEL"] == os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")
         assert env["CLORCH_TEST_MARK"] == "m" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
         assert env["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")
-        assert (env["CLORCH_STORE_FD"] or "").isdigit() == (rank == 0), "rank 0 alone gets the store's socket"
+        assert env["CLORCH_STORE_FD"] is None, "a rank without a clorch group gives the store's socket back"
         assert result["torch_imported"] is False, "backend=None ranks never import torch"
         logs = job_logs(job, rank)
         assert logs["stdout"] == f"stdout of rank {rank}\n"
@@ -71,26 +71,31 @@ def test_success_env_results_logs_and_record(tmp_path):
     assert job_status(job) == status
 
 
-def test_the_port_is_held_from_the_launchers_choice_to_the_jobs_end(tmp_path):
+def test_no_one_can_take_the_port_between_the_launchers_choice_and_rank_0s_store(tmp_path):
     release = tmp_path / "release"
     job = cd.launch(
         "tests.launch.workers:wait_for_release",
         nproc_per_node=2,
-        backend=None,  # no rank binds the port: only the launcher's socket holds it
+        backend="gloo",
         args={"release": str(release)},
         log_dir=tmp_path / "run",
     )
     deadline = time.monotonic() + 30
     while job_status(job)["master_port"] is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    port = job_status(job)["master_port"]
+    # The ranks are still importing torch: rank 0's store has not started yet.
     with socket.socket() as thief, pytest.raises(OSError) as taken:
-        thief.bind(("127.0.0.1", port))
+        thief.bind(("127.0.0.1", job_status(job)["master_port"]))
     assert taken.value.errno == errno.EADDRINUSE
     release.touch()
-    assert await_job(job, timeout=30)["state"] == "succeeded"
-    with socket.socket() as after:
-        after.bind(("127.0.0.1", port))  # given back when the job ended
+    assert await_job(job, timeout=60)["state"] == "succeeded"
+
+
+def test_a_rank_without_a_backend_can_make_its_group_with_torch(tmp_path):
+    job = cd.launch("tests.launch.workers:torch_group", nproc_per_node=2, backend=None, log_dir=tmp_path)
+    status = await_job(job, timeout=60)
+    assert status["state"] == "succeeded", status["error"]
+    assert status["results"] == [1.0, 1.0]
 
 
 def test_user_omp_num_threads_is_kept_and_one_rank_gets_none(tmp_path):

@@ -48,12 +48,26 @@ def report(ctx):
 
 
 def wait_for_release(ctx):
-    """Block until the file at args["release"] exists (at most 30 s)."""
+    """Block until the file at args["release"] exists (at most 30 s), in the group when there is one."""
     release = Path(ctx["args"]["release"])
     deadline = time.monotonic() + 30
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     return release.exists()
+
+
+def torch_group(ctx):
+    """Launched without a backend: make the group with torch's own env:// init, all-reduce the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        tensor = torch.tensor([float(ctx["rank"])])
+        dist.all_reduce(tensor)
+        return tensor.item()
+    finally:
+        dist.destroy_process_group()
 
 
 def returns_a_set(ctx):
