@@ -48,7 +48,10 @@ of what the full build, the gathered units and the collectives' buffers freed).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from clorch.config import registry
 
 from clorch.precision import get_precision
 
@@ -57,7 +60,6 @@ GRADIENT_BYTES = 4  # fp32 gradients (ddp: the parameters' dtype; fsdp: reduce-s
 BUILD_BYTES = 4  # each rank draws the seeded start whole, in fp32, on its host
 PROCESS_BYTES = 2**29  # 0.5 GiB: a rank's own host memory (a CPU rank of clorch-train: ~0.45 GiB)
 CUDA_CONTEXT_BYTES = 2**29  # 0.5 GiB: CUDA's context on each GPU
-OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # fp32 parameter-sized buffers (sgd: with momentum)
 
 
 def element_bytes(precision: str) -> int:
@@ -78,9 +80,10 @@ def bytes_per_parameter(
     under ddp the copies autocast and the gradient buckets make).
 
     Args:
-        optimizer: "adamw" or "sgd" (SGD keeps a momentum buffer only when momentum > 0).
-        states: the optimizer's parameter-sized fp32 buffers, when given (an `optim` option's
-            `states()`: any optimizer); None looks `optimizer` up.
+        optimizer: an `optim` option's name ("adamw", "sgd"); its `states()` gives the
+            optimizer's parameter-sized fp32 buffers (SGD keeps one only when momentum > 0).
+        states: those buffers, when given (then `optimizer` is not looked up).
+        momentum: for an option with a momentum field (sgd).
         precision: a clorch precision name; under ddp (`sharded=False`) bf16/fp16 autocast keeps
             a copy of each weight in that dtype from forward to backward.
         sharded: parallel=fsdp (its bf16 copies are the gathered units, counted apart).
@@ -90,16 +93,25 @@ def bytes_per_parameter(
     Raises:
         ValueError: an unknown optimizer, precision or reduce dtype name.
     """
-    if states is None and optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     if states is None:
-        states = OPTIMIZER_STATES[optimizer] if optimizer == "adamw" or momentum > 0 else 0
+        states = _optimizer_states(optimizer, momentum)
     total = WEIGHT_BYTES + GRADIENT_BYTES + 4 * states
     if not sharded and get_precision(precision).name != "fp32":
         total += element_bytes(precision)  # autocast's cached copy of each weight
     if not sharded and ddp_reduce_dtype is not None and get_precision(ddp_reduce_dtype).name != "fp32":
         total += element_bytes(ddp_reduce_dtype)
     return total
+
+
+def _optimizer_states(optimizer: str, momentum: float) -> int:
+    """The `optim` option's `states()`, with `momentum` where the option has one."""
+    options = registry.options("optim")
+    if optimizer not in options:
+        raise ValueError(f"optimizer must be one of {sorted(options)}, got {optimizer!r}")
+    option = options[optimizer]
+    if any(f.name == "momentum" for f in dataclasses.fields(option)):
+        option = dataclasses.replace(option, momentum=momentum)
+    return option.states()
 
 
 def gpt_activation_bytes(
