@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -59,47 +58,6 @@ def new_run_dir(base: str | os.PathLike | None = None, layout: str = "outputs") 
             continue
         return path
     raise AssertionError("unreachable")  # itertools.count() never ends
-
-
-class Footprint:
-    """What a launch adds around its run directory, so that a launch stopped by config errors
-    (no run happened: nothing it wrote is anyone's work) can take it back.
-
-    Record it before the launch writes anything; `undo` then removes the entries
-    the launch added to the directory, the directory itself if it did not exist,
-    and the empty parent directories made for it.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path).expanduser().absolute()
-        self.entries = set(os.listdir(self.path)) if self.path.is_dir() else None
-        self.new_parents: list[Path] = []  # nearest first
-        parent = self.path.parent
-        while not parent.exists():
-            self.new_parents.append(parent)
-            parent = parent.parent
-
-    def made(self, path: Path) -> "Footprint":
-        """The same record for `path`, a new directory made inside the recorded one's parent."""
-        self.path, self.entries = path, None
-        return self
-
-    def undo(self) -> None:
-        """Remove what the launch added (local file operations; errors are ignored)."""
-        if self.entries is None:
-            shutil.rmtree(self.path, ignore_errors=True)
-        elif self.path.is_dir():
-            for name in set(os.listdir(self.path)) - self.entries:
-                entry = self.path / name
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-        for parent in self.new_parents:
-            try:
-                parent.rmdir()  # only while empty: the first one in use stops the climb
-            except OSError:
-                break
 
 
 def write_json(path: Path, data: Any) -> None:
