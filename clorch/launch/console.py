@@ -54,6 +54,10 @@ class SafeStream:
         self._line = ""  # the start of a line not finished yet (print writes its end separately)
 
     def write(self, text: str) -> int:
+        if self._line and text.startswith(LOGGED_PREFIX):
+            # A line cut short (Ctrl-C between a print's text and its newline) ends here, so
+            # that the command's own line starts a line, on the console and in the run's log.
+            text = "\n" + text
         if self._level is not None:
             self._log_lines(text)
         if not self.gone:

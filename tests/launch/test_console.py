@@ -3,7 +3,9 @@ never stops or spoils a run of clorch-train, nor changes its exit status."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -46,6 +48,22 @@ def test_a_write_to_a_closed_pipe_is_dropped_and_the_descriptor_goes_to_dev_null
     stream.flush()
     assert os.path.samestat(os.fstat(write), os.stat(os.devnull))
     stream.wrapped.close()
+
+
+def test_a_line_cut_short_by_ctrl_c_does_not_swallow_the_next_logged_line(tmp_path):
+    """A progress print interrupted between its text and its newline, then clorch-train's report."""
+    console = io.StringIO()
+    stream = SafeStream(console, logging.WARNING)
+    handler = logging.FileHandler(tmp_path / "run.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        stream.write("step 8/400  loss 1.193")  # print's newline never came
+        print("clorch-train: interrupted by SIGINT after step 8", file=stream)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert console.getvalue() == "step 8/400  loss 1.193\nclorch-train: interrupted by SIGINT after step 8\n"
+    assert (tmp_path / "run.log").read_text() == "interrupted by SIGINT after step 8\n"
 
 
 def test_the_exit_flush_into_a_closed_pipe_keeps_the_exit_status():
