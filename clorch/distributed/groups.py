@@ -163,12 +163,11 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
 
     Where clorch's launcher chose the port, it hands rank 0 a socket already
     listening on it (CLORCH_STORE_FD), so that no other process can take the
-    port between the launcher's choice and rank 0's start. It is used once:
-    a later group in the same process binds MASTER_PORT itself.
+    port between the launcher's choice and rank 0's start (`_handed_socket`).
     """
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     hosts = env.rank == 0 and not agent_hosts
-    listen_fd = os.environ.pop(STORE_FD_VARIABLE, None) if hosts else None
+    listen_fd = _handed_socket(env.master_port) if hosts else None
     store = dist.TCPStore(
         env.master_addr,
         env.master_port,
@@ -176,9 +175,30 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
         is_master=hosts,
         timeout=timeout,
         multi_tenant=True,
-        master_listen_fd=None if listen_fd is None else int(listen_fd),
+        master_listen_fd=listen_fd,
     )
     return dist.PrefixStore(f"clorch/start_{restart_count()}", store) if agent_hosts else store
+
+
+def _handed_socket(port: int) -> int | None:
+    """The descriptor of the socket clorch's launcher handed this rank, if it is one listening on `port`.
+
+    Used once: the store closes it when it ends, and a later group in the same
+    process binds MASTER_PORT itself (once the earlier group's store is freed).
+    A descriptor that is not such a socket (the variable inherited by a program
+    started from rank 0) is ignored.
+    """
+    value = os.environ.pop(STORE_FD_VARIABLE, None)
+    if value is None:
+        return None
+    try:
+        fd = int(value)
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+            ours = listening and sock.getsockname()[1] == port
+    except (OSError, ValueError):
+        return None
+    return fd if ours else None
 
 
 def init_process_group(

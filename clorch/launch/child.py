@@ -210,8 +210,18 @@ def _end_interrupted() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def _keep_store_socket_here() -> None:
+    """The store's socket (rank 0's) is not passed on to programs the rank starts (os.system,
+    close_fds=False), which would keep the port after the rank's store has closed."""
+    fd = os.environ.get(STORE_FD_VARIABLE)
+    if fd is not None:
+        with contextlib.suppress(OSError, ValueError):
+            os.set_inheritable(int(fd), False)
+
+
 def main(argv: list[str]) -> None:
     options = dict(zip(argv[::2], argv[1::2]))
+    _keep_store_socket_here()
     _guard_parent()
     _start_sentinel()
     _extend_sys_path()

@@ -91,22 +91,37 @@ def pid_alive(pid: int) -> bool:
         return not os.path.exists("/proc")
 
 
-def listen_on_free_port(host: str = "127.0.0.1") -> socket.socket:
+def listen_on_free_port() -> socket.socket:
     """A socket listening on a port the system chose, for rank 0's store to take over.
 
     Handing rank 0 the open socket, rather than a port number it binds later,
     leaves no moment in which another process (an outgoing connection given
-    that ephemeral port, another job) can take the port. The caller closes its
-    copy when the ranks it started have ended.
+    that ephemeral port, another job) can take the port. Like the socket torch's
+    store makes itself, it listens on every address, IPv6 and IPv4 where the host
+    has both, and allows a new bind while a closed store's connections linger
+    (SO_REUSEADDR), so that a rank can make a second group on the same port.
+
+    Raises:
+        OSError: no socket could listen.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host if host in ("127.0.0.1", "localhost") else "", 0))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    error: OSError | None = None
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:  # no IPv6 on this host
+            error = exc
+            continue
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, 0))
+            sock.listen(socket.SOMAXCONN)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
 
 
 def become_child_subreaper() -> bool:

@@ -48,7 +48,7 @@ class _Attempt:
         self.job_id = job_id
         # Without a port of the user's, rank 0's store takes over a socket listening already;
         # the launcher closes its own copy once rank 0 holds one.
-        self.listener = None if config.master_port else listen_on_free_port(config.master_addr)
+        self.listener = None if config.master_port else listen_on_free_port()
         self.port = config.master_port or self.listener.getsockname()[1]
         self.procs: list[subprocess.Popen] = []
         self.pidfds: dict[int, int] = {}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 import torch
 
@@ -96,3 +99,21 @@ def test_lifecycle_destroys_on_error_and_refuses_double_init(tmp_path):
         assert seen["after_error"] is False
         assert seen["auto"] == "gloo"
         assert seen["destroyed"] is False
+
+
+def test_only_a_socket_listening_on_master_port_is_taken_from_the_launcher(monkeypatch):
+    from clorch.distributed.groups import _handed_socket
+    from clorch.env import STORE_FD_VARIABLE
+    from clorch.launch.procs import listen_on_free_port
+
+    read, write = os.pipe()
+    with listen_on_free_port() as listening, socket.socket() as idle:
+        port = listening.getsockname()[1]
+        for fd, expected in ((listening.fileno(), listening.fileno()), (idle.fileno(), None), (read, None)):
+            monkeypatch.setenv(STORE_FD_VARIABLE, str(fd))
+            assert _handed_socket(port) == expected
+            assert STORE_FD_VARIABLE not in os.environ, "used once"
+        monkeypatch.setenv(STORE_FD_VARIABLE, str(listening.fileno()))
+        assert _handed_socket(port + 1) is None, "a socket on another port"
+    os.close(read)
+    os.close(write)

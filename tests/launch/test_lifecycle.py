@@ -81,9 +81,10 @@ def test_no_one_can_take_the_port_between_the_launchers_choice_and_rank_0s_store
         log_dir=tmp_path / "run",
     )
     deadline = time.monotonic() + 30
-    while job_status(job)["master_port"] is None and time.monotonic() < deadline:
+    while job_status(job)["master_port"] is None:
+        assert time.monotonic() < deadline, "the job did not start its ranks within 30 s"
         time.sleep(0.01)
-    # The ranks are still importing torch: rank 0's store has not started yet.
+    # Rank 0 is most likely still importing torch: its store has not started yet.
     with socket.socket() as thief, pytest.raises(OSError) as taken:
         thief.bind(("127.0.0.1", job_status(job)["master_port"]))
     assert taken.value.errno == errno.EADDRINUSE
@@ -96,6 +97,30 @@ def test_a_rank_without_a_backend_can_make_its_group_with_torch(tmp_path):
     status = await_job(job, timeout=60)
     assert status["state"] == "succeeded", status["error"]
     assert status["results"] == [1.0, 1.0]
+
+
+def test_rank_0_makes_a_second_group_on_the_port_after_starting_a_program(tmp_path):
+    """The handed-over socket is rank 0's alone: a program it starts does not keep the port,
+    and the port can be bound again while the first store's connections still linger."""
+    job = cd.launch("tests.launch.workers:gloo_group_again", nproc_per_node=2, backend="gloo", log_dir=tmp_path)
+    status = await_job(job, timeout=90)
+    assert status["state"] == "succeeded", status["error"]
+    assert status["results"] == [2.0, 2.0]
+
+
+def test_each_restart_gets_a_port_of_its_own(tmp_path):
+    job = cd.launch(
+        "tests.launch.workers:flaky",
+        nproc_per_node=2,
+        backend=None,
+        args={"succeed_at": 1},
+        max_restarts=1,
+        log_dir=tmp_path,
+    )
+    status = await_job(job, timeout=60)
+    assert status["state"] == "succeeded", status["error"]
+    ports = [attempt["master_port"] for attempt in status["attempts"]]
+    assert len(ports) == 2 and ports[0] != ports[1], ports
 
 
 def test_user_omp_num_threads_is_kept_and_one_rank_gets_none(tmp_path):

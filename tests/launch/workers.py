@@ -70,6 +70,34 @@ def torch_group(ctx):
         dist.destroy_process_group()
 
 
+def gloo_group_again(ctx):
+    """In a real gloo group: rank 0 starts a program that keeps every descriptor (as os.system does),
+    the group ends while rank 1 is still connected, then both make a new group on the same port."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    import clorch.distributed as cd
+
+    keeper = subprocess.Popen(["sleep", "30"], close_fds=False) if ctx["rank"] == 0 else None
+    try:
+        dist.all_reduce(torch.ones(1))
+        ctx["process_group"] = None
+        if ctx["rank"] == 1:
+            time.sleep(1)  # rank 0's store closes first: its connections linger on the port
+        cd.destroy_process_group()
+        gc.collect()
+        cd.init_process_group("gloo", timeout=20)
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return total.item()
+    finally:
+        if keeper is not None:
+            keeper.kill()
+            keeper.wait()
+
+
 def returns_a_set(ctx):
     """A return value JSON cannot hold: the job succeeds, the result is not stored."""
     return {ctx["rank"]}
