@@ -43,12 +43,12 @@ from typing import Any, Callable
 _given_ports: set[int] = set()
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
@@ -59,7 +59,7 @@ def free_port() -> int:
     test's choice and rank 0's bind, a connection could take it. Below that
     range only an explicit bind can.
     """
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     candidates = list(range(max(1024, low - 12000), low))
     random.shuffle(candidates)
     for port in candidates:

@@ -109,7 +109,7 @@ def _optimizer_states(optimizer: str, momentum: float) -> int:
     if optimizer not in options:
         raise ValueError(f"optimizer must be one of {sorted(options)}, got {optimizer!r}")
     option = options[optimizer]
-    if any(f.name == "momentum" for f in dataclasses.fields(option)):
+    if hasattr(option, "momentum"):
         option = dataclasses.replace(option, momentum=momentum)
     return option.states()
 
