@@ -1,0 +1,143 @@
+"""Records, in every Python process of a `clorch-train` run, the calls that carry one setting.
+
+Loaded by `scripts/walk/count.py` (it puts this folder first on PYTHONPATH); does nothing
+unless WALK_MARK is set. A call *carries* the setting when the value (WALK_MARK: a number's
+repr, or text contained in a string) is among its arguments, or inside them (containers,
+dataclasses, clorch objects, a few levels deep), or in what it returns. Each process writes
+`walk.<pid>.jsonl` into WALK_DIR: one line per carrying call (with the ids of the clorch
+frames above it), one per carrying return, and the calls of WALK_END (`file.py:function`
+under clorch/), recorded whether they carry or not.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import threading
+
+_MARK = os.environ.get("WALK_MARK")
+_DEPTH = 6
+
+
+def _carries(value, depth=0):
+    """Whether `value` holds the setting (never raises: a value may be half-built)."""
+    try:
+        kind = type(value)
+        if depth > _DEPTH or kind.__name__ in ("Tensor", "Parameter", "DTensor", "module"):
+            return False
+        if isinstance(value, bool) or value is None:
+            return False
+        if isinstance(value, (int, float)):
+            return repr(value) == _MARK
+        if isinstance(value, str):
+            return _MARK in value
+        if isinstance(value, dict) or kind.__name__ == "DictConfig":
+            return any(_carries(item, depth + 1) for item in list(value.values())[:200])
+        if isinstance(value, (list, tuple, set)) or kind.__name__ == "ListConfig":
+            return any(_carries(item, depth + 1) for item in list(value)[:200])
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return any(_carries(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value))
+        if "clorch" in (kind.__module__ or "") and hasattr(value, "__dict__"):
+            items = list(vars(value).items())[:60]
+            return any(_carries(item, depth + 1) for name, item in items if not name.startswith("__"))
+    except Exception:
+        return False
+    return False
+
+
+def _where(code):
+    path = code.co_filename
+    return path.split("/clorch/", 1)[1] if "/clorch/" in path and "/tests/" not in path else None
+
+
+def _arguments(frame):
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+    return [frame.f_locals.get(name) for name in code.co_varnames[:count]]
+
+
+def _members(value):
+    """The ids of `value` and of what it holds directly that carries the value (where a
+    returned object, or part of it, may be handed on)."""
+    members = []
+    try:
+        if isinstance(value, dict):
+            members = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            members = list(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            members = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+        elif hasattr(value, "__dict__"):
+            members = list(vars(value).values())
+    except Exception:
+        pass
+    return [id(value)] + [id(member) for member in members if _carries(member)]
+
+
+def _stack(frame):
+    ids = []
+    frame = frame.f_back
+    while frame is not None:
+        if _where(frame.f_code):
+            ids.append(id(frame))
+        frame = frame.f_back
+    return ids
+
+
+def _start():
+    out = open(os.path.join(os.environ["WALK_DIR"], f"walk.{os.getpid()}.jsonl"), "a")
+    end = os.environ.get("WALK_END", "")
+    lock = threading.Lock()
+    counter = [0]
+    kept = []  # every object whose id is written stays alive, so that no other object takes its id
+
+    def write(record):
+        with lock:
+            counter[0] += 1
+            record["seq"] = counter[0]
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+    def profile(frame, event, arg):
+        if event not in ("call", "return"):
+            return
+        where = _where(frame.f_code)
+        if where is None or frame.f_code.co_name.startswith("<"):  # comprehensions are not calls
+            return
+        name = f"{where}:{frame.f_code.co_name}"
+        if event == "call":
+            values = [value for value in _arguments(frame) if _carries(value)]
+            kept.append(values)
+            carried = [_members(value) for value in values]
+            if name == end or carried:
+                write({"call": name, "frame": id(frame), "stack": _stack(frame), "args": carried, "end": name == end})
+        elif _carries(arg):
+            kept.append(arg)
+            write({"return": name, "frame": id(frame), "ids": _members(arg)})
+
+    def audit(event, args):
+        try:
+            _audit(event, args)
+        except Exception:  # an audit hook that raises stops the operation
+            pass
+
+    def _audit(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.fsdecode(args[0])
+            if path.endswith((".py", ".pyc", ".so", ".pth")) or "-packages/" in path:
+                return  # imports
+            mode = args[1] or "r"
+            writing = any(c in mode for c in "wax+") or (args[2] or 0) & (os.O_WRONLY | os.O_RDWR)
+            frame = sys._getframe(1)
+            stack = [id(frame)] + _stack(frame) if _where(frame.f_code) else _stack(frame)
+            write({"write" if writing else "read": path, "stack": stack})
+        elif event == "os.rename":
+            write({"rename": os.fsdecode(args[0]), "to": os.fsdecode(args[1])})
+
+    sys.addaudithook(audit)
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+
+
+if _MARK:
+    _start()
