@@ -48,7 +48,11 @@ def node_log_dir(plan: Plan, run_dir: Path) -> Path:
     return run_dir / "logs" if node == 0 else run_dir / "logs" / f"node{node}"
 
 
-def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
+PLAN_FILE = "plan.json"  # in the node's log directory: the plan its ranks run, with its digest
+
+
+def _launch(plan: Plan, run_dir: Path, worker: str, log_dir: Path) -> Any:
+    """Start this node's ranks; they read their plan from `log_dir/plan.json` (`write_plan`)."""
     launcher = plan.config.launcher
     return launch(
         worker,
@@ -56,8 +60,8 @@ def _launch(plan: Plan, run_dir: Path, worker: str) -> Any:
         devices=plan.devices,
         backend=plan.backend,
         timeout=launcher.timeout,
-        args={"plan": plan.to_dict(), "run_dir": str(run_dir)},
-        log_dir=node_log_dir(plan, run_dir),
+        args={"plan_file": str(log_dir / PLAN_FILE), "run_dir": str(run_dir)},
+        log_dir=log_dir,
         nnodes=launcher.nnodes,
         node_rank=launcher.node_rank,
         master_addr=launcher.master_addr,
@@ -193,7 +197,10 @@ def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker
     start = time.perf_counter()
     if plan.config.launcher.torch_agent:
         return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
-    job = _launch(plan, run_dir, worker)
+    log_dir = node_log_dir(plan, run_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)  # (the run directory was checked writable)
+    write_plan(plan, log_dir / PLAN_FILE)
+    job = _launch(plan, run_dir, worker, log_dir)
     mode = progress or plan.config.logger.progress
     # Node 0's launching process hosts rank 0, which writes metrics.jsonl (the launcher's layout,
     # SLURM's included, decides which node that is).

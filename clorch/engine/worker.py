@@ -1,8 +1,8 @@
 """The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` carries the launch plan (`clorch.plan.plan.Plan.to_dict()`:
-the checked config, world size, planned steps) and the run directory; the
-ranks trust the plan. Each rank builds its components, resumes if asked,
+`ctx["args"]` names the launch plan's file (`clorch.plan.plan.write_plan`:
+the checked config, world size, planned steps, and their digest) and the run
+directory; the ranks trust the plan once its digest matches. Each rank builds its components, resumes if asked,
 trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
 after each step as configured, and returns a JSON summary (rank 0's is the
 run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from clorch.checkpoint.weights import save_safetensors
-from clorch.plan.plan import Plan
+from clorch.plan.plan import Plan, read_plan
 from clorch.config.schema import TrainConfig
 from clorch.distributed import all_reduce, is_initialized
 from clorch.engine import checkpoints, preflight
@@ -197,13 +197,27 @@ def _history(run_dir: Path, state: LoopState, total: int) -> tuple[list[dict[str
 
 
 def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Train one rank from `ctx["args"]` = {"plan": Plan.to_dict(), "run_dir": str}.
+    """Train one rank from `ctx["args"]` = {"plan_file": str, "run_dir": str}.
 
     Every rank of the job must run it (the launcher does); see `fit` for the
     synchronization points. Returns rank 0's summary (None on other ranks).
+
+    Raises:
+        ValueError: the plan file is not one clorch wrote, or was changed after (`read_plan`).
     """
-    plan = Plan.from_dict(ctx["args"]["plan"])
-    return train(plan, Path(ctx["args"]["run_dir"]), ctx)
+    return train(read_plan(Path(ctx["args"]["plan_file"])), Path(ctx["args"]["run_dir"]), ctx)
+
+
+def plan_of(ctx: Mapping[str, Any]) -> Plan:
+    """The plan in a rank's launch arguments, for a worker of your own (`execute(worker=...)`):
+    the file clorch's launcher names ("plan_file"), or the plan itself ("plan": `Plan.to_dict()`,
+    as a rank of `launcher=torchrun` receives it, adapted to the world size its rendezvous formed).
+
+    Raises:
+        ValueError: the plan file is not one clorch wrote, or was changed after (`read_plan`).
+    """
+    args = ctx["args"]
+    return read_plan(Path(args["plan_file"])) if "plan_file" in args else Plan.from_dict(args["plan"])
 
 
 def train(

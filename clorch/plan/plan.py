@@ -16,8 +16,8 @@ clorch.plan.resume; a resume onto another world size sets `accumulation` to
 keep it, and the plan's description says so): all of them at once. The
 dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
-The ranks receive the plan (`Plan.to_dict()` in their launch arguments, or a
-plan file with its digest under `launcher=torchrun`) and do not check it again;
+The ranks receive the plan as a file with its digest (`write_plan`, `read_plan`)
+and do not check it again;
 `for_world_size` adapts the step arithmetic (and the accumulation a resume
 keeps) when an elastic rendezvous formed another world size than the plan's.
 """
@@ -132,8 +132,9 @@ def _digest(values: Mapping[str, Any]) -> str:
 
 
 def write_plan(plan: Plan, path: Path) -> None:
-    """Write the plan and its digest for ranks started by another process (torchrun's agent)."""
-    write_text_atomic(path, json.dumps({"plan": plan.to_dict(), "sha256": plan.digest()}))
+    """Write the plan and its digest for the ranks (clorch's launcher's, or torchrun's agent's)."""
+    values = plan.to_dict()
+    write_text_atomic(path, json.dumps({"plan": values, "sha256": _digest(values)}))
 
 
 def read_plan(path: Path) -> Plan:

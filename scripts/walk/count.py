@@ -3,7 +3,7 @@
     python scripts/walk/count.py ddp.bucket_cap_mb=1.37 --end nn/parallel/buckets.py:plan_buckets
     python scripts/walk/count.py precision=fp16 --mark fp16 --end amp/scaler.py:update
 
-runs `clorch-train +recipe=cpu_smoke <override>` (2 CPU ranks, 4 steps) with every process
+runs `clorch-train +recipe=cpu_smoke <override>` (as `python -m clorch.cli`) (2 CPU ranks, 4 steps) with every process
 recording the calls that carry the value (sitecustomize.py beside this file), then prints the
 walk and its two figures: hand-offs (clorch functions the value passes through: once per
 function and process) and files.
@@ -51,26 +51,44 @@ class Process:
 
 def read_process(path: Path) -> Process:
     """One process's record: its calls, with each frame id resolved to the call it belonged to."""
-    process, live = Process(), {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        above = [live[f].seq for f in record.get("stack", []) if f in live]
+    process, live, frames = Process(), {}, {}
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
         if "call" in record:
-            call = Call(record["call"], record["seq"], above, record["args"], end=record["end"])
+            call = Call(record["call"], record["seq"], record["stack"], record["args"], end=record["end"])
             live[record["frame"]] = process.calls[call.seq] = call
         elif "return" in record:
-            call = live.get(record["frame"])
+            call = live.pop(record["frame"], None)
             if call is None or call.name != record["return"]:  # the value came back, not in
-                call = Call(record["return"], record["seq"], above)
-                live[record["frame"]] = process.calls[call.seq] = call
+                if not record["ids"]:
+                    continue
+                call = Call(record["return"], record["seq"], record["stack"])
+                process.calls[call.seq] = call
             call.returned, call.returned_at = record["ids"], record["seq"]
-            process.returns.append(call)
+            if call.returned:
+                process.returns.append(call)
+            frames.setdefault(record["frame"], []).append(call)
         elif "write" in record:
-            process.writes.append((record["write"], above))
+            process.writes.append((record["write"], record["stack"], record["seq"]))
         elif "read" in record:
             process.reads.append(record["read"])
         else:
             process.renamed[record["rename"]] = record["to"]
+    for frame, call in live.items():  # still running when the process ended (or exited early)
+        frames.setdefault(frame, []).append(call)
+
+    def above(ids: list[int], seq: int) -> list[int | None]:
+        """The calls running at `seq` in the frames `ids` (None for a frame with no record)."""
+        out: list[int | None] = []
+        for frame in ids:
+            running = [c for c in frames.get(frame, []) if c.seq <= seq or not c.args]
+            running = [c for c in running if (c.returned_at or 1 << 62) >= seq]
+            out.append(min(running, key=lambda c: c.returned_at or 1 << 62).seq if running else None)
+        return out
+
+    for call in process.calls.values():
+        call.stack = [s for s in above(call.stack, call.seq) if s is not None]
+    process.writes = [(path, above(ids, seq)) for path, ids, seq in process.writes]
     return process
 
 
@@ -113,6 +131,14 @@ def walk(process: Process, ends: list[Call]) -> list[Call]:
     return out
 
 
+def _holds(path: str, mark: str, read: set[str]) -> bool:
+    """Whether a rank read the file at `path` and it holds the value."""
+    try:
+        return path in read and mark in Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _final(path: str, renamed: dict[str, str]) -> str:
     while path in renamed:
         path = renamed[path]
@@ -123,7 +149,7 @@ def run(override: str, mark: str, end: str, workdir: Path) -> list[tuple[str, li
     """Run the job, then the walk in the launching process and in one rank."""
     env = dict(os.environ, WALK_MARK=mark, WALK_DIR=str(workdir), WALK_END=end)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
-    command = ["clorch-train", "+recipe=cpu_smoke", override, f"hydra.run.dir={workdir / 'run'}"]
+    command = [sys.executable, "-m", "clorch.cli", "+recipe=cpu_smoke", override, f"hydra.run.dir={workdir / 'run'}"]
     subprocess.run(command, env=env, check=True, cwd=workdir)
     processes = [read_process(p) for p in sorted(workdir.glob("walk.*.jsonl"))]
     ranks = [p for p in processes if any(c.end for c in p.calls.values())]
@@ -135,14 +161,17 @@ def run(override: str, mark: str, end: str, workdir: Path) -> list[tuple[str, li
     # Where the value leaves the launching process: the writes of files the rank reads.
     read = set(rank.reads)
     exits = [
-        launcher.calls[seqs[0]]
+        launcher.calls[next(s for s in seqs if s is not None)]
         for path, seqs in launcher.writes
-        if seqs and _final(path, launcher.renamed) in read and launcher.calls[seqs[0]].args
+        if _holds(_final(path, launcher.renamed), mark, read) and any(s is not None for s in seqs)
     ]
     if os.environ.get("WALK_DEBUG"):
         for path, seqs in launcher.writes:
             if seqs and _final(path, launcher.renamed) in read:
-                print("exit", path, launcher.calls[seqs[0]].name, file=sys.stderr)
+                print("exit", path, seqs, file=sys.stderr)
+    # What an exit wrote was made beside it, in its caller (a plan turned into plain values).
+    callers = {e.stack[0]: e.seq for e in exits if e.stack}
+    exits += [r for r in launcher.returns if any(c in r.stack and r.returned_at < s for c, s in callers.items())]
     return [("launching process", walk(launcher, exits)), ("rank", walk(rank, [rank_end]))]
 
 

@@ -90,6 +90,7 @@ def _start():
     lock = threading.Lock()
     counter = [0]
     kept = []  # every object whose id is written stays alive, so that no other object takes its id
+    recorded = set()  # the frames whose call was written: their return is written too
 
     def write(record):
         with lock:
@@ -110,10 +111,15 @@ def _start():
             kept.append(values)
             carried = [_members(value) for value in values]
             if name == end or carried:
+                recorded.add(id(frame))
                 write({"call": name, "frame": id(frame), "stack": _stack(frame), "args": carried, "end": name == end})
         elif _carries(arg):
             kept.append(arg)
-            write({"return": name, "frame": id(frame), "ids": _members(arg)})
+            recorded.discard(id(frame))
+            write({"return": name, "frame": id(frame), "stack": _stack(frame), "ids": _members(arg)})
+        elif id(frame) in recorded:
+            recorded.discard(id(frame))
+            write({"return": name, "frame": id(frame), "stack": [], "ids": []})
 
     def audit(event, args):
         try:

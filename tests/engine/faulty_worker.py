@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from clorch.engine.worker import StepHooks, train
+from clorch.engine.worker import StepHooks, plan_of, train
 from clorch.env import restart_count
 
 FAIL_EXIT_CODE = 17
@@ -34,10 +34,7 @@ class FailingHooks(StepHooks):
 
 
 def main(ctx: Mapping[str, Any]) -> dict[str, Any] | None:
-    from clorch.plan.plan import Plan
-
-    plan = Plan.from_dict(ctx["args"]["plan"])
-    return train(plan, Path(ctx["args"]["run_dir"]), ctx, hooks_class=FailingHooks)
+    return train(plan_of(ctx), Path(ctx["args"]["run_dir"]), ctx, hooks_class=FailingHooks)
 
 
 def run_failing(run_dir: Path, fail_at_step: int, monkeypatch, **kwargs: Any) -> dict[str, Any]:
