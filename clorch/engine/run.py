@@ -35,10 +35,11 @@ WORKER = "clorch.engine.worker:main"
 
 
 def node_log_dir(plan: Plan, run_dir: Path) -> Path:
-    """Where this node's launcher keeps its logs, job.json and args.json: `run_dir/logs` on node 0,
-    `run_dir/logs/node<k>` on node k > 0, so that the nodes of a job sharing one run directory
-    do not overwrite each other's records. The node is `launcher.node_rank`, or SLURM's node id
-    where the launcher takes its layout from SLURM (nnodes and node_rank left at 1 and 0)."""
+    """Where this node's launcher keeps its logs, job.json, args.json and the ranks' plan.json:
+    `run_dir/logs` on node 0, `run_dir/logs/node<k>` on node k > 0, so that the nodes of a job
+    sharing one run directory do not overwrite each other's records. The node is
+    `launcher.node_rank`, or SLURM's node id where the launcher takes its layout from SLURM
+    (nnodes and node_rank left at 1 and 0)."""
     launcher = plan.config.launcher
     node = launcher.node_rank
     if launcher.nnodes == 1 and node == 0:

@@ -123,8 +123,15 @@ def walk(process: Process, ends: list[Call]) -> list[Call]:
                 for r in process.returns
                 if call.seq in r.stack and r.returned_at < call.returned_at and kept & set(r.returned)
             ]
+
+    def started(call: Call) -> tuple[int, int]:
+        """Where the call began: its own record, or (recorded only at its return) before its first inner call."""
+        if call.args or call.end:
+            return call.seq, 1
+        return min([c.seq for c in process.calls.values() if call.seq in c.stack] + [call.seq]), 0
+
     seen, out = set(), []
-    for call in sorted(chosen.values(), key=lambda c: c.seq):
+    for call in sorted(chosen.values(), key=started):
         if call.name not in seen:
             seen.add(call.name)
             out.append(call)
