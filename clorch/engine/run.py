@@ -123,7 +123,8 @@ def execute(
         run_dir: the run directory (created if missing).
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
         echo: print the one-line description of where the job runs.
-        worker: the ranks' entry point, "module:function" taking the launcher's context.
+        worker: the ranks' entry point, "module:function" taking the launcher's context
+            (`clorch.engine.worker.plan_of(ctx)` reads the plan from it).
 
     Returns:
         A RunResult: how the job ended (`.job`), summary.json's content (`.summary`, whose

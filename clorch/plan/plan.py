@@ -16,8 +16,9 @@ clorch.plan.resume; a resume onto another world size sets `accumulation` to
 keep it, and the plan's description says so): all of them at once. The
 dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
-The ranks receive the plan as a file with its digest (`write_plan`, `read_plan`)
-and do not check it again;
+The ranks receive the plan as a file with its digest (`write_plan`, `read_plan`;
+a worker of your own under `launcher=torchrun` gets `Plan.to_dict()` in its launch
+arguments, see `clorch.engine.worker.plan_of`) and do not check it again;
 `for_world_size` adapts the step arithmetic (and the accumulation a resume
 keeps) when an elastic rendezvous formed another world size than the plan's.
 """
@@ -112,7 +113,7 @@ class Plan:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values (env.json, the ranks' arguments); `from_dict` reverses it."""
+        """Plain values (the ranks' plan file, `write_plan`); `from_dict` reverses it."""
         out = asdict(self)
         out["config"] = self.config.to_dict()
         return out
@@ -133,7 +134,9 @@ def _digest(values: Mapping[str, Any]) -> str:
 
 def write_plan(plan: Plan, path: Path) -> None:
     """Write the plan and its digest for the ranks (clorch's launcher's, or torchrun's agent's)."""
-    values = plan.to_dict()
+    # The values as the ranks read them back: JSON makes every key a string (a `_target_`
+    # section's `{10: ...}` too), so the digest is taken after that, not before.
+    values = json.loads(json.dumps(plan.to_dict()))
     write_text_atomic(path, json.dumps({"plan": values, "sha256": _digest(values)}))
 
 
@@ -148,7 +151,7 @@ def read_plan(path: Path) -> Plan:
         plan = Plan.from_dict(record["plan"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a launch plan clorch wrote ({exc})") from None
-    if plan.digest() != record.get("sha256"):
+    if _digest(record["plan"]) != record.get("sha256"):
         raise ValueError(f"{path}: the launch plan was changed after clorch checked it (its digest differs)")
     return plan
 

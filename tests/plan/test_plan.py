@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,18 @@ def test_a_plan_file_round_trips_and_refuses_an_edit(tmp_path):
     path.write_text("not json")
     with pytest.raises(ValueError, match="not a launch plan"):
         read_plan(path)
+
+
+def test_a_plan_file_keeps_its_digest_for_keys_json_turns_into_strings(tmp_path):
+    from clorch.config.schema import target_section
+
+    plan = resolve(compose(["+recipe=cpu_smoke"]))
+    labels = {i: f"class {i}" for i in range(11)}  # 10 sorts before 2 as text, after it as a number
+    model = target_section("model", {"_target_": "my_pkg.Net", "id2label": labels, "mixed": {1: 1, "a": 2}})
+    path = tmp_path / "plan.json"
+    write_plan(replace(plan, config=replace(plan.config, model=model)), path)
+    kwargs = read_plan(path).config.model.kwargs
+    assert kwargs["id2label"] == {str(i): label for i, label in labels.items()} and kwargs["mixed"] == {"1": 1, "a": 2}
 
 
 def test_another_world_size_changes_only_the_step_arithmetic():
