@@ -86,11 +86,17 @@ def write_json_atomic(path: str | os.PathLike, data: Any, **dumps_options: Any) 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` through a temporary file beside `path`, then rename it over `path`
     (see `write_json_atomic`)."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` through a temporary file beside `path`, then rename it over `path`
+    (see `write_json_atomic`)."""
     path = Path(path)
     fd, tmp = create_exclusive(path.parent, f".{path.name}.", ".tmp")
     try:
         try:
-            write_all(fd, text.encode())
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, path)

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Measured on this tree (docs/development.md, "One setting's walk"); lower them as the walk shortens.
-MOST_HANDOFFS, MOST_FILES = 37, 18
+MOST_HANDOFFS, MOST_FILES = 31, 17
 
 
 def _count_module():

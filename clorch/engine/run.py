@@ -35,7 +35,7 @@ WORKER = "clorch.engine.worker:main"
 
 
 def node_log_dir(plan: Plan, run_dir: Path) -> Path:
-    """Where this node's launcher keeps its logs, job.json, args.json and the ranks' plan.json:
+    """Where this node's launcher keeps its logs, job.json, args.json and the ranks' plan.pkl:
     `run_dir/logs` on node 0, `run_dir/logs/node<k>` on node k > 0, so that the nodes of a job
     sharing one run directory do not overwrite each other's records. The node is
     `launcher.node_rank`, or SLURM's node id where the launcher takes its layout from SLURM
@@ -49,11 +49,11 @@ def node_log_dir(plan: Plan, run_dir: Path) -> Path:
     return run_dir / "logs" if node == 0 else run_dir / "logs" / f"node{node}"
 
 
-PLAN_FILE = "plan.json"  # in the node's log directory: the plan its ranks run, with its digest
+PLAN_FILE = "plan.pkl"  # in the node's log directory: the plan its ranks run, with its digest
 
 
 def _launch(plan: Plan, run_dir: Path, worker: str, log_dir: Path) -> Any:
-    """Start this node's ranks; they read their plan from `log_dir/plan.json` (`write_plan`)."""
+    """Start this node's ranks; they read their plan from `log_dir/plan.pkl` (`write_plan`)."""
     launcher = plan.config.launcher
     return launch(
         worker,
@@ -230,7 +230,7 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     # This node's plan, for the ranks its agent starts (nodes sharing run_dir write their own).
-    plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.json"
+    plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.pkl"
     write_plan(plan, plan_path)
     try:
         run_torchrun(

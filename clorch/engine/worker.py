@@ -1,8 +1,8 @@
 """The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` names the launch plan's file (`clorch.plan.plan.write_plan`:
-the checked config, world size, planned steps, and their digest) and the run
-directory; the ranks trust the plan once its digest matches. Each rank builds its components, resumes if asked,
+`ctx["args"]` names the launch plan's file (`clorch.plan.plan.write_plan`: the
+checked config, world size, planned steps, and their digest) and the run directory;
+the ranks trust the plan once its digest matches. Each rank builds its components, resumes if asked,
 trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
 after each step as configured, and returns a JSON summary (rank 0's is the
 run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.

@@ -16,7 +16,8 @@ clorch.plan.resume; a resume onto another world size sets `accumulation` to
 keep it, and the plan's description says so): all of them at once. The
 dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
-The ranks receive the plan as a file with its digest (`write_plan`, `read_plan`;
+The ranks receive the plan as a file: the checked objects, pickled, with their digest
+(`write_plan`, `read_plan`, which builds nothing but clorch's config classes;
 a worker of your own under `launcher=torchrun` gets `Plan.to_dict()` in its launch
 arguments, see `clorch.engine.worker.plan_of`) and do not check it again;
 `for_world_size` adapts the step arithmetic (and the accumulation a resume
@@ -27,16 +28,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
+import pickle
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig
 
-from clorch._files import write_text_atomic
+from clorch._files import write_bytes_atomic
 from clorch.config.checks import ConfigError, checked_partial, complete
 from clorch.plan.data import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
@@ -113,7 +116,8 @@ class Plan:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values (the ranks' plan file, `write_plan`); `from_dict` reverses it."""
+        """Plain values (env.json's plan, the digest, a torchrun rank's worker of your own);
+        `from_dict` reverses it."""
         out = asdict(self)
         out["config"] = self.config.to_dict()
         return out
@@ -132,12 +136,31 @@ def _digest(values: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
+PLAN_HEADER = b"clorch launch plan 1, sha256 "  # then the digest of the pickle after the line
+
+
 def write_plan(plan: Plan, path: Path) -> None:
-    """Write the plan and its digest for the ranks (clorch's launcher's, or torchrun's agent's)."""
-    # The values as the ranks read them back: JSON makes every key a string (a `_target_`
-    # section's `{10: ...}` too), so the digest is taken after that, not before.
-    values = json.loads(json.dumps(plan.to_dict()))
-    write_text_atomic(path, json.dumps({"plan": values, "sha256": _digest(values)}))
+    """Write the plan for the ranks (clorch's launcher's, or torchrun's agent's) to read.
+
+    The checked objects themselves, pickled, after a line with their sha256 digest: the
+    ranks run exactly what was checked (plain values would turn a `_target_` section's
+    `{0: ...}` into `{"0": ...}`). `read_plan` builds nothing but clorch's config
+    dataclasses from it. The checked config as text is the run's config.yaml.
+    """
+    data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    write_bytes_atomic(path, PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+
+
+class _PlanUnpickler(pickle.Unpickler):
+    """Unpickles clorch's config dataclasses and plain values only: a plan file names no
+    function, and no other class, so loading one runs no code (`find_class` refuses)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".")[0] == "clorch":
+            found = super().find_class(module, name)
+            if isinstance(found, type) and is_dataclass(found):
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not one of clorch's config classes")
 
 
 def read_plan(path: Path) -> Plan:
@@ -147,12 +170,19 @@ def read_plan(path: Path) -> Plan:
         ValueError: the file is not a plan, or was changed after it was written.
     """
     try:
-        record = json.loads(Path(path).read_text())
-        plan = Plan.from_dict(record["plan"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        head, _, data = Path(path).read_bytes().partition(b"\n")
+    except OSError as exc:
         raise ValueError(f"{path} is not a launch plan clorch wrote ({exc})") from None
-    if _digest(record["plan"]) != record.get("sha256"):
+    if not head.startswith(PLAN_HEADER):
+        raise ValueError(f"{path} is not a launch plan clorch wrote (it does not start with {PLAN_HEADER!r})")
+    if hashlib.sha256(data).hexdigest().encode() != head[len(PLAN_HEADER) :]:
         raise ValueError(f"{path}: the launch plan was changed after clorch checked it (its digest differs)")
+    try:
+        plan = _PlanUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # what a pickle that was not clorch's can raise: any of them
+        raise ValueError(f"{path} is not a launch plan clorch wrote ({type(exc).__name__}: {exc})") from None
+    if not isinstance(plan, Plan):
+        raise ValueError(f"{path} is not a launch plan clorch wrote (it holds a {type(plan).__name__})")
     return plan
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -139,10 +140,15 @@ def walk(process: Process, ends: list[Call]) -> list[Call]:
 
 
 def _holds(path: str, mark: str, read: set[str]) -> bool:
-    """Whether a rank read the file at `path` and it holds the value."""
+    """Whether a rank read the file at `path` and it holds the value (as text, or as a pickled float)."""
+    forms = [mark.encode()]
     try:
-        return path in read and mark in Path(path).read_text()
-    except (OSError, UnicodeDecodeError):
+        forms.append(struct.pack(">d", float(mark)))  # pickle's BINFLOAT
+    except ValueError:
+        pass
+    try:
+        return path in read and any(form in Path(path).read_bytes() for form in forms)
+    except OSError:
         return False
 
 
@@ -176,9 +182,10 @@ def run(override: str, mark: str, end: str, workdir: Path) -> list[tuple[str, li
         for path, seqs in launcher.writes:
             if seqs and _final(path, launcher.renamed) in read:
                 print("exit", path, seqs, file=sys.stderr)
-    # What an exit wrote was made beside it, in its caller (a plan turned into plain values).
+    # What an exit wrote may have been made just before it, by its caller (a plan turned into
+    # plain values, then into text by json.dumps, which is not clorch's and so not recorded).
     callers = {e.stack[0]: e.seq for e in exits if e.stack}
-    exits += [r for r in launcher.returns if any(c in r.stack and r.returned_at < s for c, s in callers.items())]
+    exits += [r for r in launcher.returns if r.stack and r.returned_at < callers.get(r.stack[0], 0)]
     return [("launching process", walk(launcher, exits)), ("rank", walk(rank, [rank_end]))]
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from clorch.config import compose
-from clorch.plan.plan import Plan, for_world_size, read_plan, resolve, write_plan
+from clorch.plan.plan import PLAN_HEADER, Plan, for_world_size, read_plan, resolve, write_plan
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +86,7 @@ def test_every_entry_mode_checks_the_config_once(tmp_path):
     assert counted == {"single": (1, 0), "sweep": (2, 0), "torchrun": (1, 0), "run_local": (1, 0)}
     assert len(list((tmp_path / "sweep" / "multirun").glob("*/*/[01]/summary.json"))) == 2
     (run_dir,) = list((tmp_path / "torchrun" / "outputs").glob("*/*"))
-    assert not list(run_dir.glob(".plan-*.json"))  # the plan file is gone with the job
+    assert not list(run_dir.glob(".plan-*"))  # the plan file is gone with the job
 
 
 def test_execute_takes_only_a_plan(tmp_path):
@@ -96,12 +98,12 @@ def test_execute_takes_only_a_plan(tmp_path):
 
 def test_a_plan_file_round_trips_and_refuses_an_edit(tmp_path):
     plan = resolve(compose(["+recipe=cpu_smoke"]))
-    path = tmp_path / "plan.json"
+    path = tmp_path / "plan.pkl"
     write_plan(plan, path)
     assert read_plan(path) == plan and read_plan(path).digest() == plan.digest()
-    record = json.loads(path.read_text())
-    record["plan"]["config"]["optim"]["lr"] = 1.0
-    path.write_text(json.dumps(record))
+    edited = replace(plan, config=replace(plan.config, optim=replace(plan.config.optim, lr=1.0)))
+    head = path.read_bytes().partition(b"\n")[0]
+    path.write_bytes(head + b"\n" + pickle.dumps(edited))  # the new plan under the old digest
     with pytest.raises(ValueError, match="changed after clorch checked it"):
         read_plan(path)
     path.write_text("not json")
@@ -109,16 +111,30 @@ def test_a_plan_file_round_trips_and_refuses_an_edit(tmp_path):
         read_plan(path)
 
 
-def test_a_plan_file_keeps_its_digest_for_keys_json_turns_into_strings(tmp_path):
+def test_a_plan_file_that_names_anything_but_clorchs_config_classes_runs_nothing(tmp_path):
+    class Runs:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "ran"),))
+
+    path = tmp_path / "plan.pkl"
+    for payload in (Runs(), Path("elsewhere")):  # a function; a class that is not clorch's
+        data = pickle.dumps(payload)
+        path.write_bytes(PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+        with pytest.raises(ValueError, match="not one of clorch's config classes"):
+            read_plan(path)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_plan_file_keeps_keys_as_they_were_checked(tmp_path):
     from clorch.config.schema import target_section
 
     plan = resolve(compose(["+recipe=cpu_smoke"]))
-    labels = {i: f"class {i}" for i in range(11)}  # 10 sorts before 2 as text, after it as a number
+    labels = {i: f"class {i}" for i in range(11)}  # JSON would have made them "0" .. "10"
     model = target_section("model", {"_target_": "my_pkg.Net", "id2label": labels, "mixed": {1: 1, "a": 2}})
-    path = tmp_path / "plan.json"
+    path = tmp_path / "plan.pkl"
     write_plan(replace(plan, config=replace(plan.config, model=model)), path)
     kwargs = read_plan(path).config.model.kwargs
-    assert kwargs["id2label"] == {str(i): label for i, label in labels.items()} and kwargs["mixed"] == {"1": 1, "a": 2}
+    assert kwargs["id2label"] == labels and kwargs["mixed"] == {1: 1, "a": 2}
 
 
 def test_another_world_size_changes_only_the_step_arithmetic():
