@@ -27,7 +27,7 @@ from clorch.engine.summary import summarize, write_start, write_summary
 from clorch.status import Status
 from clorch.engine.tracking import NO_TRACKERS, TrackerFeed, feed_at_end, tracker_feed
 from clorch.launch import launch
-from clorch.launch.slurm import read_slurm
+from clorch.launch.slurm import layout_taken
 from clorch.launch.torchrun import TorchrunError, run_torchrun
 
 POLL_S = 0.25
@@ -40,12 +40,10 @@ def node_log_dir(plan: Plan, run_dir: Path) -> Path:
     sharing one run directory do not overwrite each other's records. The node is
     `launcher.node_rank`, or SLURM's node id where the launcher takes its layout from SLURM
     (nnodes and node_rank left at 1 and 0)."""
-    launcher = plan.config.launcher
-    node = launcher.node_rank
-    if launcher.nnodes == 1 and node == 0:
-        with contextlib.suppress(ValueError):  # malformed SLURM variables: the launcher names them
-            layout = read_slurm(os.environ)
-            node = layout.node_rank if layout is not None else 0
+    launcher, layout = plan.config.launcher, None
+    with contextlib.suppress(ValueError):  # malformed SLURM variables: the launcher names them
+        layout = layout_taken(launcher.nnodes, launcher.node_rank, os.environ)
+    node = layout.node_rank if layout is not None else launcher.node_rank
     return run_dir / "logs" if node == 0 else run_dir / "logs" / f"node{node}"
 
 

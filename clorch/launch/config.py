@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from clorch.launch.slurm import read_slurm
+from clorch.launch.slurm import layout_taken
 from clorch.launch.gpus import resolve_ranks
 
 BACKENDS = ("auto", "nccl", "gloo", None)
@@ -185,8 +185,8 @@ def check_nodes(kw: dict[str, Any], problems: list[str]) -> None:
 
 def _apply_slurm(kw: dict[str, Any]) -> None:
     """SLURM fills nnodes, node_rank, master_addr, master_port where they are at their defaults."""
-    layout = read_slurm(os.environ)
-    if layout is None or kw["nnodes"] != 1 or kw["node_rank"] != 0:
+    layout = layout_taken(kw["nnodes"], kw["node_rank"], os.environ)
+    if layout is None:
         return
     kw["nnodes"], kw["node_rank"] = layout.nnodes, layout.node_rank
     if layout.nnodes > 1 and kw["master_addr"] == "127.0.0.1" and layout.master_addr:

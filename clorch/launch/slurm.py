@@ -70,3 +70,13 @@ def read_slurm(environ: Mapping[str, str]) -> SlurmLayout | None:
     master_addr = first_host(nodelist) if nodelist else None
     job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     return SlurmLayout(nnodes, node_rank, master_addr, port_for_job(job_id) if job_id else None)
+
+
+def layout_taken(nnodes: object, node_rank: object, environ: Mapping[str, str]) -> SlurmLayout | None:
+    """The SLURM layout clorch's launcher takes: SLURM's, where the job's own layout was left at
+    its defaults (`nnodes=1`, `node_rank=0`) inside a SLURM allocation; else None.
+
+    Raises:
+        ValueError: a SLURM variable is malformed.
+    """
+    return read_slurm(environ) if nnodes == 1 and node_rank == 0 else None
