@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import re
+import sys
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -153,13 +154,17 @@ def write_plan(plan: Plan, path: Path) -> None:
 
 class _PlanUnpickler(pickle.Unpickler):
     """Unpickles clorch's config dataclasses and plain values only: a plan file names no
-    function, and no other class, so loading one runs no code (`find_class` refuses)."""
+    function, and no other class, so loading one runs no code (`find_class` refuses).
+
+    Their modules are imported with this one (the schema imports every option), so
+    nothing is imported here either: importing some of clorch's modules runs a command.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[0] == "clorch":
-            found = super().find_class(module, name)
-            if isinstance(found, type) and is_dataclass(found):
-                return found
+        loaded = sys.modules.get(module) if module.split(".")[0] == "clorch" else None
+        found = getattr(loaded, name, None)
+        if isinstance(found, type) and is_dataclass(found):
+            return found
         raise pickle.UnpicklingError(f"{module}.{name} is not one of clorch's config classes")
 
 

@@ -123,6 +123,12 @@ def test_a_plan_file_that_names_anything_but_clorchs_config_classes_runs_nothing
         with pytest.raises(ValueError, match="not one of clorch's config classes"):
             read_plan(path)
     assert not (tmp_path / "ran").exists()
+    # A module of clorch's that runs a command when imported is not imported.
+    data = b"cclorch.runs.__main__\nmain\n."
+    path.write_bytes(PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+    with pytest.raises(ValueError, match="not one of clorch's config classes"):
+        read_plan(path)
+    assert "clorch.runs.__main__" not in sys.modules
 
 
 def test_a_plan_file_keeps_keys_as_they_were_checked(tmp_path):
