@@ -3,15 +3,18 @@
     python scripts/walk/count.py ddp.bucket_cap_mb=1.37 --end nn/parallel/buckets.py:plan_buckets
     python scripts/walk/count.py precision=fp16 --mark fp16 --end amp/scaler.py:update
 
-runs `clorch-train +recipe=cpu_smoke <override>` (as `python -m clorch.cli`) (2 CPU ranks, 4 steps) with every process
-recording the calls that carry the value (sitecustomize.py beside this file), then prints the
-walk and its two figures: hand-offs (clorch functions the value passes through: once per
-function and process) and files.
+runs `clorch-train +recipe=cpu_smoke <override>` (as `python -m clorch.cli`: 2 CPU ranks,
+4 steps) with every process recording the calls that carry the value (sitecustomize.py beside
+this file), then prints the walk and its two figures: hand-offs (clorch functions the value
+passes through: once per function and process) and files.
 
 A call is on the walk when it carries the value (in its arguments or what it returns) and
-hands it on: it returns it, or a call on the walk runs inside it. A check that reads the value
-and returns something else is not on it. In the launching process the walk ends when the first
-rank starts reading; in a rank, at `--end` (its first call).
+hands it on: it is where the value is used, a call on the walk runs inside it, it returned an
+object a call on the walk received, or it built part of what such a call returned (objects
+are matched by identity). A check that reads the value and returns something else is not on
+it. In the launching process the walk ends at the write of a file that a rank reads and that
+holds the value; in a rank, at `--end` (its first call). WALK_DEBUG=1 prints why each call is
+on the walk.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class Call:
 class Process:
     calls: dict[int, Call] = field(default_factory=dict)
     returns: list[Call] = field(default_factory=list)  # the calls whose result carries, in order
-    writes: list[tuple[str, list[int]]] = field(default_factory=list)  # (path, seqs of the calls above)
+    writes: list[tuple[str, list[int | None]]] = field(default_factory=list)  # (path, the calls above)
     reads: list[str] = field(default_factory=list)
     renamed: dict[str, str] = field(default_factory=dict)
 
