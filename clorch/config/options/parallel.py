@@ -15,7 +15,7 @@ class ParallelOption(Option):
     """Any `parallel` option: how the model is placed on the ranks."""
 
     # "module:function" the engine calls as (cfg, task, device, precision) -> (raw model, the model
-    # it trains, optimizer) on every rank (clorch.engine.parallel)
+    # it trains, optimizer) on every rank (clorch.engine.components)
     builds: ClassVar[str] = ""
     shards: ClassVar[bool] = False  # each rank holds a shard of the state (sharded checkpoints, memory per rank)
 
@@ -26,7 +26,7 @@ class DDPParallelConfig(ParallelOption):
     """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
 
     name: Literal["ddp"] = "ddp"
-    builds: ClassVar[str] = "clorch.engine.parallel:replicated"
+    builds: ClassVar[str] = "clorch.engine.components:replicated"
 
 
 @option("parallel", "fsdp")
@@ -39,7 +39,7 @@ class FSDPParallelConfig(ParallelOption):
     """
 
     name: Literal["fsdp"] = "fsdp"
-    builds: ClassVar[str] = "clorch.engine.parallel:sharded"
+    builds: ClassVar[str] = "clorch.engine.components:sharded"
     shards: ClassVar[bool] = True
     # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
     # every child with >= min_params parameters) or a list of class names, e.g. [Block]

@@ -56,10 +56,9 @@ def resolve_reduce_dtype(value: object) -> torch.dtype | None:
     )
 
 
-def _check_cap(name: str, value: object) -> float:
+def _check_cap(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0 (MiB), got {value!r}")
-    return float(value)
 
 
 def _inside_backward() -> bool:
@@ -194,8 +193,10 @@ class DistributedDataParallel(TorchDDPInterface):
         if not isinstance(overlap_grad_copies, bool):
             raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
         self._input_device = check_device_ids(module, device_ids, output_device)
-        cap = _check_cap("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
-        first_cap = _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        _check_cap("bucket_cap_mb", cap)
+        _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        cap, first_cap = float(cap), float(first_bucket_cap_mb)
         dtype = resolve_reduce_dtype(reduce_dtype)
         check_group_joined("DistributedDataParallel")
         size = world_size()

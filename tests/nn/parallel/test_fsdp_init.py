@@ -145,8 +145,8 @@ def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped:
     out: dict = {"host_builds": []}
     # Which fsdp builds made the whole model in host memory (fsdp's one exception): recorded by
     # wrapping the function `build_sharded_model` calls for it. ddp's builder holds its own
-    # reference, taken when clorch.engine.parallel is imported (here, before the wrapper).
-    import clorch.engine.parallel  # noqa: F401
+    # reference, taken when clorch.engine.components is imported (here, before the wrapper).
+    import clorch.engine.components  # noqa: F401
 
     whole = model_build.build_raw_model
     model_build.build_raw_model = lambda cfg, task: (
