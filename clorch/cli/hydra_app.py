@@ -81,17 +81,15 @@ def remember_plan(cfg: DictConfig) -> list[str]:
     return errors
 
 
-def planned(cfg: DictConfig, run_dir: str, base: str) -> Any:
-    """The job's plan: checked once, here, or before the sweep started (then only the run
-    directory is checked here).
+def checked_before(cfg: DictConfig, run_dir: str, base: str) -> Any:
+    """The plan made for this job when its sweep was checked, before it started (then only
+    the run directory is checked here), or None: a single run is checked in its job.
 
     Raises:
-        ConfigError: every error found.
+        ConfigError: every run-directory error.
     """
-    plan = CHECKED.pop(config_key(cfg, base), None) if CHECKED else None  # a sweep's, checked before it began
-    if plan is not None:
-        return check_run_dir(plan, run_dir)
-    return resolve(cfg, run_dir, base=base)
+    plan = CHECKED.pop(config_key(cfg, base), None) if CHECKED else None
+    return None if plan is None else check_run_dir(plan, run_dir)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base=None)
@@ -105,7 +103,8 @@ def _train(cfg: DictConfig) -> None:
             OUTCOME.ended(train_as_rank(cfg, Path(run_dir), external, base=base), run_dir)
             return
         with run_errors_as_config_errors():
-            result = execute(planned(cfg, run_dir, base), run_dir)
+            plan = checked_before(cfg, run_dir, base) or resolve(cfg, run_dir, base=base)
+            result = execute(plan, run_dir)
     except ConfigError as exc:
         print_config_errors(exc.errors)
         OUTCOME.ended(Status.CONFIG_ERROR, run_dir)

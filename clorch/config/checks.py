@@ -48,16 +48,18 @@ class ConfigError(ValueError):
         super().__init__(f"{len(self.errors)} config error(s):\n{lines}")
 
 
-def _option_of(group: str, values: Mapping[str, Any]) -> tuple[str | None, list[str]]:
-    """(the option a group section is, or None with an error)."""
+def _option_of(group: str, values: Mapping[str, Any]) -> tuple[str, type | None, list[str]]:
+    """(the option a group section is, as messages name it: `precision=fp16`; its schema, or None
+    with an error)."""
     options = registry.options(group)
     selector = registry.groups()[group].selector
     if selector is None:  # one option, no key naming it
-        return next(iter(options)), []
+        name = next(iter(options))
+        return f"{group}={name}", registry.schemas(group)[name], []
     option = values.get(selector)
     if option in options:
-        return option, []
-    return None, [f"{group}={option!r} is not allowed; choose one of: {', '.join(sorted(options))}"]
+        return f"{group}={option}", registry.schemas(group)[option], []
+    return "", None, [f"{group}={option!r} is not allowed; choose one of: {', '.join(sorted(options))}"]
 
 
 def _group_errors(cfg: Mapping[str, Any]) -> tuple[list[str], set[str]]:
@@ -95,17 +97,11 @@ def _check_group(cfg: Mapping[str, Any], group: str, errors: list[str]) -> None:
             f"{', '.join(sorted(registry.options(group)))}"
         )
         return
-    option, problems = _option_of(group, values)
+    owner, option, problems = _option_of(group, values)
     if option is None:
         errors += problems
         return
-    errors += check_section(
-        f"{group}.",
-        values,
-        registry.schemas(group)[option],
-        owner=f"{group}={option}",
-        siblings=registry.schemas(group),
-    )
+    errors += check_section(f"{group}.", values, option, owner=owner, siblings=registry.schemas(group))
 
 
 def _top_errors(top: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -250,7 +246,10 @@ def checked_partial(
     target_errors, refused = _target_errors(values)
     errors += target_errors
     bad |= refused  # a refused _target_ is never imported
-    typed = schema.TrainConfig.from_dict(values) if not bad else Partial(values, bad)
+    sections = {
+        group: schema.section_from_dict(group, values[group]) for group in registry.groups() if group not in bad
+    }
+    typed = schema.TrainConfig(**schema.top_values(values), **sections) if not bad else Partial(values, sections, bad)
     errors += _cross_errors(typed)
     return typed, errors
 
@@ -276,9 +275,9 @@ class Partial:
     so that one bad key does not hide the errors of the others.
     """
 
-    def __init__(self, values: Mapping[str, Any], bad: set[str]):
+    def __init__(self, values: Mapping[str, Any], sections: Mapping[str, Any], bad: set[str]):
         for group in registry.groups():
-            setattr(self, group, None if group in bad else schema.section_from_dict(group, values[group]))
+            setattr(self, group, sections.get(group))
         self.raw = values  # a bad section's plain values, for checks that need one good key of it
         self.top_ok = "top" not in bad
         for f in dataclasses.fields(schema.TopConfig):

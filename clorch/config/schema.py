@@ -163,8 +163,7 @@ class TrainConfig(TopConfig):
             KeyError, TypeError: `values` was not validated (a missing or unknown key).
         """
         groups = {group: section_from_dict(group, values[group]) for group in registry.groups()}
-        top = {f.name: values[f.name] for f in dataclasses.fields(TopConfig)}
-        return cls(**top, **groups)
+        return cls(**top_values(values), **groups)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain containers again (what `from_dict` takes; `_target_` for a target model)."""
@@ -180,6 +179,11 @@ class TrainConfig(TopConfig):
                 }
                 out[group] = {"_target_": section.target, **section.kwargs, **own}
         return out
+
+
+def top_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys of a validated config (TopConfig's), without its group sections."""
+    return {f.name: values[f.name] for f in dataclasses.fields(TopConfig)}
 
 
 def target_section(group: str, values: dict[str, Any]) -> Any:

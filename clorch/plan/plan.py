@@ -245,7 +245,8 @@ def _build(
     if complete(cfg, "checkpoint", "model", "data", "optim"):
         fit = resume_fit(cfg, world, run_dir)
         problems += fit.errors
-        cfg = fit.applied(cfg)  # the accumulation that keeps the checkpoint's global batch
+        if fit.accumulation is not None:  # a checkpoint to resume: keep its global batch
+            cfg = fit.applied(cfg)
     problems += data_errors(cfg, *sizes, world)
     shard, per_epoch, total = plan_steps(cfg, sizes[0], world)
     if complete(cfg, "schedule"):
@@ -279,25 +280,12 @@ def plan_or_errors(
 ) -> tuple[Plan | None, list[str]]:
     """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
 
-    Args:
-        cfg: a composed config (Hydra's, or clorch.config.composer's), or a TrainConfig.
-        run_dir: the run directory, checked for being writable (None: not checked).
-        external: a clorch.launch.external.ExternalRank: place the ranks as another launcher
-            (torchrun, srun) did, instead of the launcher config and this machine.
-        base: make relative paths absolute against this directory first (a Hydra job passes
-            the one the user ran clorch-train from); None checks them as written, relative to
-            the current directory (`absolute` makes the plan's paths absolute afterwards).
-        sized: False runs only the checks that import no torch (see `config_errors`) and
-            makes no plan.
+    `resolve`, with its errors returned instead of raised; the arguments are `resolve`'s.
     """
-    if isinstance(cfg, TrainConfig):
-        typed, problems = cfg, []
-    else:
-        typed, problems = checked_partial(cfg, base=base)
-    if typed is None:
-        return None, problems
-    plan = _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized)
-    return (None, problems) if problems else (plan, [])
+    try:
+        return resolve(cfg, run_dir, base, external=external, sized=sized), []
+    except ConfigError as exc:
+        return None, exc.errors
 
 
 def config_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
@@ -413,18 +401,34 @@ def resolve(
     cfg: DictConfig | Mapping[str, Any] | TrainConfig,
     run_dir: str | os.PathLike | None = None,
     base: str | os.PathLike | None = None,
-) -> Plan:
+    *,
+    external: Any = None,
+    sized: bool = True,
+) -> Plan | None:
     """Check `cfg` and resolve it on this machine into the launch plan.
 
     Args:
-        cfg: a composed config, or an already checked TrainConfig.
+        cfg: a composed config (Hydra's, or clorch.config.composer's), or an already checked
+            TrainConfig.
         run_dir: the run directory, checked for being writable (None: not checked).
-        base: the directory relative paths are relative to (default: the current one).
+        base: make relative paths absolute against this directory first (a Hydra job passes
+            the one the user ran clorch-train from); None checks them as written, relative to
+            the current directory (`absolute` makes the plan's paths absolute afterwards).
+        external: a clorch.launch.external.ExternalRank: place the ranks as another launcher
+            (torchrun, srun) did, instead of the launcher config and this machine.
+        sized: False runs only the checks that import no torch (see `config_errors`), makes
+            no plan and returns None.
 
     Raises:
         ConfigError: every config, machine, data, path and resume error found, together.
     """
-    plan, problems = plan_or_errors(cfg, run_dir, base=base)
+    if isinstance(cfg, TrainConfig):
+        typed, problems = cfg, []
+    else:
+        typed, problems = checked_partial(cfg, base=base)
+    plan = (
+        None if typed is None else _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized)
+    )
     if problems:
         raise ConfigError(problems)
     return plan
