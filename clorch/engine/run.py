@@ -50,16 +50,17 @@ def node_log_dir(plan: Plan, run_dir: Path) -> Path:
 PLAN_FILE = "plan.pkl"  # in the node's log directory: the plan its ranks run, with its digest
 
 
-def _launch(plan: Plan, run_dir: Path, worker: str, log_dir: Path) -> Any:
-    """Start this node's ranks; they read their plan from `log_dir/plan.pkl` (`write_plan`)."""
-    launcher = plan.config.launcher
+def _launch(plan: Plan, run_dir: Path, worker: str, plan_file: Path) -> Any:
+    """Start this node's ranks; they read their plan from `plan_file` (`write_plan`), beside
+    which the launcher keeps its logs."""
+    launcher, log_dir = plan.config.launcher, plan_file.parent
     return launch(
         worker,
         nproc_per_node=plan.nproc_per_node,
         devices=plan.devices,
         backend=plan.backend,
         timeout=launcher.timeout,
-        args={"plan_file": str(log_dir / PLAN_FILE), "run_dir": str(run_dir)},
+        args={"plan_file": str(plan_file), "run_dir": str(run_dir)},
         log_dir=log_dir,
         nnodes=launcher.nnodes,
         node_rank=launcher.node_rank,
@@ -139,9 +140,33 @@ def execute(
             f"execute() takes the Plan clorch.plan.plan.resolve(cfg, run_dir) returns, got {type(plan).__name__}"
         )
     run_dir = Path(run_dir).resolve()
+    agent = plan.config.launcher.torch_agent
     # In use while the run lives: a launch refused meanwhile never takes this run's files back.
     with using_run_dir(run_dir), owning_checkpoint_dir(plan, run_dir):
-        return _execute(plan, run_dir, progress, echo, worker)
+        write_start(plan, run_dir)
+        if echo:
+            print(plan.describe(), flush=True)
+        start = time.perf_counter()
+        plan_file = _plan_file(plan, run_dir)
+        write_plan(plan, plan_file)  # the ranks run what it holds
+        try:
+            if agent:
+                return _execute_torchrun(plan, run_dir, plan_file, start, None if worker == WORKER else worker)
+            return _execute(plan, run_dir, plan_file, start, progress, worker)
+        finally:
+            if agent:  # (clorch's launcher keeps plan.pkl among the run's logs)
+                plan_file.unlink(missing_ok=True)
+
+
+def _plan_file(plan: Plan, run_dir: Path) -> Path:
+    """Where this node's ranks read their plan: `plan.pkl` in the node's log directory (made
+    here), or, under torchrun's agent, a hidden file of this process's in the run directory
+    (nodes sharing the run directory each write their own; removed when the agent returns)."""
+    if plan.config.launcher.torch_agent:
+        return run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.pkl"
+    log_dir = node_log_dir(plan, run_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)  # (the run directory was checked writable)
+    return log_dir / PLAN_FILE
 
 
 @contextlib.contextmanager
@@ -190,17 +215,9 @@ def job_id(plan: Plan) -> str | None:
     return None
 
 
-def _execute(plan: Plan, run_dir: Path, progress: str | None, echo: bool, worker: str) -> RunResult:
-    write_start(plan, run_dir)
-    if echo:
-        print(plan.describe(), flush=True)
-    start = time.perf_counter()
-    if plan.config.launcher.torch_agent:
-        return _execute_torchrun(plan, run_dir, start, None if worker == WORKER else worker)
-    log_dir = node_log_dir(plan, run_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)  # (the run directory was checked writable)
-    write_plan(plan, log_dir / PLAN_FILE)
-    job = _launch(plan, run_dir, worker, log_dir)
+def _execute(plan: Plan, run_dir: Path, plan_file: Path, start: float, progress: str | None, worker: str) -> RunResult:
+    """clorch's launcher runs this node's ranks, which read `plan_file`; follow them, then report."""
+    job = _launch(plan, run_dir, worker, plan_file)
     mode = progress or plan.config.logger.progress
     # Node 0's launching process hosts rank 0, which writes metrics.jsonl (the launcher's layout,
     # SLURM's included, decides which node that is).
@@ -222,17 +239,15 @@ def _one_node(nnodes: int | str) -> bool:
     return str(nnodes).rpartition(":")[2].strip() == "1"
 
 
-def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | None) -> RunResult:
-    """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun)."""
+def _execute_torchrun(plan: Plan, run_dir: Path, plan_file: Path, start: float, worker: str | None) -> RunResult:
+    """`launcher=torchrun`: torch's elastic agent runs this node's ranks (clorch.launch.torchrun),
+    which read `plan_file`."""
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    # This node's plan, for the ranks its agent starts (nodes sharing run_dir write their own).
-    plan_path = run_dir / f".plan-{socket.gethostname()}-{os.getpid()}.pkl"
-    write_plan(plan, plan_path)
     try:
         run_torchrun(
-            plan.config.launcher, plan.nproc_per_node, plan_path, run_dir, worker, entry="clorch.engine.as_rank"
+            plan.config.launcher, plan.nproc_per_node, plan_file, run_dir, worker, entry="clorch.engine.as_rank"
         )
         end = JobEnd.from_launcher({"state": Status.SUCCEEDED})
     except TorchrunError as exc:
@@ -244,8 +259,6 @@ def _execute_torchrun(plan: Plan, run_dir: Path, start: float, worker: str | Non
         end = JobEnd.from_launcher(
             {"state": Status.INTERRUPTED, "interrupted_by": Interrupted(int(signum)).signal_name}
         )
-    finally:
-        plan_path.unlink(missing_ok=True)
     node = _node_result(run_dir)
     if node.rank0:  # rank 0 ran here: this node writes the summary
         end.results, end.attempts = [node.result or RankResult()], node.restarts + 1
