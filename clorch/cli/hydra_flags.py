@@ -4,7 +4,8 @@ Hydra parses its command line with argparse, which also takes a unique prefix
 of a long flag (`--multi`) and short flags run together (`-mc job`). clorch-train
 decides what to check and whether to launch by the flags present, comparing
 whole flags, so `whole_flags` writes prefixes out in full and refuses run-together
-short flags before anything else reads the command line.
+short flags before anything else reads the command line. The overrides are read apart
+from the flags (`is_override`) and reach Hydra before them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ SHORT_FLAGS = ("-h", "-c", "-p", "-r", "-m", "-sc", "-cp", "-cn", "-cd", "-i")
 
 
 def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
-    """`args` with abbreviated long flags written in full, and the flags refused.
+    """`args` (the flags and their values: the overrides are read apart, `is_override`) with
+    abbreviated long flags written in full, and the flags refused.
 
     Refused: a short flag run together with others or with its value
     (`-mc job`, `-cjob`: write `-m -c job` or `-c=job`), a long flag that is no Hydra
@@ -58,9 +60,7 @@ def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     for arg in args:
         if arg.startswith("--"):
             name, sep, value = arg.partition("=")
-            matches = [flag for flag in LONG_FLAGS if flag == name] or [
-                flag for flag in LONG_FLAGS if flag.startswith(name)
-            ]
+            matches = _long_matches(name)
             if len(matches) == 1:
                 arg = matches[0] + sep + value
             else:
@@ -78,14 +78,49 @@ def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return out, errors
 
 
-def flags_first(args: list[str]) -> list[str]:
-    """`args` with the flags that take no value moved to the front.
+# Flags whose value may be the next argument (`--cfg job`); `--cfg=job` carries its own.
+VALUE_FLAGS = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+)
 
-    Hydra's command line (argparse) refuses a flag after an override
-    (`clorch-train +recipe=x -m optim.lr=1,2`); the order means nothing here.
+
+def is_override(args: list[str], i: int) -> bool:
+    """Whether `args[i]` is an override (`key=value`, `~key`): not a flag, nor a flag's value.
+
+    clorch-train hands Hydra its overrides first and its flags after them, so that a flag
+    between two overrides (`+recipe=x -m optim.lr=1,2`, `+recipe=x --cfg job batch_size=4`)
+    reads as meant: Hydra's command line (argparse) takes no override after a flag.
     """
-    alone = [a for a in args if a in MULTIRUN + ("--resolve",)]
-    return alone + [a for a in args if a not in alone]
+    arg = args[i]
+    if arg.startswith("-") or not ("=" in arg or arg.startswith("~")):
+        return False
+    before = args[i - 1] if i else ""
+    return not (before.startswith("-") and "=" not in before and _whole(before) in VALUE_FLAGS)
+
+
+def _whole(flag: str) -> str:
+    """A long flag's unique prefix written in full (`--pack` is `--package`); any other as it is."""
+    if not flag.startswith("--"):
+        return flag
+    matches = _long_matches(flag)
+    return matches[0] if len(matches) == 1 else flag
+
+
+def _long_matches(name: str) -> list[str]:
+    """The long flags `name` names: itself, or those it is a prefix of."""
+    return [flag for flag in LONG_FLAGS if flag == name] or [flag for flag in LONG_FLAGS if flag.startswith(name)]
 
 
 def flag_set(args: list[str]) -> set[str]:

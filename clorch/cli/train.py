@@ -18,12 +18,12 @@ import hydra
 from clorch._version import __version__
 from clorch.cli import run_dir
 from clorch.cli.hydra_app import CHECKED, remember_plan, run_hydra
-from clorch.cli.hydra_flags import MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set, flags_first, whole_flags
+from clorch.cli.hydra_flags import MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set, is_override, whole_flags
 from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
-from clorch.config.composer import rewrite_recipe_overrides
-from clorch.config.overrides import check_overrides, grammar_errors, hydra_overrides, split_overrides
+from clorch.config.composer import hydra_overrides, rewrite_recipe_overrides
+from clorch.config.overrides import check_overrides, grammar_errors, split_overrides
 from clorch.plan.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
@@ -52,31 +52,32 @@ def train_main(argv: list[str] | None = None) -> int:
     rank of an outside launcher, or Hydra (help, a printed config, a run, a sweep).
     """
     typed = ["clorch-train", *(sys.argv[1:] if argv is None else argv)]
-    args, flag_errors = whole_flags(typed[1:])
-    args = flags_first(args)
-    OUTCOME.argv[:] = args
-    flags = flag_set(args)
-    if "--version" in flags and not flag_errors:  # Hydra's own --version names only Hydra
+    given = typed[1:]
+    overrides = [arg for i, arg in enumerate(given) if is_override(given, i)]
+    flags, flag_errors = whole_flags([arg for i, arg in enumerate(given) if not is_override(given, i)])
+    OUTCOME.argv[:] = [*overrides, *flags]
+    names = flag_set(flags)
+    if "--version" in names and not flag_errors:  # Hydra's own --version names only Hydra
         print(_versions())
         return 0
-    refused = _refusals(args, flags, flag_errors)
+    refused = _refusals([*overrides, *flags], names, flag_errors)
     if refused:  # shown with the config's own errors, so that one try lists every error
-        print_config_errors(refused + _errors_beside_refused(args, flags))
+        print_config_errors(refused + _errors_beside_refused(overrides, names))
         return EXIT_CONFIG
     try:
-        args = rewrite_recipe_overrides(args)
-        external = None if flags & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) else detect_external()
+        overrides = rewrite_recipe_overrides(overrides)
+        external = None if names & set(PRINT_ONLY + OTHER_CONFIG + PRINT_CONFIG + MULTIRUN) else detect_external()
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
-        print_config_errors(grammar_errors(a for a in args if not a.startswith("-")) or [str(exc)])
+        print_config_errors(grammar_errors(overrides) or [str(exc)])
         return EXIT_CONFIG
     if external is not None:  # one rank of a torchrun / srun / submitit job: train as that rank
         OUTCOME.as_rank = True
         with typed_command(typed):
-            return run_as_rank([a for a in args if not a.startswith("-")], external)
-    if flags & set(PRINT_ONLY):
-        return run_hydra(args)
+            return run_as_rank(overrides, external)
+    if names & set(PRINT_ONLY):
+        return run_hydra([*overrides, *flags])
     with typed_command(typed):  # env.json records the command as typed, for re-running it
-        return _check_and_run(args, flags)
+        return _check_and_run(overrides, flags)
 
 
 def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[str]:
@@ -93,34 +94,37 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
     )
 
 
-def _check_and_run(args: list[str], flags: set[str]) -> int:
-    """Check the config (every sweep combination in-process), then print it or run it with Hydra."""
-    # A bare `~key` (deleting a key) is an override too, and is checked like one.
-    overrides = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
-    multirun = bool(flags & set(MULTIRUN))
-    if multirun and flags & {"--cfg", "-c"}:  # Hydra allows one mode: run, multirun or print
+def _check_and_run(overrides: list[str], flags: list[str]) -> int:
+    """Check the config (every sweep combination in-process), then print it or run it with Hydra.
+
+    `overrides` and `flags` as `is_override` and `whole_flags` read them; Hydra gets the
+    overrides first.
+    """
+    names = flag_set(flags)
+    multirun = bool(names & set(MULTIRUN))
+    if multirun and names & {"--cfg", "-c"}:  # Hydra allows one mode: run, multirun or print
         print_config_errors(
             [
-                f"{sorted(flags & {'--cfg', '-c'})[0]} prints one config and cannot run with "
-                f"{sorted(flags & set(MULTIRUN))[0]} (a sweep): drop one of the two"
+                f"{sorted(names & {'--cfg', '-c'})[0]} prints one config and cannot run with "
+                f"{sorted(names & set(MULTIRUN))[0]} (a sweep): drop one of the two"
             ]
         )
         return EXIT_CONFIG
     CHECKED.clear()
-    if multirun or flags & set(PRINT_CONFIG) or split_errors(overrides):
+    if multirun or names & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first
         # (every combination, every error; a sweep's jobs then take the plans made here). A
         # single run is composed by Hydra and checked once, in its job. A printed config
         # gets the checks that import no torch (clorch.plan.plan.config_errors).
-        errors = check_overrides(overrides, config_errors if flags & set(PRINT_CONFIG) else remember_plan)
+        errors = check_overrides(overrides, config_errors if names & set(PRINT_CONFIG) else remember_plan)
         if errors:
             print_config_errors(errors)
             return EXIT_CONFIG
-    if flags & set(PRINT_CONFIG):
+    if names & set(PRINT_CONFIG):
         _print_trusted()
-        return run_hydra(args)
+        return run_hydra([*overrides, *flags])
     try:
-        extra, created, footprint = run_dir.launch_overrides(args, multirun)
+        extra, created, footprint = run_dir.launch_overrides(overrides, multirun)
     except OSError as exc:  # the default outputs/ (or multirun/) cannot be made here
         layout, key = ("multirun", "hydra.sweep.dir") if multirun else ("outputs", "hydra.run.dir")
         print_config_errors(
@@ -134,7 +138,7 @@ def _check_and_run(args: list[str], flags: set[str]) -> int:
     footprint = None if multirun else footprint
     run_dir.hold(footprint)
     try:
-        return run_hydra([*(args if multirun else hydra_overrides(args)), *extra])
+        return run_hydra([*(overrides if multirun else hydra_overrides(overrides)), *extra, *flags])
     finally:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)
@@ -148,14 +152,14 @@ def _print_trusted() -> None:
             print(f"# trusted modules ({where}): {', '.join(names)}")
 
 
-def _errors_beside_refused(args: list[str], flags: set[str]) -> list[str]:
+def _errors_beside_refused(overrides: list[str], names: set[str]) -> list[str]:
     """The config errors of the overrides that were not refused (none of Hydra's keys).
 
     Composing them is safe: recipes may set no Hydra key (clorch.config.composer).
     """
-    if flags & set(OTHER_CONFIG):
+    if names & set(OTHER_CONFIG):
         return []  # the user meant another config: clorch's errors would be beside the point
-    overrides = [a for a in args if "=" in a and not a.startswith("-") and not touches_hydra(a)]
+    overrides = [a for a in overrides if "=" in a and not touches_hydra(a)]
     try:
         overrides = rewrite_recipe_overrides(overrides)
         return check_overrides(overrides, resolve_errors)

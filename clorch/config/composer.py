@@ -19,12 +19,18 @@ config still composes and its own errors are reported too.
 The command line beats a recipe: a recipe is registered without its sections for
 the groups whose option the command line chooses (`rewrite_recipe_overrides`), so
 that `loss=cross_entropy` replaces a recipe's `loss._target_` and its arguments.
+
+The command line's overrides reach Hydra through `rewrite_recipe_overrides` (recipes,
+shorthand, `${oc.env:...}` values, your own code's sections) and, for one run,
+`hydra_overrides` (a value is set with `++`, so that an unknown key is reported with
+every other error).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -37,7 +43,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config import registry
-from clorch.config.env_values import env_values, with_env_values
+from clorch.config.env_values import decodes_env, env_decoded, env_values
 from clorch.config.schema import CUSTOM, SHORTHAND, TARGET_GROUPS
 from clorch.config.store import config_groups, group_options as _group_options
 
@@ -280,7 +286,7 @@ def registered_name(value: str) -> str:
 
 def chosen_groups(overrides: Iterable[str]) -> set[str]:
     """The groups whose option `overrides` choose: `loss=mse` (a sweep's `loss=mse,cross_entropy`
-    too), or `loss._target_=...`, which chooses `custom` (`with_custom`)."""
+    too), or `loss._target_=...`, which chooses `custom` (`CustomSections`)."""
     groups = set(config_groups())
     chosen = set()
     for item in overrides:
@@ -293,82 +299,145 @@ def chosen_groups(overrides: Iterable[str]) -> set[str]:
 
 
 def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
-    """Register recipes, and turn `+recipe=/a/file.yaml` into `+recipe=<registered name>`;
-    a `_target_` set on the command line selects its group's `custom` option (`with_custom`).
+    """The command line's overrides as Hydra is to compose them: each through the rewrites
+    that apply to it, in this order, and the recipes registered.
+
+    1. A section's one key given as its value: `preflight=only` is `preflight.mode=only`
+       (clorch.config.schema.SHORTHAND); a choice of the group's options stays as it is.
+    2. A recipe file: `+recipe=/a/file.yaml` is `+recipe=<the name it is registered by>`.
+    3. `KEY=${oc.env:NAME,default}` is read as the key's type (clorch.config.env_values).
+    4. `GROUP._target_=...` chooses its group's `custom` option (`CustomSections`).
 
     The recipes are registered without their sections for the groups whose option the
     command line chooses (`chosen_groups`): the command line beats the recipe, and the
-    recipe beats the defaults, for a group's option as for a value.
+    recipe beats the defaults, for a group's option as for a value. An override that no
+    rewrite applies to reaches Hydra as typed.
     """
-    overrides = with_shorthand(list(overrides))
+    overrides = [_shorthand(o) if _is_shorthand(o) else o for o in overrides]
     without = chosen_groups(overrides)
     register_recipes(without)
-    rewritten = []
+    overrides = [_registered_recipe(o, without) if _names_recipe_file(o) else o for o in overrides]
+    custom = CustomSections.of(overrides)
+    rewritten = [f"{group}={CUSTOM}" for group in custom.added]
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and key.lstrip("+~") == "recipe" and _is_path(value):
-            item = f"{key}={register_recipe_path(value, without)}"
-        rewritten.append(item)
-    return with_custom(with_env_values(rewritten))
+        if custom.drops(item):
+            continue
+        item = env_decoded(item) if decodes_env(item) else item
+        rewritten.append(custom.added_key(item) if custom.adds(item) else item)
+    return rewritten
 
 
-def with_shorthand(overrides: list[str]) -> list[str]:
-    """`preflight=only` becomes `preflight.mode=only` (clorch.config.schema.SHORTHAND): the
-    section's one key given as its value. A choice of the group's options (`preflight=default`,
-    a sweep's `loss=mse,cross_entropy`) stays as it is."""
+def hydra_overrides(args: Iterable[str]) -> list[str]:
+    """`args` for one run as Hydra should see them: value overrides forced (`++key=value`).
+
+    Flags, Hydra's own keys (hydra.*), group choices, `+`/`++` additions and
+    deletions pass unchanged; `key=value` becomes `++key=value` so that an unknown
+    key is composed and then reported by the schema check with every other error.
+    """
+    groups = set(config_groups()) | {"recipe"}
     out = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        section = key.lstrip("+")
-        if (
-            sep
-            and section in SHORTHAND
-            and not key.startswith("~")
-            and not set(value.split(",")) <= set(_group_options(section))
-        ):
-            item = f"{key}.{SHORTHAND[section]}={value}"
-        out.append(item)
+    for arg in args:
+        key, sep, _ = arg.partition("=")
+        plain = sep and not arg.startswith(("-", "+", "~"))
+        if plain and key not in groups and key.split(".")[0] != "hydra" and "/" not in key:
+            arg = f"++{arg}"
+        out.append(arg)
     return out
+
+
+def _is_shorthand(override: str) -> bool:
+    key, sep, value = override.partition("=")
+    section = key.lstrip("+")
+    return bool(
+        sep
+        and section in SHORTHAND
+        and not key.startswith("~")
+        and not set(value.split(",")) <= set(_group_options(section))
+    )
+
+
+def _shorthand(override: str) -> str:
+    """`preflight=only` as `preflight.mode=only` (see `_is_shorthand`)."""
+    key, _, value = override.partition("=")
+    return f"{key}.{SHORTHAND[key.lstrip('+')]}={value}"
+
+
+def _names_recipe_file(override: str) -> bool:
+    key, sep, value = override.partition("=")
+    return bool(sep) and key.lstrip("+~") == "recipe" and _is_path(value)
+
+
+def _registered_recipe(override: str, without: Iterable[str]) -> str:
+    """`+recipe=/a/file.yaml` as `+recipe=<registered name>`, registering the file.
+
+    Raises:
+        ValueError: the file does not exist.
+    """
+    key, _, value = override.partition("=")
+    return f"{key}={register_recipe_path(value, without)}"
 
 
 def _key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
-def with_custom(overrides: list[str]) -> list[str]:
-    """`GROUP=custom` added for each `GROUP._target_=...` (unless GROUP is chosen), and
-    `~GROUP.KEY` deletions of keys the custom option does not have dropped.
+@dataclass(frozen=True)
+class CustomSections:
+    """What naming your own code (`GROUP._target_=...`) on the command line, or in a recipe,
+    changes in the overrides, so that `model._target_=my_pkg.Net model.width=64` composes a
+    model section of just those keys: the built-in option's keys (hidden_features, ...) are
+    not carried along, nor a recipe's model keys (`rewrite_recipe_overrides` registers it
+    without them).
 
-    So `model._target_=my_pkg.Net model.width=64` composes a model section of just those
-    keys: the built-in option's keys (hidden_features, ...) are not carried along, nor a
-    recipe's model keys (`rewrite_recipe_overrides` registers it without them).
+    added: the groups whose `GROUP=custom` is added (a `_target_` given, no option chosen).
+    keyed: the groups whose keys are added to their custom section (`++GROUP.KEY=V`: the
+        custom option has no keys of its own).
+    pruned: the groups whose `~GROUP.KEY` deletions of keys the custom section does not
+        have are dropped.
+    given: the keys the overrides set.
     """
-    out = list(overrides)
-    for group in TARGET_GROUPS:
-        if not any(_key(o) == f"{group}._target_" and not o.startswith("~") for o in overrides):
-            if _recipe_names_target(out, group) and not any(_key(o) == group for o in out):
-                out = _added_keys(out, group)  # the recipe's custom section takes the keys given
-            continue
-        if not any(_key(o) == group for o in overrides):
-            # after the flags (-m, --cfg job): Hydra's argparse takes no flag after an override
-            at = next((i for i, o in enumerate(out) if "=" in o and not o.startswith("-")), len(out))
-            out.insert(at, f"{group}={CUSTOM}")
-        if any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in out):
-            given = {_key(o) for o in out if not o.startswith("~")}
-            out = [
-                o for o in out if not (o.startswith("~") and _key(o).startswith(f"{group}.") and _key(o) not in given)
-            ]
-            out = _added_keys(out, group)
-    return out
+
+    added: tuple[str, ...] = ()
+    keyed: frozenset[str] = frozenset()
+    pruned: frozenset[str] = frozenset()
+    given: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, overrides: list[str]) -> "CustomSections":
+        added, keyed, pruned = [], set(), set()
+        for group in TARGET_GROUPS:
+            chosen = any(_key(o) == group for o in overrides)
+            if not any(_key(o) == f"{group}._target_" and not o.startswith("~") for o in overrides):
+                if _recipe_names_target(overrides, group) and not chosen:
+                    keyed.add(group)  # the recipe's custom section takes the keys given
+                continue
+            if not chosen:
+                added.insert(0, group)
+            if not chosen or any(_key(o) == group and o.partition("=")[2] == CUSTOM for o in overrides):
+                keyed.add(group)
+                pruned.add(group)
+        given = {_key(o) for o in overrides if not o.startswith("~")} | set(added)
+        return cls(tuple(added), frozenset(keyed), frozenset(pruned), frozenset(given))
+
+    def drops(self, override: str) -> bool:
+        """Whether `override` deletes a key that a custom section does not have."""
+        key = _key(override)
+        return override.startswith("~") and key not in self.given and _group_of(key) in self.pruned
+
+    def adds(self, override: str) -> bool:
+        """Whether `override` sets a key of a custom section (`added_key` writes it)."""
+        return not override.startswith(("~", "-")) and _group_of(_key(override)) in self.keyed
+
+    @staticmethod
+    def added_key(override: str) -> str:
+        """`GROUP.KEY=V` as `++GROUP.KEY=V`."""
+        return f"++{override.lstrip('+')}"
 
 
-def _added_keys(overrides: list[str], group: str) -> list[str]:
-    """`GROUP.KEY=V` as `++GROUP.KEY=V`: the custom option has no keys of its own, so each one
-    given is added to it."""
-    return [
-        f"++{o.lstrip('+')}" if not o.startswith(("~", "-")) and _key(o).startswith(f"{group}.") else o
-        for o in overrides
-    ]
+def _group_of(key: str) -> str | None:
+    """The group a dotted key is in (`model.width` is in `model`), or None for a group's own key."""
+    group, dot, _ = key.partition(".")
+    return group if dot else None
 
 
 def _recipe_names_target(overrides: list[str], group: str) -> bool:

@@ -41,21 +41,26 @@ def _takes_text_only(key: str) -> bool:
     return bool(found) and all(found)
 
 
-def _env_value(key: str, value: Any) -> Any:
-    """`${oc.env:NAME,default}` as `${oc.decode:${oc.env:NAME,default}}` for a key that takes
-    more than text: the variable's text is read as YAML would read it (`3` an int, `true` a bool),
-    as the key needs and as the config errors recommend."""
-    if (
+def _decodes(key: str, value: Any) -> bool:
+    """Whether `value` is `${oc.env:NAME,default}` (alone) for a key that takes more than text,
+    with a default or a variable that is set (else it is left as typed, for the error to show it so)."""
+    if not (
         isinstance(value, str)
         and value.startswith("${oc.env:")
         and value.endswith("}")
         and value.count("${") == 1
         and not _takes_text_only(key)
     ):
-        name, comma, _ = value[len("${oc.env:") : -1].partition(",")
-        if comma or name.strip() in os.environ:  # else left as typed, for the error to show it so
-            return "${oc.decode:" + value + "}"
-    return value
+        return False
+    name, comma, _ = value[len("${oc.env:") : -1].partition(",")
+    return bool(comma) or name.strip() in os.environ
+
+
+def _env_value(key: str, value: Any) -> Any:
+    """`${oc.env:NAME,default}` as `${oc.decode:${oc.env:NAME,default}}` for a key that takes
+    more than text (`_decodes`): the variable's text is read as YAML would read it (`3` an int,
+    `true` a bool), as the key needs and as the config errors recommend."""
+    return "${oc.decode:" + value + "}" if _decodes(key, value) else value
 
 
 def env_values(node: dict, prefix: str = "") -> None:
@@ -67,14 +72,16 @@ def env_values(node: dict, prefix: str = "") -> None:
             node[key] = _env_value(f"{prefix}{key}", value)
 
 
-def with_env_values(overrides: list[str]) -> list[str]:
-    """`KEY=${oc.env:NAME,default}` overrides read as the key's type (`_env_value`)."""
-    out = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and not key.startswith("~"):
-            text = value.strip("'\"")
-            decoded = _env_value(key.lstrip("+"), text)
-            item = item if decoded == text else f"{key}='{decoded}'"  # quoted: Hydra's grammar
-        out.append(item)
-    return out
+def decodes_env(override: str) -> bool:
+    """Whether a command-line override is `KEY=${oc.env:NAME,default}` to be read as the key's
+    type (`env_decoded`)."""
+    key, sep, value = override.partition("=")
+    return bool(sep) and not key.startswith("~") and _decodes(key.lstrip("+"), value.strip("'\""))
+
+
+def env_decoded(override: str) -> str:
+    """`KEY=${oc.env:NAME,default}` as `KEY='${oc.decode:${oc.env:NAME,default}}'` (quoted:
+    Hydra's grammar)."""
+    key, _, value = override.partition("=")
+    text = value.strip("'\"")
+    return f"{key}='${{oc.decode:{text}}}'"

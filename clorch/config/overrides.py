@@ -2,10 +2,11 @@
 
 Hydra stops at the first unknown group option or key. clorch instead checks
 every group choice (`precision=fp8`) and the chosen recipe's own defaults
-entries up front, and gives value overrides to Hydra as `++key=value`, so an
-unknown key reaches the schema check and is reported (with the closest known
-key) together with every other error. `check_overrides` composes each combination
-of a sweep (`-m`), up to a limit, and checks it the same way.
+entries up front, and value overrides reach Hydra as `++key=value`
+(`clorch.config.composer.hydra_overrides`), so an unknown key reaches the schema
+check and is reported (with the closest known key) together with every other error.
+`check_overrides` composes each combination of a sweep (`-m`), up to a limit, and
+checks it the same way.
 """
 
 from __future__ import annotations
@@ -183,24 +184,6 @@ def _recipe_slips(parsed: list) -> list[str]:
             "with -m +recipe=a,b"
         )
     return errors
-
-
-def hydra_overrides(args: Iterable[str]) -> list[str]:
-    """`args` for one run as Hydra should see them: value overrides forced (`++key=value`).
-
-    Flags, Hydra's own keys (hydra.*), group choices, `+`/`++` additions and
-    deletions pass unchanged; `key=value` becomes `++key=value` so that an unknown
-    key is composed and then reported by the schema check with every other error.
-    """
-    groups = set(config_groups()) | {"recipe"}
-    out = []
-    for arg in args:
-        key, sep, _ = arg.partition("=")
-        plain = sep and not arg.startswith(("-", "+", "~"))
-        if plain and key not in groups and key.split(".")[0] != "hydra" and "/" not in key:
-            arg = f"++{arg}"
-        out.append(arg)
-    return out
 
 
 def grammar_errors(overrides: Iterable[str]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch.cli.hydra_flags import flag_set, flags_first, whole_flags
+from clorch.cli.hydra_flags import flag_set, is_override, whole_flags
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,7 +32,22 @@ def test_what_follows_a_double_dash_is_overrides_only():
     ]
 
 
-def test_flags_without_values_move_to_the_front_and_are_found():
-    args = flags_first(["+recipe=x", "-m", "optim.lr=1,2", "--cfg=job"])
-    assert args == ["-m", "+recipe=x", "optim.lr=1,2", "--cfg=job"]
-    assert flag_set(args) == {"-m", "--cfg"}
+def test_overrides_are_read_apart_from_flags_and_their_values():
+    args = [
+        "+recipe=x",
+        "-m",
+        "optim.lr=1,2",
+        "--cfg",
+        "a=b",
+        "--pack=p",
+        "~model",
+        "-sc",
+        "install=bash",
+        "--cf",
+        "job",
+    ]
+    overrides = [arg for i, arg in enumerate(args) if is_override(args, i)]
+    assert overrides == ["+recipe=x", "optim.lr=1,2", "~model", "install=bash"]  # `--cfg a=b`: --cfg's value
+    flags, errors = whole_flags([arg for i, arg in enumerate(args) if not is_override(args, i)])
+    assert flags == ["-m", "--cfg", "a=b", "--package=p", "-sc", "--cfg", "job"] and errors == []
+    assert flag_set(flags) == {"-m", "--cfg", "--package", "-sc"}

@@ -6,7 +6,8 @@ import pytest
 
 import clorch
 from clorch.config import ConfigError, check_config, compose, register_target_prefix, resolve_target
-from clorch.config.overrides import compose_once, hydra_overrides, check_overrides
+from clorch.config.composer import hydra_overrides
+from clorch.config.overrides import compose_once, check_overrides
 from clorch.config.targets import check_target
 from clorch.plan.plan import resolve, resolve_errors
 
