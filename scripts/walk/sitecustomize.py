@@ -56,9 +56,12 @@ def _arguments(frame):
     return [frame.f_locals.get(name) for name in code.co_varnames[:count]]
 
 
-def _members(value):
-    """The ids of `value` and of what it holds directly that carries the value (where a
-    returned object, or part of it, may be handed on)."""
+def _members(value, depth=0):
+    """The ids of `value`, of what it holds directly, and of every container or object it holds
+    deeper, that carry the value (where a returned object, or part of it, may be handed on).
+    A number or a string deeper inside is left out: one such object is shared by every copy of
+    its container (`dataclasses.asdict` copies the containers only), so its id says nothing
+    about who made what."""
     members = []
     try:
         if isinstance(value, dict):
@@ -71,7 +74,12 @@ def _members(value):
             members = list(vars(value).values())
     except Exception:
         pass
-    return [id(value)] + [id(member) for member in members if _carries(member)]
+    ids = [id(value)]
+    if depth < _DEPTH:
+        for member in members[:200]:
+            if (depth == 0 or not isinstance(member, (str, bytes, int, float))) and _carries(member):
+                ids += _members(member, depth + 1)
+    return ids
 
 
 def _stack(frame):
