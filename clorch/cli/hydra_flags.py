@@ -38,6 +38,26 @@ LONG_FLAGS = (
 SHORT_FLAGS = ("-h", "-c", "-p", "-r", "-m", "-sc", "-cp", "-cn", "-cd", "-i")
 
 
+# Hydra runs one mode: a run, a sweep, a printed config, its information or shell completion.
+# Each mode's flags, what the flag does, and what the mode is.
+MODES = (
+    (("--cfg", "-c"), "prints one config", "a printed config"),
+    (("--info", "-i"), "prints Hydra's information", "Hydra's information"),
+    (("--shell-completion", "-sc"), "sets up shell completion", "shell completion"),
+    (("--multirun", "-m"), "runs a sweep", "a sweep"),
+    (("--run", "-r"), "runs once", "a single run"),
+)
+
+
+def mode_errors(names: set[str]) -> list[str]:
+    """An error when the flags `names` ask Hydra for more than one mode (Hydra would raise)."""
+    chosen = [(sorted(names & set(flags))[0], does, what) for flags, does, what in MODES if names & set(flags)]
+    if len(chosen) < 2:
+        return []
+    (first, does, _), (second, _, what) = chosen[:2]
+    return [f"{first} {does} and cannot run with {second} ({what}): drop one of the two"]
+
+
 def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     """`args` (the flags and their values: the overrides are read apart, `is_override`) with
     abbreviated long flags written in full, and the flags refused.
@@ -78,14 +98,13 @@ def whole_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return out, errors
 
 
-# Flags whose value may be the next argument (`--cfg job`); `--cfg=job` carries its own.
+# Flags whose value may be the next argument (`--cfg job`); `--cfg=job` carries its own. (`--info`'s
+# optional value is a word, never an override: `--info batch_size=4` is `--info` and an override.)
 VALUE_FLAGS = (
     "--cfg",
     "-c",
     "--package",
     "-p",
-    "--info",
-    "-i",
     "--config-path",
     "-cp",
     "--config-name",

@@ -18,7 +18,16 @@ import hydra
 from clorch._version import __version__
 from clorch.cli import run_dir
 from clorch.cli.hydra_app import CHECKED, remember_plan, run_hydra
-from clorch.cli.hydra_flags import MULTIRUN, OTHER_CONFIG, PRINT_CONFIG, PRINT_ONLY, flag_set, is_override, whole_flags
+from clorch.cli.hydra_flags import (
+    MULTIRUN,
+    OTHER_CONFIG,
+    PRINT_CONFIG,
+    PRINT_ONLY,
+    flag_set,
+    is_override,
+    mode_errors,
+    whole_flags,
+)
 from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
@@ -74,6 +83,9 @@ def train_main(argv: list[str] | None = None) -> int:
         OUTCOME.as_rank = True
         with typed_command(typed):
             return run_as_rank(overrides, external)
+    if "--hydra-help" in names:  # about Hydra, not the job: composed without the job's config (Hydra's
+        # own, config_name=None), which a recipe's group choices would not compose onto
+        return run_hydra([*(o for o in overrides if touches_hydra(o)), *flags])
     if names & set(PRINT_ONLY):
         return run_hydra([*overrides, *flags])
     with typed_command(typed):  # env.json records the command as typed, for re-running it
@@ -84,6 +96,7 @@ def _refusals(args: list[str], flags: set[str], flag_errors: list[str]) -> list[
     """Flags, Hydra keys and output directories clorch-train refuses, before composing anything."""
     return (
         flag_errors
+        + mode_errors(flags)
         + hydra_key_errors(args)
         + [
             f"{flag} is not supported by clorch-train: it would compose or load a config clorch cannot check "
@@ -102,14 +115,6 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     """
     names = flag_set(flags)
     multirun = bool(names & set(MULTIRUN))
-    if multirun and names & {"--cfg", "-c"}:  # Hydra allows one mode: run, multirun or print
-        print_config_errors(
-            [
-                f"{sorted(names & {'--cfg', '-c'})[0]} prints one config and cannot run with "
-                f"{sorted(names & set(MULTIRUN))[0]} (a sweep): drop one of the two"
-            ]
-        )
-        return EXIT_CONFIG
     CHECKED.clear()
     if multirun or names & set(PRINT_CONFIG) or split_errors(overrides):
         # A sweep, a printed config or a bad group choice: compose and check in-process first

@@ -10,6 +10,7 @@ under clorch/), recorded whether they carry or not.
 """
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -45,9 +46,17 @@ def _carries(value, depth=0):
     return False
 
 
+def _package_dir():
+    """The folder of the clorch package this process imports (found without importing it), with
+    a trailing separator; None when there is none."""
+    spec = importlib.util.find_spec("clorch")
+    return os.path.dirname(spec.origin) + os.sep if spec is not None and spec.origin else None
+
+
 def _where(code):
+    """The clorch module a code object belongs to (`plan/plan.py`), or None for any other code."""
     path = code.co_filename
-    return path.split("/clorch/", 1)[1] if "/clorch/" in path and "/tests/" not in path else None
+    return path[len(_PACKAGE) :] if _PACKAGE and path.startswith(_PACKAGE) else None
 
 
 def _arguments(frame):
@@ -57,8 +66,8 @@ def _arguments(frame):
 
 
 def _members(value, depth=0):
-    """The ids of `value`, of what it holds directly, and of every container or object it holds
-    deeper, that carry the value (where a returned object, or part of it, may be handed on).
+    """`value`, what it holds directly, and every container or object it holds deeper, that carry
+    the value (where a returned object, or part of it, may be handed on).
     A number or a string deeper inside is left out: one such object is shared by every copy of
     its container (`dataclasses.asdict` copies the containers only), so its id says nothing
     about who made what."""
@@ -74,12 +83,18 @@ def _members(value, depth=0):
             members = list(vars(value).values())
     except Exception:
         pass
-    ids = [id(value)]
+    found = [value]
     if depth < _DEPTH:
         for member in members[:200]:
             if (depth == 0 or not isinstance(member, (str, bytes, int, float))) and _carries(member):
-                ids += _members(member, depth + 1)
-    return ids
+                found += _members(member, depth + 1)
+    return found
+
+
+def _ids(objects, kept):
+    """The ids of `objects`, each kept alive (in `kept`) so that no later object takes its id."""
+    kept.append(objects)
+    return [id(o) for o in objects]
 
 
 def _stack(frame):
@@ -97,7 +112,7 @@ def _start():
     end = os.environ.get("WALK_END", "")
     lock = threading.Lock()
     counter = [0]
-    kept = []  # every object whose id is written stays alive, so that no other object takes its id
+    kept = []  # every object whose id is written stays alive (`_ids`), so that no other object takes its id
     recorded = set()  # the frames whose call was written: their return is written too
 
     def write(record):
@@ -116,15 +131,13 @@ def _start():
         name = f"{where}:{frame.f_code.co_name}"
         if event == "call":
             values = [value for value in _arguments(frame) if _carries(value)]
-            kept.append(values)
-            carried = [_members(value) for value in values]
+            carried = [_ids(_members(value), kept) for value in values]
             if name == end or carried:
                 recorded.add(id(frame))
                 write({"call": name, "frame": id(frame), "stack": _stack(frame), "args": carried, "end": name == end})
         elif _carries(arg):
-            kept.append(arg)
             recorded.discard(id(frame))
-            write({"return": name, "frame": id(frame), "stack": _stack(frame), "ids": _members(arg)})
+            write({"return": name, "frame": id(frame), "stack": _stack(frame), "ids": _ids(_members(arg), kept)})
         elif id(frame) in recorded:
             recorded.discard(id(frame))
             write({"return": name, "frame": id(frame), "stack": [], "ids": []})
@@ -154,4 +167,5 @@ def _start():
 
 
 if _MARK:
+    _PACKAGE = _package_dir()
     _start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch.cli.hydra_flags import flag_set, is_override, whole_flags
+from clorch.cli.hydra_flags import flag_set, is_override, mode_errors, whole_flags
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,3 +51,13 @@ def test_overrides_are_read_apart_from_flags_and_their_values():
     flags, errors = whole_flags([arg for i, arg in enumerate(args) if not is_override(args, i)])
     assert flags == ["-m", "--cfg", "a=b", "--package=p", "-sc", "--cfg", "job"] and errors == []
     assert flag_set(flags) == {"-m", "--cfg", "--package", "-sc"}
+
+
+def test_more_than_one_of_hydras_modes_is_named():
+    assert mode_errors({"-m", "--resolve"}) == [] and mode_errors({"--cfg"}) == []
+    assert mode_errors({"-m", "--cfg"}) == [
+        "--cfg prints one config and cannot run with -m (a sweep): drop one of the two"
+    ]
+    assert mode_errors({"-sc", "-r"}) == [
+        "-sc sets up shell completion and cannot run with -r (a single run): drop one of the two"
+    ]

@@ -157,3 +157,22 @@ def test_flags_between_overrides_still_work(tmp_path, monkeypatch, capsys):
     assert train_main(["+recipe=cpu_smoke", "--cfg", "job", "batch_size=4", "--res", "max_steps=3"]) == 0
     out = capsys.readouterr().out
     assert "batch_size: 4" in out and "max_steps: 3" in out
+
+
+def test_hydras_own_help_prints_with_a_recipe_chosen(capsys):
+    # Hydra composes its help without the job's config, which a recipe's choices cannot override
+    assert train_main(["+recipe=cpu_smoke", "--hydra-help"]) == 0
+    assert "Use '--cfg hydra' to Show the Hydra config." in capsys.readouterr().out
+
+
+def test_two_of_hydras_modes_are_a_config_error_and_an_override_after_info_is_an_override(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert train_main(["+recipe=cpu_smoke", "-r", "--cfg", "job", "batch_size=3"]) == 2
+    assert "--cfg prints one config and cannot run with -r (a single run): drop one of the two" in (
+        capsys.readouterr().err
+    )
+    assert train_main(["+recipe=cpu_smoke", "--info", "batch_size=4"]) == 0  # --info's value is a word
+    assert "batch_size: 4" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
