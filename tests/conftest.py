@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 import clorch
+
+# The suite reaches no network: MLflow 3 would otherwise fetch its telemetry settings from the
+# internet in a thread of its own (and log the attempt) wherever no CI variable tells it not to.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 
 def pytest_collection_modifyitems(config, items):
