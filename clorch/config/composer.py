@@ -328,17 +328,17 @@ def rewrite_recipe_overrides(overrides: Iterable[str]) -> list[str]:
 
 
 def hydra_overrides(args: Iterable[str]) -> list[str]:
-    """`args` for one run as Hydra should see them: value overrides forced (`++key=value`).
+    """The overrides of one run as Hydra should see them: values forced (`++key=value`).
 
-    Flags, Hydra's own keys (hydra.*), group choices, `+`/`++` additions and
-    deletions pass unchanged; `key=value` becomes `++key=value` so that an unknown
-    key is composed and then reported by the schema check with every other error.
+    Hydra's own keys (hydra.*), group choices, `+`/`++` additions and deletions pass
+    unchanged; `key=value` becomes `++key=value` so that an unknown key is composed and
+    then reported by the schema check with every other error.
     """
     groups = set(config_groups()) | {"recipe"}
     out = []
     for arg in args:
         key, sep, _ = arg.partition("=")
-        plain = sep and not arg.startswith(("-", "+", "~"))
+        plain = sep and not arg.startswith(("+", "~"))
         if plain and key not in groups and key.split(".")[0] != "hydra" and "/" not in key:
             arg = f"++{arg}"
         out.append(arg)
