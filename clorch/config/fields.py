@@ -28,6 +28,8 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(_type_name(a) for a in args)
     if typing.get_origin(annotation) is list:
         return f"a list of {_type_name(args[0])}"
+    if typing.get_origin(annotation) is dict:
+        return f"a mapping of {_type_name(args[0])} to {_type_name(args[1])}"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -55,6 +57,11 @@ def _matches(value: Any, annotation: Any) -> bool:
     if origin is list:
         (inner,) = typing.get_args(annotation)
         return isinstance(value, (list, tuple)) and all(_matches(v, inner) for v in value)
+    if origin is dict:
+        keys, values = typing.get_args(annotation)
+        return isinstance(value, Mapping) and all(_matches(k, keys) and _matches(v, values) for k, v in value.items())
+    if origin is not None:  # another parameterized generic (isinstance takes only its bare class)
+        return isinstance(value, origin)
     if annotation is type(None):
         return value is None
     if annotation is float:
