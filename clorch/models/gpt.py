@@ -175,6 +175,14 @@ class GPT(nn.Module):
         Raises:
             ValueError: `idx` is not 2-D or is longer than `config.seq_len`.
         """
+        return self.lm_head(self.forward_hidden(idx))
+
+    def forward_hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final layer norm's output, `(B, T, d_model)`: what `lm_head` reads.
+
+        With `output_weight` this is the protocol of `clorch.nn.fused_loss` (`loss=chunked_cross_entropy`
+        computes the loss from it without making the logits). Raises what `forward` raises.
+        """
         if idx.dim() != 2:
             raise ValueError(f"GPT input idx must be (batch, time), got shape {tuple(idx.shape)}")
         steps = idx.size(1)
@@ -184,7 +192,12 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.ln_f(x)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output matrix, `(vocab_size, d_model)` (the token embedding when tied)."""
+        return self.lm_head.weight
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
         """Number of distinct parameters (a tied embedding counts once).
