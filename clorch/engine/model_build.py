@@ -29,7 +29,7 @@ __all__ = ["build_raw_model", "build_sharded_model"]
 
 
 def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
-    """The whole model of `cfg.model` in host memory, sized by the task, initialized from
+    """The whole model of `cfg.model` in train mode in host memory, sized by the task, initialized from
     `cfg.seed` (`seeds_per_module`: a built-in model module by module, as under `parallel=fsdp`;
     a model of your own by its `__init__`), then from the weights of `model.init_from` when it
     names a file; its blocks recompute their activations in backward with
@@ -49,7 +49,15 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     if path is not None:
         load_weights(model, path, strict=cfg.model.init_strict)
     _checkpoint_activations(cfg, model)
-    return model
+    return _train_mode(model)
+
+
+def _train_mode(model: nn.Module) -> nn.Module:
+    """The model in train mode: a factory may hand it back in eval mode (Hugging Face's
+    `from_pretrained` does, and so does one ending in `.eval()`), which would train with
+    dropout off and BatchNorm on its running statistics. Evaluation switches to eval mode
+    and back (`clorch.engine.evaluate`)."""
+    return model.train()
 
 
 def _checkpoint_activations(cfg: TrainConfig, model: nn.Module) -> None:
@@ -58,8 +66,8 @@ def _checkpoint_activations(cfg: TrainConfig, model: nn.Module) -> None:
 
 
 def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn.Module:
-    """parallel=fsdp: the model sharded over every rank of the job (torch's fully_shard), its
-    shards on `device` (in host memory with `parallel.cpu_offload`).
+    """parallel=fsdp: the model sharded over every rank of the job (torch's fully_shard), in train
+    mode, its shards on `device` (in host memory with `parallel.cpu_offload`).
 
     No rank holds the whole model, except where a model of your own must initialize itself:
     - a built-in model is built on the meta device, sharded, then given storage shard by shard:
@@ -109,7 +117,7 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
             materialize(raw, home, seed=cfg.seed, init_fn=gpt_init_fn(raw))
         if path is not None:
             load_weights(raw, path, strict=cfg.model.init_strict)
-    return raw
+    return _train_mode(raw)
 
 
 def _on_meta(cfg: TrainConfig, task: Any, path: str | None) -> tuple[nn.Module | None, bool]:
