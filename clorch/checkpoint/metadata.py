@@ -195,30 +195,35 @@ def _check_list(path: Path, field: str, value: Any, length: int) -> None:
         raise _malformed(path, field, value, f"a list of {length} entries (one per rank of world_size {length})")
 
 
-def _check_archive(path: Path, archive: Any, version: int) -> None:
+def check_archive(path: Path, archive: Any, version: int, field: str = "archive") -> None:
+    """Check an archive entry (size, block size, hash and digests) of `version`; `field` names it in errors.
+
+    Raises:
+        CheckpointError: naming the first malformed key, its value and what is allowed.
+    """
     keys = _ARCHIVE_KEYS[version]
     if not isinstance(archive, dict) or any(key not in archive for key in keys):
-        raise _malformed(path, "archive", archive, f"a dict with {list(keys)}")
+        raise _malformed(path, field, archive, f"a dict with {list(keys)}")
     # The other format's checksum fields would make the reader verify against fields not checked here.
     foreign = sorted(
         key for version_keys in _ARCHIVE_KEYS.values() for key in version_keys if key not in keys and key in archive
     )
     if foreign:
         raise _malformed(
-            path, "archive", archive, f"a dict with {list(keys)} and none of {foreign} (format_version {version})"
+            path, field, archive, f"a dict with {list(keys)} and none of {foreign} (format_version {version})"
         )
     name = archive["file"]
     # The archive must sit beside the metadata: a name with a separator could point anywhere.
     if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
-        raise _malformed(path, "archive.file", name, "a file name without directory parts")
-    _check_int(path, "archive.bytes", archive["bytes"], 0)
-    _check_int(path, "archive.block_bytes", archive["block_bytes"], 1)
+        raise _malformed(path, f"{field}.file", name, "a file name without directory parts")
+    _check_int(path, f"{field}.bytes", archive["bytes"], 0)
+    _check_int(path, f"{field}.block_bytes", archive["block_bytes"], 1)
     if version == 1:
         algorithm, blocks_key, digest_key = "sha256", "block_sha256", "sha256"
     else:
         algorithm, blocks_key, digest_key = archive["hash"], "block_digests", "digest"
         if not isinstance(algorithm, str) or algorithm not in _HEX_DIGEST:
-            raise _malformed(path, "archive.hash", algorithm, f"one of {sorted(_HEX_DIGEST)}")
+            raise _malformed(path, f"{field}.hash", algorithm, f"one of {sorted(_HEX_DIGEST)}")
     pattern = _HEX_DIGEST[algorithm]
     blocks = -(-archive["bytes"] // archive["block_bytes"])
     digests = archive[blocks_key]
@@ -229,12 +234,12 @@ def _check_archive(path: Path, archive: Any, version: int) -> None:
     ):
         raise _malformed(
             path,
-            f"archive.{blocks_key}",
+            f"{field}.{blocks_key}",
             digests,
             f"a list of {blocks} {algorithm} hex digests (bytes / block_bytes, rounded up)",
         )
     if not isinstance(archive[digest_key], str) or not pattern.fullmatch(archive[digest_key]):
-        raise _malformed(path, f"archive.{digest_key}", archive[digest_key], f"a {algorithm} hex digest")
+        raise _malformed(path, f"{field}.{digest_key}", archive[digest_key], f"a {algorithm} hex digest")
 
 
 def validate(path: Path, body: dict[str, Any]) -> None:
@@ -260,7 +265,7 @@ def validate(path: Path, body: dict[str, Any]) -> None:
     _check_int(path, "world_size", body["world_size"], 1)
     if not isinstance(body["state"], dict):
         raise _malformed(path, "state", body["state"], "a dict (the training state)")
-    _check_archive(path, body["archive"], version)
+    check_archive(path, body["archive"], version)
     contents = body["contents"]
     if not isinstance(contents, dict) or any(not isinstance(contents.get(k), bool) for k in _COMPONENTS):
         raise _malformed(path, "contents", contents, f"a dict of {list(_COMPONENTS)} to true/false")

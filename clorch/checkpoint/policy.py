@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,34 @@ from clorch._checkpoint_names import step_checkpoint_path, step_checkpoints  # n
 _LEFTOVER_NAME = re.compile(r"\.?step_(\d{8,})\.ckpt\..+\.(tensors|tmp)")
 
 
+@dataclass(frozen=True)
+class Latest:
+    """The newest checkpoint that verified (None: none did), and the newer ones skipped, with why."""
+
+    path: Path | None
+    skipped: list[tuple[Path, str]]
+
+
+def newest_verified(candidates: Iterable[Path], verify: Callable[[Path], object]) -> Latest:
+    """The first of `candidates` (newest first) that `verify` accepts; the ones it refused, with its reason.
+
+    `verify` raises CheckpointError or OSError (FileNotFoundError: deleted meanwhile) to refuse.
+    """
+    skipped = []
+    for path in candidates:
+        try:
+            verify(path)
+            return Latest(path, skipped)
+        except (CheckpointError, OSError) as exc:
+            skipped.append((path, str(exc)))
+    return Latest(None, skipped)
+
+
+def find_latest_checkpoint(directory: str | Path) -> Latest:
+    """`newest_verified` over the step checkpoints in `directory`, by `verify_checkpoint`. Local."""
+    return newest_verified((path for _, path in step_checkpoints(Path(directory))), verify_checkpoint)
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The newest step checkpoint in `directory` that passes `verify_checkpoint`, or None.
 
@@ -30,13 +59,10 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     missing) is skipped with a warning naming it and the reason. Local, not
     collective: each rank may call it (every call hashes the candidate it returns).
     """
-    for _, path in step_checkpoints(Path(directory)):
-        try:
-            verify_checkpoint(path)
-            return path
-        except (CheckpointError, OSError) as exc:
-            warnings.warn(f"skipping checkpoint {path}: {exc}", stacklevel=2)
-    return None
+    latest = find_latest_checkpoint(directory)
+    for path, reason in latest.skipped:
+        warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)
+    return latest.path
 
 
 def _delete_checkpoint(path: Path) -> None:
@@ -137,4 +163,13 @@ class CheckpointPolicy:
         return [] if self.keep_last is None else prune_checkpoints(directory, self.keep_last)
 
 
-__all__ = ["CheckpointPolicy", "latest_checkpoint", "prune_checkpoints", "should_save", "step_checkpoint_path"]
+__all__ = [
+    "CheckpointPolicy",
+    "Latest",
+    "find_latest_checkpoint",
+    "latest_checkpoint",
+    "newest_verified",
+    "prune_checkpoints",
+    "should_save",
+    "step_checkpoint_path",
+]

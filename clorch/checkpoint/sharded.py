@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 
 import clorch.distributed as cdist
@@ -56,23 +57,31 @@ from clorch._files import unique_token
 from clorch._version import __version__
 from clorch.checkpoint.atomic import commit, fsync_dir, write_durable
 from clorch.checkpoint.collective import agree, exchange
+from clorch.checkpoint.dcp_read import (
+    SafeLoadPlanner,
+    VerifiedReader,
+    as_checkpoint_error,
+    check_byte_items,
+    read_metadata_file,
+)
 from clorch.checkpoint.errors import CheckpointError, WorldSizeChangedWarning
+from clorch.checkpoint.policy import Latest, newest_verified
+from clorch.checkpoint.sharded_files import file_entry, files_of, my_share, verify_files
+from clorch.checkpoint.sharded_marker import FORMAT, MARKER, encode_marker, read_marker
 from clorch.checkpoint.rng import capture_rng, restore_rng
 from clorch.nn.parallel.ddp import unwrap_model
 
 __all__ = [
     "MARKER",
     "WorldSizeChangedWarning",
+    "find_latest_sharded",
     "latest_sharded_checkpoint",
     "load_sharded",
     "prune_sharded_checkpoints",
     "save_sharded",
     "sharded_step_path",
+    "verify_sharded",
 ]
-
-MARKER = "clorch.json"
-"""clorch's file in a sharded checkpoint, written last: a directory without it is incomplete."""
-FORMAT = 1
 
 
 _STEP_DIR = re.compile(r"step_(\d{8,})\.dcp")
@@ -119,35 +128,6 @@ def _signature_problems(saved: dict[str, list], mine: dict[str, list]) -> list[s
     return problems
 
 
-def _read_marker(path: Path) -> dict[str, Any]:
-    """clorch.json of a committed sharded checkpoint.
-
-    Raises:
-        FileNotFoundError: nothing at `path`.
-        CheckpointError: not a directory, no marker (an incomplete or foreign directory), or a
-            marker that is not clorch's.
-    """
-    if not path.exists():
-        raise FileNotFoundError(f"no sharded checkpoint at {path}")
-    if not path.is_dir():
-        raise CheckpointError(f"sharded checkpoint {path} is not a directory")
-    marker = path / MARKER
-    if not marker.is_file() or not (path / ".metadata").is_file():
-        raise CheckpointError(
-            f"sharded checkpoint {path} is incomplete: it has no {MARKER} or no DCP "
-            ".metadata (a save that did not finish, or not a clorch checkpoint)"
-        )
-    try:
-        body = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"sharded checkpoint {path}: {MARKER} is unreadable ({exc})") from exc
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise CheckpointError(
-            f"sharded checkpoint {path}: {MARKER} is not a clorch sharded checkpoint of format {FORMAT}"
-        )
-    return body
-
-
 def _local_info(model, sampler) -> dict[str, Any]:
     sampler_state = sampler.global_state_dict() if sampler is not None else None
     return {"sampler": sampler_state, "rng": capture_rng(), "signature": _model_signature(get_model_state_dict(model))}
@@ -179,7 +159,7 @@ def _prepare(path: Path, per_rank: list[dict]) -> Path:
 def _commit(temporary: Path, path: Path, body: dict[str, Any]) -> None:
     """Rank 0: write the marker last, then put the directory at `path` with one rename."""
     fsync_dir(temporary)  # DCP's files are fsynced; their directory entries now too
-    marker = write_durable(temporary, f".{MARKER}.", ".tmp", json.dumps(body).encode())
+    marker = write_durable(temporary, f".{MARKER}.", ".tmp", encode_marker(body))
     commit(marker, temporary / MARKER)
     aside = None
     if path.exists():
@@ -190,14 +170,32 @@ def _commit(temporary: Path, path: Path, body: dict[str, Any]) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _hash_my_share(temporary: Path) -> dict[str, Any]:
+    """This rank's share of the digests of the files DCP wrote into `temporary`."""
+    names = my_share(files_of(temporary, MARKER), cdist.rank(), cdist.world_size())
+    return {name: file_entry(temporary / name) for name in names}
+
+
+def _merged_files(temporary: Path, shares: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0: every rank's digests in one record, which must cover the files rank 0 sees."""
+    files = {name: entry for share in shares for name, entry in share.items()}
+    if sorted(files) != files_of(temporary, MARKER):
+        raise CheckpointError(
+            f"the ranks saw different files in {temporary} ({sorted(files)} against rank 0's "
+            f"{files_of(temporary, MARKER)}): is it on a filesystem every rank shares?"
+        )
+    return files
+
+
 def save_sharded(
     path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None, state: dict[str, Any] | None = None
 ) -> Path:
     """Save model and optimizer shards from every rank, plus sampler, RNG and `state`, atomically.
 
-    Collective: every rank calls it. Three blocking steps: an all-gather of each
+    Collective: every rank calls it. Four blocking steps: an all-gather of each
     rank's sampler position, RNG state and model signature (and rank 0's temporary
-    directory), DCP's own collective save, and a final agreement after rank 0's
+    directory), DCP's own collective save, an all-gather of the digests of DCP's
+    files (each rank hashes its share of them), and a final agreement after rank 0's
     commit; when it returns on any rank the checkpoint is committed and durable.
 
     Args:
@@ -236,6 +234,12 @@ def save_sharded(
         dcp.save(
             {"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=not cdist.is_initialized()
         )
+    error, share = None, None
+    try:
+        share = _hash_my_share(temporary)
+    except (OSError, CheckpointError) as exc:
+        error = exc
+    shares = exchange(share, error, f"hash the files of {path}", "save_sharded")
     body = {
         "format": FORMAT,
         "clorch_version": __version__,
@@ -250,7 +254,7 @@ def save_sharded(
     error = None
     if cdist.rank() == 0:
         try:
-            _commit(temporary, path, body)
+            _commit(temporary, path, {**body, "files": _merged_files(temporary, shares)})
         except Exception as exc:
             error = exc
     agree(error, f"commit sharded checkpoint {path} (rank 0 renames)", "save_sharded")
@@ -271,28 +275,35 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     """Restore a sharded checkpoint onto this job's ranks, whatever world size saved it.
 
     Collective: every rank calls it. Each rank reads `clorch.json` and checks the
-    model (names, global shapes, dtypes) and optimizer against it; the ranks agree
-    (blocking) before anything changes; DCP then reads each rank's shards (resharding
-    as needed), the sampler continues the saved global position on this world size,
-    and RNG states are restored per rank when the world size is the saved one (a
-    `WorldSizeChangedWarning` otherwise: random streams cannot be re-split; the data
-    order can).
+    model (names, global shapes, dtypes) and optimizer against it, verifies its share
+    of DCP's files against their recorded digests (`clorch.checkpoint.sharded_files`),
+    and reads DCP's `.metadata` and byte items without running code from them
+    (`clorch.checkpoint.dcp_read`); the ranks agree (blocking) before anything changes;
+    DCP then reads each rank's shards (resharding as needed), the sampler continues the
+    saved global position on this world size, and RNG states are restored per rank
+    when the world size is the saved one (a `WorldSizeChangedWarning` otherwise:
+    random streams cannot be re-split; the data order can).
 
     Returns:
         The `state` dict given to `save_sharded`.
 
     Raises:
         FileNotFoundError: nothing at `path`.
-        CheckpointError: an incomplete directory, another model (missing, unexpected or
-            mis-shaped parameters, listed), or an optimizer the checkpoint lacks.
+        CheckpointError: an incomplete directory, a missing, extra, truncated or changed
+            file, a `.metadata` or byte item that names anything but plain values (each named),
+            another model (missing, unexpected or mis-shaped parameters, listed), or an
+            optimizer the checkpoint lacks.
         ValueError: a sampler of another dataset, seed, shuffle or drop_last.
         RuntimeError: the process group failed or a rank did not call it.
     """
     path, model = Path(path), unwrap_model(model)
-    error, body = None, None
+    error, body, metadata = None, None, None
     try:
-        body = _read_marker(path)
+        body = read_marker(path)
         _check_fit(path, body, model, optimizer)
+        verify_files(path, body["files"], MARKER, cdist.rank(), cdist.world_size())
+        metadata = read_metadata_file(path, body["files"], path / MARKER)
+        check_byte_items(path, metadata)
         if sampler is not None:
             if body["sampler"] is None:
                 raise CheckpointError(f"sampler was given, but sharded checkpoint {path} holds no sampler state")
@@ -305,8 +316,12 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     optimizers = [optimizer] if optimizer is not None else []
     model_state, optim_state = get_state_dict(model, optimizers)
     loaded = {"model": model_state, "optim": optim_state}
-    with _one_process_is_intended():
-        dcp.load(loaded, checkpoint_id=path, no_dist=not cdist.is_initialized())
+    reader = VerifiedReader(path, metadata)
+    try:
+        with _one_process_is_intended():
+            dcp.load(loaded, storage_reader=reader, planner=SafeLoadPlanner(reader), no_dist=not cdist.is_initialized())
+    except CheckpointException as exc:  # a BaseException: one CheckpointError instead, as every load raises
+        raise as_checkpoint_error(exc, path) from None
     set_state_dict(model, optimizers, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     if body["world_size"] == cdist.world_size():
         restore_rng(body["rng"][cdist.rank()])
@@ -321,24 +336,45 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     return body["state"]
 
 
-def latest_sharded_checkpoint(directory: str | Path) -> Path | None:
-    """The newest `step_*.dcp` in `directory` with a readable marker, or None. Local, not collective.
+def verify_sharded(path: str | Path) -> dict[str, Any]:
+    """Check a sharded checkpoint completely, changing nothing; return its clorch.json. Local.
 
-    A newer one that is incomplete or unreadable is skipped with a warning.
+    Its marker, every file's digest (a missing or unrecorded file too), DCP's `.metadata`
+    and byte items read without running code from them. Not collective: one rank hashes
+    every file (`load_sharded` splits the work over the ranks).
+
+    Raises:
+        FileNotFoundError: nothing at `path`.
+        CheckpointError: what `load_sharded` refuses for the files, naming the file.
     """
+    path = Path(path)
+    body = read_marker(path)
+    verify_files(path, body["files"], MARKER)
+    check_byte_items(path, read_metadata_file(path, body["files"], path / MARKER))
+    return body
+
+
+def find_latest_sharded(directory: str | Path) -> Latest:
+    """The newest `step_*.dcp` in `directory` that `verify_sharded` accepts, and the newer ones
+    skipped with why (a directory without clorch.json among them). Local, not collective."""
     directory = Path(directory)
     if not directory.is_dir():
-        return None
+        return Latest(None, [])
     found = sorted(
         ((int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.fullmatch(p.name))), reverse=True
     )
-    for _, path in found:
-        try:
-            _read_marker(path)
-            return path
-        except (CheckpointError, OSError) as exc:
-            warnings.warn(f"skipping sharded checkpoint {path}: {exc}", stacklevel=2)
-    return None
+    return newest_verified((path for _, path in found), verify_sharded)
+
+
+def latest_sharded_checkpoint(directory: str | Path) -> Path | None:
+    """The newest `step_*.dcp` in `directory` that verifies completely, or None. Local, not collective.
+
+    A newer one that is incomplete, damaged or unsafe is skipped with a warning naming it and why.
+    """
+    latest = find_latest_sharded(directory)
+    for path, reason in latest.skipped:
+        warnings.warn(f"skipping sharded checkpoint {path}: {reason}", stacklevel=2)
+    return latest.path
 
 
 def prune_sharded_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
