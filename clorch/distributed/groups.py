@@ -209,7 +209,8 @@ def init_process_group(
     """Join the job described by the environment variables.
 
     Every rank of the job must call it; it blocks until all WORLD_SIZE ranks
-    have met at MASTER_ADDR:MASTER_PORT (or `timeout` passes).
+    have met at MASTER_ADDR:MASTER_PORT (or `timeout` passes) and, under gloo,
+    have all finished connecting to each other.
 
     Args:
         backend: "auto" (nccl with CUDA, gloo without), "nccl" or "gloo".
@@ -238,6 +239,12 @@ def init_process_group(
     )
     device = torch.device("cpu")
     try:
+        if name == "gloo":
+            # gloo connects every pair of ranks at init, and one rank's init may return before its
+            # peer has finished the handshake: a rank that then left at once (a group used only for
+            # its rank and size) closed the pair under the peer ("connectFullMesh failed ...
+            # Connection closed by peer"). No rank leaves init before every rank has joined.
+            dist.barrier()
         if name == "nccl":
             index = _local_cuda_index(env)
             _check_distinct_devices(env, index)
