@@ -10,7 +10,8 @@ end it.
 
 `protect()` (the first thing clorch-train does) replaces sys.stdout and
 sys.stderr with `SafeStream`s. A write or flush that fails (a broken pipe, a
-closed file, a terminal that hung up) marks the stream gone and points its file
+closed file, a terminal that hung up) marks the stream gone (a descriptor
+closed before the start, `2>&-`, is gone from the start) and points its file
 descriptor at /dev/null, so that everything written to it later goes nowhere
 without an error: the interpreter's own flush at exit (which would turn the exit
 status into 120), C code writing to the descriptor, and processes started
@@ -137,7 +138,34 @@ def protect() -> None:
     Call it before anything is printed and before any stream object is handed
     on (Hydra's console log handler, a progress bar keep the object they were given).
     """
-    if not isinstance(sys.stdout, SafeStream) and sys.stdout is not None:
-        sys.stdout = SafeStream(sys.stdout)
-    if not isinstance(sys.stderr, SafeStream) and sys.stderr is not None:
-        sys.stderr = SafeStream(sys.stderr, logging.WARNING)
+    _fill_closed_descriptors()
+    if not isinstance(sys.stdout, SafeStream):
+        sys.stdout = SafeStream(sys.stdout) if sys.stdout is not None else _gone_stream(1)
+    if not isinstance(sys.stderr, SafeStream):
+        sys.stderr = (
+            SafeStream(sys.stderr, logging.WARNING) if sys.stderr is not None else _gone_stream(2, logging.WARNING)
+        )
+
+
+def _fill_closed_descriptors() -> None:
+    """Point each standard descriptor (0, 1, 2) that was closed at start at /dev/null.
+
+    With `2>&-` the next file opened would get descriptor 2, and whatever writes to
+    "stderr" (C code, a warning, a rank started from here) would write into it.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one or lower
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def _gone_stream(fd: int, log_level: int | None = None) -> SafeStream:
+    """A SafeStream for a console closed at start (Python set sys.stdout or sys.stderr to None):
+    gone from the first write, its descriptor on /dev/null, its `clorch-train: ` lines still logged."""
+    stream = SafeStream(open(fd, "w", closefd=False), log_level)
+    stream.gone = True
+    return stream

@@ -162,3 +162,35 @@ def test_ctrl_c_with_the_reader_gone_ends_interrupted_with_the_resume_hint_in_th
     log = (run_dir / "clorch-train.log").read_text()
     assert "interrupted by SIGINT after step" in log
     assert "resume with: clorch-train" in log
+
+
+def test_a_descriptor_closed_at_start_is_filled_so_no_file_takes_its_number():
+    """`2>&-`: Python starts with sys.stderr None, and the next file opened would get descriptor 2."""
+    code = (
+        "import os, sys; from clorch.launch.console import protect; assert sys.stderr is None; protect(); "
+        "print('clorch-train: to nowhere', file=sys.stderr); f = open(os.devnull); "
+        "print(f.fileno() > 2, os.path.samestat(os.fstat(2), os.stat(os.devnull)), sys.stderr.gone)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == b"True True True\n"
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_console_closed_at_start_never_stops_the_run(tmp_path, closed):
+    """`clorch-train ... 2>&-` and `>&-`: the run ends succeeded, with its summary and exit status 0."""
+    run_dir = tmp_path / "run"
+    args = ["+recipe=cpu_smoke", f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "clorch.cli", *args],
+        cwd=tmp_path,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: os.close(closed),
+        capture_output=False,
+        timeout=200,
+    )
+    assert done.returncode == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"]
