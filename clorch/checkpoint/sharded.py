@@ -68,6 +68,7 @@ from clorch.checkpoint.errors import CheckpointError, WorldSizeChangedWarning
 from clorch.checkpoint.policy import Latest, newest_verified
 from clorch.checkpoint.sharded_files import file_entry, files_of, my_share, verify_files
 from clorch.checkpoint.sharded_marker import FORMAT, MARKER, encode_marker, read_marker
+from clorch.checkpoint.rank_buffers import RANK_BUFFERS, buffer_digests, differing, empty_copies, own_copies
 from clorch.checkpoint.rng import capture_rng, restore_rng
 from clorch.nn.parallel.ddp import unwrap_model
 
@@ -130,7 +131,13 @@ def _signature_problems(saved: dict[str, list], mine: dict[str, list]) -> list[s
 
 def _local_info(model, sampler) -> dict[str, Any]:
     sampler_state = sampler.global_state_dict() if sampler is not None else None
-    return {"sampler": sampler_state, "rng": capture_rng(), "signature": _model_signature(get_model_state_dict(model))}
+    model_state = get_model_state_dict(model)
+    return {
+        "sampler": sampler_state,
+        "rng": capture_rng(),
+        "signature": _model_signature(model_state),
+        "buffers": buffer_digests(model_state),
+    }
 
 
 def _check_replaceable(path: Path) -> None:
@@ -230,9 +237,12 @@ def save_sharded(
             error = exc
     temporary = Path(exchange(str(temporary), error, f"create {path}'s temporary", "save_sharded")[0])
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
+    own = differing([r["buffers"] for r in per_rank])
     with _one_process_is_intended():
         dcp.save(
-            {"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=not cdist.is_initialized()
+            {"model": model_state, "optim": optim_state, **own_copies(model_state, own, cdist.rank())},
+            checkpoint_id=temporary,
+            no_dist=not cdist.is_initialized(),
         )
     error, share = None, None
     try:
@@ -250,6 +260,7 @@ def save_sharded(
         "signature": per_rank[0]["signature"],
         "sampler": per_rank[0]["sampler"],
         "rng": [r["rng"] for r in per_rank],
+        "rank_buffers": own,
     }
     error = None
     if cdist.rank() == 0:
@@ -315,15 +326,19 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
         sampler.load_global_state_dict(body["sampler"])
     optimizers = [optimizer] if optimizer is not None else []
     model_state, optim_state = get_state_dict(model, optimizers)
-    loaded = {"model": model_state, "optim": optim_state}
+    same_world = body["world_size"] == cdist.world_size()
+    own = empty_copies(model_state, body["rank_buffers"] if same_world else [], cdist.rank())
+    loaded = {"model": model_state, "optim": optim_state, **own}
     reader = VerifiedReader(path, metadata)
     try:
         with _one_process_is_intended():
             dcp.load(loaded, storage_reader=reader, planner=SafeLoadPlanner(reader), no_dist=not cdist.is_initialized())
     except CheckpointException as exc:  # a BaseException: one CheckpointError instead, as every load raises
         raise as_checkpoint_error(exc, path) from None
+    for copies in own.get(RANK_BUFFERS, {}).values():
+        loaded["model"].update(copies)  # this rank's own buffers, not the copy DCP kept of one rank's
     set_state_dict(model, optimizers, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
-    if body["world_size"] == cdist.world_size():
+    if same_world:
         restore_rng(body["rng"][cdist.rank()])
     else:
         warnings.warn(

@@ -9,6 +9,7 @@ Layout (one JSON object):
     signature                  parameter name -> [global shape, dtype]
     sampler                    the sampler's global position (null where none)
     rng                        every rank's RNG states (see clorch.checkpoint.rng)
+    rank_buffers               the buffers saved once per rank (clorch.checkpoint.rank_buffers)
     files                      every file DCP wrote -> its size and block digests
                                (clorch.checkpoint.sharded_files)
     checksum                   sha256 of the canonical JSON of everything else
@@ -93,6 +94,10 @@ def _validate(path: Path, body: dict[str, Any]) -> None:
         "signature": (_is_signature, "a dict of parameter name -> [shape, dtype]"),
         "sampler": (lambda v: v is None or isinstance(v, dict), "null or a dict (the sampler's position)"),
         "rng": (lambda v: isinstance(v, list) and len(v) == world, f"a list of {world} entries (one per rank)"),
+        "rank_buffers": (
+            lambda v: isinstance(v, list) and all(isinstance(n, str) and n in body["signature"] for n in v),
+            "a list of the model's buffer names (those saved once per rank)",
+        ),
     }
     for field, (fits, allowed) in rules.items():
         if not fits(body.get(field)):

@@ -29,16 +29,16 @@ import torch.distributed as dist
 
 from clorch.checkpoint import (
     CheckpointError,
-    latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     step_checkpoint_path,
 )
 from clorch.checkpoint.metadata import read as read_metadata
+from clorch.checkpoint.policy import Latest, find_latest_checkpoint
 from clorch.checkpoint.sharded import (
     WorldSizeChangedWarning,
-    latest_sharded_checkpoint,
+    find_latest_sharded,
     load_sharded,
     prune_sharded_checkpoints,
     save_sharded,
@@ -50,6 +50,7 @@ from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
 from clorch.engine.components import TRAINING_STREAM, Components
 from clorch.engine.loop import LoopState
+from clorch.engine.outputs import announce
 from clorch.env import restart_count as env_restart_count
 
 
@@ -85,21 +86,35 @@ def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     """The checkpoint to start from, or None for a fresh start.
 
     `checkpoint.resume`: none, latest (the newest step checkpoint in the
-    checkpoint directory; none yet means a fresh start), or a path. After a
-    restart by the launcher the newest step checkpoint this job wrote wins;
-    before the first one exists the restart starts as configured (from the
-    resume path, or fresh).
+    checkpoint directory that verifies completely; none yet means a fresh start), or
+    a path. After a restart by the launcher the newest step checkpoint this job wrote
+    wins; before the first one exists the restart starts as configured (from the
+    resume path, or fresh). Newer step checkpoints that fail verification (damaged,
+    incomplete, unsafe) are skipped: each is named, with why, on the console and in
+    the run's events.jsonl (`report_skipped`). Rank 0 only: it hashes every file of
+    the checkpoints it looks at.
     """
     resume = cfg.checkpoint.resume
     if restart_count() > 0 or resume == "latest":
         directory = checkpoint_dir(cfg, run_dir)
-        newest = latest_sharded_checkpoint if sharded(cfg) else latest_checkpoint
-        latest = newest(directory) if directory.is_dir() else None
-        if latest is not None or resume in ("latest", "none"):
-            return latest
+        find = find_latest_sharded if sharded(cfg) else find_latest_checkpoint
+        latest = find(directory) if directory.is_dir() else Latest(None, [])
+        report_skipped(run_dir, latest)
+        if latest.path is not None or resume in ("latest", "none"):
+            return latest.path
     if resume == "none":
         return None
     return Path(resume).expanduser()
+
+
+def report_skipped(run_dir: Path, latest: Latest) -> None:
+    """Say which newer checkpoints a resume skipped and why: one console line and one
+    events.jsonl event (`skipped_checkpoint`, `reason`) each. Rank 0 only."""
+    for path, reason in latest.skipped:
+        fallback = f"resuming from {latest.path}" if latest.path is not None else "no older checkpoint verifies"
+        message = f"checkpoint.resume: skipped {path}, which does not verify ({reason}); {fallback}"
+        print(f"clorch: {message}", flush=True)
+        announce(run_dir, message, skipped_checkpoint=str(path), reason=reason)
 
 
 def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:

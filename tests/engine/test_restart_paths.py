@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from clorch.checkpoint.policy import Latest
 from clorch.config import ConfigError, TrainConfig, compose
 from clorch.config.schema import CheckpointConfig
 from clorch.plan.plan import resolve
@@ -26,7 +27,7 @@ def test_restart_uses_the_latest_checkpoint_else_the_configured_resume_path(tmp_
     directory, explicit = tmp_path / "ckpt", tmp_path / "other" / "step_00000004.ckpt"
     newest = directory / "step_00000006.ckpt"
     found = {}
-    monkeypatch.setattr(checkpoints, "latest_checkpoint", lambda d: found.get(str(d)))
+    monkeypatch.setattr(checkpoints, "find_latest_checkpoint", lambda d: Latest(found.get(str(d)), []))
     monkeypatch.setenv("CLORCH_RESTART_COUNT", "1")
     directory.mkdir()
     # No checkpoint of this job yet: the restart starts as the first attempt did.
