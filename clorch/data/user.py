@@ -10,9 +10,11 @@ one adapts a dataset of yours to them:
   (exact as long as `dataset[i]` is the same item for the same `i`).
 * A batch is what the collate function returns: an `(input, target)` pair
   (a tuple or list; more members are passed on untouched) or a dict with
-  "input" and "target" keys. `loss_fn(model(input), target)` is the loss,
-  unless a step function `step(model, batch)` computes it (returning the loss,
-  or `(loss, {"metric": value, ...})` with batch means as values).
+  "input" and "target" keys. `loss_fn(model(input), target)` is the loss (with
+  cross_entropy or mse, a model's output object such as Hugging Face's
+  `SequenceClassifierOutput` gives its `.logits`), unless a step function
+  `step(model, batch)` computes it (returning the loss, or
+  `(loss, {"metric": value, ...})` with batch means as values).
 * Eval sums every metric over samples (a batch mean times its size), so the
   engine's all-reduce gives exact means over the eval split. With the
   cross-entropy loss eval adds `accuracy` (argmax over dim 1 == target).
@@ -94,6 +96,20 @@ def split_parts(batch: Any) -> tuple[Any, Any]:
     )
 
 
+def logits_of(out: Any) -> Any:
+    """The logits in what a model returned: a tensor itself, else its `.logits` or `["logits"]`
+    (Hugging Face's ModelOutput), else the first tensor of a tuple that is not 0-d (nanoGPT's
+    `(logits, loss)`); None when there is none."""
+    if isinstance(out, torch.Tensor):
+        return out
+    found = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+    if isinstance(found, torch.Tensor):
+        return found
+    if isinstance(out, (tuple, list)):
+        return next((v for v in out if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    return None
+
+
 def batch_size_of(batch: Any) -> int:
     """The number of samples in a batch: the first dimension of its first tensor."""
     if isinstance(batch, torch.Tensor):
@@ -161,6 +177,7 @@ class DatasetTask:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)} or a function, got {loss!r}")
         self.dataset, self.step, self.seed = dataset, step, seed
         self.loss_fn = LOSSES[loss] if isinstance(loss, str) else loss
+        self.named_loss = isinstance(loss, str)
         self.accuracy = loss == "cross_entropy" and step is None
         self.collate = collate_fn or default_collate
         self._index_batches = _IndexBatches()
@@ -205,7 +222,15 @@ class DatasetTask:
                 )
             return loss, dict(metrics)
         inputs, targets = split_parts(batch)
-        outputs = model(inputs)
+        out = model(inputs)
+        # torch's losses take tensors: a model's output object gives its logits; a loss
+        # function of yours gets what the model returned.
+        outputs = logits_of(out) if self.named_loss else out
+        if outputs is None:
+            raise TypeError(
+                f"model(input) returned {type(out).__name__}, which holds no logits for the loss: return a "
+                "tensor or an object with .logits, or use loss=from_model if it computes its own loss"
+            )
         metrics = {}
         if self.accuracy:
             hits = (outputs.argmax(dim=1) == targets).float()

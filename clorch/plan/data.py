@@ -63,7 +63,7 @@ def step_of(cfg: TrainConfig) -> Callable[..., Any] | None:
     if isinstance(cfg.loss, FromModelLossConfig):
         from clorch.data.from_model import FromModelStep  # lazy: clorch.data imports torch
 
-        return FromModelStep(cfg.loss.target_arg, cfg.loss.labels)
+        return FromModelStep(cfg.loss.target_arg, cfg.loss.labels, cfg.loss.accuracy)
     return None
 
 

@@ -43,15 +43,19 @@ declare(
 class LossConfig(LossOption):
     """The training loss: the data's own (auto), or a torch loss applied to model(input) and the target."""
 
-    name: Literal["auto", "cross_entropy", "mse"] = (
-        "auto"  # auto: the built-in data's loss; cross_entropy: integer class targets (eval adds accuracy)
-    )
+    # auto: the built-in data's loss; cross_entropy: integer class targets against the output, or its
+    # .logits (eval adds accuracy); mse: against the output
+    name: Literal["auto", "cross_entropy", "mse"] = "auto"
 
 
 @option("loss", "from_model")
 @dataclass
 class FromModelLossConfig(LossOption):
-    """The loss your model computes itself: model(input, target) returns it (nanoGPT, Hugging Face)."""
+    """The loss your model returns itself: model(input, target), or model(**batch) for a dict batch.
+
+    nanoGPT and Hugging Face's models compute their own loss. A dict batch without "input" and
+    "target" keys (Hugging Face's input_ids, attention_mask, labels) is passed whole, labels inside.
+    """
 
     name: Literal["from_model"] = "from_model"
     target_arg: Optional[str] = (
@@ -60,6 +64,9 @@ class FromModelLossConfig(LossOption):
     labels: Literal["target", "input"] = (
         "target"  # input: pass the input itself as the target, for models that shift it (HF causal LMs)
     )
+    # also report accuracy: the output's logits (.logits, or beside the loss) ranked first over their
+    # last dimension against the labels passed (a dict batch's "labels"; -100 is left out)
+    accuracy: bool = False
 
 
 @option("step", "auto")
