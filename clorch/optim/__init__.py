@@ -24,6 +24,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "DECAY_RULES",
+    "no_decay_ids",
     "ADAMW_BETAS",
     "SGD_MOMENTUM",
     "WarmupCosine",
@@ -36,14 +37,37 @@ DECAY_RULES = ("matrices", "all")
 DEFAULT_DECAY = "matrices"
 
 
+# Parameters named so are position embeddings and learned tokens, which decay would pull toward
+# zero: timm's `no_weight_decay()` names (ViT, DeiT) by their last part, and any part starting
+# with Hugging Face's and CLIP's `position_embedding` (`position_embeddings.weight` too).
+NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token")
+NO_DECAY_PREFIXES = ("position_embedding",)
+# Modules whose weights are embeddings or normalization scales, whatever their shape.
+NO_DECAY_MODULES = (
+    torch.nn.Embedding,
+    torch.nn.EmbeddingBag,
+    torch.nn.modules.batchnorm._NormBase,  # BatchNorm, SyncBatchNorm, InstanceNorm
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.RMSNorm,
+    torch.nn.LocalResponseNorm,
+)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float, decay: str = DEFAULT_DECAY) -> list[dict]:
     """The trainable parameters of `model` as optimizer param groups, by which ones decay.
 
-    decay="matrices" (nanoGPT's rule, GPT-2's and Hugging Face's in effect):
-    tensors of 2 or more dimensions (weight matrices, embeddings, convolution
-    kernels) decay; biases, norm weights, 1-d and 0-d parameters do not. Two
-    groups, matrices first. decay="all": one group, every parameter decays
-    (torch's `optimizer(model.parameters(), weight_decay=...)`).
+    decay="matrices" (timm's and minGPT's rule; nanoGPT's but for its embeddings): the weight
+    matrices and convolution kernels decay (tensors of 2 or more dimensions); these do not:
+    - biases, norm weights, 1-d and 0-d parameters;
+    - the weights of embeddings (`nn.Embedding`, `nn.EmbeddingBag`: a weight tied to an
+      embedding, as GPT-2's output layer is, counts as the embedding) and of normalization
+      modules of any shape (`no_decay_ids`);
+    - position embeddings and learned tokens, by name: a last part `pos_embed`, `cls_token` or
+      `dist_token` (timm's ViT and DeiT), or a part starting with `position_embedding`
+      (Hugging Face's, CLIP's).
+    Two groups, the decayed first. decay="all": one group, every parameter decays (torch's
+    `optimizer(model.parameters(), weight_decay=...)`).
 
     Parameters keep `model.parameters()`'s order within a group; a tied or
     shared weight appears once. Pass the result to `build_optimizer` as `params`.
@@ -56,11 +80,28 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay: str = DEFAU
     params = [p for p in model.parameters() if p.requires_grad]
     if decay == "all":
         return [{"params": params, "weight_decay": weight_decay}] if params else []
+    kept = no_decay_ids(model)
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if id(p) not in kept], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in kept], "weight_decay": 0.0},
     ]
     return [g for g in groups if g["params"]]
+
+
+def no_decay_ids(model: torch.nn.Module) -> set[int]:
+    """The ids of the parameters that decay="matrices" leaves undecayed (`param_groups`)."""
+    kept = set()
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for name, p in module.named_parameters(recurse=False):
+            parts = f"{module_name}.{name}".split(".") if module_name else [name]
+            if (
+                p.dim() < 2
+                or isinstance(module, NO_DECAY_MODULES)
+                or parts[-1] in NO_DECAY_NAMES
+                or any(part.startswith(NO_DECAY_PREFIXES) for part in parts)
+            ):
+                kept.add(id(p))
+    return kept
 
 
 def fused_by_default(params: Iterable) -> bool:

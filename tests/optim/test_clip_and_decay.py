@@ -88,3 +88,60 @@ def test_the_library_defaults_are_the_configs():
     assert [g["weight_decay"] for g in param_groups(model, 0.1)] == [0.1, 0.0]
     with pytest.raises(ValueError, match="optim.decay must be one of matrices, all, got 'bias'"):
         param_groups(model, 0.1, "bias")
+
+
+class _TimmStyleViT(torch.nn.Module):
+    """The names timm's VisionTransformer gives its parameters (and a tied output layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch_embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 8))
+        self.dist_token = torch.nn.Parameter(torch.zeros(1, 1, 8))
+        self.pos_embed = torch.nn.Parameter(torch.zeros(1, 5, 8))
+        self.norm = torch.nn.LayerNorm(8)
+        self.qkv = torch.nn.Linear(8, 24)
+        self.tokens = torch.nn.Embedding(10, 8)
+        self.head = torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.tokens.weight  # tied, as GPT-2's output layer to its embedding
+
+
+def _decayed(model: torch.nn.Module) -> set[str]:
+    from clorch.optim import param_groups
+
+    decayed = {id(p) for p in param_groups(model, 0.1)[0]["params"]}
+    return {name for name, p in model.named_parameters() if id(p) in decayed}
+
+
+def test_matrices_decay_but_embeddings_position_embeddings_tokens_norms_and_biases():
+    from clorch.optim import param_groups
+
+    model = _TimmStyleViT()
+    assert _decayed(model) == {"patch_embed.weight", "qkv.weight"}
+    groups = param_groups(model, 0.1)
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))  # each once
+    assert len(param_groups(model, 0.1, "all")[0]["params"]) == len(list(model.parameters()))
+
+
+def test_matrices_follow_the_rule_on_hugging_face_models():
+    transformers = pytest.importorskip("transformers")
+    vit = transformers.ViTModel(
+        transformers.ViTConfig(
+            hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=8, patch_size=4
+        )
+    )
+    # Every matrix and kernel (the patch embedding's convolution included) but the class token
+    # and the position embeddings (3-d parameters of ViTEmbeddings).
+    assert _decayed(vit) == {n for n, p in vit.named_parameters() if p.dim() >= 2} - {
+        "embeddings.cls_token",
+        "embeddings.position_embeddings",
+    }
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=16, n_positions=8, n_layer=1, n_embd=8, n_head=2)
+    )
+    # Its attention and MLP matrices (Conv1D), not its token and position embeddings (lm_head is wte).
+    assert _decayed(gpt2) == {n for n, p in gpt2.named_parameters() if p.dim() == 2} - {
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+    }

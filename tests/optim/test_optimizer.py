@@ -38,7 +38,12 @@ def test_sgd_with_momentum_and_param_groups():
     assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["momentum"] == 0.9
     decayed = {id(p) for p in opt.param_groups[0]["params"]}
     assert [g["weight_decay"] for g in opt.param_groups] == [0.5, 0.0]
-    assert id(model.tok_emb.weight) in decayed and id(model.ln_f.weight) not in decayed
+    # The matrices decay; the embeddings (tok_emb, tied to lm_head, and pos_emb) and norms do not.
+    assert decayed == {id(b.weight) for b in (model.blocks[0].attn.qkv, model.blocks[0].attn.proj)} | {
+        id(model.blocks[0].mlp.fc.weight),
+        id(model.blocks[0].mlp.proj.weight),
+    }
+    assert id(model.tok_emb.weight) not in decayed and id(model.ln_f.weight) not in decayed
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
 
 

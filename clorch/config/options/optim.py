@@ -61,7 +61,8 @@ class AdamWConfig(OptimOption):
     name: Literal["adamw"] = "adamw"
     lr: float = field(default=3e-3, metadata=rule(gt=0))  # peak learning rate
     weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # decoupled weight decay
-    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    # which parameters decay: matrices (>= 2-d weights and kernels; not biases, norms, 1-d, embeddings,
+    # nor position embeddings and tokens: pos_embed, cls_token, dist_token, *position_embedding*) | all
     decay: Decay = constant_of(OPTIMIZERS, "DEFAULT_DECAY")
     # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
     grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
@@ -86,7 +87,8 @@ class SGDConfig(OptimOption):
     name: Literal["sgd"] = "sgd"
     lr: float = field(default=1e-2, metadata=rule(gt=0))  # peak learning rate
     weight_decay: float = field(default=0.0, metadata=rule(ge=0))  # L2 penalty
-    # which parameters decay: matrices (>= 2-d; not biases, norms, 1-d) | all
+    # which parameters decay: matrices (>= 2-d weights and kernels; not biases, norms, 1-d, embeddings,
+    # nor position embeddings and tokens: pos_embed, cls_token, dist_token, *position_embedding*) | all
     decay: Decay = constant_of(OPTIMIZERS, "DEFAULT_DECAY")
     # clip the gradients' total 2-norm to this (after the all-reduce and unscaling); null: off
     grad_clip: Optional[float] = field(default=None, metadata=rule(gt=0))
