@@ -33,6 +33,8 @@ from clorch.checkpoint.sharded import (
 )
 from clorch.models.gpt import GPT, GPTConfig
 from tests.harness import RankFailure, run_ranks
+from clorch.checkpoint.sharded_marker import read_marker
+from clorch.nn.parallel.fsdp import shard_model
 from tests.nn.fsdp_training import Run, build, full_weights, train, train_each
 
 pytestmark = pytest.mark.timeout(300)
@@ -58,8 +60,58 @@ def _refuse_other_model(rank: int, world_size: int, path: str) -> str:
     return str(caught.value)
 
 
-def _resume_and_refuse(rank: int, world_size: int, run: Run, other_model_path: str) -> tuple:
-    return train(rank, world_size, run), _refuse_other_model(rank, world_size, other_model_path)
+def _batchnorm_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    shard_model(model)
+    return model
+
+
+def _batchnorm_steps(model, optimizer, rank: int, start: int, stop: int) -> None:
+    for step in range(start, stop):  # each rank its own batches: its own running statistics
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * step + rank))
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _local(model) -> dict[str, torch.Tensor]:
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def _batchnorm_resume_and_damage(rank: int, world_size: int, directory: str) -> tuple[dict, str]:
+    """Same-size resume of a sharded BatchNorm model: every rank's state (buffers too) as the
+    uninterrupted run's. Then one rank's share of the verification finds a flipped byte, and
+    every rank refuses the load."""
+    path = f"{directory}/bn.dcp"
+    model = _batchnorm_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _batchnorm_steps(model, optimizer, rank, 0, 2)
+    save_sharded(path, model=model, optimizer=optimizer)
+    _batchnorm_steps(model, optimizer, rank, 2, 4)
+    resumed = _batchnorm_model()
+    optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1)
+    load_sharded(path, model=resumed, optimizer=optimizer)
+    _batchnorm_steps(resumed, optimizer, rank, 2, 4)
+    expected, got = _local(model), _local(resumed)
+    differences = {k: (expected[k].float() - got[k].float()).abs().max().item() for k in expected}
+    if rank == 0:  # rank 1 verifies __0_0.distcp (files in name order, one in two from its own)
+        shard = Path(path, "__0_0.distcp")
+        data = bytearray(shard.read_bytes())
+        data[-100] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    torch.distributed.barrier()
+    with pytest.raises(CheckpointError) as refused:
+        load_sharded(path, model=_batchnorm_model())
+    return differences, str(refused.value)
+
+
+def _resume_and_refuse(rank: int, world_size: int, run: Run, other_model_path: str, directory: str) -> tuple:
+    return (
+        train(rank, world_size, run),
+        _refuse_other_model(rank, world_size, other_model_path),
+        _batchnorm_resume_and_damage(rank, world_size, directory),
+    )
 
 
 def test_resume_onto_another_world_size_matches_the_uninterrupted_run(tmp_path):
@@ -84,14 +136,18 @@ def test_resume_onto_another_world_size_matches_the_uninterrupted_run(tmp_path):
     )[0]
     _agree(by_one[0], by_two[0])  # ddp 2 -> 1
     _agree(by_one[1], by_two[1])  # fsdp 2 -> 1 (unsharded)
-    # 1 -> 2 ranks, sharded, in the same launch as the refusal of another model.
-    results = run_ranks(
-        _resume_and_refuse, 2, Run(mode="fsdp", steps=K, resume_from=f"{one}/{step}"), f"{ddp2}/{step}", timeout=200
-    )
-    for resumed, refusal in results:
+    # 1 -> 2 ranks, sharded, in the same launch as the refusal of another model and a
+    # BatchNorm model's same-size resume.
+    run = Run(mode="fsdp", steps=K, resume_from=f"{one}/{step}")
+    results = run_ranks(_resume_and_refuse, 2, run, f"{ddp2}/{step}", str(tmp_path), timeout=200)
+    for rank, (resumed, refusal, (batchnorm, damaged)) in enumerate(results):
         _agree(resumed, by_one[2])
         assert "holds another model" in refusal and "blocks.0.attn.qkv.weight" in refusal
         assert "[48, 16]" in refusal and "[96, 32]" in refusal
+        assert batchnorm == dict.fromkeys(batchnorm, 0.0) and "1.running_mean" in batchnorm
+        assert f"{tmp_path}/bn.dcp/__0_0.distcp is corrupt" in damaged
+        assert ("rank 1 failed" in damaged) == (rank == 0)
+    assert {"1.running_mean", "1.running_var"} <= set(read_marker(tmp_path / "bn.dcp")["rank_buffers"])
     # Per-rank shards on disk, one file each.
     assert sorted(p.name for p in Path(fsdp2, step).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
