@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 from importlib import metadata
 
 import hydra
@@ -32,7 +33,7 @@ from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
 from clorch.config.composer import hydra_overrides, rewrite_recipe_overrides
-from clorch.config.overrides import check_overrides, grammar_errors, split_overrides
+from clorch.config.overrides import check_overrides, compose_once, grammar_errors
 from clorch.plan.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
@@ -41,6 +42,7 @@ from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
 from clorch.status import Status
+from clorch.sweep.checks import as_hydra_overrides, sweep_errors
 
 EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
 
@@ -116,15 +118,17 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     names = flag_set(flags)
     multirun = bool(names & set(MULTIRUN))
     CHECKED.clear()
-    if multirun or names & set(PRINT_CONFIG) or split_errors(overrides):
-        # A sweep, a printed config or a bad group choice: compose and check in-process first
-        # (every combination, every error; a sweep's jobs then take the plans made here). A
-        # single run is composed by Hydra and checked once, in its job. A printed config
-        # gets the checks that import no torch (clorch.plan.plan.config_errors).
-        errors = check_overrides(overrides, config_errors if names & set(PRINT_CONFIG) else remember_plan)
-        if errors:
-            print_config_errors(errors)
-            return EXIT_CONFIG
+    # The checks that import no torch first (keys, types, ranges, group choices, the ranks and
+    # paths: clorch.plan.plan.config_errors), for every command: a typo is reported in a
+    # fraction of a second, not after torch's import and the data's and model's trials
+    # (seconds, more on a loaded machine). A printed config gets these checks only.
+    if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks)
+        errors = sweep_errors(overrides, _checked_twice, _composed)
+    else:
+        errors = check_overrides(overrides, config_errors)
+    if errors:
+        print_config_errors(errors)
+        return EXIT_CONFIG
     if names & set(PRINT_CONFIG):
         _print_trusted()
         return run_hydra([*overrides, *flags])
@@ -143,11 +147,22 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     footprint = None if multirun else footprint
     run_dir.hold(footprint)
     try:
-        return run_hydra([*(overrides if multirun else hydra_overrides(overrides)), *extra, *flags])
+        return run_hydra([*(as_hydra_overrides(overrides) if multirun else hydra_overrides(overrides)), *extra, *flags])
     finally:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)
         OUTCOME.is_sweep = False
+
+
+def _checked_twice(overrides: list[str]) -> list[str]:
+    """A trial's errors: the torch-free checks first (a typo is reported in a fraction of a
+    second), then every combination planned in-process (its jobs take the plans made here)."""
+    return check_overrides(overrides, config_errors) or check_overrides(overrides, remember_plan)
+
+
+def _composed(overrides: list[str]) -> Any:
+    """The config one trial's overrides compose to (None: it does not compose)."""
+    return compose_once(overrides)[0]
 
 
 def _print_trusted() -> None:
@@ -170,14 +185,6 @@ def _errors_beside_refused(overrides: list[str], names: set[str]) -> list[str]:
         return check_overrides(overrides, resolve_errors)
     except ValueError as exc:  # a recipe path that does not exist, an override Hydra cannot parse
         return grammar_errors(overrides) or [str(exc)]
-
-
-def split_errors(overrides: list[str]) -> list[str]:
-    """The errors found without composing (bad group choices, recipe files, grammar)."""
-    try:
-        return split_overrides(overrides)[1]
-    except Exception as exc:  # Hydra's grammar error: name each override it refuses
-        return grammar_errors(overrides) or [str(exc).strip()]
 
 
 def main() -> None:

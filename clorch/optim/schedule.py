@@ -92,6 +92,7 @@ def build_scheduler(
     _check_int("total_steps", total_steps, 1)
     if total_steps <= warmup_steps:
         raise ValueError(
-            f"schedule.total_steps must be > warmup_steps ({warmup_steps}) for 'cosine', got {total_steps}"
+            f"schedule.total_steps must be > warmup_steps ({warmup_steps}) for 'cosine', got {total_steps}: "
+            "lower schedule.warmup_steps, or run more steps"
         )
     return LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps, float(min_lr_ratio)))

@@ -287,7 +287,8 @@ def schedule_errors(cfg: TrainConfig, total: int) -> list[str]:
     if schedule.decays and total <= schedule.warmup_steps:
         return [
             f"schedule.warmup_steps={schedule.warmup_steps} must be < the run's "
-            f"{total} optimizer steps for schedule={schedule.name}"
+            f"{total} optimizer steps for schedule={schedule.name}: set schedule.warmup_steps below "
+            f"{total} (e.g. schedule.warmup_steps={total // 10}), or run more steps (max_steps, epochs)"
         ]
     return []
 

@@ -7,7 +7,8 @@ about which arguments a model receives.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import inspect
+from dataclasses import asdict, fields
 from typing import Any, Callable
 
 from clorch.plan.data import model_sizes_of
@@ -77,3 +78,22 @@ def _accepted(target: Any, sizes: dict[str, Any]) -> dict[str, Any]:
     of your own gets those it names, and no others (a factory's **kwargs gets none: it would
     hand them on to a constructor that never asked for them)."""
     return {k: v for k, v in sizes.items() if names(target, k)}
+
+
+def data_sized_defaults(cfg: TrainConfig) -> dict[str, Any]:
+    """A built-in model's sizes that its config leaves to the data (null, or no key of the
+    config), with the defaults it takes where the data gives none; {} for a model of your own.
+
+    For the error that explains a shape mismatch of a built-in model on a dataset of yours
+    without `model_kwargs()`.
+    """
+    if isinstance(cfg.model, TargetModelConfig):
+        return {}
+    from clorch.models import MLP, GPTConfig  # lazy: clorch.models imports torch
+
+    if cfg.model.name == "gpt":
+        defaults = {f.name: f.default for f in fields(GPTConfig)}
+    else:
+        defaults = {n: p.default for n, p in inspect.signature(MLP.__init__).parameters.items() if n != "self"}
+    given = model_call(cfg, {})[1]
+    return {k: v for k, v in defaults.items() if k not in given}

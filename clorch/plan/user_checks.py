@@ -4,7 +4,9 @@ A dataset of yours is tried as the ranks will use it: its first items are
 collated into a batch and one forward and loss run on the CPU, in the launching
 process, with the model the config names. A model of yours on the built-in data
 (or a step, or `loss=from_model`) is built on the meta device and runs one batch
-of the data's shapes there (on the CPU where the meta device cannot serve). A
+of the data's shapes there (on the CPU where the meta device cannot serve). Under
+`parallel=ddp` the trial also runs a backward: a trainable parameter that the loss
+gives no gradient would stop every rank at its first step. A
 `model.init_from` file is read and its keys and shapes compared with the model
 built on the meta device. Each check returns error messages naming the key (and
 the last line of your code in the traceback), so that the plan reports them with
@@ -14,16 +16,18 @@ every other error. They need torch, so `--cfg job` leaves them to the plan.
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
 import traceback
 from typing import Any, Mapping
 
 from clorch.plan.data import build_splits, is_user_data, model_sizes_of, user_tasks
-from clorch.plan.model import build_model_for
+from clorch.plan.model import build_model_for, data_sized_defaults
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
 from clorch.config.targets import TargetBuildError, has_target
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
+_SHOWN = 5  # parameter names listed in an error; the count says how many there are in all
 # Frames of these are not your code: an error is shown at the last frame outside them.
 _LIBRARY_DIRS = tuple(
     os.path.join(os.path.realpath(d), "")
@@ -100,7 +104,6 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     and loss (one forward on the CPU). Empty for the built-in data."""
     if not is_user_data(cfg):
         return []
-    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     data = cfg.data
     train, _ = user_tasks(cfg, "cpu")
@@ -112,23 +115,59 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     except Exception as exc:  # the user's __getitem__ or collate_fn
         how = f"data.collate_fn._target_={data.collate_fn['_target_']}" if data.collate_fn else "default_collate"
         return [f"data._target_={data.target}: items {indices} do not make a batch with {how}: {_where(exc)}"]
+    sizes = train.model_kwargs()
     try:
-        model = build_model_for(cfg, train.model_kwargs())
+        model = build_model_for(cfg, sizes)
     except Exception as exc:
         return [
             f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
-            f"{_dict_hint(cfg)} (a built-in model takes its sizes from the dataset's model_kwargs(); "
-            "or name your model with model._target_)"
+            f"{_dict_hint(cfg)}{_rejected_hint(cfg, exc)}{_sizes_hint(cfg, sizes)}"
         ]
     try:
-        with torch.no_grad():
-            train.loss(model, batch)
+        ungraded = _trial_step(cfg, train, model, batch)
     except Exception as exc:
         return [
             f"data._target_={data.target}: a batch of items {indices} does not fit {_step_name(cfg)} "
-            f"(tried on the CPU before launch): {_where(exc)}"
+            f"(tried on the CPU before launch): {_where(exc)}{_sizes_hint(cfg, sizes)}"
         ]
-    return []
+    return _ungraded_errors(cfg, ungraded, f"a batch of data._target_={data.target}")
+
+
+def _sizes_hint(cfg: TrainConfig, sizes: Mapping[str, Any]) -> str:
+    """For a built-in model on a dataset of yours: the sizes the dataset's model_kwargs() did not
+    give, which the model then took from its defaults (a shape error's usual cause)."""
+    if isinstance(cfg.model, TargetModelConfig):
+        return ""
+    defaults = {k: v for k, v in data_sized_defaults(cfg).items() if k not in sizes}
+    if not defaults:
+        return ""
+    names = ", ".join(defaults)
+    taken = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    returned = ", ".join(f"{k!r}: ..." for k in defaults)
+    return (
+        f"; model={cfg.model.name} takes its sizes ({names}) from the dataset's model_kwargs(), and "
+        f"data._target_={cfg.data.target} gives {'none' if not sizes else 'not these'}, so the model "
+        f"was built with its defaults ({taken}): give the dataset a method "
+        f"`def model_kwargs(self): return {{{returned}}}`, or name a model of your own with "
+        "model._target_ and its arguments as model.* keys"
+    )
+
+
+def _rejected_hint(cfg: TrainConfig, exc: BaseException) -> str:
+    """For a model of yours built through a factory's **kwargs (timm.create_model, from_pretrained):
+    the model.* key that what it builds refused, by name."""
+    root = _root(exc)
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(root))
+    if not isinstance(cfg.model, TargetModelConfig) or not isinstance(root, TypeError) or not found:
+        return ""
+    name = found.group(1)
+    if name not in cfg.model.kwargs:
+        return ""
+    return (
+        f"; model.{name}={cfg.model.kwargs[name]!r} reaches {cfg.model.target} through its **kwargs, and "
+        f"what it builds has no argument {name!r}: check the key's spelling against the model's "
+        f"arguments, or remove model.{name}"
+    )
 
 
 def _needs_model_check(cfg: TrainConfig) -> bool:
@@ -178,33 +217,68 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
             return [_build_error(cfg, exc)]
         return _on_the_cpu(cfg, sizes, train, indices)
     try:
-        with torch.no_grad():
-            train.loss(model, _meta_batch(train, indices))
-        return []
+        ungraded = _trial_step(cfg, train, model, _meta_batch(train, indices))
     except Exception as exc:
         if not _is_meta_gap(exc):
             return [_forward_error(cfg, exc)]
-    return _on_the_cpu(cfg, sizes, train, indices)
+        return _on_the_cpu(cfg, sizes, train, indices)
+    return _ungraded_errors(cfg, ungraded, f"a batch of data={cfg.data.name}")
 
 
 def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -> list[str]:
     """The model built and one real batch run on the CPU (where the meta device cannot serve)."""
-    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     try:
         model = build_model_for(cfg, sizes)
     except Exception as exc:
         return [_build_error(cfg, exc)]
     try:
-        with torch.no_grad():
-            train.loss(model, train.batch(indices))
+        ungraded = _trial_step(cfg, train, model, train.batch(indices))
     except Exception as exc:
         return [_forward_error(cfg, exc)]
-    return []
+    return _ungraded_errors(cfg, ungraded, f"a batch of data={cfg.data.name}")
+
+
+def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[str]:
+    """One batch's loss and, under parallel=ddp, its backward: the names of the trainable
+    parameters that got no gradient (none without a backward). Raises what your code raised."""
+    import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
+
+    if not _needs_every_gradient(cfg):
+        with torch.no_grad():
+            train.loss(model, batch)
+        return []
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    loss = train.loss(model, batch)
+    if trainable and isinstance(loss, torch.Tensor) and loss.requires_grad:
+        loss.backward()
+    return [name for name, p in trainable if p.grad is None]
+
+
+def _needs_every_gradient(cfg: TrainConfig) -> bool:
+    """parallel=ddp: clorch's reducer refuses a step in which a trainable parameter got no gradient
+    (every rank would stop at its first step); parallel=fsdp steps without it."""
+    parallel = getattr(cfg, "parallel", None)
+    return parallel is not None and not parallel.shards
+
+
+def _ungraded_errors(cfg: TrainConfig, ungraded: list[str], batch: str) -> list[str]:
+    if not ungraded:
+        return []
+    shown = ", ".join(ungraded[:_SHOWN]) + (f", ... ({len(ungraded) - _SHOWN} more)" if len(ungraded) > _SHOWN else "")
+    return [
+        f"{_model_key(cfg)}: {len(ungraded)} trainable parameter(s) get no gradient from {batch} through "
+        f"{_step_name(cfg)} (a backward tried before launch): {shown}; parallel=ddp needs a gradient for "
+        "every trainable parameter at every step: remove them from the model, or freeze them "
+        "(param.requires_grad_(False), e.g. in the model's __init__); parallel=fsdp allows them"
+    ]
 
 
 def _build_error(cfg: TrainConfig, exc: BaseException) -> str:
-    return f"{_built_key(cfg, exc)}: cannot be built (tried before launch): {_where(exc)}{_dict_hint(cfg)}"
+    return (
+        f"{_built_key(cfg, exc)}: cannot be built (tried before launch): {_where(exc)}"
+        f"{_dict_hint(cfg)}{_rejected_hint(cfg, exc)}"
+    )
 
 
 def _forward_error(cfg: TrainConfig, exc: BaseException) -> str:
