@@ -8,6 +8,7 @@ how a node's console starts to say it. Nothing else in clorch spells these out.
 
     status            exit  console line
     succeeded         0     clorch-train: succeeded
+    pruned            3     clorch-train: pruned at step S by the sweep's pruner (a sweep's trial)
     failed            1     clorch-train: job failed
     preflight_failed  1     clorch-train: preflight failed, nothing was trained
     interrupted       130   clorch-train: interrupted  (128 + the signal: 143 for SIGTERM)
@@ -26,13 +27,14 @@ from __future__ import annotations
 import signal
 from enum import Enum
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_PRUNED = 0, 1, 2, 3
 
 
 class Status(str, Enum):
     """A run's status. A `str`: it equals its word and is written as its word in JSON and CSV."""
 
     SUCCEEDED = "succeeded"
+    PRUNED = "pruned"  # a sweep's trial that its pruner stopped at an eval (clorch.sweep)
     FAILED = "failed"
     PREFLIGHT_FAILED = "preflight_failed"
     INTERRUPTED = "interrupted"
@@ -75,8 +77,8 @@ class Status(str, Enum):
     @property
     def failed(self) -> bool:
         """Counts as a failure (in a sweep's exit code and in `clorch-runs ls --status failed`):
-        anything that ended without succeeding, a config error and a live run aside."""
-        return self not in (Status.SUCCEEDED, Status.CONFIG_ERROR, Status.RUNNING)
+        anything that ended without succeeding, a config error, a pruned trial and a live run aside."""
+        return self not in (Status.SUCCEEDED, Status.PRUNED, Status.CONFIG_ERROR, Status.RUNNING)
 
     @property
     def phrase(self) -> str:
@@ -89,9 +91,15 @@ class Status(str, Enum):
         return f"clorch-train: {self.phrase}{detail}"
 
 
-_EXIT = {Status.SUCCEEDED: EXIT_OK, Status.CONFIG_ERROR: EXIT_CONFIG, Status.INTERRUPTED: 128 + int(signal.SIGINT)}
+_EXIT = {
+    Status.SUCCEEDED: EXIT_OK,
+    Status.PRUNED: EXIT_PRUNED,
+    Status.CONFIG_ERROR: EXIT_CONFIG,
+    Status.INTERRUPTED: 128 + int(signal.SIGINT),
+}
 _PHRASE = {
     Status.SUCCEEDED: "succeeded",
+    Status.PRUNED: "pruned",
     Status.PREFLIGHT_FAILED: "preflight failed, nothing was trained",
     Status.INTERRUPTED: "interrupted",
     Status.CONFIG_ERROR: "config error(s); nothing was launched",

@@ -17,6 +17,7 @@ from typing import Iterable
 
 from clorch._files import unwritable
 from clorch.cli.hydra_flags import MULTIRUN
+from clorch.sweep.settings import SAMPLERS
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = (
@@ -26,6 +27,7 @@ ALLOWED_KEYS = (
     "hydra.job.chdir",
     "hydra.job.name",
     "hydra.verbose",
+    "hydra.sweeper",  # the sweepers' keys (clorch.sweep.settings), checked before the sweep
 )
 # The submitit launchers' resource keys; not `setup`, `srun_args`, `additional_parameters` or
 # `submitit_folder`, which put shell lines into the job script or write anywhere.
@@ -56,6 +58,8 @@ LAUNCHER_KEYS = (
 # Group choices a user may make: Hydra's built-in logging configs and the launchers clorch supports.
 ALLOWED_CHOICES = {
     "hydra/launcher": ("basic", "submitit_local", "submitit_slurm"),
+    "hydra/sweeper": ("basic", "grid", "optuna"),  # clorch's own sweepers (clorch.sweep)
+    "hydra/sweeper/sampler": SAMPLERS,
     "hydra/job_logging": ("default", "disabled", "none", "stdout"),
     "hydra/hydra_logging": ("default", "disabled", "none"),
 }
@@ -77,6 +81,10 @@ RUN_FILES = {
     "sweep_summary.csv",
     "sweep_summary.md",
     "preflight.json",
+    "console.log",  # a side-by-side trial's console (clorch.sweep.pool)
+    "optuna.db",  # the sweep's Optuna study (clorch.sweep.study)
+    "sweep_history.png",
+    "sweep_params.png",
 }
 
 

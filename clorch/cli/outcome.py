@@ -61,6 +61,8 @@ class Outcome:
         if self.interrupted_by is not None:
             return Status.INTERRUPTED.exit_code_after(self.interrupted_by)
         statuses = [run.status for run in self.runs] + [Status.of(s) for s in sweep_statuses]
+        if statuses == [Status.PRUNED] and not self.is_sweep:  # one trial of a sweep, run alone
+            return Status.PRUNED.exit_code
         if any(s.failed for s in statuses):
             return Status.FAILED.exit_code
         if Status.CONFIG_ERROR in statuses:

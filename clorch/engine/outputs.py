@@ -135,6 +135,11 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
 def _command(argv: Iterable[str] | None) -> list[str]:
     if argv is not None:
         return list(argv)
+    return command_line()
+
+
+def command_line() -> list[str]:
+    """The command line as typed (`typed_command`'s), else sys.argv."""
     return list(_typed[-1] if _typed else sys.argv)
 
 

@@ -103,6 +103,7 @@ class RankResult:
     weights_sha256: str | None = None
     preflight: PreflightVerdict | None = None
     exported: str | None = None
+    pruned_at: int | None = None  # a sweep's pruner stopped the trial at this step's eval
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any] | None) -> "RankResult":
@@ -203,7 +204,7 @@ class NodeResult:
 
 
 # summary.json's keys written only when they say something (as before the records were typed).
-_OPTIONAL = ("interrupted_by", "preflight", "launcher", "errors")
+_OPTIONAL = ("interrupted_by", "preflight", "launcher", "errors", "pruned_at")
 
 
 @dataclass
@@ -233,6 +234,7 @@ class RunSummary:
     preflight: PreflightVerdict | None = None
     launcher: str | None = None  # an outside launcher's name, or torchrun for launcher=torchrun
     errors: list[str] | None = None  # a sweep's job that config errors stopped
+    pruned_at: int | None = None  # a sweep's trial its pruner stopped: the step of that eval
 
     @classmethod
     def config_error(cls, errors: list[str]) -> "RunSummary":

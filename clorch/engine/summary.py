@@ -37,6 +37,8 @@ def job_status(end: JobEnd, preflight: PreflightVerdict | None) -> Status:
     has left (the launcher's error stays in summary.json's `error`)."""
     if preflight is not None and not preflight.passed and end.state in (Status.SUCCEEDED, Status.FAILED):
         return Status.PREFLIGHT_FAILED
+    if end.state is Status.SUCCEEDED and end.rank0.pruned_at is not None:
+        return Status.PRUNED
     return end.state
 
 
@@ -70,6 +72,7 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
         exported=rank0.exported,
         interrupted_by=end.interrupted_by or None,
         preflight=rank0.preflight,
+        pruned_at=rank0.pruned_at,
     )
 
 
@@ -130,6 +133,10 @@ def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) ->
         return [
             (status.line(f"; this node's ranks finished, rank 0's node writes the metrics; logs in {run_dir}"), False)
         ]
+    if status is Status.PRUNED:
+        shown = shown_metrics(summary.final)
+        detail = f" at step {summary.pruned_at} of {summary.planned_steps} by the sweep's pruner"
+        return [(status.line(f"{detail}{', ' + shown if shown else ''}; outputs in {run_dir}"), False)]
     if status is Status.SUCCEEDED:
         shown = shown_metrics(summary.final)
         return [(status.line(f", {summary.steps} steps{', ' + shown if shown else ''}; outputs in {run_dir}"), False)]

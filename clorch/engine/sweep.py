@@ -18,7 +18,11 @@ failed job: the sweep exits 1.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import shlex
+import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -29,12 +33,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt
+from clorch.engine.outputs import command_line
 from clorch.engine.results import RunSummary
 from clorch.status import Status
 
 METRICS = ("loss", "eval_loss", "eval_exact")
-RESULTS = ("status", "steps", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
+RESULTS = ("status", "objective", "steps", "pruned_at", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
+RUN_DIR = "run_dir"  # the last column: where the trial's outputs are
 NOT_STARTED = Status.NOT_STARTED  # a job an interrupted sweep did not reach
+# The grid sweepers whose jobs are known before they run: clorch's (hydra/sweeper=basic) and Hydra's.
+GRID_SWEEPERS = ("hydra_plugins.clorch_sweepers.GridSweeper", f"{BasicSweeper.__module__}.{BasicSweeper.__name__}")
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
@@ -59,7 +67,7 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     """Each job's overrides, in the order Hydra's basic sweeper runs them (job N is entry N);
     None under another sweeper, or when the sweep cannot be expanded here."""
     sweeper = config.hydra.sweeper
-    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+    if sweeper.get("_target_") not in GRID_SWEEPERS:
         return None
     params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     try:
@@ -85,13 +93,20 @@ class SweepRow:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     wall_time_s: float | None = None
+    objective: float | None = None  # the sweep's objective (Objective) in this job's final metrics
+    pruned_at: int | None = None  # a pruned trial: the step of the eval that stopped it
+    run_dir: str | None = None
 
     @classmethod
-    def of(cls, job: str, overrides: dict[str, str], summary: RunSummary) -> "SweepRow":
+    def of(
+        cls, job: str, overrides: dict[str, str], summary: RunSummary, objective: "Objective | None" = None
+    ) -> "SweepRow":
         return cls(
             job=job,
             overrides=overrides,
             status=summary.status,
+            objective=(objective or Objective()).value(summary.final),
+            pruned_at=summary.pruned_at,
             steps=summary.steps,
             metrics={m: summary.final.get(m) for m in METRICS},
             samples_per_s=summary.samples_per_s,
@@ -103,7 +118,9 @@ class SweepRow:
         """The result columns (RESULTS), by name."""
         return {
             "status": str(self.status),
+            "objective": self.objective,
             "steps": self.steps,
+            "pruned_at": self.pruned_at,
             **self.metrics,
             "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
@@ -111,8 +128,8 @@ class SweepRow:
         }
 
     def cells(self, keys: list[str]) -> dict[str, Any]:
-        """The row of sweep_summary.csv: job, the override `keys`, then the results."""
-        return {"job": self.job, **{k: self.overrides.get(k) for k in keys}, **self.results()}
+        """The row of sweep_summary.csv: job, the override `keys`, the results, the run directory."""
+        return {"job": self.job, **{k: self.overrides.get(k) for k in keys}, **self.results(), RUN_DIR: self.run_dir}
 
     def __getitem__(self, column: str) -> Any:
         """A column's value, as sweep_summary.csv names it ("overrides": the {key: value} dict)."""
@@ -127,7 +144,42 @@ def _summary_of(job_dir: Path, interrupted: bool) -> RunSummary:
     return RunSummary.from_dict(json.loads(path.read_text()))
 
 
-def collect(sweep_dir: Path, planned: list[list[str]] | None = None, interrupted: bool = False) -> list[SweepRow]:
+@dataclass(frozen=True)
+class Objective:
+    """Which final metric ranks a sweep's trials, and which way (hydra.sweeper.objective,
+    direction): by default eval_loss, or the final train loss for a job that has none, minimized."""
+
+    name: str | None = None
+    direction: str = "minimize"
+
+    @classmethod
+    def of(cls, sweeper: Any) -> "Objective":
+        """The objective a sweeper's config names (Hydra's basic sweeper names none)."""
+        return cls(sweeper.get("objective"), sweeper.get("direction") or "minimize")
+
+    @property
+    def label(self) -> str:
+        return self.name or "eval_loss"
+
+    def value(self, final: dict[str, Any]) -> float | None:
+        value = final.get(self.name) if self.name else final.get("eval_loss", final.get("loss"))
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def best(self, rows: list["SweepRow"]) -> "SweepRow | None":
+        """The succeeded row with the best objective (None: no such row)."""
+        scored = [r for r in rows if r.status is Status.SUCCEEDED and r.objective is not None]
+        if not scored:
+            return None
+        pick = max if self.direction == "maximize" else min
+        return pick(scored, key=lambda r: r.objective)
+
+
+def collect(
+    sweep_dir: Path,
+    planned: list[list[str]] | None = None,
+    interrupted: bool = False,
+    objective: Objective | None = None,
+) -> list[SweepRow]:
     """One row per job directory (a numbered subdirectory) of `sweep_dir`: its overrides
     and its results.
 
@@ -144,7 +196,9 @@ def collect(sweep_dir: Path, planned: list[list[str]] | None = None, interrupted
             rows.append(SweepRow(job=str(number), overrides=_as_dict(planned[number]), status=Status.NOT_STARTED))
             continue
         job_dir = jobs[number]
-        rows.append(SweepRow.of(job_dir.name, _overrides(job_dir), _summary_of(job_dir, interrupted)))
+        row = SweepRow.of(job_dir.name, _overrides(job_dir), _summary_of(job_dir, interrupted), objective)
+        row.run_dir = str(job_dir)
+        rows.append(row)
     return rows
 
 
@@ -165,16 +219,20 @@ def _cell(value: Any) -> str:
 
 
 def write_summary(
-    sweep_dir: Path, planned: list[list[str]] | None = None, interrupted: bool = False
+    sweep_dir: Path,
+    planned: list[list[str]] | None = None,
+    interrupted: bool = False,
+    objective: Objective | None = None,
 ) -> tuple[Path, Path]:
     """Write sweep_summary.csv and sweep_summary.md; return their paths.
 
     Columns: job, one per overridden key (its value in that job; empty where the
-    job did not set it), then the results. `planned` and `interrupted`: see `collect`.
+    job did not set it), then the results (the objective, the step a pruned trial
+    stopped at), then the job's run directory. `planned` and `interrupted`: see `collect`.
     """
-    rows = collect(sweep_dir, planned, interrupted)
+    rows = collect(sweep_dir, planned, interrupted, objective)
     keys = override_columns(rows)
-    columns = ["job", *keys, *RESULTS]
+    columns = ["job", *keys, *RESULTS, RUN_DIR]
     flat = [row.cells(keys) for row in rows]
     csv_path, md_path = sweep_dir / "sweep_summary.csv", sweep_dir / "sweep_summary.md"
     with open(csv_path, "w", newline="") as f:
@@ -200,10 +258,12 @@ class SweepSummaryCallback(Callback):
     def __init__(self) -> None:
         self._cancel: Callable[[], None] | None = None
         self._planned: list[list[str]] | None = None
+        self._objective = Objective()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         self._planned = planned_jobs(config)
+        self._objective = Objective.of(config.hydra.sweeper)
         self._cancel = at_interrupt(lambda exc: self._summarize(sweep_dir, exc))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -215,8 +275,9 @@ class SweepSummaryCallback(Callback):
         if not sweep_dir.is_dir():
             return  # interrupted before the sweep made its directory: no job ran
         planned = self._planned if interrupt is not None else None
-        last_statuses[:] = [row.status for row in collect(sweep_dir, planned, interrupt is not None)]
-        _, md_path = write_summary(sweep_dir, planned, interrupt is not None)
+        rows = collect(sweep_dir, planned, interrupt is not None, self._objective)
+        last_statuses[:] = [row.status for row in rows]
+        _, md_path = write_summary(sweep_dir, planned, interrupt is not None, self._objective)
         if interrupt is None:
             print(f"clorch-train: sweep summary in {md_path} (and .csv)")
         else:
@@ -225,3 +286,56 @@ class SweepSummaryCallback(Callback):
                 f"status) in {md_path} (and .csv)"
             )
         print(md_path.read_text())
+        for line in best_lines(rows, self._objective):
+            print(line)
+        plot_sweep(sweep_dir)
+        if interrupt is not None:
+            print(f"clorch-train: continue the sweep with: {continue_command(sweep_dir)}", file=sys.stderr)
+
+
+def best_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
+    """The console's word on the best trial: its objective, its overrides and the command that reruns it."""
+    best = objective.best(rows)
+    if best is None:
+        return []
+    overrides = [f"{k}={v}" if k != "recipe" else f"+recipe={v}" for k, v in best.overrides.items()]
+    return [
+        f"clorch-train: best trial {best.job}: {objective.label} {best.objective:.6g} "
+        f"({objective.direction}d) with {' '.join(overrides)}; outputs in {best.run_dir}",
+        f"clorch-train: rerun it with: clorch-train {' '.join(shlex.quote(o) for o in overrides)}",
+    ]
+
+
+def continue_command(sweep_dir: Path) -> str:
+    """The command that continues this sweep: the one typed, in the same sweep directory."""
+    typed = [a for a in command_line()[1:] if not a.startswith("hydra.sweep.dir=")]
+    return " ".join(shlex.quote(a) for a in ["clorch-train", *typed, f"hydra.sweep.dir={sweep_dir}"])
+
+
+def plot_sweep(sweep_dir: Path) -> None:
+    """With matplotlib and an Optuna study in the sweep directory: the objective per trial
+    (sweep_history.png) and per parameter (sweep_params.png), by Optuna's matplotlib plots."""
+    study_file = sweep_dir / "optuna.db"
+    if not study_file.exists() or importlib.util.find_spec("matplotlib") is None:
+        return
+    try:
+        import matplotlib  # lazy: optional (clorch[plot])
+
+        matplotlib.use("Agg")
+        import optuna  # lazy: a sweep with an Optuna study only
+        import optuna.visualization.matplotlib as plots
+
+        storage = f"sqlite:///{study_file.resolve()}"
+        for name in optuna.get_all_study_names(storage):
+            study = optuna.load_study(study_name=name, storage=storage)
+            if not any(t.state.is_finished() and t.value is not None for t in study.trials):
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                plots.plot_optimization_history(study).figure.savefig(sweep_dir / "sweep_history.png")
+                axes = plots.plot_slice(study)
+                figure = axes.flat[0].figure if hasattr(axes, "flat") else axes.figure
+                figure.savefig(sweep_dir / "sweep_params.png")
+            print(f"clorch-train: plots in {sweep_dir / 'sweep_history.png'} and sweep_params.png")
+    except Exception as exc:  # a plot is a convenience: the sweep's results are in the summary
+        print(f"clorch-train: no sweep plots ({type(exc).__name__}: {exc})", file=sys.stderr)

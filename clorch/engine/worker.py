@@ -22,12 +22,13 @@ from torch.distributed.tensor import DTensor
 from clorch.checkpoint.weights import save_safetensors
 from clorch.plan.plan import Plan, read_plan
 from clorch.config.schema import TrainConfig
-from clorch.distributed import all_reduce, is_initialized
+from clorch.distributed import all_reduce, broadcast, is_initialized
 from clorch.engine import checkpoints, preflight
 from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
+from clorch.sweep.trial import Pruned, TrialLink, TrialReporter
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -73,13 +74,25 @@ class StepHooks:
         self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
+        link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.sweep.trial)
+        self.reporter = None if link is None else TrialReporter(link, parts.rank, self._agreed)
+
+    def _agreed(self, flag: bool) -> bool:
+        """Rank 0's `flag` on every rank (collective: one broadcast when there are several ranks)."""
+        if not (is_initialized() and self.parts.world_size > 1):
+            return flag
+        value = torch.tensor([int(flag)], device=self.parts.device)
+        broadcast(value, src=0)
+        return bool(value.item())
 
     def __call__(self, state: LoopState, result: StepResult) -> None:
         cfg, step = self.cfg, state.step
         if step % cfg.log_every == 0 or step == self.total:
             self.log(state)
         if cfg.eval_every and step % cfg.eval_every == 0 and step != self.total:
-            self.eval(state)
+            metrics = self.eval(state)
+            if self.reporter is not None and self.reporter.should_stop(step, metrics):
+                raise Pruned(step)  # on every rank at once: the answer was broadcast
         ckpt = cfg.checkpoint
         # The last step too, so that resume=latest after a finished run finds the end.
         if ckpt.policy == "periodic" and (step % ckpt.every_n_steps == 0 or step == self.total):
@@ -245,14 +258,17 @@ def train(
         tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
         writer = MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
     hooks = hooks_class(cfg, parts, run_dir, total, writer)
-    start, first_step = time.perf_counter(), state.step
+    start, first_step, pruned_at = time.perf_counter(), state.step, None
     try:
-        fit(parts, total, state, hooks)
+        try:
+            fit(parts, total, state, hooks)
+        except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
+            pruned_at = stop.step
         train_time = time.perf_counter() - start
-        final_eval = hooks.eval(state)
-        if cfg.checkpoint.policy in ("final", "periodic"):
+        final_eval = hooks.eval(state) if pruned_at is None else hooks.last_eval
+        if pruned_at is None and cfg.checkpoint.policy in ("final", "periodic"):
             checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
-        exported = _export(cfg, parts, run_dir)
+        exported = _export(cfg, parts, run_dir) if pruned_at is None else None
         # Sharded: every rank takes part in gathering the weights (one parameter at a time).
         digest = weights_digest(parts.raw_model) if parts.sharded or parts.rank == 0 else None
     finally:
@@ -278,6 +294,7 @@ def train(
         "weights_sha256": digest,
         "preflight": preflight.summary_of(checked) if checked is not None else None,
         "exported": exported,
+        "pruned_at": pruned_at,
     }
 
 

@@ -1,0 +1,207 @@
+"""A sweep's settings and search space, read from its command line and checked before any trial.
+
+The sweeper's keys are read from the overrides as typed (`hydra/sweeper=optuna`,
+`hydra/sweeper/sampler=random`, `hydra.sweeper.n_trials=8`, ...) over a
+search-space file's (`hydra.sweeper.space=FILE`) over the defaults: the command
+line wins. `clorch-train` calls `sweep_errors` before anything starts, and the
+sweeper reads the same overrides again (Hydra hands it the command line's
+hydra overrides), so both see one and the same sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from clorch.sweep.settings import (
+    SWEEPERS,
+    GridSettings,
+    OptunaSettings,
+    from_mapping,
+    grid_errors,
+    optuna_errors,
+    read_space_file,
+)
+from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
+from clorch.sweep.space import SearchSpace, parse_space
+
+
+@dataclass
+class Sweep:
+    """A sweep as its command line describes it."""
+
+    sweeper: str  # basic or optuna
+    settings: GridSettings | OptunaSettings
+    space: SearchSpace | None  # optuna: the searched parameters and the fixed overrides
+
+
+def _is_sweeper_key(arg: str) -> bool:
+    key = arg.partition("=")[0].lstrip("+~")
+    return key == "hydra/sweeper" or key.startswith(("hydra/sweeper/", "hydra.sweeper"))
+
+
+# The names clorch's sweepers have in conf/hydra/sweeper/: not Hydra's, whose own plugins (the
+# Optuna sweeper plugin, if installed) register schemas under `basic` and `optuna` that Hydra
+# would merge into any config file of the same name.
+CONFIG_NAMES = {"basic": "clorch_grid", "grid": "clorch_grid", "optuna": "clorch_optuna"}
+
+
+def chosen_sweeper(overrides: list[str]) -> str:
+    """The sweeper the command line chooses (`hydra/sweeper=NAME`; basic by default)."""
+    chosen = [a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+") == "hydra/sweeper"]
+    name = chosen[-1] if chosen else "basic"
+    return {"clorch_grid": "basic", "grid": "basic", "clorch_optuna": "optuna"}.get(name, name)
+
+
+def as_hydra_overrides(overrides: list[str]) -> list[str]:
+    """The command line's sweeper choices as clorch's config files name them: `hydra/sweeper=optuna`
+    becomes `hydra/sweeper=clorch_optuna`, `hydra/sweeper/sampler=random` the key
+    `hydra.sweeper.sampler.name=random`. Everything else is left as typed."""
+    out = []
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "hydra/sweeper" and value in CONFIG_NAMES:
+            out.append(f"hydra/sweeper={CONFIG_NAMES[value]}")
+        elif key.lstrip("+") == "hydra/sweeper/sampler":
+            out.append(f"hydra.sweeper.sampler.name={value}")
+        else:
+            out.append(arg)
+    return out
+
+
+def _typed(arg: str) -> Any:
+    """An override's value as Hydra's grammar types it (`8` an int, `null` None, `a` a string)."""
+    (override,) = OverridesParser.create().parse_overrides([arg])
+    return override.value()
+
+
+def _mapping(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """{key: value} of the `hydra.sweeper.*` and `hydra/sweeper/sampler` overrides (nested)."""
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    for arg in overrides:
+        key = arg.partition("=")[0].lstrip("+~")
+        if key == "hydra/sweeper/sampler":
+            values.setdefault("sampler", {})["name"] = arg.partition("=")[2]
+            continue
+        if not key.startswith("hydra.sweeper."):
+            continue
+        try:
+            value = _typed(arg)
+        except Exception as exc:  # Hydra's grammar error
+            errors.append(f"{arg}: {str(exc).strip().splitlines()[0]}")
+            continue
+        path = key.removeprefix("hydra.sweeper.").split(".")
+        if path[0] == "params":  # {key: grammar}: keep the text as typed
+            values.setdefault("params", {})[".".join(path[1:])] = arg.partition("=")[2]
+            continue
+        node = values
+        for part in path[:-1]:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+        node[path[-1]] = value
+    return values, errors
+
+
+def _merged(file: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    out = dict(file)
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
+    """(the sweep, every error in its sweeper keys, search-space file and search space)."""
+    name = chosen_sweeper(overrides)
+    if name not in SWEEPERS:
+        return None, [f"hydra/sweeper={name} is not allowed; choose one of: {', '.join(SWEEPERS)}"]
+    given, errors = _mapping(overrides)
+    if name == "basic":
+        bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params")]
+        if "sampler" in given or bad:
+            return None, [
+                f"{', '.join(bad or ['hydra/sweeper/sampler'])} belongs to hydra/sweeper=optuna; the basic (grid) "
+                "sweeper takes hydra.sweeper.n_jobs, max_batch_size and params"
+            ]
+        settings, unknown = from_mapping(GridSettings, given)
+        return Sweep(name, settings, None), errors + unknown + grid_errors(settings)
+    file: dict[str, Any] = {}
+    if isinstance(given.get("space"), str):
+        file, more = read_space_file(given["space"])
+        errors += more
+    settings, unknown = from_mapping(OptunaSettings, _merged(file, given))
+    errors += unknown + optuna_errors(settings)
+    space, space_errors = parse_space(
+        [a for a in overrides if not _is_sweeper_key(a)], settings.params if isinstance(settings.params, dict) else {}
+    )
+    errors += space_errors
+    if space is not None and not space.params:
+        errors.append(
+            "hydra/sweeper=optuna found nothing to search: give a search space, e.g. "
+            "'optim.lr=tag(log, interval(1e-4, 1e-1))', batch_size=choice(16,32), or hydra.sweeper.space=FILE"
+        )
+    if space is not None and settings.sampler.name == "grid":
+        errors += [
+            f"{p.key}: hydra/sweeper/sampler=grid searches choice(...) and range(...) only; an interval has no grid"
+            for p in space.params
+            if p.kind != "choice" and p.step is None
+        ]
+    return Sweep(name, settings, space), errors
+
+
+def sweep_errors(
+    overrides: list[str],
+    check: Callable[[list[str]], list[str]],
+    compose_base: Callable[[list[str]], Any],
+) -> list[str]:
+    """Every error of a sweep before it starts: its keys, its space and each trial's config.
+
+    Args:
+        overrides: the command line's overrides (hydra's included).
+        check: every error of one list of overrides (the grid's sweep lists expanded), as a
+            single run's would be checked.
+        compose_base: the composed config of one trial's overrides (None when it does not compose).
+    """
+    sweep, errors = read_sweep(overrides)
+    if sweep is None or errors:
+        return errors
+    if sweep.sweeper == "basic":
+        trial_lists = [[a for a in overrides if not _is_sweeper_key(a)]]
+    else:
+        trial_lists = sweep.space.representative_overrides()
+    for trial in trial_lists:
+        errors += [e for e in check(trial) if e not in errors]
+    if errors:
+        return errors
+    base = compose_base([a for a in trial_lists[0] if not a.partition("=")[0].lstrip("+").startswith("hydra")])
+    if base is None:
+        return errors
+    if sweep.sweeper == "optuna" and sweep.settings.pruner != "none" and not base.get("eval_every"):
+        errors.append(
+            f"hydra.sweeper.pruner={sweep.settings.pruner} stops trials at their evals, but they evaluate only at "
+            "the end (eval_every=0): set eval_every, e.g. eval_every=20"
+        )
+    if any(a.partition("=")[0].lstrip("+") == "hydra/launcher" and not a.endswith("=basic") for a in overrides):
+        return errors  # submitit: each trial is a job of its own, on the resources it asks for
+    return errors + slot_errors(sweep.settings.n_jobs, base)
+
+
+def slot_errors(n_jobs: int, base: Any) -> list[str]:
+    """Whether `n_jobs` trials of the composed config `base` fit this machine at once."""
+    if n_jobs == 1:
+        return []
+    gpus, cores = machine()
+    launcher = base.get("launcher") or {}
+    if launcher.get("name") != "local":
+        return [f"hydra.sweeper.n_jobs={n_jobs} packs trials of clorch's own launcher (launcher=local)"]
+    ranks = ranks_per_trial(launcher.get("nproc_per_node"), n_jobs, gpus, cores)
+    try:
+        plan_slots(n_jobs, ranks, gpus, cores)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+

@@ -1,0 +1,165 @@
+"""The loop every clorch sweep runs: start trials while there is room, read each that ends.
+
+A *source* decides the trials (the grid's combinations, or Optuna's suggestions
+one at a time) and learns how each ended; a *runner* runs them:
+
+    HydraRunner   Hydra's launcher: in this process, one at a time (n_jobs=1), or a
+                  submitit launcher's jobs, n_jobs at a time (each trial a job of its own)
+    PoolRunner    clorch-train processes side by side, n_jobs at a time, each on its own
+                  GPUs or cores (clorch.sweep.pool); a new trial starts as soon as one ends
+
+Every trial writes its run directory SWEEP_DIR/N (N: the trial's number) with its
+summary.json, which is how the source learns its status and objective, wherever
+it ran. A signal (Ctrl-C) stops the running trials as interrupted runs; the sweep
+then ends with `Interrupted`, and running the same command again continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from clorch.engine.interrupts import Interrupted
+from clorch.engine.results import RunSummary
+from clorch.status import Status
+from clorch.sweep.pool import Pool
+from clorch.sweep.slots import Slot
+
+
+@dataclass
+class TrialSpec:
+    """One trial to run: its number (its directory's name), its overrides, its environment."""
+
+    number: int
+    overrides: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    label: str = ""  # what the console says of it (its parameters)
+
+
+class Source(Protocol):
+    def next(self) -> TrialSpec | None:
+        """The next trial to start, or None: none now (all planned, or n_trials reached)."""
+
+    def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
+        """Trial `spec` ended with `summary` (its summary.json; status missing without one)."""
+
+
+def summary_in(run_dir: Path) -> RunSummary:
+    """A trial's summary.json, or a summary with status missing (it wrote none)."""
+    path = run_dir / "summary.json"
+    try:
+        return RunSummary.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return RunSummary(status=Status.MISSING)
+
+
+def say(text: str) -> None:
+    print(f"clorch-train: {text}", flush=True)
+
+
+class HydraRunner:
+    """Trials through Hydra's launcher, `capacity` at a time (a blocking batch)."""
+
+    def __init__(self, launcher: Any, sweep_dir: Path, capacity: int) -> None:
+        self.launcher, self.sweep_dir, self.capacity = launcher, sweep_dir, capacity
+        self.queued: list[TrialSpec] = []
+
+    def has_room(self) -> bool:
+        return len(self.queued) < self.capacity
+
+    def busy(self) -> bool:
+        return bool(self.queued)
+
+    def start(self, spec: TrialSpec) -> None:
+        self.queued.append(spec)
+
+    def wait(self) -> list[tuple[TrialSpec, Path]]:
+        batch, self.queued = self.queued, []
+        ended: list[tuple[TrialSpec, Path]] = []
+        for group in _consecutive(batch):  # Hydra numbers a batch's jobs from its first one on
+            # hydra.job.env_set: the environment of the job wherever Hydra's launcher runs it
+            lists = [
+                [*s.overrides, *(f"++hydra.job.env_set.{k}={_quoted(v)}" for k, v in s.env.items())] for s in group
+            ]
+            self.launcher.launch(lists, initial_job_idx=group[0].number)
+            ended += [(s, self.sweep_dir / str(s.number)) for s in group]
+        return ended
+
+    def interrupt(self, signum: int) -> list[tuple[TrialSpec, Path]]:
+        self.queued = []  # the job that was running has ended as an interrupted run already
+        return []
+
+
+def _consecutive(specs: list[TrialSpec]) -> list[list[TrialSpec]]:
+    groups: list[list[TrialSpec]] = []
+    for spec in sorted(specs, key=lambda s: s.number):
+        if groups and groups[-1][-1].number + 1 == spec.number:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return groups
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class PoolRunner:
+    """Trials as clorch-train processes side by side (clorch.sweep.pool), one per slot."""
+
+    def __init__(self, slots: list[Slot], sweep_dir: Path, hydra_args: list[str]) -> None:
+        self.pool, self.sweep_dir = Pool(slots, hydra_args), sweep_dir
+        self.specs: dict[int, TrialSpec] = {}
+
+    def has_room(self) -> bool:
+        return bool(self.pool.free())
+
+    def busy(self) -> bool:
+        return bool(self.pool.running)
+
+    def start(self, spec: TrialSpec) -> None:
+        slot = self.pool.start(spec.number, spec.overrides, self.sweep_dir / str(spec.number), spec.env)
+        self.specs[spec.number] = spec
+        say(f"trial {spec.number} started on {slot.describe()}: {spec.label}")
+
+    def wait(self) -> list[tuple[TrialSpec, Path]]:
+        return [(self.specs.pop(e.number), e.run_dir) for e in self.pool.wait()]
+
+    def interrupt(self, signum: int) -> list[tuple[TrialSpec, Path]]:
+        return [(self.specs.pop(e.number), e.run_dir) for e in self.pool.interrupt(signum)]
+
+
+def run_trials(source: Source, runner: HydraRunner | PoolRunner, show_ends: bool) -> None:
+    """Start trials while the runner has room and the source has one; tell the source of each end.
+
+    Raises:
+        Interrupted: a signal stopped the sweep (the running trials were stopped first and
+            the source told how they ended).
+    """
+    try:
+        while True:
+            while runner.has_room():
+                spec = source.next()
+                if spec is None:
+                    break
+                runner.start(spec)
+            if not runner.busy():
+                return
+            for spec, run_dir in runner.wait():
+                _tell(source, spec, run_dir, show_ends)
+    except Interrupted as exc:
+        for spec, run_dir in runner.interrupt(exc.signum):
+            _tell(source, spec, run_dir, show_ends)
+        raise
+
+
+def _tell(source: Source, spec: TrialSpec, run_dir: Path, show: bool) -> None:
+    summary = summary_in(run_dir)
+    source.ended(spec, summary)
+    if show:
+        where = f"; console output in {run_dir / 'console.log'}" if summary.status.failed else ""
+        step = f" at step {summary.pruned_at}" if summary.pruned_at is not None else ""
+        print(f"clorch-train: trial {spec.number} {summary.status}{step}{where}", file=sys.stdout, flush=True)

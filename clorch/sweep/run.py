@@ -1,0 +1,126 @@
+"""Running a sweep: what clorch's Hydra sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`.
+
+Hydra hands the sweeper its composed config, its launcher and the command line's
+job overrides; `run_sweep` reads the sweep from them (clorch.sweep.checks, the
+same reading `clorch-train` checked before anything started), picks the runner
+(trials side by side with n_jobs > 1 under Hydra's basic launcher; through
+Hydra's launcher otherwise) and the source (the grid, or an Optuna study), and
+runs the trials (clorch.sweep.driver). sweep_summary.csv/.md, the best trial and
+the plots are written when Hydra's multirun ends (clorch.engine.sweep).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from clorch.config.checks import ConfigError
+from clorch.engine.results import RunSummary
+from clorch.sweep.checks import read_sweep
+from clorch.sweep.driver import HydraRunner, PoolRunner, TrialSpec, run_trials, say, summary_in
+from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
+from clorch.sweep.study import RESUME, _UNFINISHED, _writes_checkpoints
+
+# The Hydra overrides a side-by-side trial (a clorch-train process of its own) takes over.
+TRIAL_HYDRA_KEYS = ("hydra.job.chdir", "hydra.job.name", "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging")
+
+
+class GridSource:
+    """The grid's combinations in Hydra's order; a combination that ended before is kept."""
+
+    def __init__(self, jobs: list[list[str]], sweep_dir: Path) -> None:
+        self.todo: list[TrialSpec] = []
+        kept = 0
+        for number, job in enumerate(jobs):
+            run_dir = sweep_dir / str(number)
+            status = summary_in(run_dir).status if run_dir.is_dir() else None
+            if status is not None and status not in _UNFINISHED:
+                kept += 1
+                continue
+            resume = status is not None and _writes_checkpoints(run_dir)
+            self.todo.append(TrialSpec(number, [*job, *([RESUME] if resume else [])], label=" ".join(job)))
+        if kept:
+            say(f"continuing the sweep in {sweep_dir}: {kept} of {len(jobs)} trial(s) ended before, kept")
+
+    def next(self) -> TrialSpec | None:
+        return self.todo.pop(0) if self.todo else None
+
+    def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
+        pass
+
+
+def grid_jobs(arguments: list[str], params: dict[str, str] | None) -> list[list[str]]:
+    """Every combination of the grid, in the order Hydra's basic sweeper runs them."""
+    lines = [f"{k}={v}" for k, v in (params or {}).items()] + list(arguments)
+    overrides = OverridesParser.create().parse_overrides(lines)
+    return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def _trial_hydra_args(hydra_overrides: list[str]) -> list[str]:
+    return [a for a in hydra_overrides if a.partition("=")[0].lstrip("+") in TRIAL_HYDRA_KEYS]
+
+
+def _pool(config: DictConfig, n_jobs: int, sweep_dir: Path) -> PoolRunner:
+    gpus, cores = machine()
+    ranks = ranks_per_trial((config.get("launcher") or {}).get("nproc_per_node"), n_jobs, gpus, cores)
+    slots = plan_slots(n_jobs, ranks, gpus, cores)
+    return PoolRunner(slots, sweep_dir, _trial_hydra_args(list(config.hydra.overrides.hydra)))
+
+
+def _runner(config: DictConfig, launcher: Any, n_jobs: int, sweep_dir: Path) -> HydraRunner | PoolRunner:
+    in_process = type(launcher).__name__ == "BasicLauncher"
+    if n_jobs > 1 and in_process:
+        return _pool(config, n_jobs, sweep_dir)
+    return HydraRunner(launcher, sweep_dir, n_jobs)
+
+
+def _with_ranks(spec: TrialSpec, runner: PoolRunner) -> TrialSpec:
+    """On CPU, a side-by-side trial's `auto` ranks are its slot's (clorch.sweep.slots)."""
+    slot = runner.pool.slots[0]
+    if slot.gpus or any(o.partition("=")[0].lstrip("+") == "launcher.nproc_per_node" for o in spec.overrides):
+        return spec
+    return TrialSpec(spec.number, [*spec.overrides, f"launcher.nproc_per_node={slot.ranks}"], spec.env, spec.label)
+
+
+class _RankedSource:
+    def __init__(self, source: Any, runner: PoolRunner) -> None:
+        self.source, self.runner = source, runner
+
+    def next(self) -> TrialSpec | None:
+        spec = self.source.next()
+        return None if spec is None else _with_ranks(spec, self.runner)
+
+    def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
+        self.source.ended(spec, summary)
+
+
+def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
+    """Run the sweep that `config` (Hydra's multirun config) and its overrides describe.
+
+    Raises:
+        ConfigError: the sweep's keys or space are wrong (clorch-train checked them before;
+            this is for a sweep started another way).
+        Interrupted: a signal stopped the sweep (its running trials were stopped first).
+    """
+    sweep, errors = read_sweep([*arguments, *config.hydra.overrides.hydra])
+    if errors:
+        raise ConfigError(errors)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
+    if sweep.sweeper == "optuna":
+        from clorch.sweep.study import StudySource  # lazy: Optuna only for its sweeper
+
+        source: Any = StudySource(sweep.settings, sweep.space, sweep_dir, arguments)
+    else:
+        source = GridSource(grid_jobs(arguments, sweep.settings.params), sweep_dir)
+    if isinstance(runner, PoolRunner):
+        say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
+        source = _RankedSource(source, runner)
+    run_trials(source, runner, show_ends=isinstance(runner, PoolRunner))
+

@@ -1,0 +1,91 @@
+"""Which devices each of a sweep's side-by-side trials gets: GPUs on a GPU machine, cores on CPU.
+
+`n_jobs` trials run at once, each on a slot of its own: GPUs through
+CUDA_VISIBLE_DEVICES (so a trial of 2 ranks sees exactly its 2 GPUs), cores
+through the CPU affinity its processes inherit (and OMP_NUM_THREADS), so that
+two trials never share a device or a core. Inside a SLURM allocation the
+machine is what the allocation gave this process (its CUDA_VISIBLE_DEVICES and
+CPU affinity), so a sweep packs its trials onto that allocation.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from clorch.launch.gpus import visible_gpus
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What one running trial may use."""
+
+    index: int
+    gpus: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries; empty on CPU
+    cores: tuple[int, ...]  # CPU cores (the trial's affinity)
+    ranks: int  # the trial's ranks on this node
+
+    def environ(self) -> dict[str, str]:
+        """The environment a trial on this slot starts with (over the sweep's own)."""
+        threads = max(1, len(self.cores) // max(1, self.ranks))
+        env = {"OMP_NUM_THREADS": str(threads)}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+        return env
+
+    def describe(self) -> str:
+        if self.gpus:
+            return f"GPU {','.join(self.gpus)}"
+        return f"core{'s' if len(self.cores) > 1 else ''} {','.join(map(str, self.cores))}"
+
+
+def machine(environ: Mapping[str, str] | None = None) -> tuple[list[str], list[int]]:
+    """(the GPUs, the CPU cores) this process may use."""
+    environ = os.environ if environ is None else environ
+    return visible_gpus(environ), sorted(os.sched_getaffinity(0))
+
+
+def ranks_per_trial(nproc: Any, n_jobs: int, gpus: list[str], cores: list[int]) -> int:
+    """A trial's ranks: `launcher.nproc_per_node` when it is a number; `auto` shares the
+    machine's GPUs (or, without GPUs, its cores) evenly between the `n_jobs` trials."""
+    if isinstance(nproc, int) and not isinstance(nproc, bool):
+        return nproc
+    if n_jobs == 1:
+        return len(gpus) if gpus else 2  # clorch's own `auto`: one rank per GPU, or 2 CPU ranks
+    return max(1, (len(gpus) if gpus else len(cores)) // n_jobs)
+
+
+def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int]) -> list[Slot]:
+    """`n_jobs` slots of `ranks` ranks each, on disjoint GPUs (with GPUs) and disjoint cores.
+
+    Raises:
+        ValueError: the machine cannot hold that many trials at once (the message names what
+            was asked for and what the machine has).
+    """
+    if gpus:
+        if n_jobs * ranks > len(gpus):
+            raise ValueError(
+                f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} rank(s) need {n_jobs * ranks} GPUs at once; "
+                f"this machine has {len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus)}): lower n_jobs or "
+                "launcher.nproc_per_node"
+            )
+        per_cores = max(1, len(cores) // n_jobs)
+        return [
+            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks)
+            for i in range(n_jobs)
+        ]
+    if n_jobs * ranks > len(cores):
+        raise ValueError(
+            f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} CPU rank(s) need {n_jobs * ranks} cores at once "
+            f"(one a rank); this machine has {len(cores)} (cores {','.join(map(str, cores))}): lower n_jobs or "
+            "launcher.nproc_per_node"
+        )
+    per = len(cores) // n_jobs
+    return [Slot(i, (), tuple(cores[i * per : (i + 1) * per]), ranks) for i in range(n_jobs)]
+
+
+def _share(cores: list[int], i: int, per: int) -> tuple[int, ...]:
+    share = tuple(cores[i * per : (i + 1) * per])
+    return share or tuple(cores)  # fewer cores than trials on a GPU machine: they share the host

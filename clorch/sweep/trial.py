@@ -1,0 +1,119 @@
+"""A sweep's trial, seen from its ranks: report the objective at each eval, stop when pruned.
+
+The Optuna sweeper (clorch.sweep.optuna_sweeper) starts each trial with the
+environment variable CLORCH_TRIAL: a JSON object naming the study (`storage`,
+`study`), the trial (`trial_id`), the metric to report (`objective`) and the
+pruner (`pruner`, `min_trials`). It is inherited by the trial's ranks. At every
+eval (`eval_every`), rank 0 reports the metric to the study and asks the pruner;
+the answer is broadcast, so every rank stops at that same eval. A run started
+without CLORCH_TRIAL (every run outside a sweep) reports nothing and is never pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+ENV = "CLORCH_TRIAL"
+
+
+class Pruned(Exception):
+    """The sweep's pruner stopped this trial at an eval (raised on every rank at once)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"pruned at step {step}")
+        self.step = step
+
+
+@dataclass(frozen=True)
+class TrialLink:
+    """Where a trial reports: the study's storage and name, the trial's id, the metric, the pruner."""
+
+    storage: str
+    study: str
+    trial_id: int
+    objective: str  # a metric name as summary.json's `final` has it: loss, eval_loss, eval_accuracy...
+    pruner: str = "none"
+    min_trials: int = 5
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "TrialLink | None":
+        """The link the sweeper gave this process, or None (not a sweep's Optuna trial)."""
+        text = (os.environ if environ is None else environ).get(ENV)
+        if not text:
+            return None
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{ENV} is not a trial link clorch's sweeper wrote: {exc}") from None
+
+
+def make_pruner(name: str, min_trials: int) -> Any:
+    """Optuna's pruner of that name: none, median (MedianPruner) or hyperband (HyperbandPruner)."""
+    import optuna  # lazy: only a sweep's processes need Optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=min_trials, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+def open_storage(url: str) -> Any:
+    """Optuna's storage at `url`; SQLite waits for a lock for up to 60 s, since the trials of
+    a sweep report to one file at once."""
+    import optuna  # lazy: only a sweep's processes need Optuna
+
+    if url.startswith("sqlite:"):
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    return url
+
+
+def eval_metric(objective: str, metrics: Mapping[str, float]) -> float | None:
+    """The objective among an eval's metrics (`evaluate` names them without the `eval_` prefix)."""
+    name = objective.removeprefix("eval_")
+    value = metrics.get(name)
+    return None if value is None else float(value)
+
+
+class TrialReporter:
+    """Rank 0 reports each eval to the study and asks the pruner; every rank learns the answer.
+
+    `should_stop` is collective when the job has more than one rank: every rank must
+    call it at the same eval (one broadcast from rank 0; it blocks until rank 0 has
+    heard from the study). Raises what Optuna's storage raises on rank 0 (the
+    study cannot be reached): the trial fails rather than run unreported.
+    """
+
+    def __init__(self, link: TrialLink, rank: int, broadcast_flag: Any) -> None:
+        self.link, self.rank, self._broadcast = link, rank, broadcast_flag
+        self._trial = None
+        if rank == 0:  # before training starts: Optuna's import and the study's load are not training time
+            self._optuna_trial()
+
+    def _optuna_trial(self) -> Any:
+        if self._trial is None:
+            import optuna  # lazy: only a sweep's processes need Optuna
+
+            study = optuna.load_study(
+                study_name=self.link.study,
+                storage=open_storage(self.link.storage),
+                pruner=make_pruner(self.link.pruner, self.link.min_trials),
+            )
+            self._trial = optuna.trial.Trial(study, self.link.trial_id)
+        return self._trial
+
+    def should_stop(self, step: int, metrics: Mapping[str, float]) -> bool:
+        decision = False
+        if self.rank == 0:
+            value = eval_metric(self.link.objective, metrics)
+            if value is not None:
+                trial = self._optuna_trial()
+                trial.report(value, step)
+                decision = self.link.pruner != "none" and trial.should_prune()
+        return bool(self._broadcast(decision))
