@@ -48,13 +48,26 @@ def train_args(run: Run) -> list[str] | None:
 
 def rerun_command(run: Run) -> str:
     """`cd CWD && [CLORCH_TRUSTED_MODULES=...] clorch-train ARGS` (a new run with the same config,
-    its paths absolute: it works pasted anywhere), or why there is none."""
+    its paths absolute: it works pasted anywhere), or why there is none.
+
+    A re-run starts from scratch: of a run that resumed, the resume and its checkpoint
+    directory are left out (the re-run keeps its checkpoints in its own run directory) and
+    `checkpoint.resume=none` is added, in case a recipe sets it.
+    """
     args = train_args(run)
     if args is None:
         started = run.env.get("command")
         how = f" (it was started by: {shlex.join(map(str, started))})" if isinstance(started, list) else ""
         return f"not known: the run was not started by clorch-train{how}"
+    if _resumes(run):
+        args = [a for a in args if _key(a) not in _REPLACED] + ["checkpoint.resume=none"]
     return pasteable(recipe_files_again(args, _cwd(run)), _cwd(run), _trusted(run))
+
+
+def _resumes(run: Run) -> bool:
+    """Whether the run's config resumed a checkpoint (checkpoint.resume other than none)."""
+    section = run.config.get("checkpoint") if isinstance(run.config.get("checkpoint"), dict) else {}
+    return section.get("resume") not in (None, "none")
 
 
 def _cwd(run: Run) -> str | None:

@@ -152,6 +152,15 @@ def test_rerun_and_resume_commands(tmp_path):
     assert resume_command(Run(done)) == "not needed: the run completed"
 
 
+def test_the_rerun_of_a_resumed_run_starts_from_scratch(tmp_path):
+    """Its resume command's overrides are left out: pasted, it trains again, it does not resume."""
+    config = {"checkpoint": {"policy": "periodic", "dir": "/w/ckpt", "resume": "latest"}, "optim": {"lr": 0.001}}
+    typed = ["clorch-train", "+recipe=cpu_smoke", "hydra.run.dir=/o/r", "checkpoint.dir=/w/ckpt"]
+    typed += ["checkpoint.resume=latest", "optim.lr=1e-3"]
+    path = _run_dir(tmp_path, config=config, summary={"status": "succeeded"}, env={"cwd": "/w", "argv": typed})
+    assert rerun_command(Run(path)) == "cd /w && clorch-train +recipe=cpu_smoke optim.lr=1e-3 checkpoint.resume=none"
+
+
 def test_where_conditions(tmp_path):
     runs = [
         Run(
