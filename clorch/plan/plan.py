@@ -33,8 +33,8 @@ import json
 import os
 import pickle
 import re
-import sys
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -62,6 +62,7 @@ from clorch.plan.checks import (
     top_backend,
 )
 from clorch.plan.resume import ResumeFit, resume_fit
+from clorch.config import registry
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
 from clorch.plan.user_checks import init_from_errors, user_data_errors, user_model_errors
@@ -152,20 +153,57 @@ def write_plan(plan: Plan, path: Path) -> None:
     write_bytes_atomic(path, PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
 
 
+def _dataclasses_within(cls: type, found: dict[tuple[str, str], type]) -> None:
+    """`cls` and every dataclass its fields are typed with or default to, by (module, qualified name)."""
+    key = (cls.__module__, cls.__qualname__)
+    if key in found or not is_dataclass(cls):
+        return
+    found[key] = cls
+    try:
+        hints = list(typing.get_type_hints(cls).values())
+    except Exception:  # a hint that does not resolve here: its defaults below still count
+        hints = []
+    held = [f.default for f in fields(cls) if f.default is not MISSING]
+    held += [f.default_factory() for f in fields(cls) if f.default_factory is not MISSING]
+    for hint in hints:
+        for inner in (hint, *typing.get_args(hint)):
+            if isinstance(inner, type):
+                _dataclasses_within(inner, found)
+    for value in held:
+        if is_dataclass(value):
+            _dataclasses_within(type(value), found)
+
+
+def plan_classes() -> dict[tuple[str, str], type]:
+    """The classes a plan file may name: `Plan`, `TrainConfig`, every registered option's schema and
+    `_target_` schema (clorch.config.registry, options of installed packages included), and the
+    dataclasses those hold as fields (precision's ScalerConfig). Keyed by where each is defined, so a
+    name a module merely imports (torch's StateDictOptions in clorch.engine.worker) is not one."""
+    found: dict[tuple[str, str], type] = {}
+    roots = [Plan, TrainConfig, *registry.custom_groups().values()]
+    roots += [cls for group in registry.groups() for cls in registry.schemas(group).values()]
+    for cls in roots:
+        _dataclasses_within(cls, found)
+    return found
+
+
 class _PlanUnpickler(pickle.Unpickler):
-    """Unpickles clorch's config dataclasses and plain values only: a plan file names no
+    """Unpickles clorch's config classes (`plan_classes`) and plain values only: a plan file names no
     function, and no other class, so loading one runs no code (`find_class` refuses).
 
     Their modules are imported with this one (the schema imports every option), so
     nothing is imported here either: importing some of clorch's modules runs a command.
     """
 
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._classes = plan_classes()
+
     def find_class(self, module: str, name: str) -> Any:
-        loaded = sys.modules.get(module) if module.split(".")[0] == "clorch" else None
-        found = getattr(loaded, name, None)
-        if isinstance(found, type) and is_dataclass(found):
-            return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not one of clorch's config classes")
+        found = self._classes.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not one of clorch's config classes")
+        return found
 
 
 def read_plan(path: Path) -> Plan:
