@@ -105,3 +105,79 @@ def test_the_archive_reader_itself_refuses_an_entry_without_checksums(saved):
     info = {k: v for k, v in body["archive"].items() if k not in ("block_digests", "digest")}
     with pytest.raises(CheckpointError, match=f"refusing to load checkpoint archive {archive} unverified"):
         read_archive(archive, info, directory / "good.ckpt")
+
+
+class _Evil:
+    """Unpickling this creates `marker`: the classic code-on-load payload."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _evil_torch_file(tmp_path: Path, marker: Path) -> Path:
+    path = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(2, 4), "bias": _Evil(str(marker))}, path)
+    return path
+
+
+def _evil_clorch_checkpoint(tmp_path: Path, marker: Path) -> Path:
+    """A clorch checkpoint whose archive is the payload, its digests and checksum re-signed."""
+    from clorch.checkpoint.archive import HASH, hash_blocks
+
+    path = tmp_path / "evil.ckpt"
+    save_checkpoint(path, model=torch.nn.Linear(4, 2), state={"step": 1})
+    body = json.loads(path.read_text())
+    body.pop("checksum")
+    archive = tmp_path / body["archive"]["file"]
+    archive.unlink()
+    torch.save({"model": {"weight": _Evil(str(marker))}}, archive)
+    with open(archive, "rb") as handle:
+        size = archive.stat().st_size
+        blocks = hash_blocks(handle.fileno(), size, body["archive"]["block_bytes"])
+    body["archive"].update(bytes=size, hash=HASH, block_digests=blocks, digest=root_digest(blocks))
+    path.write_bytes(encode(body))
+    return path
+
+
+def _evil_sharded_checkpoint(tmp_path: Path, marker: Path) -> Path:
+    """A sharded checkpoint whose DCP .metadata is the payload, clorch.json re-signed."""
+    import pickle
+
+    from clorch.checkpoint.sharded import save_sharded
+    from clorch.checkpoint.sharded_files import file_entry
+    from clorch.checkpoint.sharded_marker import MARKER, encode_marker
+
+    path = save_sharded(tmp_path / "evil.dcp", model=torch.nn.Linear(4, 2))
+    (path / ".metadata").write_bytes(pickle.dumps(_Evil(str(marker))))
+    body = json.loads((path / MARKER).read_text())
+    body.pop("checksum")
+    body["files"] = {p.name: file_entry(p) for p in sorted(path.iterdir()) if p.name != MARKER}
+    (path / MARKER).write_bytes(encode_marker(body))
+    return path
+
+
+CRAFTED = {
+    "a torch.save file": _evil_torch_file,
+    "a clorch checkpoint": _evil_clorch_checkpoint,
+    "a sharded checkpoint": _evil_sharded_checkpoint,
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+@pytest.mark.parametrize("kind", CRAFTED)
+def test_init_from_a_crafted_file_runs_nothing(tmp_path, kind):
+    """model.init_from reads weights with no code run from the file, whatever its kind: refused
+    before launch (the plan's check) and by the reader the ranks use."""
+    from clorch.config import compose
+    from clorch.plan.plan import resolve_errors
+
+    marker = tmp_path / "pwned"
+    path = CRAFTED[kind](tmp_path, marker)
+    errors = resolve_errors(compose(["+recipe=cpu_smoke", f"model.init_from={path}"]))
+    assert any(e.startswith("model.init_from=") and str(path) in e for e in errors), errors
+    with pytest.raises(ValueError, match=str(path)):
+        read_weights(path)
+    assert not marker.exists()
