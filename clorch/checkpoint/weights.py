@@ -10,10 +10,15 @@
     torch state dict    anything else, by `torch.load(weights_only=True)`: a
                         state dict, or a dict holding one under "model" or "state_dict"
 
+and a directory: a Hugging Face `save_pretrained` folder, whose `model.safetensors`
+(or the shards its index lists, `clorch.checkpoint.hf_folder`) is read as above.
+
 Only tensors are read: no kind runs code from the file. A `module.` prefix on
 every key (torch DDP's state dict) and an `_orig_mod.` prefix (a
 torch.compile'd model's, as in nanoGPT's checkpoints) are stripped, whatever
-the kind.
+the kind. Tensors a model shares under two names (a language model's output
+matrix tied to its token embedding) need only one of them in the file, as Hugging
+Face saves them.
 
 `fit_errors` compares names and shapes only, so it works on a model built on
 the `meta` device, before any process starts; `load_weights` then copies the
@@ -38,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from clorch._files import create_exclusive
 from clorch.checkpoint import archive, atomic, metadata
 from clorch.checkpoint.errors import CheckpointError
+from clorch.checkpoint.hf_folder import weight_files
 from clorch.nn.parallel.ddp import unwrap_model
 from clorch.nn.parallel.fsdp_init import fill_shard
 
@@ -45,6 +51,7 @@ KINDS = (
     "a clorch checkpoint (the path given to save_checkpoint)",
     "a torch.save'd state_dict (alone, or under a 'model' or 'state_dict' key)",
     "a .safetensors file",
+    "a Hugging Face save_pretrained folder",
 )
 """The kinds of file `read_weights` accepts, as its errors name them."""
 
@@ -53,6 +60,7 @@ _ACCEPTED = "it must be " + ", ".join(KINDS[:-1]) + " or " + KINDS[-1]
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _SHOWN = 5  # names listed per message; the count says how many there are in all
 _HEAD_BYTES = 16
+_NOT_STRICT = "model.init_strict=false (strict=False in Python)"
 
 
 class WeightsFileNotFoundError(FileNotFoundError, ValueError):
@@ -200,11 +208,13 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     Raises:
         WeightsFileNotFoundError: nothing at `path` (both a FileNotFoundError and a ValueError).
-        ValueError: `path` is not a regular file, is none of the three kinds, holds
-            pickled objects, or is a clorch checkpoint failing its integrity checks.
+        ValueError: `path` is not a regular file or a folder with weights, is none of the
+            kinds, holds pickled objects, or is a clorch checkpoint failing its integrity checks.
         TypeError: `path` is not a str or os.PathLike.
     """
     path = _as_path(path)
+    if path.is_dir():
+        return _read_folder(path)
     kind = _kind(path)
     if kind == "safetensors":
         weights = _read_safetensors(path)
@@ -213,6 +223,22 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     else:
         weights = _read_torch(path)
     return _strip_wrapper_prefixes(weights)
+
+
+def _read_folder(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face save_pretrained folder's weight files, refusing a name held twice."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        part = read_weights(path)
+        _refuse_twice(folder, weights, part)
+        weights.update(part)
+    return weights
+
+
+def _refuse_twice(folder: Path, seen: Mapping[str, Any], part: Mapping[str, Any]) -> None:
+    twice = [name for name in part if name in seen]
+    if twice:
+        raise ValueError(f"{folder}: tensor(s) held by two of its weight files: {_listed(twice)}")
 
 
 def _kind(path: Path) -> str:
@@ -293,6 +319,10 @@ def open_weights(path: str | os.PathLike) -> Iterator[Mapping[str, torch.Tensor]
         As `read_weights`.
     """
     path = _as_path(path)
+    if path.is_dir():
+        with _open_folder(path) as weights:
+            yield weights
+        return
     kind = _kind(path)
     if kind == "safetensors":
         try:
@@ -305,6 +335,20 @@ def open_weights(path: str | os.PathLike) -> Iterator[Mapping[str, torch.Tensor]
         yield _lazy_mapped(_read_clorch(path))
     else:
         yield _lazy_mapped(_read_torch(path, mmap=True))
+
+
+@contextlib.contextmanager
+def _open_folder(folder: Path) -> Iterator[_LazyWeights]:
+    """`open_weights` over the weight files of a Hugging Face save_pretrained folder, each opened once."""
+    with contextlib.ExitStack() as stack:
+        owner: dict[str, Mapping[str, torch.Tensor]] = {}
+        shapes: dict[str, torch.Size] = {}
+        for path in weight_files(folder):
+            part = stack.enter_context(open_weights(path))
+            _refuse_twice(folder, owner, part)
+            owner.update(dict.fromkeys(part, part))
+            shapes.update({name: spec.shape for name, spec in part.specs().items()})  # type: ignore[attr-defined]
+        yield _LazyWeights(shapes, lambda name: owner[name][name])
 
 
 def weight_names(path: str | os.PathLike) -> set[str]:
@@ -348,6 +392,27 @@ def _shape_errors(key: str, expected: Mapping[str, Any], weights: Mapping[str, A
     return errors
 
 
+def _tied(module: torch.nn.Module) -> dict[str, list[str]]:
+    """{name: the module's other names for the same tensor}: a parameter or buffer shared under
+    two names, as a language model's output matrix tied to its token embedding is (Hugging Face's
+    save_pretrained then writes it once, `lm_head.weight` left out)."""
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    groups: dict[int, list[str]] = {}
+    for name, tensor in named:
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: [o for o in group if o != name] for group in groups.values() if len(group) > 1 for name in group}
+
+
+def _with_tied(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` with each tensor the module shares under another name given under that name too."""
+    filled = dict(weights)
+    for name, others in _tied(module).items():
+        source = next((o for o in others if o in weights), None)
+        if name not in filled and source is not None:
+            filled[name] = weights[source]
+    return filled
+
+
 def fit_errors(
     model: torch.nn.Module, weights: Mapping[str, torch.Tensor], strict: bool = True, key: str = "model.init_from"
 ) -> list[str]:
@@ -357,7 +422,8 @@ def fit_errors(
     device. As with torch's `load_state_dict`, `strict=False` ignores missing
     and unexpected keys; shape mismatches are reported either way, and so is a
     file that shares no key with the model (a non-strict load of it would
-    load nothing). Each message starts with `key`, lists up to five names and
+    load nothing). A tensor the model holds under two names (tied) needs one
+    of them in the file. Each message starts with `key`, lists up to five names and
     says how many there are; none names the file (the caller knows it).
 
     Args:
@@ -374,14 +440,22 @@ def fit_errors(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights must be a mapping of names to tensors, got {type(weights).__name__}")
-    expected = unwrap_model(model).state_dict()
-    missing = [name for name in expected if name not in weights]
+    module = unwrap_model(model)
+    expected, tied = module.state_dict(), _tied(module)
+    missing = [name for name in expected if name not in weights and not any(o in weights for o in tied.get(name, ()))]
     unexpected = [str(name) for name in weights if name not in expected]
     errors = []
+    shared = len(expected) > len(missing)  # a non-strict load would load something
     if strict and missing:
-        errors.append(f"{key}: {len(missing)} key(s) of the model are missing from the file: {_listed(missing)}")
+        errors.append(
+            f"{key}: {len(missing)} key(s) of the model are missing from the file: {_listed(missing)}"
+            + (f"; {_NOT_STRICT} loads the file's keys and keeps the model's own values for these" if shared else "")
+        )
     if strict and unexpected:
-        errors.append(f"{key}: {len(unexpected)} key(s) in the file are not in the model: {_listed(unexpected)}")
+        errors.append(
+            f"{key}: {len(unexpected)} key(s) in the file are not in the model: {_listed(unexpected)}"
+            + (f"; {_NOT_STRICT} leaves them out" if shared else "")
+        )
     if not strict and expected and len(missing) == len(expected):
         errors.append(
             f"{key}: none of the file's {len(weights)} key(s) is a key of the model, so a "
@@ -440,7 +514,7 @@ def load_weights(
         else value
         for name, value in weights.items()
     }
-    module.load_state_dict(cast, strict=strict)
+    module.load_state_dict(_with_tied(module, cast), strict=strict)
 
 
 def _load_into_shards(module: torch.nn.Module, path: Path | str | os.PathLike, strict: bool, key: str) -> None:

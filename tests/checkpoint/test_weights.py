@@ -10,7 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from clorch.checkpoint import save_checkpoint
-from clorch.checkpoint.weights import WeightsFileNotFoundError, fit_errors, load_weights, read_weights, save_safetensors
+from clorch.checkpoint.weights import (
+    WeightsFileNotFoundError,
+    fit_errors,
+    load_weights,
+    open_weights,
+    read_weights,
+    save_safetensors,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -303,3 +310,89 @@ def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, m
         save_safetensors(_random(_Net(), 2), path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["w.safetensors"]
+
+
+# --- Hugging Face save_pretrained folders and tied weights -------------------------------------------
+def _hf_folder(tmp_path, source: torch.nn.Module, shards: int = 1):
+    """`source`'s weights as save_pretrained writes them: the tied `out.weight` left out, in one
+    model.safetensors or in `shards` files listed by model.safetensors.index.json."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    state = {k: v.contiguous() for k, v in source.state_dict().items() if k != "out.weight"}
+    if shards == 1:
+        save_file(state, folder / "model.safetensors")
+        return folder
+    names, weight_map = sorted(state), {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: state[n] for n in names[i::shards]}
+        save_file(part, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+class _TiedNet(_TiedLM):
+    """A tied language model with more than one tensor to shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_save_pretrained_folder_loads_with_its_tied_weight_left_out(tmp_path, shards):
+    source = _random(_TiedNet(), 1)
+    folder = _hf_folder(tmp_path, source, shards)
+    with torch.device("meta"):
+        assert fit_errors(_TiedNet(), read_weights(folder)) == []
+    fresh = _random(_TiedNet(), 2)
+    load_weights(fresh, folder)  # strict: out.weight comes from embed.weight, as the model ties them
+    assert _equal(fresh, source) and fresh.out.weight is fresh.embed.weight
+    with open_weights(folder) as lazy:
+        assert set(lazy) == {"embed.weight", "norm.weight", "norm.bias"}
+        assert torch.equal(lazy["norm.bias"], source.norm.bias)
+
+
+def test_a_folder_without_weights_or_with_a_bad_index_is_named(tmp_path):
+    with pytest.raises(ValueError, match="without model weights: a Hugging Face save_pretrained folder holds model"):
+        read_weights(tmp_path)
+    folder = _hf_folder(tmp_path, _random(_TiedNet(), 1), shards=2)
+    index = folder / "model.safetensors.index.json"
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="lists shard\\(s\\) missing from .*: model-00002-of-00002.safetensors"):
+        read_weights(folder)
+    index.write_text(json.dumps({"weight_map": {"norm.bias": "../elsewhere.safetensors"}}))
+    with pytest.raises(ValueError, match="not file names beside it"):
+        read_weights(folder)
+
+
+def test_a_missing_key_the_file_could_hold_points_at_init_strict(tmp_path):
+    source, fresh, path = _one_missing_one_extra(tmp_path)
+    errors = fit_errors(fresh, read_weights(path), key="model.init_from")
+    assert errors[0].endswith(
+        "head.bias; model.init_strict=false (strict=False in Python) loads the file's keys "
+        "and keeps the model's own values for these"
+    )
+    assert errors[1].endswith("extra.weight; model.init_strict=false (strict=False in Python) leaves them out")
+
+
+def test_huggingface_save_pretrained_folders_load_whole_and_sharded(tmp_path):
+    transformers = pytest.importorskip("transformers")
+
+    config = transformers.GPT2Config(
+        vocab_size=32, n_positions=16, n_layer=1, n_head=2, n_embd=16, bos_token_id=None, eos_token_id=None
+    )
+    torch.manual_seed(1)
+    source = transformers.GPT2LMHeadModel(config)
+    source.save_pretrained(tmp_path / "whole")
+    source.save_pretrained(tmp_path / "sharded", max_shard_size="4KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    for folder in ("whole", "sharded"):
+        assert "lm_head.weight" not in read_weights(tmp_path / folder)  # left out: tied to the embedding
+        torch.manual_seed(2)
+        fresh = transformers.GPT2LMHeadModel(config)
+        load_weights(fresh, tmp_path / folder)
+        assert _equal(fresh, source), folder
