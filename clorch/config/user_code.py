@@ -148,7 +148,8 @@ def cross_errors(cfg: Any) -> list[str]:
         return []
     own_data = isinstance(data, schema.TargetDataConfig)
     from_model = isinstance(loss, schema.FromModelLossConfig)
-    own_loss = not (isinstance(loss, schema.LossConfig) and loss.name == "auto")
+    # an option that computes the built-in data's own loss another way (loss=chunked_cross_entropy) is no loss of yours
+    own_loss = not (isinstance(loss, schema.LossConfig) and loss.name == "auto") and not loss.for_built_in_data
     own_step = isinstance(step, schema.TargetFunctionConfig)
     errors = []
     if own_data and not own_loss and not own_step:

@@ -16,9 +16,11 @@ from torch import nn
 from clorch.amp import MixedPrecision
 from clorch.plan.data import build_splits
 from clorch.config import registry
+from clorch.config.options.chunked_loss import ChunkedCrossEntropyConfig
 from clorch.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from clorch.data import DistributedSampler
 from clorch.data.base import derive_seed
+from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.engine.model_build import build_raw_model, build_sharded_model
@@ -173,7 +175,7 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> Any:
     """The MixedPrecision of `cfg.precision` on `device` (fp16's scaler from `precision.scaler`)."""
-    return MixedPrecision(cfg.precision.name, device, scaler=cfg.precision.scaler_settings())
+    return MixedPrecision(cfg.precision.mode(), device, scaler=cfg.precision.scaler_settings())
 
 
 def compile_mode_arg(mode: str) -> str | None:
@@ -206,6 +208,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
     if cfg.compile and hasattr(task, "compile_loss"):
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
+    if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
+        task = FusedLossTask(task)  # model(input, target=...) returns the loss; eval is the task's own
     precision = _precision(cfg, device)
     # parallel=ddp or fsdp: the option names its builder (`replicated` or `sharded`, below)
     raw, model, optimizer = registry.resolve(cfg.parallel.builds)(cfg, task, device, precision)

@@ -16,13 +16,13 @@ from clorch.checkpoint.weights import load_weights, weight_names
 from clorch.config.schema import TrainConfig
 from clorch.nn.parallel.fsdp import (
     allocate,
-    apply_activation_checkpointing,
     device_mesh,
     gpt_init_fn,
     materialize,
     parameters_on_meta,
     shard_model,
 )
+from clorch.engine.model_options import apply_model_options
 from clorch.plan.model import build_model_for, seeds_per_module
 
 __all__ = ["build_raw_model", "build_sharded_model"]
@@ -32,8 +32,8 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     """The whole model of `cfg.model` in train mode in host memory, sized by the task, initialized from
     `cfg.seed` (`seeds_per_module`: a built-in model module by module, as under `parallel=fsdp`;
     a model of your own by its `__init__`), then from the weights of `model.init_from` when it
-    names a file; its blocks recompute their activations in backward with
-    `model.activation_checkpointing`.
+    names a file; then changed as the config says (`apply_model_options`: Liger, float8 layers,
+    the fused loss, activation checkpointing).
 
     Raises:
         ValueError: the init_from file does not fit the model (the plan checks it first).
@@ -48,7 +48,7 @@ def build_raw_model(cfg: TrainConfig, task: Any) -> nn.Module:
     path = getattr(cfg.model, "init_from", None)
     if path is not None:
         load_weights(model, path, strict=cfg.model.init_strict)
-    _checkpoint_activations(cfg, model)
+    apply_model_options(cfg, model)
     return _train_mode(model)
 
 
@@ -58,11 +58,6 @@ def _train_mode(model: nn.Module) -> nn.Module:
     dropout off and BatchNorm on its running statistics. Evaluation switches to eval mode
     and back (`clorch.engine.evaluate`)."""
     return model.train()
-
-
-def _checkpoint_activations(cfg: TrainConfig, model: nn.Module) -> None:
-    if getattr(cfg.model, "activation_checkpointing", False):  # before DDP or fully_shard, as torch advises
-        apply_activation_checkpointing(model, "auto")
 
 
 def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn.Module:
@@ -95,7 +90,7 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
     if not on_meta:
         raw = build_raw_model(cfg, task)
     else:
-        _checkpoint_activations(cfg, raw)
+        apply_model_options(cfg, raw)
     if device.type == "cuda" and not parallel.cpu_offload:
         torch.cuda.set_device(device)  # fully_shard moves each unit to the current device
     # bf16 and fp16: parameters all-gathered and computed in that dtype, gradients
@@ -107,7 +102,7 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
         shard_modules=parallel.shard,
         min_params=parallel.min_params,
         reshard_after_forward=parallel.reshard_after_forward,
-        precision="fp32" if parallel.param_dtype == "fp32" else cfg.precision.name,
+        precision="fp32" if parallel.param_dtype == "fp32" else cfg.precision.mode(),
         cpu_offload=parallel.cpu_offload,
     )
     if on_meta:

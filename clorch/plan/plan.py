@@ -61,12 +61,12 @@ from clorch.plan.checks import (
     token_file_errors,
     top_backend,
 )
+from clorch.plan.machine import liger_errors, machine_errors
 from clorch.plan.resume import ResumeFit, resume_fit
 from clorch.config import registry
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
 from clorch.plan.user_checks import init_from_errors, user_data_errors, user_model_errors
-from clorch.precision import get_precision
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Plan:
             if self.device_type == "cuda"
             else f"{self.nproc_per_node} CPU rank(s) over {self.backend} (no CUDA GPU visible)"
         )
-        amp = get_precision(self.config.precision.name).describe(self.device_type)
+        amp = self.config.precision.describe(self.device_type)
         nodes = f" x {self.world_size // self.nproc_per_node} nodes" if self.world_size > self.nproc_per_node else ""
         if self.preflight == "only":
             return f"clorch: preflight only, {where}{nodes}: checking the machines, no training"
@@ -258,13 +258,15 @@ def _build(
         nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
         world = nproc * min_nodes(cfg.launcher.nnodes)
         problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
+    if world is not None:
+        problems += machine_errors(cfg, backend, devices)
     if sized and complete(cfg, "top", "data"):
         try:
             sizes = split_sizes(cfg)
             if complete(cfg, "model"):
                 problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
                 if complete(cfg, "loss", "step"):
-                    problems += user_data_errors(cfg) + user_model_errors(cfg)
+                    problems += user_data_errors(cfg) + user_model_errors(cfg) + liger_errors(cfg)
                 if world is not None and not problems and external is None:
                     # (not for another launcher's ranks: free memory differs from rank to rank,
                     # and a check that stops some ranks only leaves the others waiting)

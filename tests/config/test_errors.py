@@ -24,9 +24,9 @@ def _has(errors: list[str], *parts: str) -> bool:
 
 def test_the_issue_examples_are_reported_together(tmp_path):
     errors = _errors(
-        "precision=fp8", "ddp.bucket_cap_mb=0", "batch_size=700", f"checkpoint.resume={tmp_path / 'missing.ckpt'}"
+        "precision=fp4", "ddp.bucket_cap_mb=0", "batch_size=700", f"checkpoint.resume={tmp_path / 'missing.ckpt'}"
     )
-    assert _has(errors, "precision=fp8", "choose one of: bf16, fp16, fp32")
+    assert _has(errors, "precision=fp4", "choose one of: bf16, fp16, fp32")
     assert _has(errors, "ddp.bucket_cap_mb must be > 0 (MiB), got 0")
     assert _has(
         errors, "batch_size=700 is larger than a rank's shard", "1024 training samples over 2 ranks give 512 per rank"
@@ -132,8 +132,8 @@ def test_each_error_names_key_value_and_what_is_allowed(overrides, parts):
 
 
 def test_a_sweep_checks_every_value():
-    errors = _errors("precision=bf16,fp8", "optim.lr=1e-3,-1")
-    assert _has(errors, "precision=fp8 is not allowed")
+    errors = _errors("precision=bf16,fp4", "optim.lr=1e-3,-1")
+    assert _has(errors, "precision=fp4 is not allowed")
     assert _has(errors, "optim.lr must be > 0, got -1")
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from clorch.config.registry import Option, declare, option
 
 
 class LossOption(Option):
     """Any `loss` option."""
+
+    for_built_in_data: ClassVar[bool] = False  # computes the built-in data's own loss (not a loss of yours)
 
 
 class StepOption(Option):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from clorch.config.options.precision import Needs
 from clorch.config.registry import Option, declare, default_of, option, rule
 
 MLP = "clorch.models.mlp:MLP"
@@ -30,6 +31,24 @@ class TargetModelConfig(ModelOption):
         default=None, metadata=rule(path=True)
     )  # start from these weights (see MLPConfig.init_from)
     init_strict: bool = True  # init_from must hold exactly the model's keys and shapes
+    # Liger-Kernel's fused Triton kernels for a Hugging Face model (Llama, Mistral, Qwen, Gemma, ...),
+    # with loss=from_model; needs CUDA and pip install 'clorch[liger]'
+    liger: bool = False
+
+    def needs(self) -> list[Needs]:
+        if not self.liger:
+            return []
+        return [
+            Needs("model.liger=true", module="liger_kernel", extra="liger", cuda=True, why="its kernels are Triton's")
+        ]
+
+    def rules(self, cfg: Any) -> list[str]:
+        if self.liger and cfg.loss is not None and cfg.loss.name != "from_model":
+            return [
+                f"model.liger=true patches a Hugging Face model, whose loss it fuses: it needs loss=from_model "
+                f"(loss.target_arg=labels loss.labels=input), got loss={cfg.loss.name}"
+            ]
+        return []
 
 
 declare("model", "the model: mlp, gpt, or your own class (model._target_)", custom=TargetModelConfig)

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from clorch.config.registry import Option, declare, default_of, option, rule
+from clorch.precision import get_precision
 
 SCALER = "clorch.amp.scaler:GradScaler"
 
-declare("precision", "numerics: fp32, bf16 autocast, or fp16 with a loss scaler")
+declare("precision", "numerics: fp32, bf16 autocast, fp16 with a loss scaler, or fp8 (float8 Linear layers)")
 
 
 class PrecisionOption(Option):
@@ -19,6 +20,14 @@ class PrecisionOption(Option):
     def scaler_settings(self) -> dict[str, Any] | bool | None:
         """MixedPrecision's `scaler` argument: None, no loss scaler."""
         return None
+
+    def mode(self) -> str:
+        """The `clorch.precision` mode the ranks run in (autocast, scaler, FSDP's dtypes): its name."""
+        return self.name
+
+    def describe(self, device_type: str) -> str:
+        """How a job runs in this precision, in words ("bf16 autocast")."""
+        return get_precision(self.mode()).describe(device_type)
 
 
 @dataclass
@@ -83,3 +92,54 @@ class FP16Config(PrecisionOption):
                 "stepped (use precision=bf16 or fp32, or ddp.step_in_backward=false)"
             )
         return errors
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an option needs of the machine, checked before launch (`clorch.plan.machine`)."""
+
+    key: str  # the key that asks for it, as the user wrote it (precision=fp8)
+    module: str | None = None  # an importable module (an optional extra's)
+    extra: str | None = None  # the clorch extra that installs it
+    cuda: bool = False  # needs CUDA GPUs (backend nccl)
+    capability: tuple[int, int] | None = None  # smallest CUDA compute capability (major, minor)
+    why: str = ""  # what it needs them for, in words
+
+
+@option("precision", "fp8")
+@dataclass
+class FP8Config(PrecisionOption):
+    """float8 matrix products on the large Linear layers (torchao's float8 training), the rest
+    in bf16 autocast; weights, checkpoints and exports stay high precision. Needs a GPU of
+    compute capability 8.9 or more (H100, L4, RTX 4090) and `pip install 'clorch[fp8]'`."""
+
+    name: Literal["fp8"] = "fp8"
+    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"  # float8 scaling: one scale per tensor, or per row
+    # convert a Linear only when both its in and out features are at least this (float8 pays on large matrices)
+    min_features: int = field(default=1024, metadata=rule(ge=16, unit="features"))
+    skip: list[str] = field(default_factory=list)  # Linear layers to keep high precision, by name (fnmatch patterns)
+    keep_ends: bool = True  # keep the model's first and last Linear layers (input and output) high precision
+    # parallel=fsdp with recipe=tensorwise: all-gather the weights in float8 (half the bytes)
+    fsdp_float8_all_gather: bool = True
+
+    def needs(self) -> list[Needs]:
+        return [
+            Needs(
+                "precision=fp8",
+                module="torchao",
+                extra="fp8",
+                cuda=True,
+                capability=(8, 9),
+                why="float8 matrix products run on GPUs of compute capability 8.9 or more (Ada, Hopper, Blackwell)",
+            )
+        ]
+
+    def mode(self) -> str:
+        return "bf16"  # everything but the converted layers' matrix products
+
+    def describe(self, device_type: str) -> str:
+        return f"float8 Linear layers ({self.recipe} scaling) with {super().describe(device_type)}"
+
+    def layer_rule(self) -> dict[str, Any]:
+        """`clorch.amp.float8.choose_float8_layers`'s keyword arguments."""
+        return {"min_features": self.min_features, "skip": list(self.skip), "keep_ends": self.keep_ends}
