@@ -31,11 +31,11 @@ from clorch.plan.plan import (
     run_errors_as_config_errors,
 )
 from clorch.engine.as_rank import train_as_rank
-from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint
+from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint, step_reached
 from clorch.engine.outputs import write_json
 from clorch.engine.run import execute
 from clorch.engine.results import RunResult, RunSummary, last_step
-from clorch.engine.summary import show, summary_lines
+from clorch.engine.summary import record_interrupted_start, show, summary_lines
 from clorch.engine.sweep import last_statuses
 from clorch.launch.external import detect as detect_external
 from clorch.status import Status
@@ -54,7 +54,10 @@ def report(result: RunResult) -> None:
 
 def _report_interrupted(result: RunResult) -> None:
     summary, run_dir, cfg = result.summary, Path(result.run_dir), result.plan.config
-    step = last_step(summary)
+    # The directory clorch-train started in (hydra.job.chdir=true moves the job's): relative
+    # paths of the command line are relative to it.
+    base = get_original_cwd() if HydraConfig.initialized() else None
+    step = step_reached(cfg, run_dir, last_step(summary), base=base)
     print(
         Status.INTERRUPTED.line(
             f" by {summary.interrupted_by} after step {step} of {summary.planned_steps}; "
@@ -62,9 +65,6 @@ def _report_interrupted(result: RunResult) -> None:
         ),
         file=sys.stderr,
     )
-    # The directory clorch-train started in (hydra.job.chdir=true moves the job's): relative
-    # paths of the command line are relative to it.
-    base = get_original_cwd() if HydraConfig.initialized() else None
     print(f"clorch-train: {resume_hint(cfg, run_dir, OUTCOME.argv, base=base)}", file=sys.stderr)
     OUTCOME.interrupted(signal.Signals[summary.interrupted_by].value)
 
@@ -96,6 +96,7 @@ def checked_before(cfg: DictConfig, run_dir: str, base: str) -> Any:
 def _train(cfg: DictConfig) -> None:
     """The Hydra job: one multi-rank run in Hydra's output directory."""
     run_dir = HydraConfig.get().runtime.output_dir
+    OUTCOME.started(run_dir)
     base = get_original_cwd()  # relative paths are the user's: hydra.job.chdir may have moved us
     try:
         external = detect_external()
@@ -118,8 +119,12 @@ def _train(cfg: DictConfig) -> None:
         raise Interrupted(OUTCOME.interrupted_by)
 
 
-def run_hydra(args: list[str]) -> int:
-    """Run the Hydra app on `args` (as if they were the command line); return the exit status."""
+def run_hydra(args: list[str], run_dir: str | Path | None = None) -> int:
+    """Run the Hydra app on `args` (as if they were the command line); return the exit status.
+
+    `run_dir`: a single run's directory, made before Hydra starts; a signal before the run
+    could record its end leaves summary.json there (interrupted), as in a sweep's job's.
+    """
     GlobalHydra.instance().clear()  # the checks may have composed in-process
     OUTCOME.start()
     last_statuses.clear()
@@ -128,7 +133,10 @@ def run_hydra(args: list[str]) -> int:
     try:
         with interrupts_raise():
             _train()
-    except Interrupted as exc:  # between a sweep's jobs, or while Hydra starts one
+    except Interrupted as exc:  # before a run could record its end (its checks, its start), between a sweep's jobs
+        unended = OUTCOME.unended or run_dir
+        if unended is not None:  # its directory is listed as interrupted
+            record_interrupted_start(unended, exc.signal_name)
         print(f"clorch-train: {exc}", file=sys.stderr)
         return Status.INTERRUPTED.exit_code_after(exc.signum)
     except SystemExit as exc:  # Hydra exits after --help and on its own errors

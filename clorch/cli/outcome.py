@@ -31,14 +31,20 @@ class Outcome:
     is_sweep: bool = False
     as_rank: bool = False  # this process was one rank of an outside launcher's job
     hosted_agent: bool = False  # this process ran torch's elastic agent (launcher=torchrun)
+    unended: str | None = None  # the run directory of a run that started and has not ended yet
 
     def start(self) -> None:
         """Forget earlier runs' endings (the command line and the mode are kept)."""
         self.runs.clear()
         self.interrupted_by = None
+        self.unended = None
+
+    def started(self, run_dir: str) -> None:
+        self.unended = str(run_dir)
 
     def ended(self, status: Status, run_dir: str) -> None:
         self.runs.append(Ended(str(run_dir), status))
+        self.unended = None
 
     def interrupted(self, signum: int) -> None:
         if self.interrupted_by is None:

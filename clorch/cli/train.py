@@ -147,7 +147,8 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     footprint = None if multirun else footprint
     run_dir.hold(footprint)
     try:
-        return run_hydra([*(as_hydra_overrides(overrides) if multirun else hydra_overrides(overrides)), *extra, *flags])
+        args = [*(as_hydra_overrides(overrides) if multirun else hydra_overrides(overrides)), *extra, *flags]
+        return run_hydra(args, run_dir=footprint.path if footprint else None)
     finally:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)

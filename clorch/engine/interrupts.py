@@ -113,9 +113,6 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
             from the run directory's .hydra/overrides.yaml instead).
         base: the directory clorch-train was started from (default: the working directory).
     """
-    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
-    from clorch.engine.checkpoints import checkpoint_dir
-
     if cfg.checkpoint.policy != "periodic":
         return (
             f"checkpoint.policy is {cfg.checkpoint.policy}, so no checkpoint was written: "
@@ -123,8 +120,7 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
         )
     base = os.getcwd() if base is None else base
     run_dir = Path(base, run_dir).resolve()
-    directory = Path(base, checkpoint_dir(cfg, run_dir)).resolve()
-    found = any_step_checkpoints(directory)
+    directory, found = _step_checkpoints(cfg, run_dir, base)
     if not found:
         return f"no checkpoint was written yet in {directory}: a new run starts from the beginning"
     args = _job_args(argv, run_dir)
@@ -136,6 +132,25 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
         cd=False,
     )
     return f"the latest checkpoint is step {found[0][0]}; resume with: {command}"
+
+
+def _step_checkpoints(cfg: Any, run_dir: Path, base: str) -> tuple[Path, list[tuple[int, Path]]]:
+    """The run's checkpoint directory (absolute) and its step checkpoints, newest first."""
+    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
+    from clorch.engine.checkpoints import checkpoint_dir
+
+    directory = Path(base, checkpoint_dir(cfg, Path(base, run_dir).resolve())).resolve()
+    return directory, any_step_checkpoints(directory)
+
+
+def step_reached(cfg: Any, run_dir: Path, logged: int, base: str | None = None) -> int:
+    """The step an interrupted run had reached, as far as its files tell: its last logged step
+    (`logged`) or its newest step checkpoint, whichever is later (the ranks stopped by the
+    signal report nothing, and a checkpoint may come between two logged steps)."""
+    if cfg.checkpoint.policy != "periodic":
+        return logged
+    _, found = _step_checkpoints(cfg, run_dir, os.getcwd() if base is None else base)
+    return max(logged, found[0][0]) if found else logged
 
 
 def _job_args(argv: Sequence[str], run_dir: Path) -> list[str]:

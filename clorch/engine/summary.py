@@ -173,6 +173,15 @@ def write_summary(run_dir: Path, summary: RunSummary, plot: bool = True) -> bool
     return True
 
 
+def record_interrupted_start(run_dir: str | Path, signal_name: str) -> None:
+    """summary.json of a run that a signal stopped before it could record its end (its config
+    being checked, its ranks starting): interrupted at step 0, so that `clorch-runs ls` lists it.
+    A summary already written (the run's own) is kept; a directory that is gone stays gone."""
+    run_dir = Path(run_dir)
+    if run_dir.is_dir() and not (run_dir / "summary.json").exists():
+        write_summary(run_dir, RunSummary(status=Status.INTERRUPTED, steps=0, interrupted_by=signal_name), plot=False)
+
+
 def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
     run_dir.mkdir(parents=True, exist_ok=True)

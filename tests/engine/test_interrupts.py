@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clorch.runs.cli import run_cli
 from tests.harness import free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
 
@@ -33,11 +34,20 @@ def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
         time.sleep(0.1)
 
 
+def _wait_for_hydra(run_dir: Path, proc: CliProcess) -> None:
+    """Until Hydra has made the run directory: the run is being checked, nothing is launched yet."""
+    deadline = time.monotonic() + 120
+    while not (run_dir / ".hydra").is_dir():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no run directory within 120 s"
+        time.sleep(0.01)
+
+
 def _interrupt(cwd: Path, args: list[str], watched: Path, signals: list[int]) -> tuple[CliProcess, str]:
     """`clorch-train ARGS` in `cwd`, `signals` sent (0.2 s apart) once `watched` (a run directory)
-    has a checkpoint; the ended process and its stderr."""
+    has a checkpoint (the "early" case: once Hydra has made it); the ended process and its stderr."""
     proc = start_clorch_train(args, cwd, env=_env())
-    _wait_for_a_checkpoint(watched, proc)
+    (_wait_for_hydra if cwd.name.startswith("early") else _wait_for_a_checkpoint)(watched, proc)
     for signum in signals:
         proc.send_signal(signum)
         time.sleep(0.2)
@@ -60,6 +70,8 @@ def _command(case: str, cwd: Path) -> tuple[list[str], Path, list[int]]:
     if case == "torchrun":
         endpoint = f"launcher.rdzv_endpoint=127.0.0.1:{free_port()}"
         return [*ARGS, "launcher=torchrun", endpoint, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
+    if case == "early":
+        return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
     return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", SIGNALS[case]
 
 
@@ -68,7 +80,7 @@ def signalled(tmp_path_factory) -> dict[str, tuple[Path, CliProcess, str]]:
     """{case: (its working directory, the ended process, its stderr)} for each case of SIGNALS, a
     sweep and a launcher=torchrun run: all side by side, each signalled once it has a checkpoint (a
     thread each). The "int" run is also the one test_the_printed_command_resumes_the_run resumes."""
-    cases = [*SIGNALS, "sweep", "torchrun"]
+    cases = [*SIGNALS, "sweep", "torchrun", "early"]
     dirs = {case: tmp_path_factory.mktemp(case) for case in cases}
     with ThreadPoolExecutor(len(cases)) as pool:
         ended = {case: pool.submit(_interrupt, dirs[case], *_command(case, dirs[case])) for case in cases}
@@ -84,6 +96,9 @@ def test_a_signal_ends_the_run_cleanly(signals, signalled):
     assert proc.returncode == 128 + signals[0], stderr
     assert f"clorch-train: interrupted by {name} after step" in stderr
     assert "resume with: clorch-train" in stderr
+    # The step named is the one reached: never before the checkpoint the hint resumes.
+    reached = int(stderr.split(" after step ", 1)[1].split()[0])
+    assert reached >= int(stderr.split("the latest checkpoint is step ", 1)[1].split(";")[0])
     assert "Traceback" not in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["interrupted_by"] == name
@@ -119,3 +134,16 @@ def test_an_interrupt_under_launcher_torchrun_is_recorded_too(signalled):
     assert "clorch-train: interrupted by SIGINT after step" in stderr and "resume with:" in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["launcher"] == "torchrun"
+
+
+def test_an_interrupt_before_launch_leaves_a_run_listed_as_interrupted(signalled, capsys):
+    """Ctrl-C while the run is checked (its directory made, no rank started): summary.json says
+    interrupted, so `clorch-runs ls` lists the run."""
+    tmp_path, proc, stderr = signalled["early"]
+    assert proc.returncode == 130, stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGINT"
+    capsys.readouterr()
+    assert run_cli(["ls", "--root", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["status"] == "interrupted"
