@@ -48,6 +48,7 @@ from clorch.plan.resume import RECORD_KEY, batch_counts, run_record
 from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
+from clorch.engine.batch_statistics import world_size_warning
 from clorch.engine.components import TRAINING_STREAM, Components
 from clorch.engine.loop import LoopState
 from clorch.engine.outputs import announce
@@ -204,8 +205,10 @@ def restore(parts: Components, path: Path, seed: int) -> LoopState:
     saved_world = saved_world if type(saved_world) is int and saved_world >= 1 else parts.world_size
     _check_training_state(path, saved, saved_world)
     note = _check_global_batch(path, record, parts)
+    warning = None
     if saved_world != parts.world_size:
         reseed_for(seed, parts.rank, saved["step"])
+        warning = world_size_warning(parts.raw_model, saved_world, parts.world_size, parts.accumulation)
     scheduler_state = saved.get("scheduler")
     if scheduler_state:
         parts.scheduler.load_state_dict(scheduler_state)
@@ -229,6 +232,7 @@ def restore(parts: Components, path: Path, seed: int) -> LoopState:
         window_samples=int(saved.get("window_samples", 0)) * saved_world // parts.world_size,
         resumed_run_dir=saved.get("run_dir") or _run_dir_of(path),
         resume_note=note,
+        resume_warning=warning,
     )
 
 

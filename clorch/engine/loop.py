@@ -148,6 +148,9 @@ class LoopState:
     resumed_run_dir: str | None = None
     # On resume onto another world size: what kept the global batch, one line (clorch.engine.checkpoints).
     resume_note: str | None = None
+    # On resume onto another world size of a model with batch statistics: what differs from the
+    # uninterrupted run, one line for the console (clorch.engine.batch_statistics).
+    resume_warning: str | None = None
 
 
 def _add_norm(state: LoopState, norm: torch.Tensor | None) -> None:

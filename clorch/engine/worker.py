@@ -184,6 +184,9 @@ def _start(
         # Announced before metrics.jsonl is written: the console then knows which of its
         # records are carried over (and shows this line instead of them).
         announce(run_dir, message + note, **fields)
+        if state.resume_warning:  # a `clorch: warning: ...` line on the console, and in events.jsonl
+            print(state.resume_warning, flush=True)
+            announce(run_dir, state.resume_warning, batch_statistics=True)
     return state, str(path), history
 
 

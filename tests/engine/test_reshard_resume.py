@@ -13,6 +13,10 @@ round's launches run at once, so a 1-rank run shares the 2 cores with another):
    which ddp1 wrote in the middle of the epoch it continued from 2 ranks; and a
    resume on 3 ranks, refused before launch.
 
+Beside rounds 1 and 2, `bn2` and `bn1` do what ddp2 and ddp1 do with a BatchNorm model
+(tests.models.state_models.NormDropoutNet, without dropout): the resume is warned of, and
+differs from the uninterrupted run as docs/scale-out.md says.
+
 A resumed run's checkpoint is what a run stopped right after that step leaves
 (checkpoints are atomic, and nothing after a step changes what it saved), so
 each reference is the run whose checkpoint is resumed: ddp2 for ddp1, ddp1 for
@@ -72,13 +76,19 @@ JOB = [
 ]
 STEPS = 12  # 96 samples / a global batch of 16, x 2 epochs
 WEIGHT_ATOL, LOSS_RTOL = 1e-6, 1e-5
+# The same job with a BatchNorm model (hidden width 16 too) in place of the MLP.
+BATCH_NORM = [
+    *(a for a in JOB if not a.startswith("model")),
+    "model._target_=tests.models.state_models.NormDropoutNet",
+    "model.dropout=0.0",
+]
 
 
-def _start(tmp: Path, name: str, *args: str):
+def _start(tmp: Path, name: str, *args: str, job: list[str] = JOB):
     run = tmp / name
     run.mkdir(parents=True)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return name, start_clorch_train([*JOB, *args, f"hydra.run.dir={run / 'run'}"], run, env=env)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "CLORCH_TRUSTED_MODULES": "tests"}
+    return name, start_clorch_train([*job, *args, f"hydra.run.dir={run / 'run'}"], run, env=env)
 
 
 def _finish(*started) -> dict[str, subprocess.CompletedProcess]:
@@ -92,12 +102,14 @@ def _finish(*started) -> dict[str, subprocess.CompletedProcess]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reshard")
-    dirs = {name: tmp / name / "run" for name in ("ddp2", "fsdp2", "ddp1", "fsdp1", "ddp2b", "refused")}
+    names = ("ddp2", "fsdp2", "ddp1", "fsdp1", "ddp2b", "refused", "bn2", "bn1")
+    dirs = {name: tmp / name / "run" for name in names}
     done = _finish(
         _start(tmp, "ddp2", "launcher.nproc_per_node=2", "checkpoint.every_n_steps=2"),
         _start(tmp, "fsdp2", "launcher.nproc_per_node=2", "parallel=fsdp", "checkpoint.every_n_steps=4"),
+        _start(tmp, "bn2", "launcher.nproc_per_node=2", "checkpoint.every_n_steps=2", job=BATCH_NORM),
     )
-    for name in ("ddp2", "fsdp2"):
+    for name in ("ddp2", "fsdp2", "bn2"):
         assert done[name].returncode == 0, done[name].stderr
     done |= _finish(
         _start(
@@ -115,8 +127,17 @@ def runs(tmp_path_factory):
             "checkpoint.every_n_steps=4",
             f"checkpoint.resume={dirs['fsdp2'] / 'checkpoints' / 'step_00000004.dcp'}",
         ),
+        _start(
+            tmp,
+            "bn1",
+            "launcher.nproc_per_node=1",
+            "checkpoint.every_n_steps=2",
+            "logger.progress=lines",  # the console shows the run's events
+            f"checkpoint.resume={dirs['bn2'] / 'checkpoints' / 'step_00000002.ckpt'}",
+            job=BATCH_NORM,
+        ),
     )
-    for name in ("ddp1", "fsdp1"):
+    for name in ("ddp1", "fsdp1", "bn1"):
         assert done[name].returncode == 0, done[name].stderr
     done |= _finish(
         _start(
@@ -179,6 +200,37 @@ def test_two_ranks_resumed_on_one_reach_the_uninterrupted_weights(runs):
     assert _config_accumulation(dirs["ddp1"]) == 2
     events = [json.loads(x) for x in (dirs["ddp1"] / "events.jsonl").read_text().splitlines()]
     assert [e.get("resharded") for e in events if "resharded" in e] == [line.removeprefix("clorch: resume: ")]
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_batch_norm_resumed_on_another_world_size_is_warned_of_and_differs_as_documented(runs):
+    done, dirs = runs
+    assert done["bn1"].returncode == 0, done["bn1"].stderr
+    assert _summary(dirs["bn1"])["steps"] == STEPS
+    # The console and events.jsonl say which module and what differs; a model without BatchNorm gets no such line.
+    line = (
+        "clorch: warning: NormDropoutNet's batch statistics (norm) do not carry over from 2 to 1 rank(s): each "
+        "step's samples are grouped into other micro-batches, which BatchNorm normalizes by their own statistics, "
+        "and the running statistics now move 2 time(s) a step, from other micro-batches; losses, weights, running "
+        "statistics and eval leave the uninterrupted run's (docs/scale-out.md, What is kept)"
+    )
+    assert line in done["bn1"].stderr, done["bn1"].stderr  # the progress's stream
+    assert [e["message"] for e in _events(dirs["bn1"]) if e.get("batch_statistics")] == [line.removeprefix("clorch: ")]
+    assert not any(e.get("batch_statistics") for e in _events(dirs["ddp1"]))
+    # What the warning says, against the uninterrupted run: the same schedule, and the same samples
+    # each step (the carried records are bn2's own); the running statistics moved once a step on
+    # 2 ranks (rank 0's forwards) and twice a step on 1 rank after step 2; the weights left bn2's.
+    ours, ref = _train_records(dirs["bn1"]), _train_records(dirs["bn2"])
+    assert [ours[s]["lr"] for s in range(1, STEPS + 1)] == [ref[s]["lr"] for s in range(1, STEPS + 1)]
+    assert [ours[s]["loss"] for s in (1, 2)] == [ref[s]["loss"] for s in (1, 2)]
+    mine, theirs = _weights(dirs["bn1"]), _weights(dirs["bn2"])
+    assert theirs["norm.num_batches_tracked"].item() == STEPS
+    assert mine["norm.num_batches_tracked"].item() == 2 + 2 * (STEPS - 2)
+    assert (mine["inp.weight"] - theirs["inp.weight"]).abs().max() > 100 * WEIGHT_ATOL
+    assert not torch.equal(mine["norm.running_var"], theirs["norm.running_var"])
 
 
 def test_one_rank_resumed_on_two_reaches_the_uninterrupted_weights(runs):
