@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import clorch.distributed as cd
 from clorch.amp import MixedPrecision
 from clorch.bench import runner_dataset
+from clorch.bench import runner_variants as variants
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
 from clorch.config.schema import COMPILE_MODES, TrainConfig
@@ -60,7 +61,9 @@ from clorch.optim import build_optimizer, build_scheduler
 
 PRESETS = {
     "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
+    "gpt-1b": dict(vocab_size=50304, seq_len=1024, n_layer=18, n_head=16, d_model=2048),  # about 1.0B parameters
     "tiny": dict(vocab_size=512, seq_len=64, n_layer=2, n_head=2, d_model=64),
+    "llama-tiny": dict(vocab_size=32000, seq_len=1024),  # a Hugging Face Llama (runner_variants): --variants hf,liger
 }
 
 
@@ -126,6 +129,17 @@ def parser() -> argparse.ArgumentParser:
         help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)",
     )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
+    p.add_argument(
+        "--variants",
+        type=lambda text: [v for v in text.split(",") if v],
+        default=[],
+        help="more clorch loops in the same rounds (runner_variants): fused, fp8, fp8-fused; hf, liger "
+        "with --preset llama-tiny",
+    )
+    p.add_argument("--chunk-size", type=int, default=8192, help="fused variants: tokens per chunk (loss.chunk_size)")
+    p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise")
+    p.add_argument("--fp8-min-features", type=int, default=1024, help="fp8 variants: precision.min_features")
+    p.add_argument("--no-plain", action="store_true", help="leave out the plain loop (memory for large models)")
     return p
 
 
@@ -168,10 +182,12 @@ def _plain_runner(model, task: RandomTokens, opts: dict, device: torch.device):
     return run
 
 
-def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, run_dir: Path):
+def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, run_dir: Path, wrap=None):
     task = copy.copy(task)  # the plain loop keeps the host copy; the engine places its own
     place_task(task, device)
     task.compile_loss = opts["compile"] and opts["compile_mode"]  # as the engine does with compile: true
+    task = wrap(task) if wrap is not None else task  # a variant's loss (runner_variants.variant_task)
+    run_dir.mkdir(parents=True, exist_ok=True)
     inner = torch.compile(model, mode=compile_mode_arg(opts["compile_mode"])) if opts["compile"] else model
     ddp = DistributedDataParallel(inner)
     optimizer = build_optimizer("adamw", model.parameters(), lr=3e-4, weight_decay=0.1)
@@ -200,54 +216,91 @@ def _clorch_runner(model, task: RandomTokens, opts: dict, device: torch.device, 
     return run, writer
 
 
-def _time_block(run, steps: int, device: torch.device) -> float:
+def _time_block(run, steps: int, device: torch.device) -> tuple[float, float]:
+    """(seconds, peak bytes allocated during the block; 0 on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     run(steps)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+        return time.perf_counter() - start, float(torch.cuda.max_memory_allocated(device))
+    return time.perf_counter() - start, 0.0
+
+
+def _build_runners(opts: dict, device: torch.device, task: RandomTokens, tmp: Path):
+    """{loop name: run(steps)}, {loop name: its raw model}, clorch's metrics writer and task."""
+    runners, models, writers = {}, {}, []
+    if opts["preset"] in variants.HF_PRESETS:
+        config = None
+    else:
+        config, plain_model, clorch_model = _models(opts, device)
+        if opts["data"] == "dataset":
+            dataset = runner_dataset.TokenWindows.written(task.data, tmp / f"tokens-{cd.rank()}.bin")
+            if not opts["no_plain"]:
+                runners["plain"] = runner_dataset.plain_runner(_torch_ddp(plain_model, device), dataset, opts, device)
+            task = runner_dataset.clorch_task(dataset, opts, device)
+        elif not opts["no_plain"]:
+            runners["plain"] = _plain_runner(_torch_ddp(plain_model, device), task, opts, device)
+        if "plain" in runners:
+            models["plain"] = plain_model
+        runners["clorch"], writer = _clorch_runner(clorch_model, task, opts, device, tmp / "clorch")
+        models["clorch"] = clorch_model
+        writers.append(writer)
+    for name in opts["variants"]:
+        model = variants.variant_model(name, config, opts, device)
+        wrap = variants.OwnLossTask if variants.own_loss(name) else None
+        runners[f"clorch+{name}"], writer = _clorch_runner(model, task, opts, device, tmp / name, wrap=wrap)
+        models[f"clorch+{name}"] = model
+        writers.append(writer)
+    return runners, models, writers, tmp / ("clorch" if config is not None else opts["variants"][0])
+
+
+def _interleaved(runners: dict, opts: dict, device: torch.device, tokens_per_step: int):
+    """Alternating timed blocks (A B, B A, ...): tokens/s of each block and each loop's peak memory."""
+    samples_s: dict[str, list[float]] = {name: [] for name in runners}
+    peaks: dict[str, float] = {name: 0.0 for name in runners}
+    for r in range(opts["rounds"]):
+        order = list(runners) if r % 2 == 0 else list(reversed(runners))
+        for name in order:
+            seconds, peak = _time_block(runners[name], opts["steps"], device)
+            samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
+            peaks[name] = max(peaks[name], peak)
+    return samples_s, peaks
 
 
 def worker(ctx: dict) -> dict:
-    """Run both loops interleaved on this rank's device and return the results (every rank calls it)."""
+    """Run every loop interleaved on this rank's device and return the results (every rank calls it)."""
     opts = ctx["args"]
     device = cd.device() if opts["device"] == "cuda" else torch.device("cpu")
-    config, plain_model, clorch_model = _models(opts, device)
-    plain_net = _torch_ddp(plain_model, device)
+    preset = PRESETS[opts["preset"]]
+    opts = {**opts, "seq_len": preset["seq_len"]}
     samples = max(64, opts["batch_size"] * 8)
-    task = RandomTokens(samples, config.seq_len, config.vocab_size)
-    tokens_per_step = opts["batch_size"] * config.seq_len * cd.world_size()
+    task = RandomTokens(samples, preset["seq_len"], preset["vocab_size"])
+    tokens_per_step = opts["batch_size"] * preset["seq_len"] * cd.world_size()
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
-        if opts["data"] == "dataset":
-            dataset = runner_dataset.TokenWindows.written(task.data, Path(tmp) / f"tokens-{cd.rank()}.bin")
-            runners = {"plain": runner_dataset.plain_runner(plain_net, dataset, opts, device)}
-            task = runner_dataset.clorch_task(dataset, opts, device)
-        else:
-            runners = {"plain": _plain_runner(plain_net, task, opts, device)}
-        runners["clorch"], writer = _clorch_runner(clorch_model, task, opts, device, Path(tmp))
+        runners, models, writers, metrics_dir = _build_runners(opts, device, task, Path(tmp))
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
-        samples_s: dict[str, list[float]] = {name: [] for name in runners}
         with GpuMonitor(device, interval_ms=opts["gpu_sample_ms"]) as monitor:
-            for r in range(opts["rounds"]):
-                order = list(runners) if r % 2 == 0 else list(reversed(runners))
-                for name in order:
-                    seconds = _time_block(runners[name], opts["steps"], device)
-                    samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
-        writer.close()
-        metrics_lines = sum(1 for _ in open(Path(tmp) / "metrics.jsonl"))
-    flops = plain_model.flops_per_token()
+            samples_s, peaks = _interleaved(runners, opts, device, tokens_per_step)
+        for writer in writers:
+            writer.close()
+        metrics_lines = sum(1 for _ in open(metrics_dir / "metrics.jsonl"))
+    first = next(iter(models.values()))
+    flops = first.flops_per_token()
     tps = {name: median(v) for name, v in samples_s.items()}
     peak = opts["peak_tflops"] * 1e12 * cd.world_size()
     return {
         "tokens_per_s": tps,
         "samples": samples_s,
-        "ratio": tps["clorch"] / tps["plain"],
+        "ratio": tps["clorch"] / tps["plain"] if "plain" in tps and "clorch" in tps else None,
         "mfu": {n: t * flops / peak for n, t in tps.items()},
+        "peak_memory": peaks,
+        "fixed_batch_loss": {n: variants.fixed_batch_loss(m, task, device) for n, m in models.items()},
         "world_size": cd.world_size(),
-        "params": plain_model.num_parameters(),
+        "params": first.num_parameters(),
         "metrics_lines": metrics_lines,
         "gpu": monitor.summary(),
         "gpu_problem": monitor.problem,
@@ -256,16 +309,39 @@ def worker(ctx: dict) -> dict:
 
 
 def report(result: dict, opts: dict) -> str:
-    rows = [[name, result["tokens_per_s"][name], f"{100 * result['mfu'][name]:.1f}%"] for name in ("plain", "clorch")]
+    rows = [
+        [
+            name,
+            result["tokens_per_s"][name],
+            f"{100 * result['mfu'][name]:.1f}%",
+            variants.memory_row(result["peak_memory"], name),
+            f"{result['fixed_batch_loss'][name]:.4f}",
+        ]
+        for name in result["tokens_per_s"]
+    ]
+    extra = ""
+    if opts["variants"]:
+        extra = (
+            f", variants {','.join(opts['variants'])} (chunk {opts['chunk_size']} tokens, fp8 "
+            f"{opts['fp8_recipe']} from {opts['fp8_min_features']} features)"
+        )
     head = (
         f"runner: {opts['preset']} ({result['params'] / 1e6:.1f}M params), batch "
         f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
         f"({opts['compile_mode']}), "
-        f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}, "
+        f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}"
+        f"{extra}, "
         f"{result['device']} x {result['world_size']}; median of {opts['rounds']} blocks x {opts['steps']} steps"
     )
-    table = format_table(["loop", "tokens/s", "MFU"], rows)
-    text = f"{head}\n{table}\nratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
+    table = format_table(["loop", "tokens/s", "MFU", "peak GiB", "loss after"], rows)
+    text = f"{head}\n{table}\n"
+    if result["ratio"] is not None:
+        text += f"ratio clorch/plain tokens/s: {result['ratio']:.4f}\n"
+    for name in result["tokens_per_s"]:
+        if name.startswith("clorch+") and "clorch" in result["tokens_per_s"]:
+            text += (
+                f"ratio {name}/clorch tokens/s: {result['tokens_per_s'][name] / result['tokens_per_s']['clorch']:.4f}\n"
+            )
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
         text += describe(result["gpu"], result["gpu_problem"]) + "\n"
     return text
@@ -289,6 +365,7 @@ def _check(opts: dict, p: argparse.ArgumentParser) -> None:
     ]
     if not opts["peak_tflops"] > 0:
         errors.append(f"--peak-tflops must be > 0, got {opts['peak_tflops']}")
+    errors += variants.check_variants(opts)
     if opts["device"] == "cuda" and not torch.cuda.is_available():
         errors.append("--device cuda: no CUDA device here (HINT: --device cpu --preset tiny for a smoke run)")
     elif opts["device"] == "cuda" and opts["nproc"] > torch.cuda.device_count():
