@@ -323,7 +323,7 @@ def plot_sweep(sweep_dir: Path) -> None:
 
         matplotlib.use("Agg")
         import optuna  # lazy: a sweep with an Optuna study only
-        import optuna.visualization.matplotlib as plots
+        import optuna.visualization.matplotlib as plots  # lazy: as optuna
 
         storage = f"sqlite:///{study_file.resolve()}"
         for name in optuna.get_all_study_names(storage):

@@ -28,7 +28,7 @@ from clorch.engine.components import Components, build_components
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
-from clorch.sweep.trial import Pruned, TrialLink, TrialReporter
+from clorch.engine.trial import Pruned, TrialLink, TrialReporter
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -74,7 +74,7 @@ class StepHooks:
         self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
-        link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.sweep.trial)
+        link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.engine.trial)
         self.reporter = None if link is None else TrialReporter(link, parts.rank, self._agreed)
 
     def _agreed(self, flag: bool) -> bool:

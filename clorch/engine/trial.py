@@ -1,6 +1,6 @@
 """A sweep's trial, seen from its ranks: report the objective at each eval, stop when pruned.
 
-The Optuna sweeper (clorch.sweep.optuna_sweeper) starts each trial with the
+The Optuna sweeper (clorch.sweep.study) starts each trial with the
 environment variable CLORCH_TRIAL: a JSON object naming the study (`storage`,
 `study`), the trial (`trial_id`), the metric to report (`objective`) and the
 pruner (`pruner`, `min_trials`). It is inherited by the trial's ranks. At every
