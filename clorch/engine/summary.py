@@ -17,7 +17,8 @@ import yaml
 
 from clorch._files import write_text_atomic
 from clorch.plan.plan import Plan
-from clorch.engine.outputs import env_record, plot_loss, read_metrics, write_json
+from clorch.plan.resume import nothing_to_resume
+from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics, write_json
 from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
 from clorch.status import Status
 
@@ -183,8 +184,13 @@ def record_interrupted_start(run_dir: str | Path, signal_name: str) -> None:
 
 
 def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
-    """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`)."""
+    """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`);
+    a `checkpoint.resume=latest` that finds nothing to resume says so in events.jsonl (the console
+    showed it in the plan's description)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    nothing = nothing_to_resume(plan.config, run_dir)
+    if nothing is not None:  # the line as the console showed it (the directory may exist by now)
+        announce(run_dir, plan.resume_note or nothing, resumed_from=None)
     # Atomic: under launcher=torchrun every node writes it, while other nodes' ranks may read it.
     write_text_atomic(
         run_dir / "config.yaml",

@@ -48,7 +48,8 @@ class ResumeFit:
 
     `accumulation` keeps the checkpoint's global batch on this world size (None: no
     checkpoint to resume, or one that does not record its batch); `note` is the one line
-    that says what a resume onto another world size (or a configured accumulation) changed.
+    that says what a resume onto another world size (or a configured accumulation) changed,
+    or that `checkpoint.resume=latest` found nothing to resume.
     """
 
     errors: list[str] = field(default_factory=list)
@@ -75,6 +76,34 @@ def _newest(directory: Path | None, sharded: bool) -> Path | None:
     return max(committed)[1] if committed else None
 
 
+def _resume_dir(cfg: Any, run_dir: Path | None) -> Path | None:
+    """Where `latest` (and a restart) looks: checkpoint.dir, else <run dir>/checkpoints."""
+    ckpt = cfg.checkpoint
+    return Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
+
+
+def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
+    """The line that says `checkpoint.resume=latest` found no checkpoint (the run starts from
+    step 0, as the first run of a `latest` command line does), or None.
+
+    A directory that does not exist is not refused (the first run of the command that
+    resumes itself has none yet: it is created for the run's checkpoints), but it is
+    named, so that a misspelt checkpoint.dir shows before training starts.
+    """
+    if cfg.checkpoint.resume != "latest" or restart_count() > 0:
+        return None
+    directory = _resume_dir(cfg, run_dir)
+    if directory is None or _newest(directory, cfg.parallel.shards) is not None:
+        return None
+    kind = "sharded checkpoint (.dcp)" if cfg.parallel.shards else "step checkpoint"
+    where = (
+        f"{directory.absolute()} does not exist (it is created for this run's checkpoints)"
+        if not directory.exists()
+        else f"no {kind} in {directory.absolute()}"
+    )
+    return f"checkpoint.resume=latest: nothing to resume: {where}; training starts from step 0"
+
+
 def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
     """The checkpoint the ranks will start from, as the launching process sees it now.
 
@@ -85,8 +114,7 @@ def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
     if ckpt.resume == "none" and restart_count() == 0:
         return None
     if restart_count() > 0 or ckpt.resume == "latest":
-        directory = Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
-        newest = _newest(directory, cfg.parallel.shards)
+        newest = _newest(_resume_dir(cfg, run_dir), cfg.parallel.shards)
         if newest is not None or ckpt.resume in ("latest", "none"):
             return newest
     return Path(ckpt.resume).expanduser()
@@ -212,7 +240,7 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
     """
     path = _candidate(cfg, run_dir)
     if path is None or not path.exists():
-        return ResumeFit()
+        return ResumeFit(note=nothing_to_resume(cfg, run_dir))
     key = f"checkpoint.resume={cfg.checkpoint.resume}"
     if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
         key += f" ({path})"

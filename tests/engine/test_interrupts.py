@@ -72,6 +72,8 @@ def _command(case: str, cwd: Path) -> tuple[list[str], Path, list[int]]:
         return [*ARGS, "launcher=torchrun", endpoint, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
     if case == "early":
         return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", [signal.SIGINT]
+    if case == "int":  # nothing to resume yet: the run says so, and starts from step 0
+        return [*ARGS, "checkpoint.resume=latest", f"hydra.run.dir={cwd / 'run'}"], cwd / "run", SIGNALS[case]
     return [*ARGS, f"hydra.run.dir={cwd / 'run'}"], cwd / "run", SIGNALS[case]
 
 
@@ -109,6 +111,8 @@ def test_a_signal_ends_the_run_cleanly(signals, signalled):
 def test_the_printed_command_resumes_the_run(signalled):
     tmp_path, _, stderr = signalled["int"]
     run_dir = tmp_path / "run"
+    first = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+    assert first["message"].startswith("checkpoint.resume=latest: nothing to resume: ")
     command = shlex.split(stderr.split("resume with: ", 1)[1].splitlines()[0])
     assert command[0] == "clorch-train" and command[-1] == "checkpoint.resume=latest"
     resumed_dir = tmp_path / "resumed"

@@ -160,3 +160,20 @@ def test_sharded_latest_is_the_newest_committed_directory(tmp_path):
     (sharded_step_path(run_dir / "checkpoints", 6)).mkdir()  # a save that never committed
     plan, errors = _plan("parallel=fsdp", "launcher.nproc_per_node=1", "checkpoint.resume=latest", run_dir=run_dir)
     assert errors == [] and plan.config.accumulation == 4
+
+
+def test_resume_latest_with_nothing_to_resume_says_so(tmp_path):
+    """A misspelt checkpoint.dir is not a silent fresh start: the plan's description names it."""
+    missing = tmp_path / "checkpoint"
+    args = [
+        "checkpoint=periodic",
+        "checkpoint.every_n_steps=2",
+        f"checkpoint.dir={missing}",
+        "checkpoint.resume=latest",
+    ]
+    plan, errors = _plan(*args)
+    assert errors == [] and plan.resume_note.startswith("checkpoint.resume=latest: nothing to resume: ")
+    assert f"{missing} does not exist" in plan.resume_note and plan.resume_note.endswith("starts from step 0")
+    assert f"clorch: {plan.resume_note}" in plan.describe()
+    missing.mkdir()
+    assert f"no step checkpoint in {missing};" in _plan(*args)[0].resume_note
