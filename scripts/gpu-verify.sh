@@ -5,6 +5,8 @@
 # Installs clorch (and the carried hydra/omegaconf wheels in .whl/, when present)
 # into /tmp/site, records the environment, runs the `cuda` test tier, one recipe
 # end to end and the GPU benchmarks, and writes everything under OUTDIR.
+# STAGES="fast fused fp8 liger" runs the fused loss, float8 and Liger measurements (each fits one call);
+# fp8 and liger need torchao and liger-kernel wheels in .whl/ (docs/performance.md says which).
 set -uo pipefail
 OUTDIR=${1:-${OUT:-/tmp/clorch-gpu}}
 mkdir -p "$OUTDIR"
@@ -20,7 +22,13 @@ print("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="s
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
 print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
 for i in range(torch.cuda.device_count()):
-    print("gpu", i, torch.cuda.get_device_name(i))
+    print("gpu", i, torch.cuda.get_device_name(i), "capability", torch.cuda.get_device_capability(i))
+import importlib.metadata as md
+for name in ("torchao", "liger-kernel", "transformers", "triton"):  # the fast stage's extras
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        print(name, "not installed")
 PY
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUTDIR/env.txt" ;;
 tests)
@@ -49,5 +57,22 @@ sharded)
   (cd /tmp && run gpt_fp16-fsdp clorch-train +recipe=gpt_bf16 parallel=fsdp precision=fp16 max_steps=1024 logger.progress=lines) 2>&1 | grep -E "^step .*eval|clorch-train:|===" | tail -6 | tee "$OUTDIR/gpt_fp16_fsdp.txt" ;;
 large)
   for preset in refused offload; do OUT="$OUTDIR/large-$preset" PRESET=$preset run "large-$preset" bash scripts/gpu-large-model.sh; done 2>&1 | tail -60 | tee "$OUTDIR/large.txt" ;;
+fused)
+  # GPT-2 small, bf16, compiled, 16 x 1024: the plain loop, clorch and clorch with loss=chunked_cross_entropy
+  run fused clorch-bench runner --compile --variants fused ${FUSED_ARGS:-} 2>&1 | tee "$OUTDIR/bench_fused.txt" ;;
+fp8)
+  # needs torchao (carried in .whl/). A GPT of about 1B parameters, bf16 against precision=fp8, compiled,
+  # the same steps (its "loss after" column: 0.02 apart at most); then GPT-2 small under fp8 with the default
+  # layer choice (min 1024 features: no layer of GPT-2 small converts) and with every inner layer converted.
+  run fp8-1b clorch-bench runner --compile --preset gpt-1b --batch-size 4 --no-plain --variants fp8 ${FP8_ARGS:-} 2>&1 | tee "$OUTDIR/bench_fp8_1b.txt"
+  run fp8-small clorch-bench runner --compile --no-plain --variants fp8,fp8-fused 2>&1 | tee "$OUTDIR/bench_fp8_small.txt"
+  run fp8-small-all clorch-bench runner --compile --no-plain --variants fp8 --fp8-min-features 16 2>&1 | tee "$OUTDIR/bench_fp8_small_all.txt" ;;
+liger)
+  # needs liger-kernel (carried in .whl/) and transformers: a small Llama through Hugging Face, its own loss,
+  # without and with Liger-Kernel's patches
+  run liger clorch-bench runner --compile --preset llama-tiny --batch-size 8 --variants hf,liger 2>&1 | tee "$OUTDIR/bench_liger.txt" ;;
+fast)
+  # the cuda tests of the fused loss, fp8 and Liger alone (the tests stage runs them with the rest)
+  run fast-tests $PY -m pytest -q -m cuda -p no:cacheprovider tests/cuda/test_cuda_fast_options.py 2>&1 | tee "$OUTDIR/tests_fast.txt" ;;
 *) echo "unknown stage $stage" ;;
 esac; done
