@@ -369,3 +369,43 @@ def test_wandb_offline_follows_wandb_dir_project_and_entity(tmp_path, wandb_home
     assert not (run_dir / "wandb").exists()
     (offline,) = (tmp_path / "elsewhere" / "wandb").glob("offline-run-*")
     assert list(offline.glob("run-*.wandb"))
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_opens_one_parent_run_its_trials_nest_under_and_groups_them_in_wandb(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    parent_keys = (
+        "CLORCH_MLFLOW_PARENT_RUN_ID",
+        "CLORCH_MLFLOW_PARENT_TRACKING_URI",
+        "CLORCH_MLFLOW_PARENT_EXPERIMENT",
+    )
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_RUN_GROUP", *parent_keys):
+        monkeypatch.delenv(key, raising=False)
+    sweep_dir = tmp_path / "multirun" / "2026-12-03" / "10-00-00"
+    logger = {"trackers": ["mlflow", "wandb"], **_kwargs()["settings"]}
+    env, close = trackers.sweep_environ(logger, sweep_dir)
+    assert env["WANDB_RUN_GROUP"] == "2026-12-03/10-00-00"  # W&B groups the trials by sweep
+    store = mlflow.MlflowClient(default_tracking_uri(sweep_dir / "0"))
+    parent = store.get_run(env["CLORCH_MLFLOW_PARENT_RUN_ID"])
+    assert (parent.info.run_name, parent.info.status) == ("2026-12-03/10-00-00", "RUNNING")
+    assert store.get_experiment(parent.info.experiment_id).name == "clorch-test"  # the trials' experiment
+
+    assert set(env) == {"WANDB_RUN_GROUP", *parent_keys}
+    for key, value in env.items():  # what each trial gets
+        monkeypatch.setenv(key, value)
+    (nested,) = build_trackers(["mlflow"], sweep_dir / "0", **_kwargs(run_name="2026-12-03/10-00-00/0"))
+    (elsewhere,) = build_trackers(["mlflow"], sweep_dir / "1", **_kwargs(experiment="other"))
+    assert (nested.parent, elsewhere.parent) == (parent.info.run_id, None)  # MLflow nests within an experiment
+    nested.start({"seed": 1})
+    nested.finish("completed", [])
+    assert store.get_run(nested.run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
+    close("interrupted")
+    assert store.get_run(parent.info.run_id).info.status == "KILLED"
+
+    for key in env:
+        monkeypatch.delenv(key)
+    again, close = trackers.sweep_environ(logger, sweep_dir)  # the same sweep, continued
+    assert again["CLORCH_MLFLOW_PARENT_RUN_ID"] == parent.info.run_id
+    close("completed")
+    assert store.get_run(parent.info.run_id).info.status == "FINISHED"
+    assert trackers.sweep_environ({**logger, "trackers": []}, sweep_dir)[0] == {}

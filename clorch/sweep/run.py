@@ -24,6 +24,7 @@ from clorch.sweep.checks import read_sweep
 from clorch.sweep.driver import HydraRunner, PoolRunner, TrialSpec, run_trials, say, summary_in
 from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
 from clorch.sweep.study import RESUME, _UNFINISHED, _writes_checkpoints
+from clorch.trackers import sweep_environ
 
 # The Hydra overrides a side-by-side trial (a clorch-train process of its own) takes over.
 TRIAL_HYDRA_KEYS = ("hydra.job.chdir", "hydra.job.name", "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging")
@@ -98,6 +99,35 @@ class _RankedSource:
         self.source.ended(spec, summary)
 
 
+class _TrackedSource:
+    """Every trial with the environment the sweep's trackers give it (clorch.trackers.sweep_environ)."""
+
+    def __init__(self, source: Any, env: dict[str, str]) -> None:
+        self.source, self.env = source, env
+
+    def next(self) -> TrialSpec | None:
+        spec = self.source.next()
+        return None if spec is None else TrialSpec(spec.number, spec.overrides, {**self.env, **spec.env}, spec.label)
+
+    def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
+        self.source.ended(spec, summary)
+
+
+def _run_tracked(config: DictConfig, source: Any, runner: HydraRunner | PoolRunner, sweep_dir: Path) -> None:
+    """Run the trials under the sweep's MLflow parent run or W&B group, closed however the sweep ends."""
+    logger = config.get("logger")
+    env, close = sweep_environ(OmegaConf.to_container(logger, resolve=True) if logger else {}, sweep_dir)
+    status = "failed"
+    try:
+        run_trials(_TrackedSource(source, env), runner, show_ends=isinstance(runner, PoolRunner))
+        status = "completed"
+    except KeyboardInterrupt:  # Ctrl-C, or clorch's Interrupted (SIGTERM, SIGHUP)
+        status = "interrupted"
+        raise
+    finally:
+        close(status)
+
+
 def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
     """Run the sweep that `config` (Hydra's multirun config) and its overrides describe.
 
@@ -122,5 +152,4 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
     if isinstance(runner, PoolRunner):
         say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
         source = _RankedSource(source, runner)
-    run_trials(source, runner, show_ends=isinstance(runner, PoolRunner))
-
+    _run_tracked(config, source, runner, sweep_dir)

@@ -16,6 +16,10 @@ with `@register` (clorch.trackers.base says how). Importing this package imports
 its modules, so `TRACKERS`, `missing_extras`, `build_trackers` and `tracker_folders` know
 the new tracker without a list to edit.
 
+Sweeps (`clorch-train -m`): `sweep_environ` is called once by the sweep's process before its
+first trial. MLflow opens a parent run named after the sweep directory and each trial's run is
+its child; W&B groups the trials' runs by the sweep (each tracker's `sweep_environ` says how).
+
 Who calls: one process of the job (clorch.engine.tracking says which: the launching
 process that follows rank 0's metrics.jsonl, or rank 0 once it has trained); nothing
 here is a collective, no rank waits on it.
@@ -34,10 +38,11 @@ without importing them.
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clorch.trackers.base import (
     DEFAULT_EXPERIMENT,
@@ -81,6 +86,7 @@ __all__ = [
     "registered",
     "resolve_wandb_mode",
     "run_name",
+    "sweep_environ",
     "tracker_folders",
     "wandb_target",
 ]
@@ -164,3 +170,40 @@ def tracker_folders() -> frozenset[str]:
     """The folders the registered trackers write in or beside run directories (mlartifacts,
     mlruns, wandb, ...): their copies of a run's files are not runs to clorch-runs."""
     return frozenset(folder for cls in registered().values() for folder in cls.folders)
+
+
+def sweep_environ(logger: Mapping[str, Any], sweep_dir: Path) -> tuple[dict[str, str], Callable[[str], None]]:
+    """What a sweep does for its trials' trackers, once, before its first trial (see the module).
+
+    Args:
+        logger: the sweep's composed `logger` section as a plain mapping (trackers, tracking_uri,
+            experiment, mode, ...); a sweep over these keys gets what its base config names.
+        sweep_dir: the sweep directory (SWEEP_DIR/N is trial N's run directory).
+
+    Returns:
+        The environment every trial gets (CLORCH_MLFLOW_PARENT_RUN_ID, WANDB_RUN_GROUP, ...; empty
+        without trackers) and the function to call once at the sweep's end with its status
+        ("completed", "interrupted" or "failed": MLflow's parent ends FINISHED, KILLED or FAILED).
+        Neither this nor the function raises: a tracker that fails warns once and is left out.
+    """
+    env: dict[str, str] = {}
+    closes: list[Callable[[str], None]] = []
+    known = registered()
+    for name in dict.fromkeys(logger.get("trackers") or ()):
+        if name not in known:
+            continue  # refused by the config's checks before any sweep starts
+        try:
+            extra, close = known[name].sweep_environ(Path(sweep_dir), logger)
+        except Exception as exc:  # a key missing from `logger`, a refused W&B mode: the trials say it too
+            logging.getLogger(__name__).warning(
+                "%s tracker: the sweep's setup failed (%s: %s)", name, type(exc).__name__, exc
+            )
+            continue
+        env.update(extra)
+        closes.append(close)
+
+    def close_all(status: str) -> None:
+        for close in closes:
+            close(status)
+
+    return env, close_all

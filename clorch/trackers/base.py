@@ -136,6 +136,20 @@ class BaseTracker:
         """The tracker of a run (not started): `settings` holds at least the keys `cls.logger_keys` names."""
         raise NotImplementedError
 
+    @classmethod
+    def sweep_environ(
+        cls, sweep_dir: Path, settings: Mapping[str, Any]
+    ) -> tuple[dict[str, str], Callable[[str], None]]:
+        """What a sweep of runs with this tracker does once, before its first trial: the environment
+        each trial gets (a parent run's id, a group's name) and a function the sweep calls at its end
+        with its status ("completed", "interrupted", "failed"). By default nothing and a no-op.
+
+        Args:
+            sweep_dir: the sweep directory (each trial's run directory is SWEEP_DIR/N).
+            settings: the sweep's `logger` section, as `from_settings` gets it.
+        """
+        return {}, _no_close
+
     def _env(self) -> Mapping[str, str]:
         return {}
 
@@ -181,6 +195,10 @@ class BaseTracker:
 
     def _finish(self, status: str, artifacts: list[Path]) -> None:
         raise NotImplementedError
+
+
+def _no_close(status: str) -> None:
+    pass
 
 
 _REGISTRY: dict[str, type[BaseTracker]] = {}

@@ -6,6 +6,14 @@ default, an SQLite file mlflow.db beside outputs/ and multirun/ (`mlflow_target`
 run there shows it. The experiment: `logger.experiment`, else MLFLOW_EXPERIMENT_NAME, else
 "clorch". The package is the `mlflow` extra (mlflow-skinny, with sqlalchemy and alembic for
 the SQLite store), imported when the tracker starts.
+
+Sweeps: `clorch-train -m` opens one parent run named after the sweep directory, in the store
+and experiment its trials use (`MLflowTracker.sweep_environ`), and each trial's run becomes its
+child (the tag mlflow.parentRunId, which MLflow's UI nests by). The sweep hands the parent to
+its trials through CLORCH_MLFLOW_PARENT_RUN_ID, with the parent's store and experiment in
+CLORCH_MLFLOW_PARENT_TRACKING_URI and CLORCH_MLFLOW_PARENT_EXPERIMENT: a trial whose logger
+names another store or experiment (a sweep over logger.tracking_uri) is not nested, as MLflow
+nests runs of one experiment only. Setting CLORCH_MLFLOW_PARENT_RUN_ID alone nests any run.
 """
 
 from __future__ import annotations
@@ -19,9 +27,18 @@ import time
 import warnings
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from clorch.trackers.base import DEFAULT_EXPERIMENT, HYDRA_ROOTS, BaseTracker, Extra, flatten, record_metrics, register
+from clorch.trackers.base import (
+    DEFAULT_EXPERIMENT,
+    HYDRA_ROOTS,
+    BaseTracker,
+    Extra,
+    flatten,
+    record_metrics,
+    register,
+    run_name,
+)
 
 # clorch's end states (the brief's and summary.json's) -> MLflow's RunStatus; anything else: FAILED.
 MLFLOW_STATUS = {
@@ -34,6 +51,11 @@ MLFLOW_STATUS = {
 }
 # What mlflow-skinny lacks for the SQLite store (the default one): the mlflow extra installs them.
 SQL_STORE_MODULES = ("sqlalchemy", "alembic")
+# A sweep's parent run, as its trials get it (`MLflowTracker.sweep_environ`).
+PARENT_RUN_ID = "CLORCH_MLFLOW_PARENT_RUN_ID"
+PARENT_TRACKING_URI = "CLORCH_MLFLOW_PARENT_TRACKING_URI"
+PARENT_EXPERIMENT = "CLORCH_MLFLOW_PARENT_EXPERIMENT"
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: its UI and search nest a run under this one
 
 
 def default_tracking_uri(run_dir: Path) -> str:
@@ -77,6 +99,15 @@ def mlflow_target(tracking_uri: str | None, experiment: str | None, run_dir: Pat
     return uri, experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
 
+def parent_run_id(tracking_uri: str, experiment: str) -> str | None:
+    """The run a run in `tracking_uri`'s `experiment` is a child of: CLORCH_MLFLOW_PARENT_RUN_ID,
+    unless CLORCH_MLFLOW_PARENT_TRACKING_URI or CLORCH_MLFLOW_PARENT_EXPERIMENT names another
+    store or experiment (a child must be in its parent's experiment for MLflow to nest it)."""
+    run_id = os.environ.get(PARENT_RUN_ID)
+    store = os.environ.get(PARENT_TRACKING_URI, tracking_uri), os.environ.get(PARENT_EXPERIMENT, experiment)
+    return run_id if run_id and store == (tracking_uri, experiment) else None
+
+
 @register
 class MLflowTracker(BaseTracker):
     """An MLflow run through MlflowClient and its run id. Rank 0 only; never raises (see BaseTracker)."""
@@ -96,6 +127,7 @@ class MLflowTracker(BaseTracker):
         self.run_dir = Path(run_dir)
         self.artifact_location = artifact_location  # for an experiment created here; None: MLflow's choice
         self.run_id: str | None = None
+        self.parent: str | None = None  # the run this one is a child of (a sweep's parent run)
         self._client: Any = None
 
     @classmethod
@@ -105,7 +137,29 @@ class MLflowTracker(BaseTracker):
         in mlartifacts/ beside it."""
         uri, experiment = mlflow_target(settings["tracking_uri"], settings["experiment"], run_dir)
         location = default_artifact_location(run_dir) if uri == default_tracking_uri(run_dir) else None
-        return cls(uri, experiment, run_name, run_dir, location)
+        tracker = cls(uri, experiment, run_name, run_dir, location)
+        tracker.parent = parent_run_id(uri, experiment)
+        return tracker
+
+    @classmethod
+    def sweep_environ(
+        cls, sweep_dir: Path, settings: Mapping[str, Any]
+    ) -> tuple[dict[str, str], Callable[[str], None]]:
+        """Open the sweep's parent run (or reopen it, for a sweep continued in the same directory),
+        named after `sweep_dir`, where its trials' runs will be; return the trials' environment
+        that makes each run its child, and the function that closes it as the sweep's status.
+
+        A parent that cannot be opened warns once (as a run's tracker does) and the trials run
+        without one. Called by the sweep's process, once, before its first trial.
+        """
+        # Trial 0's directory: the default store is found from a run directory (beside its root).
+        parent = _SweepParent.from_settings(sweep_dir / "0", run_name(sweep_dir), settings)
+        parent.run_dir = Path(sweep_dir)  # its tag clorch.run_dir: found again by it
+        parent.start({})
+        if parent.run_id is None:
+            return {}, lambda status: None
+        env = {PARENT_RUN_ID: parent.run_id, PARENT_TRACKING_URI: parent.tracking_uri}
+        return {**env, PARENT_EXPERIMENT: parent.experiment}, lambda status: parent.finish(status, [])
 
     def _env(self) -> Mapping[str, str]:
         # A file store named by the user (file:///path/mlruns): MLflow 3 keeps it in maintenance
@@ -126,16 +180,18 @@ class MLflowTracker(BaseTracker):
                 "beside mlflow-skinny: pip install 'clorch[mlflow]'"
             )
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        run = self._client.create_run(
-            self._experiment_id(), run_name=self.run_name, tags={"clorch.run_dir": str(self.run_dir.resolve())}
-        )
-        self.run_id = run.info.run_id
+        self.run_id = self._new_run(self._experiment_id(), {"clorch.run_dir": str(self.run_dir.resolve())})
         # lazy: mlflow is optional (clorch[mlflow])
         from mlflow.entities import Param
 
         flat = [Param(_key(k), _param_value(v)) for k, v in flatten(params).items() if v is not None]
         for i in range(0, len(flat), 100):  # MLflow takes at most 100 params a batch
             self._client.log_batch(self.run_id, params=flat[i : i + 100])
+
+    def _new_run(self, experiment_id: str, tags: dict[str, str]) -> str:
+        if self.parent:
+            tags = {**tags, PARENT_TAG: self.parent}
+        return self._client.create_run(experiment_id, run_name=self.run_name, tags=tags).info.run_id
 
     def _experiment_id(self) -> str:
         found = self._client.get_experiment_by_name(self.experiment)
@@ -165,6 +221,19 @@ class MLflowTracker(BaseTracker):
                 self._client.log_artifact(self.run_id, str(path))
         finally:  # a failed upload still closes the run, else it shows RUNNING forever
             self._client.set_terminated(self.run_id, status=MLFLOW_STATUS.get(status, "FAILED"))
+
+
+class _SweepParent(MLflowTracker):
+    """A sweep's parent run: no params, no metrics of its own; the run of an earlier start of the
+    same sweep directory is opened again, so a continued sweep's trials join their siblings."""
+
+    def _new_run(self, experiment_id: str, tags: dict[str, str]) -> str:
+        value = tags["clorch.run_dir"].replace("\\", "\\\\").replace("'", "\\'")
+        found = self._client.search_runs([experiment_id], f"tags.`clorch.run_dir` = '{value}'", max_results=1)
+        if not found:
+            return super()._new_run(experiment_id, tags)
+        self._client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
 
 
 @contextlib.contextmanager

@@ -5,6 +5,9 @@ wandb.init(mode=...): "offline" writes RUN_DIR/wandb/offline-run-*/ (upload late
 API key is found (`resolve_wandb_mode`). The project: `logger.experiment`, else WANDB_PROJECT,
 else "clorch"; WANDB_DIR moves wandb/ out of the run directory; WANDB_ENTITY is W&B's own
 (`wandb_target`). The package is the `wandb` extra, imported when the tracker starts.
+
+Sweeps: the trials of `clorch-train -m` are one W&B group, named after the sweep directory
+(WANDB_RUN_GROUP, W&B's own variable, which a user's setting overrides).
 """
 
 from __future__ import annotations
@@ -13,10 +16,18 @@ import netrc
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
-from clorch.trackers.base import DEFAULT_EXPERIMENT, SUCCEEDED, BaseTracker, Extra, record_metrics, register
+from clorch.trackers.base import (
+    DEFAULT_EXPERIMENT,
+    SUCCEEDED,
+    BaseTracker,
+    Extra,
+    record_metrics,
+    register,
+    run_name,
+)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -82,6 +93,16 @@ class WandbTracker(BaseTracker):
         (`wandb_target`, `resolve_wandb_mode`). Raises ValueError for a mode not in WANDB_MODES."""
         project, directory = wandb_target(settings["experiment"], run_dir)
         return cls(project, run_name, run_dir, resolve_wandb_mode(settings["mode"]), directory)
+
+    @classmethod
+    def sweep_environ(
+        cls, sweep_dir: Path, settings: Mapping[str, Any]
+    ) -> tuple[dict[str, str], Callable[[str], None]]:
+        """The trials' environment that groups their runs by sweep: WANDB_RUN_GROUP, the sweep
+        directory's name (as `run_name` gives it), unless the user has set one. Nothing to close."""
+        if os.environ.get("WANDB_RUN_GROUP"):
+            return {}, lambda status: None
+        return {"WANDB_RUN_GROUP": run_name(sweep_dir)}, lambda status: None
 
     def _env(self) -> Mapping[str, str]:
         env = {
