@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "fsdp": ("clorch.bench.fsdp", "clorch's fsdp sharding vs a hand-written fully_shard loop (GPT step)"),
     "scaler": ("clorch.bench.scaler", "clorch.amp.GradScaler vs torch.amp.GradScaler: unscale + overflow check"),
     "checkpoint": ("clorch.bench.checkpoint", "save_checkpoint/load_checkpoint vs torch.save/torch.load"),
+    "sweep": ("clorch.bench.sweep", "a sweep's trials side by side and pruned vs one at a time; a trial's fixed cost"),
     "runner": ("clorch.bench.runner", "clorch's training loop vs a plain PyTorch loop (GPT-2 small, GPU)"),
 }
 

@@ -1,0 +1,20 @@
+"""`clorch-bench sweep`'s plumbing: a trial's fixed cost against a plain script, on a tiny run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clorch.bench.sweep import main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_the_fixed_cost_splits_a_trial_into_its_parts(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--only", "cost", "--rounds", "1", "--steps", "2", "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)["fixed_cost"]
+    parts = cost["before launch"] + cost["launch and rest"] + cost["training"]
+    assert cost["before launch"] > 0 and cost["training"] > 0 and cost["plain total"] > 0
+    assert parts == pytest.approx(cost["clorch total"])
