@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import logging
 import shlex
 import sys
 import warnings
@@ -322,6 +323,7 @@ def plot_sweep(sweep_dir: Path) -> None:
         import matplotlib  # lazy: optional (clorch[plot])
 
         matplotlib.use("Agg")
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its notes on category axes
         import optuna  # lazy: a sweep with an Optuna study only
         import optuna.visualization.matplotlib as plots  # lazy: as optuna
 
