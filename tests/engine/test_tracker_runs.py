@@ -115,7 +115,12 @@ def test_a_sweep_job_reaches_mlflow_and_wandb(sweep, client):
     assert default_tracking_uri(job) == f"sqlite:///{project / 'mlflow.db'}"
     store = client(default_tracking_uri(job))
     experiment = store.get_experiment_by_name("clorch")
-    (run,) = store.search_runs([experiment.experiment_id])  # job 1's MLflow server was not there
+    runs = store.search_runs([experiment.experiment_id])  # job 1's MLflow server was not there
+    # The sweep's parent run, named after it, and job 0's run, its child (in-process trials: n_jobs=1).
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    (run,) = [r for r in runs if r is not parent]
+    assert (parent.info.run_name, parent.info.status) == (f"{sweep_dir.parent.name}/{sweep_dir.name}", "FINISHED")
+    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert run.info.run_name == f"{sweep_dir.parent.name}/{sweep_dir.name}/0"
     _check_mlflow_run(store, run, job, "FINISHED")
 
