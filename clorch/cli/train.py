@@ -33,7 +33,7 @@ from clorch.cli.hydra_keys import hydra_key_errors, touches_hydra
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import print_config_errors
 from clorch.config.composer import hydra_overrides, rewrite_recipe_overrides
-from clorch.config.overrides import check_overrides, compose_once, grammar_errors
+from clorch.config.overrides import check_overrides, compose_once, grammar_errors, split_overrides
 from clorch.plan.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
@@ -118,14 +118,17 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     names = flag_set(flags)
     multirun = bool(names & set(MULTIRUN))
     CHECKED.clear()
-    # The checks that import no torch first (keys, types, ranges, group choices, the ranks and
-    # paths: clorch.plan.plan.config_errors), for every command: a typo is reported in a
-    # fraction of a second, not after torch's import and the data's and model's trials
-    # (seconds, more on a loaded machine). A printed config gets these checks only.
+    # Every check reports the errors found without torch first, alone, before torch is imported
+    # (clorch.plan.plan): a typo is reported in a fraction of a second.
     if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks)
-        errors = sweep_errors(overrides, _checked_twice, _composed)
+        errors = sweep_errors(overrides, _planned, _composed)
+    elif names & set(PRINT_CONFIG) or split_errors(overrides):
+        # A printed config gets the checks that import no torch (clorch.plan.plan.config_errors); a
+        # bad group choice, which Hydra would not compose, every error in-process. A single run
+        # is composed by Hydra and checked once, in its job.
+        errors = check_overrides(overrides, config_errors if names & set(PRINT_CONFIG) else remember_plan)
     else:
-        errors = check_overrides(overrides, config_errors)
+        errors = []
     if errors:
         print_config_errors(errors)
         return EXIT_CONFIG
@@ -155,10 +158,17 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
         OUTCOME.is_sweep = False
 
 
-def _checked_twice(overrides: list[str]) -> list[str]:
-    """A trial's errors: the torch-free checks first (a typo is reported in a fraction of a
-    second), then every combination planned in-process (its jobs take the plans made here)."""
-    return check_overrides(overrides, config_errors) or check_overrides(overrides, remember_plan)
+def _planned(overrides: list[str]) -> list[str]:
+    """A trial's errors: every combination planned in-process (its jobs take the plans made here)."""
+    return check_overrides(overrides, remember_plan)
+
+
+def split_errors(overrides: list[str]) -> list[str]:
+    """The errors found without composing (bad group choices, recipe files, grammar)."""
+    try:
+        return split_overrides(overrides)[1]
+    except Exception as exc:  # Hydra's grammar error: name each override it refuses
+        return grammar_errors(overrides) or [str(exc).strip()]
 
 
 def _composed(overrides: list[str]) -> Any:

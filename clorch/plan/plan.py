@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import re
+import sys
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -246,9 +247,11 @@ def _build(
     """The plan, adding every error found to `problems`.
 
     `cfg` may be a `Partial` (some sections have errors): each check runs when the
-    sections it reads are valid, so that every error is reported in one go. With
-    `sized=False` only the checks that import no torch run (no data, model or resume
-    checks) and no plan is made.
+    sections it reads are valid, so that every error is reported in one go. The checks
+    that import no torch run first (the config's own, the ranks, the machine, the paths);
+    when they found errors, those are reported alone, before torch is imported (a typo
+    in a fraction of a second, not after seconds of imports and trials). With
+    `sized=False` only they run (no data, model or resume checks) and no plan is made.
     """
     world = sizes = None
     if external is not None and complete(cfg, "top"):
@@ -260,7 +263,11 @@ def _build(
         problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
     if world is not None:
         problems += machine_errors(cfg, backend, devices)
-    if sized and complete(cfg, "top", "data"):
+    if complete(cfg, "checkpoint"):
+        problems += path_errors(cfg, run_dir)
+    if problems or not sized:
+        return None
+    if complete(cfg, "top", "data"):
         try:
             sizes = split_sizes(cfg)
             if complete(cfg, "model"):
@@ -275,10 +282,6 @@ def _build(
             problems += _data_error(cfg, exc, problems)
         except Exception as exc:  # a dataset of yours raised while being built
             problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
-    if complete(cfg, "checkpoint"):
-        problems += path_errors(cfg, run_dir)
-    if not sized:
-        return None
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
     fit = ResumeFit()
@@ -408,13 +411,15 @@ def run_errors_as_config_errors() -> Iterator[None]:
     Raises:
         ConfigError: in place of clorch.checkpoint.locks.DirectoryInUse.
     """
-    # lazy: clorch.checkpoint.locks imports torch, kept out of clorch-train's start
-    from clorch.checkpoint.locks import DirectoryInUse
-
     try:
         yield
-    except DirectoryInUse as exc:
-        raise ConfigError([f"checkpoint.dir: {exc}"]) from None
+    except Exception as exc:
+        # Looked up, not imported: clorch.checkpoint.locks imports torch, which a config with
+        # errors found before it never needs; and unless it was imported, it raised nothing.
+        locks = sys.modules.get("clorch.checkpoint.locks")
+        if locks is not None and isinstance(exc, locks.DirectoryInUse):
+            raise ConfigError([f"checkpoint.dir: {exc}"]) from None
+        raise
 
 
 def plan_overrides(overrides: list[str], run_dir: str | os.PathLike | None = None) -> Plan:
