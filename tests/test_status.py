@@ -20,6 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 # The exit codes clorch-train documents (docs/training.md, "Exit codes"), by status.
 DOCUMENTED = {
     "succeeded": 0,
+    "pruned": 3,
     "failed": 1,
     "preflight_failed": 1,
     "interrupted": 130,
@@ -50,7 +51,10 @@ def test_each_status_derives_its_exit_code_and_its_console_line(status):
     else:
         assert outcome.exit_status() == (status.exit_code if status is not Status.RUNNING else 0)
     # ... and a sweep whose job (in another process) recorded it, beside a job that succeeded.
-    if status not in (Status.INTERRUPTED, Status.RUNNING):
+    # A pruned trial is a sweep's trial that ended as its sweep wanted: the sweep exits 0.
+    if status is Status.PRUNED:
+        assert Outcome().exit_status([Status.SUCCEEDED, status.value]) == 0
+    elif status not in (Status.INTERRUPTED, Status.RUNNING):
         assert Outcome().exit_status([Status.SUCCEEDED, status.value]) == status.exit_code
 
 
@@ -116,7 +120,9 @@ def test_summary_json_keeps_its_keys_and_older_files_read_back():
     assert refused.to_dict() == {"status": "config_error", "errors": ["batch_size must be >= 1"]}
     assert RunSummary.from_dict({"status": "from a later clorch"}).status is Status.UNKNOWN
     row = SweepRow.of("3", {"seed": "1"}, RunSummary.from_dict({"status": "preflight_failed", "steps": 0}))
-    assert row.cells(["seed"]) == {
+    cells = row.cells(["seed"])
+    # The columns it always had, unchanged; a sweep's objective, pruned step and run directory beside them.
+    assert {k: v for k, v in cells.items() if k not in ("objective", "pruned_at", "run_dir")} == {
         "job": "3",
         "seed": "1",
         "status": "preflight_failed",
@@ -128,3 +134,4 @@ def test_summary_json_keeps_its_keys_and_older_files_read_back():
         "tokens_per_s": None,
         "wall_time_s": None,
     }
+    assert (cells["objective"], cells["pruned_at"], cells["run_dir"]) == (None, None, None)

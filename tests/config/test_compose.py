@@ -161,7 +161,11 @@ def test_the_configs_are_package_data():
     assert (resources.files("clorch.recipes") / "ddp_bf16.yaml").is_file()
     root = Path(__file__).resolve().parents[2]
     package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert package_data == {"clorch.conf": ["*.yaml", "*/*.yaml"], "clorch.recipes": ["*.yaml"]}
+    assert package_data == {
+        "clorch.conf": ["*.yaml", "*/*.yaml", "hydra/sweeper/*.yaml"],  # clorch's sweepers (docs/sweeps.md)
+        "clorch.recipes": ["*.yaml"],
+    }
+    assert (resources.files("clorch.conf") / "hydra" / "sweeper" / "clorch_optuna.yaml").is_file()
 
 
 def test_no_config_module_is_shadowed_by_an_exported_name():
