@@ -37,7 +37,9 @@ from typing import Any, Callable
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.overrides import compose_once
 from clorch.plan.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
+from clorch.engine import rank_end
 from clorch.engine.footprint import using_run_dir
+from clorch.engine.interrupts import Interrupted, interrupts_raise
 from clorch.engine.outputs import rank0_result_path, write_json
 from clorch.engine.run import owning_checkpoint_dir
 from clorch.engine.results import JobEnd, NodeResult, PreflightVerdict, RankResult, RunSummary
@@ -169,6 +171,7 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     ends the others).
     """
     if rank.env.rank == 0:
+        rank_end.clear(run_dir)
         write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
         print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"), flush=True)
     start = time.perf_counter()
@@ -182,17 +185,21 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
             else contextlib.nullcontext()
         )
         using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
-        with run_errors_as_config_errors(), using, holding:
+        with run_errors_as_config_errors(), using, holding, interrupts_raise():
             result = _train(plan, run_dir, rank, verdict_failed=record)
     except ConfigError as exc:
         return _report_errors(exc.errors, rank, always=True)
-    except Exception:
+    except Interrupted as exc:  # the launcher's SIGTERM (it was signalled, or another rank failed)
+        rank_end.interrupted(plan, run_dir, rank, start, exc.signal_name)
+        return Status.INTERRUPTED
+    except Exception as exc:
         traceback.print_exc()
         print(
             f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed (run directory {run_dir})",
             file=sys.stderr,
             flush=True,
         )
+        rank_end.failed(plan, run_dir, rank, start, exc)  # summary.json, unless a rank was first
         return Status.FAILED  # the launcher ends the other ranks
     failed = result.preflight is not None and not result.preflight.passed
     if failed:  # rank 0 recorded it inside the group; each node's console says it

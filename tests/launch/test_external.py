@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from clorch.launch.external import detect
+from clorch.runs.cli import run_cli
 from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -131,3 +134,61 @@ def test_srun_tasks_train_as_ranks(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     summary = json.loads((tmp_path / "outputs" / "slurm-4242.0" / "summary.json").read_text())
     assert summary["launcher"] == "slurm" and summary["world_size"] == 2 and summary["status"] == "succeeded"
+
+
+def _torchrun_popen(entry: list[str], args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *entry, *args]
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def ended_early(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    """{case: (its run directory, torchrun's exit status, its output)}, side by side: "failed" (rank 1
+    raises after step 2) and "terminated" (SIGTERM to torchrun once the job has logged a step)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**_clean_env(), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    fail_env = {**env, "CLORCH_TESTS_FAIL_AT_STEP": "2", "CLORCH_TESTS_FAIL_RANK": "1"}
+    dirs = {case: tmp_path_factory.mktemp(case) for case in ("failed", "terminated")}
+    args = [*TINY, "data.sample_count=256", "epochs=1000"]
+    failing = [str(root / "tests" / "launch" / "failing_rank.py")]
+    clorch_train = ["--no-python", str(Path(sys.executable).parent / "clorch-train")]
+    procs = {
+        "failed": _torchrun_popen(
+            failing, [*args, f"hydra.run.dir={dirs['failed'] / 'run'}"], dirs["failed"], fail_env
+        ),
+        "terminated": _torchrun_popen(
+            clorch_train, [*args, f"hydra.run.dir={dirs['terminated'] / 'run'}"], dirs["terminated"], env
+        ),
+    }
+    deadline = time.monotonic() + 150
+    while not (dirs["terminated"] / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    procs["terminated"].send_signal(signal.SIGTERM)
+    outs = {case: proc.communicate(timeout=180)[0] for case, proc in procs.items()}
+    return {case: (dirs[case] / "run", procs[case].returncode, outs[case]) for case in procs}
+
+
+def _show(run_dir: Path, capsys) -> str:
+    capsys.readouterr()
+    assert run_cli(["show", str(run_dir)]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_rank_failing_under_torchrun_leaves_the_summary_of_a_failed_job(ended_early, capsys):
+    run_dir, code, out = ended_early["failed"]
+    assert code != 0, out[-3000:]
+    assert "clorch-train: job failed: rank 1 failed first: RuntimeError: failing on purpose after step 2" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["launcher"] == "torchrun"
+    assert summary["error"]["message"] == "failing on purpose after step 2"
+    assert "status     failed" in _show(run_dir, capsys)
+
+
+def test_torchrun_terminated_leaves_the_summary_of_an_interrupted_job(ended_early, capsys):
+    run_dir, code, out = ended_early["terminated"]
+    assert code != 0, out[-3000:]
+    assert "clorch-train: interrupted by SIGTERM after step" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGTERM"
+    assert 0 < summary["steps"] < summary["planned_steps"]
+    assert "status     interrupted" in _show(run_dir, capsys)
