@@ -55,7 +55,7 @@ def test_bad_config_exits_2_with_every_error_and_no_traceback(tmp_path):
     proc = _cli(["precision=fp4", "ddp.bucket_cap_mb=0", "batch_size=600"], tmp_path)
     assert proc.returncode == 2
     assert "2 config error(s); nothing was launched" in proc.stderr
-    assert "precision=fp4 is not allowed; choose one of: bf16, fp16, fp32" in proc.stderr
+    assert "precision=fp4 is not allowed; did you mean fp8? choose one of: bf16, fp16, fp32, fp8" in proc.stderr
     assert "ddp.bucket_cap_mb must be > 0 (MiB), got 0" in proc.stderr
     # The config's own errors are reported before torch is imported; the batch against the
     # data's shard, a check that needs torch, comes once they are fixed (as the next test's
