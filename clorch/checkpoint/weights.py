@@ -200,7 +200,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     Args:
         path: a clorch checkpoint, a torch.save'd state dict (alone or under a
-            "model" or "state_dict" key), or a safetensors file (see the module docstring).
+            "model" or "state_dict" key), a safetensors file, or a Hugging Face
+            save_pretrained folder (see the module docstring).
 
     Returns:
         The state dict, without the `module.` prefix torch DDP puts on every key

@@ -101,10 +101,10 @@ def _step_name(cfg: TrainConfig) -> str:
 
 def user_data_errors(cfg: TrainConfig) -> list[str]:
     """A dataset of yours whose first items do not collate, or whose batch does not fit the model
-    and loss (one forward on the CPU). Empty for the built-in data."""
+    and loss (one forward on the CPU; under parallel=ddp a backward too, `_trial_step`). Empty
+    for the built-in data."""
     if not is_user_data(cfg):
         return []
-
     data = cfg.data
     train, _ = user_tasks(cfg, "cpu")
     if len(train) == 0:
@@ -195,7 +195,8 @@ def _is_meta_gap(exc: BaseException) -> bool:
 
 def user_model_errors(cfg: TrainConfig) -> list[str]:
     """A model of yours (or a step, or the model's own loss) on the built-in data that cannot be
-    built, or whose forward does not run on one batch of the data's shape.
+    built, or whose forward does not run on one batch of the data's shape (or, under
+    parallel=ddp, whose backward leaves a trainable parameter without a gradient).
 
     The model is built on the meta device (no memory, no initialization time) and runs one
     batch of the data's shapes there. Where the meta device cannot serve (a factory that
