@@ -175,7 +175,7 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> Any:
     """The MixedPrecision of `cfg.precision` on `device` (fp16's scaler from `precision.scaler`)."""
-    return MixedPrecision(cfg.precision.mode(), device, scaler=cfg.precision.scaler_settings())
+    return MixedPrecision(cfg.precision.runs_as or cfg.precision.name, device, scaler=cfg.precision.scaler_settings())
 
 
 def compile_mode_arg(mode: str) -> str | None:

@@ -102,7 +102,7 @@ def build_sharded_model(cfg: TrainConfig, task: Any, device: torch.device) -> nn
         shard_modules=parallel.shard,
         min_params=parallel.min_params,
         reshard_after_forward=parallel.reshard_after_forward,
-        precision="fp32" if parallel.param_dtype == "fp32" else cfg.precision.mode(),
+        precision="fp32" if parallel.param_dtype == "fp32" else (cfg.precision.runs_as or cfg.precision.name),
         cpu_offload=parallel.cpu_offload,
     )
     if on_meta:

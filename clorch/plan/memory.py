@@ -251,7 +251,7 @@ def unit_sizes(model: object, shard: object, min_params: int) -> tuple[int, int]
 def activation_bytes(cfg: object, model: object) -> int:
     """Activations of `cfg`'s built-in model (`model`, built on the meta device) per rank; 0 for
     a model of your own."""
-    precision, batch = cfg.precision.mode(), cfg.batch_size
+    precision, batch = cfg.precision.runs_as or cfg.precision.name, cfg.batch_size
     if cfg.model.name == "gpt":
         arch = model.config  # clorch.models.gpt.GPTConfig: the sizes the data filled in
         return gpt_activation_bytes(
@@ -293,7 +293,7 @@ def config_memory(
     per_param = bytes_per_parameter(
         optim.name,
         states=optim.states(),
-        precision=cfg.precision.mode(),
+        precision=cfg.precision.runs_as or cfg.precision.name,
         sharded=sharded,
         ddp_reduce_dtype=cfg.ddp.reduce_dtype,
     )
@@ -305,7 +305,9 @@ def config_memory(
     min_params = getattr(parallel, "min_params", None) or _auto_min_params()
     root, largest = unit_sizes(model, shard, min_params)
     reshard = getattr(parallel, "reshard_after_forward", True)
-    gathered_in = "fp32" if getattr(parallel, "param_dtype", "auto") == "fp32" else cfg.precision.mode()
+    gathered_in = (
+        "fp32" if getattr(parallel, "param_dtype", "auto") == "fp32" else (cfg.precision.runs_as or cfg.precision.name)
+    )
     gathered = gathered_bytes(params, root, largest, gathered_in, reshard)
     return rank_memory(
         params,

@@ -69,7 +69,7 @@ def test_linear_shapes_reads_a_model_in_registration_order():
 
 def test_fp8_is_a_config_option_that_runs_in_bf16_and_no_dtype_name():
     fp8 = FP8Config()
-    assert fp8.mode() == "bf16" and fp8.scaler_settings() is None
+    assert fp8.runs_as == "bf16" and fp8.scaler_settings() is None
     assert fp8.describe("cuda") == "float8 Linear layers (tensorwise scaling) with bf16 autocast"
     assert "fp8" not in DTYPE_NAMES  # never a reduce_dtype nor an autocast dtype
     with pytest.raises(ValueError, match="got 'fp8'"):

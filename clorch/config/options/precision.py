@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Optional
 
 from clorch.config.registry import Option, declare, default_of, option, rule
 from clorch.precision import get_precision
@@ -21,13 +21,13 @@ class PrecisionOption(Option):
         """MixedPrecision's `scaler` argument: None, no loss scaler."""
         return None
 
-    def mode(self) -> str:
-        """The `clorch.precision` mode the ranks run in (autocast, scaler, FSDP's dtypes): its name."""
-        return self.name
+    # The `clorch.precision` mode the ranks run in (autocast, scaler, FSDP's dtypes) where it is not
+    # the option's name: an attribute, not a method, so the name reaches MixedPrecision in one hand-off.
+    runs_as: ClassVar[Optional[str]] = None
 
     def describe(self, device_type: str) -> str:
         """How a job runs in this precision, in words ("bf16 autocast")."""
-        return get_precision(self.mode()).describe(device_type)
+        return get_precision(self.runs_as or self.name).describe(device_type)
 
 
 @dataclass
@@ -113,6 +113,8 @@ class FP8Config(PrecisionOption):
     in bf16 autocast; weights, checkpoints and exports stay high precision. Needs a GPU of
     compute capability 8.9 or more (H100, L4, RTX 4090) and `pip install 'clorch[fp8]'`."""
 
+    runs_as: ClassVar[Optional[str]] = "bf16"  # everything but the converted layers' matrix products
+
     name: Literal["fp8"] = "fp8"
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"  # float8 scaling: one scale per tensor, or per row
     # convert a Linear only when both its in and out features are at least this (float8 pays on large matrices)
@@ -133,9 +135,6 @@ class FP8Config(PrecisionOption):
                 why="float8 matrix products run on GPUs of compute capability 8.9 or more (Ada, Hopper, Blackwell)",
             )
         ]
-
-    def mode(self) -> str:
-        return "bf16"  # everything but the converted layers' matrix products
 
     def describe(self, device_type: str) -> str:
         return f"float8 Linear layers ({self.recipe} scaling) with {super().describe(device_type)}"
