@@ -101,7 +101,7 @@ def run_torchrun(
     args = ["-u", "-m", entry, "--plan", str(plan_path), "--run-dir", str(run_dir)]
     if worker is not None:
         args += ["--worker", worker]
-    watcher = _JoinWatcher(launcher.rdzv_endpoint, launcher.rdzv_id)
+    watcher = _JoinWatcher(launcher.rdzv_endpoint, launcher.rdzv_id, needed=low)
     watcher.start()
     try:
         return elastic_launch(config, sys.executable)(*args)
@@ -153,12 +153,15 @@ class _JoinWatcher(threading.Thread):
     the rendezvous state the agents keep in the endpoint's store (key
     `torch.rendezvous.<rdzv_id>`, torch's own format, read with the same
     decoding the agents use). When the format cannot be read it reports nothing
-    rather than guessing.
+    rather than guessing. It stops once `needed` nodes have joined: the store's host is
+    another node's process, which may end first, and a store call after that prints
+    a C++ stack trace (TCPStore's "sendBytes failed ... frame #0 ...") on this
+    node's console, however healthy the job.
     """
 
-    def __init__(self, endpoint: str, run_id: str) -> None:
+    def __init__(self, endpoint: str, run_id: str, needed: int = 1) -> None:
         super().__init__(name="clorch-rdzv-watch", daemon=True)
-        self.endpoint, self.key = endpoint, f"torch.rendezvous.{run_id}"
+        self.endpoint, self.key, self.needed = endpoint, f"torch.rendezvous.{run_id}", needed
         self.joined: list[str] | None = None
         self._done = threading.Event()
 
@@ -176,6 +179,8 @@ class _JoinWatcher(threading.Thread):
                     self.joined = _participants(store.get(self.key))
             except Exception:  # no store yet, or gone: keep what was read
                 store = None
+            if self.joined is not None and len(self.joined) >= self.needed:
+                return  # the nodes met: nothing left to tell
 
     def stop(self) -> None:
         self._done.set()

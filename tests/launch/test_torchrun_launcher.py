@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
+from base64 import b64encode
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 import clorch
+from clorch.launch.torchrun import _JoinWatcher
 from tests.harness import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -84,7 +90,26 @@ def _two_nodes(args: list[str], cwd: Path) -> list[str]:
     ]
     outputs = [node.communicate(timeout=200)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
+    # A healthy job prints no C++ stack trace (a store call after another node's store went away).
+    assert not any("frame #" in out for out in outputs), outputs
     return outputs
+
+
+def test_the_join_watcher_stops_once_the_nodes_met():
+    """It reads the agents' rendezvous state while they wait, and no longer once all have joined:
+    the store's host may be another node, which may end first."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    state = _RendezvousState()
+    watcher = _JoinWatcher(f"127.0.0.1:{port}", "met", needed=2)
+    watcher.start()
+    for pid in (11, 12):
+        state.participants[_NodeDesc("node-a", pid, 0)] = len(state.participants)
+        store.set("torch.rendezvous.met", b64encode(pickle.dumps(state)))
+        time.sleep(1.2)
+    watcher.join(5)
+    assert not watcher.is_alive() and watcher.joined == ["node-a (pid 11)", "node-a (pid 12)"]
+    assert watcher.describe() == "2 node(s) joined (node-a (pid 11), node-a (pid 12))"
 
 
 def test_two_nodes_on_loopback_train_like_one_node(tmp_path, local_run):
