@@ -38,23 +38,27 @@ def _records(run_dir: Path) -> list[dict]:
 @pytest.mark.timeout(240)
 def test_chunked_loss_trains_and_evaluates_as_the_plain_loss(tmp_path):
     """Two CPU ranks over gloo, fp32: every training loss, gradient norm and eval loss of the
-    fused output layer matches the plain one (1e-5 relative; 3 chunks a micro-batch)."""
+    fused output layer matches the plain one (1e-5 relative; 3 chunks a micro-batch), under
+    parallel=ddp and parallel=fsdp (the loss inside the sharded root's forward)."""
     words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
     random.seed(0)
     (tmp_path / "corpus.txt").write_text(" ".join(random.choice(words) for _ in range(3000)))
     common = ["data=text", "data.path=corpus.txt", "data.seq_len=16", "batch_size=4", "max_steps=6", "eval_every=3"]
     common += ["precision=fp32", *TINY_GPT, "log_every=1"]
     runs = {}
-    for name, extra in (("plain", []), ("fused", ["loss=chunked_cross_entropy", "loss.chunk_size=24"])):
+    fused = ["loss=chunked_cross_entropy", "loss.chunk_size=24"]
+    for name, extra in (("plain", []), ("fused", fused), ("fused-fsdp", [*fused, "parallel=fsdp"])):
         runs[name] = tmp_path / name
         done = run_clorch_train([*common, *extra, f"hydra.run.dir={runs[name]}"], tmp_path, env=_env(), timeout=200)
         assert done.returncode == 0, done.stderr[-3000:]
-    plain, fused = _records(runs["plain"]), _records(runs["fused"])
-    assert [r["kind"] for r in plain] == [r["kind"] for r in fused] and len(plain) >= 4
-    for a, b in zip(plain, fused):
-        for key in ("loss", "grad_norm", "eval_loss"):
-            if key in a:
-                assert b[key] == pytest.approx(a[key], rel=1e-5), (key, a, b)
+    plain = _records(runs["plain"])
+    for name in ("fused", "fused-fsdp"):
+        fused = _records(runs[name])
+        assert [r["kind"] for r in plain] == [r["kind"] for r in fused] and len(plain) >= 4
+        for a, b in zip(plain, fused):
+            for key in ("loss", "grad_norm", "eval_loss"):
+                if key in a:
+                    assert b[key] == pytest.approx(a[key], rel=1e-5), (name, key, a, b)
 
 
 @pytest.mark.parametrize(
