@@ -136,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
         help="more clorch loops in the same rounds (runner_variants): fused, fp8, fp8-fused; hf, liger "
         "with --preset llama-tiny",
     )
-    p.add_argument("--chunk-size", type=int, default=8192, help="fused variants: tokens per chunk (loss.chunk_size)")
+    p.add_argument("--chunk-size", type=int, default=4096, help="fused variants: tokens per chunk (loss.chunk_size)")
     p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise")
     p.add_argument("--fp8-min-features", type=int, default=1024, help="fp8 variants: precision.min_features")
     p.add_argument("--no-plain", action="store_true", help="leave out the plain loop (memory for large models)")

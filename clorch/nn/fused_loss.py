@@ -54,6 +54,12 @@ def _chunk_loss(hidden, weight, bias, target, ignore_index):
     return losses, grad * keep.unsqueeze(1).to(grad.dtype)
 
 
+def _product_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the output layer's matrix products run in: autocast's where it is on, else the weight's."""
+    device = weight.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of `hidden @ weight.T + bias` against `target`; gradients made in forward."""
 
@@ -63,16 +69,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_b = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         grad_h, total = [], torch.zeros((), dtype=torch.float32, device=hidden.device)
+        dtype = _product_dtype(weight)
+        low_w = weight.to(dtype)
         for start in range(0, hidden.shape[0], chunk_size):
             h, t = hidden[start : start + chunk_size], target[start : start + chunk_size]
             losses, g = _chunk_loss(h, weight, bias, t, ignore_index)
             total = total + losses.sum()
-            g = g / count
-            # Under autocast these products run in its dtype, as the plain layer's backward does.
-            grad_h.append((g.to(weight.dtype) @ weight).to(hidden.dtype))
-            grad_w = grad_w + (g.t().to(h.dtype) @ h).float()
+            # One cast of softmax - onehot to the products' dtype (autocast's, as the plain layer's
+            # backward runs): compiled, it is written once, in that dtype, straight from the softmax.
+            low = (g / count).to(dtype)
+            grad_h.append((low @ low_w).to(hidden.dtype))
+            grad_w = grad_w + (low.t() @ h.to(dtype)).float()
             if grad_b is not None:
-                grad_b = grad_b + g.sum(0)
+                grad_b = grad_b + (g / count).sum(0)
         ctx.has_bias = bias is not None
         saved = (torch.cat(grad_h), grad_w.to(weight.dtype))
         ctx.save_for_backward(*saved, *(() if grad_b is None else (grad_b.to(bias.dtype),)))
@@ -101,7 +110,7 @@ def linear_cross_entropy(
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    chunk_size: int = 8192,
+    chunk_size: int = 4096,
     ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """`F.cross_entropy(F.linear(hidden, weight, bias), target, ignore_index=...)`, mean over the

@@ -137,3 +137,19 @@ def test_compiles_without_graph_breaks():
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
     got.backward()
     assert model.output_weight.grad is not None
+
+
+@pytest.mark.timeout(300)
+def test_bf16_autocast_compiled_matches_the_plain_loss_to_bf16_tolerance():
+    """Under autocast the products run in bf16 as the plain layer's do; both read bf16 logits."""
+    hidden, weight, b, target = _inputs(n=64, d=32, v=97)
+    fused = torch.compile(
+        lambda h, w, t, bias: linear_cross_entropy(h, w, t, bias, chunk_size=16), fullgraph=True, backend="aot_eager"
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fused(hidden, weight, target, b)
+        want = F.cross_entropy(F.linear(hidden, weight, b).float(), target, ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    for g, w in zip(_grads(got, (hidden, weight, b)), _grads(want, (hidden, weight, b))):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)

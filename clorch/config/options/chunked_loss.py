@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from clorch.config.options.loss import LossOption
-from clorch.config.registry import option, rule
+from clorch.config.registry import default_of, option, rule
+
+FUSED = "clorch.nn.fused_loss:linear_cross_entropy"
 
 CHUNKED_DATA = ("text", "tokens")  # next-token data whose training loss is the mean over every token
 
@@ -22,7 +24,7 @@ class ChunkedCrossEntropyConfig(LossOption):
 
     name: Literal["chunked_cross_entropy"] = "chunked_cross_entropy"
     # tokens per chunk: extra memory is about chunk_size x vocab float32 values
-    chunk_size: int = field(default=8192, metadata=rule(ge=1, unit="tokens"))
+    chunk_size: int = field(default=default_of(FUSED, "chunk_size"), metadata=rule(ge=1, unit="tokens"))
 
     def rules(self, cfg: Any) -> list[str]:
         errors = []
