@@ -121,6 +121,11 @@ def check_variants(opts: dict) -> list[str]:
     ]
     if opts["preset"] in HF_PRESETS and not opts["variants"]:
         errors.append("--preset llama-tiny runs --variants hf,liger (or one of them)")
+    twice = sorted({v for v in opts["variants"] if opts["variants"].count(v) > 1})
+    if twice:
+        errors.append(f"--variants lists {', '.join(twice)} more than once")
+    if opts["fp8_min_features"] < 1:
+        errors.append(f"--fp8-min-features must be >= 1, got {opts['fp8_min_features']}")
     if opts["chunk_size"] < 1:
         errors.append(f"--chunk-size must be >= 1, got {opts['chunk_size']}")
     if any(v in ("liger", "fp8", "fp8-fused") for v in opts["variants"]) and opts["device"] != "cuda":
