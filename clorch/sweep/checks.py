@@ -204,4 +204,3 @@ def slot_errors(n_jobs: int, base: Any) -> list[str]:
     except ValueError as exc:
         return [str(exc)]
     return []
-

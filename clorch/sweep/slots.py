@@ -73,8 +73,7 @@ def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int]) -> li
             )
         per_cores = max(1, len(cores) // n_jobs)
         return [
-            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks)
-            for i in range(n_jobs)
+            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks) for i in range(n_jobs)
         ]
     if n_jobs * ranks > len(cores):
         raise ValueError(
