@@ -51,6 +51,13 @@ JOB = [
     "checkpoint.export=safetensors",
 ]
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-6
+# summary.json's weights_sha256 of the `runs` fixture's two jobs, as clorch trained them at commit
+# a880d15, before the parallel modes became strategy classes (clorch.strategies): obtained by
+# running these two jobs there. Moving the mode's code must not change a bit of what it trains.
+PINNED_SHA256 = {
+    "ddp": "00040d9fe6594002849ab1e95068b1ce441f0da85865d4b1181d352dc3737b9b",
+    "fsdp": "944f2c0804bb7df6dc416b2b9aa998d745e5682ce8ade8df804475c369e1bfc1",
+}
 
 
 def _train(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, Path | None]:
@@ -105,6 +112,12 @@ def test_fsdp_trains_as_ddp_does(runs):
     for name, value in ddp_weights.items():
         assert fsdp_weights[name].shape == value.shape, name
         torch.testing.assert_close(fsdp_weights[name], value, rtol=0, atol=WEIGHT_ATOL, msg=name)
+
+
+def test_both_modes_train_the_weights_they_trained_before(runs):
+    _, ddp_dir, fsdp_dir = runs
+    got = {"ddp": _summary(ddp_dir)["weights_sha256"], "fsdp": _summary(fsdp_dir)["weights_sha256"]}
+    assert got == PINNED_SHA256
 
 
 def test_fsdp_checkpoints_are_sharded_and_pruned(runs):

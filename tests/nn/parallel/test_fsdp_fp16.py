@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from clorch.config import compose
 from clorch.engine.components import build_components
 from clorch.engine.loop import train_step
+from clorch.engine.worker import weights_digest
 from clorch.plan.plan import resolve
 from tests.harness import run_ranks
 
@@ -56,6 +57,11 @@ FP16 = [
     "precision.scaler.backoff_factor=9.5367431640625e-07",  # 2**-20
 ]
 STEPS, LOSS_RTOL = 5, 2e-4
+# weights_digest after STEPS steps, printed by this test at commit a880d15 (before clorch.strategies)
+PINNED_FP16 = {
+    "ddp": "78a6529e2511584d043cb0b440222b41d75a642ce58587d22848676128447ca0",
+    "fsdp": "5d91ff23523d685240ce41677524661f8965fd9c83abfe412ae4c2f9bc7d1b1c",
+}
 
 
 def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -86,6 +92,7 @@ def _train(rank: int, world: int, cfg) -> dict:
         "initial": initial,
         "after_first": after_first,
         "params": [type(p).__name__ for p in parts.raw_model.parameters()][:1],
+        "digest": weights_digest(parts.raw_model),  # collective under fsdp: every rank gathers
     }
 
 
@@ -110,3 +117,8 @@ def test_fp16_under_fsdp_trains_and_skips_as_under_ddp():
             assert torch.equal(run["after_first"][name], value), name
         assert run["losses"] == pytest.approx(rank["ddp"]["losses"], rel=LOSS_RTOL)
     assert reference["losses"][-1] < reference["losses"][0]  # it learns, not just runs
+    # The weights after the 5 steps, bit for bit: the digests this test printed on the tree before
+    # the parallel modes became strategy classes (clorch.strategies; commit a880d15). A change that
+    # moves how the scaler unscales, clips or steps must leave them as they are.
+    assert {name: ranks[0][name]["digest"] for name in ("ddp", "fsdp")} == PINNED_FP16
+    assert ranks[1]["fsdp"]["digest"] == ranks[0]["fsdp"]["digest"]
