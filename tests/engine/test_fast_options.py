@@ -97,3 +97,24 @@ def test_the_command_line_refuses_fp8_on_cpu_with_exit_2(tmp_path):
     (done,) = run_clorch_train_batch([(["precision=fp8"], tmp_path)], env=_env(), timeout=100)
     assert done.returncode == 2, done.stderr
     assert "precision=fp8 needs CUDA GPUs" in done.stderr
+
+
+def test_liger_on_an_unsupported_hugging_face_model_is_a_config_error(tmp_path, monkeypatch):
+    """The architecture is read from the model built on the meta device (on a CUDA machine with
+    liger-kernel the plan reports it; here the machine's own errors come first, so the check is
+    called directly)."""
+    pytest.importorskip("transformers")
+    import numpy as np
+
+    from clorch.config import compose
+    from clorch.config.checks import checked
+    from clorch.plan.machine import liger_errors
+
+    np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    monkeypatch.setenv("CLORCH_TRUSTED_MODULES", "transformers")
+    recipe = ROOT / "examples" / "hf_causal_lm" / "tiny_gpt2.yaml"
+    data = [f"data.train_path={tmp_path / 'train.bin'}", "data.eval_path=null"]
+    assert liger_errors(checked(compose([f"+recipe={recipe}", *data]))[0]) == []
+    (error,) = liger_errors(checked(compose([f"+recipe={recipe}", *data, "+model.liger=true"]))[0])
+    assert error.startswith("model.liger=true supports Hugging Face models of type llama, mistral")
+    assert "a GPT2LMHeadModel (model_type 'gpt2')" in error
