@@ -30,7 +30,9 @@ each rank needs:
   elements (LayerNorm inputs 2d, the QKV input d, q, k, v 3d, the attention output d, the MLP
   input d, its GELU input and output 2f: the count of Korthikanti et al. 2022, with the
   attention scores of scaled_dot_product_attention not kept); the logits add V elements and
-  their fp32 log-softmax 4V bytes. With checkpointing only each block's input is kept, plus
+  their fp32 log-softmax 4V bytes; with `loss=chunked_cross_entropy` they are made only for a
+  chunk of c tokens at a time, c x V x (2e + 4) bytes, and each token keeps instead its hidden
+  state's gradient, 4d bytes. With checkpointing only each block's input is kept, plus
   one block's activations while it is recomputed. The MLP: b x e x (in + 2 x hidden x (depth - 1)
   + out). A model of your own: activations are not estimated (0).
 - 4 x P on the host: the seeded start is drawn whole, in fp32, on each rank's host before it
@@ -125,13 +127,18 @@ def gpt_activation_bytes(
     precision: str,
     checkpointing: bool = False,
     dropout: float = 0.0,
+    loss_chunk: int | None = None,
 ) -> int:
-    """The built-in GPT's activations kept for backward, per rank (the module docstring's formula)."""
+    """The built-in GPT's activations kept for backward, per rank (the module docstring's formula);
+    `loss_chunk`: the fused loss's tokens per chunk (None: the whole logits tensor)."""
     e, d, f, L, V = element_bytes(precision), d_model, int(mlp_ratio * d_model), n_layer, vocab_size
     block = 8 * d + 2 * f
     blocks = L * d + block if checkpointing else L * block
     masks = (2 * L + 1) * d if dropout > 0 else 0
-    return batch_size * seq_len * (e * (blocks + 2 * d + V) + 4 * V + masks)
+    tokens = batch_size * seq_len
+    if loss_chunk is None:
+        return tokens * (e * (blocks + 2 * d + V) + 4 * V + masks)
+    return tokens * (e * (blocks + 2 * d) + 4 * d + masks) + min(loss_chunk, tokens) * V * (2 * e + 4)
 
 
 def mlp_activation_bytes(
@@ -264,6 +271,7 @@ def activation_bytes(cfg: object, model: object) -> int:
             precision=precision,
             checkpointing=cfg.model.activation_checkpointing,
             dropout=arch.dropout,
+            loss_chunk=getattr(cfg.loss, "chunk_size", None),  # loss=chunked_cross_entropy's
         )
     if cfg.model.name == "mlp":
         linears = [m for m in model.modules() if type(m).__name__ == "Linear"]

@@ -34,3 +34,14 @@ def test_a_missing_extra_and_cpu_ranks_are_both_reported(monkeypatch):
 
 def test_installed_finds_without_importing():
     assert machine.installed("json") and not machine.installed("clorch_no_such_module")
+
+
+def test_the_memory_plan_counts_the_fused_loss_a_chunk_at_a_time():
+    from clorch.plan.memory import gpt_activation_bytes
+
+    gpt2 = dict(n_layer=12, d_model=768, mlp_ratio=4, vocab_size=50304, precision="bf16")
+    whole = gpt_activation_bytes(16, 1024, **gpt2)
+    fused = gpt_activation_bytes(16, 1024, **gpt2, loss_chunk=4096)
+    # 16,384 tokens x 50,304 logits x (2 + 4) bytes kept, against 4,096 tokens' worth made at a time
+    # (x (2 + 2 + 4) bytes) and a 768-wide fp32 gradient a token
+    assert whole - fused == 16384 * 50304 * 6 - (4096 * 50304 * 8 + 16384 * 768 * 4)
