@@ -71,6 +71,9 @@ liger)
   # needs liger-kernel (carried in .whl/) and transformers: a small Llama through Hugging Face, its own loss,
   # without and with Liger-Kernel's patches
   run liger clorch-bench runner --compile --preset llama-tiny --batch-size 8 --variants hf,liger 2>&1 | tee "$OUTDIR/bench_liger.txt" ;;
+trialcost)
+  # a sweep trial's fixed cost: clorch-train against a plain script, 200 compiled GPT-2 small steps, cold then warm
+  run trialcost $PY scripts/trial_cost.py --steps 200 --runs 2 --out "$OUTDIR" 2>&1 | tee "$OUTDIR/trial_cost.txt" ;;
 fast)
   # the cuda tests of the fused loss, fp8 and Liger alone (the tests stage runs them with the rest)
   run fast-tests $PY -m pytest -q -m cuda -p no:cacheprovider tests/cuda/test_cuda_fast_options.py 2>&1 | tee "$OUTDIR/tests_fast.txt" ;;
