@@ -75,9 +75,11 @@ def open_storage(url: str) -> Any:
 
 
 def eval_metric(objective: str, metrics: Mapping[str, float]) -> float | None:
-    """The objective among an eval's metrics (`evaluate` names them without the `eval_` prefix)."""
-    name = objective.removeprefix("eval_")
-    value = metrics.get(name)
+    """The objective among an eval's metrics (`evaluate` names them without the `eval_` prefix);
+    None for an objective that is not an eval metric (the final train loss: nothing to report)."""
+    if not objective.startswith("eval_"):
+        return None
+    value = metrics.get(objective.removeprefix("eval_"))
     return None if value is None else float(value)
 
 

@@ -180,6 +180,17 @@ def sweep_errors(
     base = compose_base([a for a in trial_lists[0] if not a.partition("=")[0].lstrip("+").startswith("hydra")])
     if base is None:
         return errors
+    objective = sweep.settings.objective if sweep.sweeper == "optuna" else None
+    if (
+        sweep.sweeper == "optuna"
+        and sweep.settings.pruner != "none"
+        and objective
+        and not objective.startswith("eval_")
+    ):
+        errors.append(
+            f"hydra.sweeper.pruner={sweep.settings.pruner} prunes on an eval metric, but hydra.sweeper.objective="
+            f"{objective} is not one (eval_loss, eval_accuracy, ...): choose an eval_ metric or pruner=none"
+        )
     if sweep.sweeper == "optuna" and sweep.settings.pruner != "none" and not base.get("eval_every"):
         errors.append(
             f"hydra.sweeper.pruner={sweep.settings.pruner} stops trials at their evals, but they evaluate only at "
