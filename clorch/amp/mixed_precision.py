@@ -28,9 +28,10 @@ of those rows, a device and a scaler.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from clorch.amp.autocast import autocast
 from clorch.amp.scaler import GradScaler, step as step_then_update
@@ -173,31 +174,42 @@ class MixedPrecision:
             raise TypeError(f"loss must be a torch.Tensor, got {type(loss).__name__}")
         (loss if self._scaler is None else self._scaler.scale(loss)).backward(**kwargs)
 
-    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer, flats: Sequence[torch.Tensor] | None = None) -> None:
         """Divide `optimizer`'s gradients by the scale now, e.g. before clipping them (no-op without a scaler).
 
         `GradScaler.unscale_`: local, at most once per optimizer per step,
-        before `optimizer_step` (which then does not unscale again).
+        before `optimizer_step` (which then does not unscale again). With
+        `flats` (flat buffers that every gradient of `optimizer` views, such as
+        DDP's buckets: a parallel strategy hands them over) those few buffers
+        are unscaled instead of each gradient (`GradScaler.unscale_flat_`).
 
         Raises:
             ScalerStateError: called twice in one step, or after the step.
         """
-        if self._scaler is not None:
+        if self._scaler is None:
+            return
+        if flats is not None:
+            self._scaler.unscale_flat_(optimizer, flats)
+        else:
             self._scaler.unscale_(optimizer)
 
     # -- the step ------------------------------------------------------------------------------
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, model: Any = None) -> bool | torch.Tensor:
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, model: Any = None, flats: Sequence[torch.Tensor] | None = None
+    ) -> bool | torch.Tensor:
         """Step `optimizer`: with a scaler, unscale, skip if any rank overflowed, and update the scale.
 
-        With `model` (a clorch `DistributedDataParallel`) the step is
-        `model.optimizer_step(optimizer, self.scaler)`: DDP unscales its flat
-        buckets at once where they hold every gradient of the optimizer,
-        leaves out the step an optimizer took in backward (`step_in_backward`)
-        and zeroes the gradients after. Without `model` it is
-        `clorch.amp.step(self.scaler, optimizer)` and the gradients are left
-        as they are (zero them before the next backward, as after torch's
-        `scaler.step`).
+        The gradients are unscaled here unless they were this step
+        (`unscale_gradients`): through `flats` where given (flat buffers
+        every gradient views, as a parallel strategy hands over DDP's
+        buckets), else each gradient. Without `model` the gradients are then
+        left as they are (zero them before the next backward, as after
+        torch's `scaler.step`). With `model` (a clorch
+        `DistributedDataParallel`) the model hands over its buckets where
+        they hold every gradient of the optimizer, the step an optimizer took
+        in backward (`step_in_backward`) is left out, and the model zeroes
+        the gradients after (`begin_step`, `flat_gradients`, `end_step`).
 
         With a scaler this is a synchronization point: every rank of the
         initialized process group must call it once per step, in the same
@@ -214,7 +226,9 @@ class MixedPrecision:
         Args:
             optimizer: the optimizer to step.
             model: None, or a clorch `DistributedDataParallel` (anything with
-                its `optimizer_step(optimizer, scaler)`).
+                its `begin_step`, `flat_gradients` and `end_step`).
+            flats: flat buffers that every gradient of `optimizer` views (unscaled
+                at once); None: each gradient.
 
         Returns:
             True when the optimizer stepped, False when every rank skipped it
@@ -231,17 +245,36 @@ class MixedPrecision:
             RuntimeError: the found-inf all-reduce failed (a rank died or the
                 group timed out; the backend's RuntimeError or DistBackendError).
         """
-        if model is not None:
-            ddp_step = getattr(model, "optimizer_step", None)
-            if not callable(ddp_step):
-                raise TypeError(
-                    "model must be None or a clorch DistributedDataParallel (with "
-                    f"optimizer_step), got {type(model).__name__}"
-                )
-            return ddp_step(optimizer, self._scaler)
         if not callable(getattr(optimizer, "step", None)):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if model is not None:
+            if not all(callable(getattr(model, name, None)) for name in ("begin_step", "flat_gradients", "end_step")):
+                raise TypeError(
+                    "model must be None or a clorch DistributedDataParallel (with "
+                    f"begin_step, flat_gradients and end_step), got {type(model).__name__}"
+                )
+            if model.begin_step(optimizer, scaled=self._scaler is not None):
+                stepped: bool | torch.Tensor = True  # backward stepped this optimizer already
+            else:
+                stepped = self.optimizer_step(optimizer, flats=model.flat_gradients(optimizer))
+            model.end_step(optimizer)
+            return stepped
+        if self._scaler is not None and flats is not None and not self._scaler.is_unscaled(optimizer):
+            self._scaler.unscale_flat_(optimizer, flats)
         return step_then_update(self._scaler, optimizer)
+
+    def fsdp_policy(self, param_dtype: str = "auto") -> MixedPrecisionPolicy | None:
+        """FSDP2's `MixedPrecisionPolicy` for this mode, or None (fp32: no casts).
+
+        "auto": parameters all-gathered and computed in the mode's dtype (bf16 or fp16),
+        gradients reduce-scattered in fp32 into fp32 shards (fp16's scaler unscales those);
+        "fp32": parameters gathered in fp32, the casts left to autocast (as under ddp).
+        """
+        if param_dtype not in ("auto", "fp32"):
+            raise ValueError(f"param_dtype must be 'auto' or 'fp32', got {param_dtype!r}")
+        if param_dtype == "fp32" or not self.mode.autocast:
+            return None
+        return MixedPrecisionPolicy(param_dtype=self.mode.torch_dtype(), reduce_dtype=torch.float32)
 
     # -- readouts and state --------------------------------------------------------------------
 

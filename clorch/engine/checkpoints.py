@@ -4,9 +4,10 @@ The checkpoint holds model, optimizer, sampler and scaler (clorch.checkpoint)
 plus the loop state: step, epoch and the schedule's state, so a resumed run
 continues exactly where the checkpoint was taken.
 
-Under `parallel=fsdp` checkpoints are sharded (clorch.checkpoint.sharded): each
-is a directory (`step_00000100.dcp`, `final.dcp`) to which every rank writes its
-own shards; the same policies (final, periodic, keep_last, resume=latest) apply.
+The `parallel` mode's strategy (clorch.strategies) owns the format: a file archive
+under `parallel=ddp` (`step_00000100.ckpt`, `final.ckpt`), a sharded directory
+under `parallel=fsdp` (`step_00000100.dcp`, `final.dcp`) to which every rank writes
+its own shards; the same policies (final, periodic, keep_last, resume=latest) apply.
 
 Either kind resumes on another world size: the model and optimizer load whole
 (a checkpoint file) or resharded (DCP); the sampler continues the job's global
@@ -27,23 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from clorch.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-    step_checkpoint_path,
-)
-from clorch.checkpoint.metadata import read as read_metadata
-from clorch.checkpoint.policy import Latest, find_latest_checkpoint
-from clorch.checkpoint.sharded import (
-    WorldSizeChangedWarning,
-    find_latest_sharded,
-    load_sharded,
-    prune_sharded_checkpoints,
-    save_sharded,
-    sharded_step_path,
-)
+from clorch.checkpoint import CheckpointError
+from clorch.checkpoint.policy import Latest
+from clorch.checkpoint.sharded import WorldSizeChangedWarning
 from clorch.plan.resume import RECORD_KEY, batch_counts, run_record
 from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
@@ -53,6 +40,8 @@ from clorch.engine.components import TRAINING_STREAM, Components
 from clorch.engine.loop import LoopState
 from clorch.engine.outputs import announce
 from clorch.env import restart_count as env_restart_count
+from clorch.strategies import Strategy, strategy_class
+from clorch.strategies.ddp import SAMPLER_KEY  # noqa: F401  (a checkpoint file's sampler position, read here before)
 
 
 def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
@@ -61,21 +50,22 @@ def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(configured).expanduser() if configured else run_dir / "checkpoints"
 
 
-def sharded(cfg: TrainConfig) -> bool:
-    """Whether the run's checkpoints are sharded directories (parallel=fsdp)."""
-    return cfg.parallel.shards
+def _format(cfg: TrainConfig) -> type[Strategy]:
+    """The strategy class of the run's `parallel` mode: its checkpoints' format."""
+    return strategy_class(cfg.parallel)
 
 
 def final_path(cfg: TrainConfig, run_dir: Path) -> Path:
-    """`checkpoint.path`, or <checkpoint dir>/final.ckpt (final.dcp, a directory, when sharded)."""
+    """`checkpoint.path`, or <checkpoint dir>/ the strategy's final name (final.ckpt; final.dcp,
+    a directory, when sharded)."""
     configured = cfg.checkpoint.path
-    name = "final.dcp" if sharded(cfg) else "final.ckpt"
+    name = _format(cfg).final_name
     return Path(configured).expanduser() if configured else checkpoint_dir(cfg, run_dir) / name
 
 
 def step_path(cfg: TrainConfig, directory: Path, step: int) -> Path:
     """The step checkpoint's path: step_00000100.ckpt, or step_00000100.dcp when sharded."""
-    return sharded_step_path(directory, step) if sharded(cfg) else step_checkpoint_path(directory, step)
+    return _format(cfg).step_path(directory, step)
 
 
 def restart_count() -> int:
@@ -98,8 +88,7 @@ def resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     resume = cfg.checkpoint.resume
     if restart_count() > 0 or resume == "latest":
         directory = checkpoint_dir(cfg, run_dir)
-        find = find_latest_sharded if sharded(cfg) else find_latest_checkpoint
-        latest = find(directory) if directory.is_dir() else Latest(None, [])
+        latest = _format(cfg).find_latest(directory) if directory.is_dir() else Latest(None, [])
         report_skipped(run_dir, latest)
         if latest.path is not None or resume in ("latest", "none"):
             return latest.path
@@ -136,17 +125,11 @@ def agreed_resume_path(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return path
 
 
-SAMPLER_KEY = "sampler_position"
-"""A checkpoint file's state: the sampler's `global_state_dict()` (sharded checkpoints hold it
-in their own clorch.json), which continues the epoch on any world size."""
-
-
 def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_dir: Path | None = None) -> None:
     """Write a checkpoint of everything needed to continue.
 
-    Every rank must call it (it is collective: see clorch.checkpoint.save_checkpoint, or
-    save_sharded when sharded);
-    it blocks until rank 0 has committed the file.
+    Every rank must call it (it is collective: the strategy's `save`, clorch.checkpoint's
+    save_checkpoint or save_sharded); it blocks until rank 0 has committed the checkpoint.
 
     Args:
         run_dir: the run directory writing it: a run resumed from the checkpoint
@@ -167,28 +150,14 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_
         "window_norm": _window_norm(state),
         "run_dir": None if run_dir is None else str(run_dir),
     }
-    if parts.sharded:  # fp16's loss scale travels in the state (a checkpoint file holds it apart)
-        training["scaler"] = None if parts.scaler is None else parts.scaler.state_dict()
-        save_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler, state=training)
-        return
-    training[SAMPLER_KEY] = parts.sampler.global_state_dict()
-    # An epoch continued from another world size has no per-rank position (its state_dict
-    # raises): the global one above is the position then.
-    per_rank = None if parts.sampler.continues_another_world_size else parts.sampler
-    save_checkpoint(
-        path,
-        model=parts.raw_model,
-        optimizer=parts.optimizer,
-        sampler=per_rank,
-        scaler=parts.scaler,
-        state=training,
-    )
+    parts.strategy.save(path, parts.sampler, training)
 
 
 def restore(parts: Components, path: Path, seed: int) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
-    Every rank must call it (collective: see clorch.checkpoint.load_checkpoint, or load_sharded).
+    Every rank must call it (collective: the strategy's `load`, clorch.checkpoint's load_checkpoint
+    or load_sharded).
     A checkpoint of another world size loads too (module docstring) when this run keeps
     its global batch; each rank's generators are then seeded by `reseed_for(seed, ...)`.
 
@@ -250,52 +219,9 @@ def reseed_for(seed: int, rank: int, step: int) -> None:
 
 
 def _load(parts: Components, path: Path) -> Any:
-    """Load model, optimizer, sampler (and scaler) on every rank; return the checkpoint's state.
-
-    A checkpoint file holds each rank's sampler state and, from the engine, the job's
-    global position (`SAMPLER_KEY`): the ranks take their own state when the world size
-    is the saved one, else the global position (derived from rank 0's state for a file
-    written before clorch saved it).
-    """
-    if parts.sharded:
-        saved = load_sharded(path, model=parts.raw_model, optimizer=parts.optimizer, sampler=parts.sampler)
-        if parts.scaler is not None and isinstance(saved, dict) and saved.get("scaler"):
-            parts.scaler.load_state_dict(saved["scaler"])
-        return saved
-    position = _global_position(path, parts)
-    if position is not None:
-        # The same on every rank (one file, no rank's own part): every rank raises alike.
-        parts.sampler.check_global_state_dict(position)
-    saved = load_checkpoint(
-        path,
-        model=parts.raw_model,
-        optimizer=parts.optimizer,
-        sampler=parts.sampler if position is None else None,
-        scaler=parts.scaler,
-    )
-    if position is not None:
-        parts.sampler.load_global_state_dict(position)
-    return saved
-
-
-def _global_position(path: Path, parts: Components) -> dict[str, Any] | None:
-    """The global sampler position to continue from, or None: each rank loads its own state
-    (the same world size, and a checkpoint holding it), or load_checkpoint says why it cannot."""
-    try:
-        body = read_metadata(path)
-    except Exception:  # load_checkpoint reports it, on every rank alike
-        return None
-    samplers, state = body["samplers"], body["state"]
-    same = body["world_size"] == parts.world_size
-    if same and samplers[parts.rank] is not None:
-        return None
-    position = state.get(SAMPLER_KEY) if isinstance(state, dict) else None
-    if position is None and not same and samplers[0] is not None:
-        try:
-            position = parts.sampler.global_state_of(samplers[0])
-        except (TypeError, ValueError):
-            return None  # a malformed state: load_checkpoint names it
-    return position
+    """Load model, optimizer, sampler (and scaler) on every rank through the strategy, in its
+    format; return the checkpoint's state."""
+    return parts.strategy.load(path, parts.sampler)
 
 
 def _check_global_batch(path: Path, record: Any, parts: Components) -> str | None:
@@ -430,5 +356,4 @@ def _scheduler_state(scheduler: Any) -> dict[str, Any]:
 
 def prune(cfg: TrainConfig, run_dir: Path) -> None:
     """Keep the newest `checkpoint.keep_last` step checkpoints. Rank 0 only."""
-    keep = prune_sharded_checkpoints if sharded(cfg) else prune_checkpoints
-    keep(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)
+    _format(cfg).prune(checkpoint_dir(cfg, run_dir), cfg.checkpoint.keep_last)

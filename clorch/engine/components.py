@@ -23,17 +23,18 @@ from clorch.data.base import derive_seed
 from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
-from clorch.engine.model_build import build_raw_model, build_sharded_model
-from clorch.nn.parallel import DistributedDataParallel
-from clorch.nn.parallel.fsdp import ShardedTrainer
+from clorch.engine.model_build import ModelBuilder
 from clorch.optim import build_scheduler, fused_by_default, param_groups
+from clorch.strategies import Strategy, strategy_class
 
 
 @dataclass
 class Components:
-    """One rank's training objects. `model` is the DDP wrapper (or, under parallel=fsdp, a
-    `ShardedTrainer` with the same calls); `raw_model` is what it wraps, before torch.compile
-    (checkpoints and evaluation use it; sharded, its parameters are DTensor shards).
+    """One rank's training objects. `strategy` is the `parallel` mode's (`clorch.strategies`):
+    the loop, evaluation, checkpoints and export ask it what differs between modes. `model`
+    is what the loop calls forward on (DDP's wrapper, or under parallel=fsdp a
+    `ShardedTrainer`); `raw_model` is what it wraps, before torch.compile (checkpoints and
+    evaluation use it; sharded, its parameters are DTensor shards).
 
     `precision` (a `clorch.amp.MixedPrecision`) owns autocast, the loss scaler,
     backward and the optimizer step; `scaler` and `autocast_dtype` read it.
@@ -54,7 +55,7 @@ class Components:
     world_size: int = 1
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
     grad_clip: float | None = None  # max total 2-norm of the gradients (optim.grad_clip); None: not clipped
-    sharded: bool = False  # parallel=fsdp: raw_model's parameters are DTensor shards
+    strategy: Strategy | None = None  # the parallel mode's; set up, it holds model, raw_model and optimizer
 
     @property
     def scaler(self) -> Any:
@@ -97,51 +98,6 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
     if "fused" in kwargs and kwargs["fused"] is None:
         kwargs["fused"] = fused_by_default(groups)
     return registry.resolve(optim.builds)(groups, **kwargs)
-
-
-# --- How each `parallel` option places the model on the ranks; its `builds` names one of these.
-# Each takes (cfg, task, device, precision) and returns (the raw model, the model the loop trains,
-# the optimizer). Every rank must call it: wrapping in DDP checks parameter signatures and
-# broadcasts rank 0's weights, and sharding runs fully_shard over the job's ranks; both block
-# until every rank arrives and raise what the builders raise (ValueError, TypeError).
-
-
-def replicated(
-    cfg: TrainConfig, task: Any, device: torch.device, precision: MixedPrecision
-) -> tuple[nn.Module, Any, torch.optim.Optimizer]:
-    """parallel=ddp: the whole model on every rank, in clorch's DistributedDataParallel."""
-    raw = build_raw_model(cfg, task).to(device)
-    inner = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else raw
-    ddp = cfg.ddp
-    model = DistributedDataParallel(
-        inner,
-        bucket_cap_mb=ddp.bucket_cap_mb,
-        first_bucket_cap_mb=ddp.first_bucket_cap_mb,
-        broadcast_buffers=ddp.broadcast_buffers,
-        reduce_dtype=ddp.reduce_dtype,
-        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
-        overlap_grad_copies=ddp.overlap_grad_copies,
-    )
-    optimizer = build_optimizer(cfg, raw)
-    if ddp.step_in_backward and cfg.optim.grad_clip is not None:
-        raise ValueError(
-            f"optim.grad_clip={cfg.optim.grad_clip} cannot run with ddp.step_in_backward=true: "
-            "each bucket's parameters are stepped before the whole gradient's norm is known "
-            "(set optim.grad_clip=null or ddp.step_in_backward=false)"
-        )
-    if ddp.step_in_backward:
-        model.step_in_backward(optimizer)
-    return raw, model, optimizer
-
-
-def sharded(
-    cfg: TrainConfig, task: Any, device: torch.device, precision: MixedPrecision
-) -> tuple[nn.Module, Any, torch.optim.Optimizer]:
-    """parallel=fsdp: torch's fully_shard; each rank holds its shard of the model's state."""
-    raw = build_sharded_model(cfg, task, device)
-    compiled = torch.compile(raw, mode=compile_mode_arg(cfg.compile_mode)) if cfg.compile else None
-    optimizer = build_optimizer(cfg, raw)  # after sharding: its state is sharded too
-    return raw, ShardedTrainer(raw, compiled, optimizer=optimizer, scaler=precision.scaler), optimizer
 
 
 # derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,
@@ -189,8 +145,8 @@ def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool
 
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
-    """Build task, model (on the rank's device, compiled if asked, DDP-wrapped or sharded as
-    `parallel` says), optimizer, schedule, precision (autocast and scaler) and sampler from a
+    """Build task, model (on the rank's device, compiled if asked, placed on the ranks by the
+    strategy `parallel` names), optimizer, schedule, precision (autocast and scaler) and sampler from a
     checked config. `total_steps` is the plan's (the cosine schedule's length).
 
     Every rank must call it: wrapping in DDP is a synchronization point (it checks
@@ -211,8 +167,11 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
         task = FusedLossTask(task)  # model(input, target=...) returns the loss; eval is the task's own
     precision = _precision(cfg, device)
-    # parallel=ddp or fsdp: the option names its builder (`replicated` or `sharded`, below)
-    raw, model, optimizer = registry.resolve(cfg.parallel.builds)(cfg, task, device, precision)
+    # parallel=ddp or fsdp: the option names its strategy class, which places the model on the ranks
+    strategy = strategy_class(cfg.parallel).from_config(cfg, precision, device, rank, world)
+    source = ModelBuilder(cfg, task, float8_all_gather=cfg.parallel.float8_all_gather(cfg.precision))
+    strategy.setup(source, lambda model: build_optimizer(cfg, model))
+    raw, model, optimizer = strategy.raw_model, strategy.model, strategy.optimizer
     seed_training_draws(cfg.seed, rank)
     sampling = cfg.sampler
     sampler = DistributedSampler(
@@ -239,5 +198,5 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         world_size=world,
         grad_clip=cfg.optim.grad_clip,
         cuda_graphs=replays_cuda_graphs(cfg.compile, cfg.compile_mode, device),
-        sharded=cfg.parallel.shards,
+        strategy=strategy,
     )

@@ -23,8 +23,7 @@ def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
     indices = torch.arange(parts.rank, len(parts.eval_task), parts.world_size)
     sums: dict[str, torch.Tensor] = {}
     index_batches = [indices[start : start + parts.batch_size] for start in range(0, indices.numel(), parts.batch_size)]
-    if parts.sharded:
-        _pad_forwards(parts, index_batches)
+    _pad_forwards(parts, index_batches)
     for batch in micro_batches(parts.eval_task, index_batches):
         batch = to_device(batch, parts.device, parts.pin_memory)
         with parts.autocast():
@@ -35,13 +34,13 @@ def _local_sums(parts: Components) -> dict[str, torch.Tensor]:
 
 
 def _pad_forwards(parts: Components, index_batches: list[torch.Tensor]) -> None:
-    """A sharded model's forward is collective (it all-gathers each unit): a rank with one
-    batch fewer than rank 0 runs one more forward, on its first sample, and ignores it.
+    """Where the strategy's forward is collective (a sharded model all-gathers each unit), a rank
+    with fewer batches than rank 0 runs as many more forwards, on its first sample, and ignores them.
 
     The strided split gives ranks at most one sample less than rank 0, so at most one batch.
     """
     batches_of_rank0 = -(-len(range(0, len(parts.eval_task), parts.world_size)) // parts.batch_size)
-    if len(index_batches) < batches_of_rank0:
+    for _ in range(parts.strategy.padding_batches(len(index_batches), batches_of_rank0)):
         batch = next(iter(micro_batches(parts.eval_task, [index_batches[0] if index_batches else torch.tensor([0])])))
         with parts.autocast():
             parts.eval_task.eval_sums(parts.raw_model, to_device(batch, parts.device, parts.pin_memory))

@@ -17,7 +17,6 @@ import torch
 
 from clorch.data.user import batch_size_of
 from clorch.engine.components import Components, build_components
-from clorch.nn.parallel.grad_norm import clip_grad_norm
 
 __all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_device", "train_step", "fit"]
 
@@ -74,16 +73,16 @@ def micro_batches(task: Any, index_batches: Sequence[Any], epoch: int = 0) -> It
 def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
     """Forward and backward each micro-batch, then step optimizer, scaler and schedule.
 
-    `parts.precision` runs the forwards under its autocast, the backwards
-    (scaled for fp16) and the step (unscale, skip on overflow, update the
-    scale). Every rank must call it with the same number of micro-batches: the
-    last backward is a synchronization point (DDP's gradient all-reduce) and
-    so is the step with a scaler (its found-inf all-reduce; see
-    `MixedPrecision.optimizer_step`). All micro-batches but the last run under
-    `no_sync`, so gradients are reduced once per step. Between the reduction and
-    the step the gradients are unscaled, measured and, with `parts.grad_clip`,
-    clipped to that total norm (`clorch.nn.parallel.grad_norm.clip_grad_norm`: local;
-    for a sharded model its `clip_gradients`, which all-reduces the partial norms).
+    `parts.precision` runs the forwards under its autocast and the backwards
+    (scaled for fp16); the parallel mode's strategy (`parts.strategy`) runs the
+    rest: all micro-batches but the last under its `no_sync`, so gradients are
+    reduced once per step; then `clip_gradients` (unscaled, measured and, with
+    `parts.grad_clip`, clipped to that total norm: collective where the
+    gradients are sharded) and `optimizer_step` (through the precision object:
+    unscale, skip on overflow, update the scale). Every rank must call it with
+    the same number of micro-batches: the last backward is a synchronization
+    point (the gradient reduction) and so is the step with a scaler (its
+    found-inf all-reduce; see `MixedPrecision.optimizer_step`).
 
     Raises:
         ValueError: `micro_batches` is empty, or holds more than one batch while
@@ -91,7 +90,7 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     """
     if not micro_batches:
         raise ValueError("micro_batches must hold at least one batch, got none")
-    precision = parts.precision
+    precision, strategy = parts.precision, parts.strategy
     count = len(micro_batches)
     if parts.cuda_graphs:
         if count > 1:
@@ -109,22 +108,17 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
         batch = to_device(batch, parts.device, parts.pin_memory)
         samples += batch_size_of(batch)
         last = i == count - 1
-        with contextlib.nullcontext() if last else parts.model.no_sync():
+        with contextlib.nullcontext() if last else strategy.no_sync():
             with precision.autocast():
                 loss = parts.task.loss(parts.model, batch) / count
             precision.backward(loss)
         total += loss.detach().float()
     # After the all-reduce (the last backward) and unscaling, the same on every rank: the norm is
     # logged, and clipped to optim.grad_clip when set.
-    clip = getattr(parts.model, "clip_gradients", None)  # a sharded model: collective over its ranks
-    grad_norm = (
-        clip(parts.grad_clip)
-        if clip is not None
-        else clip_grad_norm(parts.model, parts.optimizer, parts.grad_clip, precision)
-    )
+    grad_norm = strategy.clip_gradients(parts.grad_clip)
     lr = parts.optimizer.param_groups[0]["lr"]  # before the schedule moves it on to the next step's
-    # Through DDP's optimizer_step: it steps (skipping an fp16 overflow) and zeroes the gradients.
-    stepped = precision.optimizer_step(parts.optimizer, model=parts.model)
+    # Through the precision object: it steps (skipping an fp16 overflow); the gradients are zeroed.
+    stepped = strategy.optimizer_step()
     parts.scheduler.step()
     return StepResult(loss=total, stepped=stepped, samples=samples, lr=float(lr), grad_norm=grad_norm)
 

@@ -25,8 +25,11 @@ from clorch.nn.parallel.fsdp import apply_activation_checkpointing
 log = logging.getLogger(__name__)
 
 
-def apply_model_options(cfg: TrainConfig, model: nn.Module) -> nn.Module:
+def apply_model_options(cfg: TrainConfig, model: nn.Module, float8_all_gather: bool = False) -> nn.Module:
     """Apply the config's model changes to `model` in place (module docstring); returns it.
+
+    `float8_all_gather`: float8 layers all-gather their sharded weights in float8 (the
+    `parallel` option says whether it shards them: `ParallelOption.float8_all_gather`).
 
     Raises:
         ImportError: an optional extra is missing (the plan checks it first).
@@ -37,8 +40,9 @@ def apply_model_options(cfg: TrainConfig, model: nn.Module) -> nn.Module:
         apply_liger(model)
     if isinstance(cfg.precision, FP8Config):
         fp8 = cfg.precision
-        sharded_gather = cfg.parallel.shards and fp8.fsdp_float8_all_gather
-        layers = convert_to_float8(model, recipe=fp8.recipe, fsdp_float8_all_gather=sharded_gather, **fp8.layer_rule())
+        layers = convert_to_float8(
+            model, recipe=fp8.recipe, fsdp_float8_all_gather=float8_all_gather, **fp8.layer_rule()
+        )
         log.info("precision=fp8: %d Linear layers in float8 (%s)", len(layers), ", ".join(layers) or "none")
     if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
         fuse_output_loss(model, cfg.loss.chunk_size)

@@ -19,6 +19,7 @@ from clorch.plan.model import build_model_for
 from clorch.plan.plan import Plan
 from clorch.engine.outputs import announce
 from clorch.preflight import run_preflight
+from clorch.strategies import strategy_class
 
 
 def _estimate(plan: Plan) -> dict[str, Any]:
@@ -31,10 +32,7 @@ def _estimate(plan: Plan) -> dict[str, Any]:
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model_for(cfg, sizes).parameters())
     states = cfg.optim.states()
-    held = params
-    if cfg.parallel.shards:
-        offloaded = getattr(cfg.parallel, "cpu_offload", False) and plan.device_type == "cuda"
-        held = 0 if offloaded else -(-params // plan.world_size)
+    held = strategy_class(cfg.parallel).parameters_held(cfg.parallel, params, plan.world_size, plan.device_type)
     return {
         "model_params": held,
         "bytes_per_param": 4.0,

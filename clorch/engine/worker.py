@@ -10,14 +10,11 @@ run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from clorch.checkpoint.weights import save_safetensors
 from clorch.plan.plan import Plan, read_plan
@@ -29,30 +26,7 @@ from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import LoopState, StepResult, fit
 from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
 from clorch.engine.trial import Pruned, TrialLink, TrialReporter
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of the model's state dict (names and exact bytes): equal iff the weights are.
-
-    A sharded model's parameters are gathered whole, one at a time (collective then:
-    every rank calls it; only the one reading the result needs it).
-
-    Every entry counts: parameters and buffers of any dtype and shape (a 0-d
-    scalar, BatchNorm's int64 `num_batches_tracked`, bool masks); a tied
-    weight under each of its names; an entry that is not a tensor (a
-    module's `get_extra_state()`) by its repr.
-    """
-    digest = hashlib.sha256()
-    for name, value in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        if isinstance(value, torch.Tensor):
-            # reshape(-1): a 0-d tensor cannot be viewed as bytes; the bytes are the same either way.
-            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(repr(value).encode())
-    return digest.hexdigest()
+from clorch.strategies import weights_digest  # noqa: F401  (the digest summary.json holds, read here before)
 
 
 def _mean_norm(state: LoopState) -> float | None:
@@ -272,8 +246,8 @@ def train(
         if pruned_at is None and cfg.checkpoint.policy in ("final", "periodic"):
             checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
         exported = _export(cfg, parts, run_dir) if pruned_at is None else None
-        # Sharded: every rank takes part in gathering the weights (one parameter at a time).
-        digest = weights_digest(parts.raw_model) if parts.sharded or parts.rank == 0 else None
+        # Every rank calls it: a sharded model's weights are gathered one parameter at a time.
+        digest = parts.strategy.weights_digest()
     finally:
         if writer is not None:
             writer.close()
@@ -301,29 +275,15 @@ def train(
     }
 
 
-class _Weights:
-    """A state dict standing in for a module where one is written (save_safetensors)."""
-
-    def __init__(self, state: dict[str, torch.Tensor]):
-        self._state = state
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self._state
-
-
 def _export(cfg: TrainConfig, parts: Components, run_dir: Path) -> str | None:
     """Rank 0 writes the final weights for other tools (checkpoint.export); the path, or None.
 
-    Sharded, every rank must call it: the parameters are gathered to rank 0's host memory
-    one at a time (torch's full state dict with CPU offload; the other ranks keep none).
+    Every rank must call it: the strategy may gather a sharded model's parameters to rank 0's
+    host memory one at a time (torch's full state dict with CPU offload; the other ranks keep none).
     """
     if cfg.checkpoint.export != "safetensors":
         return None
-    model: Any = parts.raw_model
-    if parts.sharded:
-        model = _Weights(
-            get_model_state_dict(parts.raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        )
+    weights = parts.strategy.export_weights()
     if parts.rank != 0:
         return None
-    return str(save_safetensors(model, run_dir / EXPORT_FILE))
+    return str(save_safetensors(weights, run_dir / EXPORT_FILE))

@@ -150,6 +150,16 @@ class GPT(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
 
+    def shard_units(self) -> list[nn.Module]:
+        """The modules that each get their own fully_shard under `parallel=fsdp` (one all-gather and
+        one reduce-scatter per block), and that `model.activation_checkpointing` recomputes."""
+        return list(self.blocks)
+
+    def init_module(self, module: nn.Module) -> None:
+        """Draw `module`'s own parameters as this model's `__init__` does: how a model built on the
+        meta device gets its first values, module by module (`clorch.nn.parallel.fsdp.materialize`)."""
+        self._init_weights(module)
+
     def _init_weights(self, module: nn.Module) -> None:
         # GPT-2: N(0, 0.02) everywhere; projections that write into the residual stream are
         # scaled by 1/sqrt(2 * n_layer) because each block adds two of them to it.

@@ -14,10 +14,15 @@ declare("parallel", "data parallel (ddp) or sharded data parallel (fsdp)")
 class ParallelOption(Option):
     """Any `parallel` option: how the model is placed on the ranks."""
 
-    # "module:function" the engine calls as (cfg, task, device, precision) -> (raw model, the model
-    # it trains, optimizer) on every rank (clorch.engine.components)
-    builds: ClassVar[str] = ""
+    # "module:Class" of the mode's strategy (clorch.strategies.base.Strategy): what a rank's loop,
+    # evaluation, checkpoints and export ask of the mode; built by `from_config` on every rank
+    strategy: ClassVar[str] = ""
     shards: ClassVar[bool] = False  # each rank holds a shard of the state (sharded checkpoints, memory per rank)
+
+    def float8_all_gather(self, precision: Any) -> bool:
+        """Whether float8 layers all-gather their weights in float8 (a mode that shards them, when
+        `precision=fp8` asks for it)."""
+        return False
 
 
 @option("parallel", "ddp")
@@ -26,7 +31,7 @@ class DDPParallelConfig(ParallelOption):
     """Data parallel: every rank holds the whole model; clorch's reducer (the `ddp` group's keys)."""
 
     name: Literal["ddp"] = "ddp"
-    builds: ClassVar[str] = "clorch.engine.components:replicated"
+    strategy: ClassVar[str] = "clorch.strategies.ddp:DDPStrategy"
 
 
 @option("parallel", "fsdp")
@@ -39,7 +44,7 @@ class FSDPParallelConfig(ParallelOption):
     """
 
     name: Literal["fsdp"] = "fsdp"
-    builds: ClassVar[str] = "clorch.engine.components:sharded"
+    strategy: ClassVar[str] = "clorch.strategies.fsdp:FSDPStrategy"
     shards: ClassVar[bool] = True
     # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
     # every child with >= min_params parameters) or a list of class names, e.g. [Block]
@@ -55,6 +60,9 @@ class FSDPParallelConfig(ParallelOption):
     # compute in the precision's dtype, as parallel=ddp does (ddp's numerics, twice the bytes)
     param_dtype: Literal["auto", "fp32"] = "auto"
     cpu_offload: bool = False  # keep the sharded parameters, gradients and optimizer state in CPU memory
+
+    def float8_all_gather(self, precision: Any) -> bool:
+        return bool(getattr(precision, "fsdp_float8_all_gather", False))
 
     def rules(self, cfg: Any) -> list[str]:
         """The `ddp` group's keys configure clorch's reducer, which a sharded run does not use."""

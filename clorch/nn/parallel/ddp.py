@@ -16,11 +16,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from clorch.amp.mixed_precision import MixedPrecision, step_scaler
-from clorch.amp.scaler import GradScaler
 from clorch.distributed.groups import check_group_joined, world_size
 from clorch.nn.parallel.comm_hooks import HookReducer
-from clorch.nn.parallel.options import check_device_ids, check_process_group, check_unsupported
+from clorch.nn.parallel.options import check_device_ids, check_process_group, check_step_arguments, check_unsupported
 from clorch.nn.parallel.overlap import BucketStepper
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
@@ -371,42 +369,56 @@ class DistributedDataParallel(TorchDDPInterface):
             RuntimeError: the found-inf all-reduce failed (a rank died, the group timed
                 out: the backend's RuntimeError or DistBackendError).
         """
-        scaler = step_scaler(optimizer, scaler)
-        reducer = self._reducer
-        if reducer is not None and not reducer.committed:
-            raise reducer.no_synchronized_backward()
-        if reducer is not None and reducer.stepper is not None and reducer.stepper.optimizer is optimizer:
-            if scaler is not None:
-                raise ValueError(
-                    "optimizer_step(): a scaler cannot skip a step that backward already "
-                    "took (step_in_backward); use bf16 or fp32 without a scaler"
-                )
-            stepped = True
+        if callable(getattr(scaler, "optimizer_step", None)):  # a MixedPrecision: it drives its scaler
+            return scaler.optimizer_step(optimizer, model=self)
+        check_step_arguments(optimizer, scaler)
+        if self.begin_step(optimizer, scaled=scaler is not None):
+            stepped: bool | torch.Tensor = True
         elif scaler is None:
             optimizer.step()
             stepped = True
         else:
-            self._unscale_flat(optimizer, scaler)
+            flats = self.flat_gradients(optimizer)
+            if flats is not None and hasattr(scaler, "unscale_flat_") and not scaler.is_unscaled(optimizer):
+                scaler.unscale_flat_(optimizer, flats)  # a few flat buffers, not each parameter
             stepped = scaler.step(optimizer)  # a device tensor when the scaler decided on the device
             scaler.update()
-        if reducer is not None:
-            reducer.committed = False
-        optimizer.zero_grad(set_to_none=True)
+        self.end_step(optimizer)
         return stepped
 
-    def _unscale_flat(self, optimizer: torch.optim.Optimizer, scaler: Any) -> bool:
-        """Unscale through the buckets where every gradient of `optimizer` views one; whether it did."""
+    def begin_step(self, optimizer: torch.optim.Optimizer, scaled: bool = False) -> bool:
+        """Check that a synchronized backward ran since the last step; whether backward already
+        stepped `optimizer` (`step_in_backward`: the step is then left out). Local.
+
+        Raises:
+            ValueError: no synchronized backward ran since the last step, or `scaled` (a loss
+                scaler in play) with an optimizer that steps in backward.
+        """
         reducer = self._reducer
-        if (
-            reducer is not None
-            and isinstance(scaler, GradScaler)
-            and not scaler.is_unscaled(optimizer)
-            and self._optimizer_covers(optimizer)
-        ):
-            # Every gradient views a bucket: unscale a few flat buffers, not each parameter.
-            scaler.unscale_flat_(optimizer, [bucket.flat for bucket in reducer.buckets])
+        if reducer is not None and not reducer.committed:
+            raise reducer.no_synchronized_backward()
+        if reducer is not None and reducer.stepper is not None and reducer.stepper.optimizer is optimizer:
+            if scaled:
+                raise ValueError(
+                    "optimizer_step(): a scaler cannot skip a step that backward already "
+                    "took (step_in_backward); use bf16 or fp32 without a scaler"
+                )
             return True
         return False
+
+    def flat_gradients(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor] | None:
+        """The flat bucket buffers every gradient of `optimizer` views, or None: the optimizer
+        holds other parameters than the reducer's, or there is no reducer (one rank). A loss
+        scaler unscales these few buffers instead of each gradient. Local."""
+        if self._reducer is not None and self._optimizer_covers(optimizer):
+            return [bucket.flat for bucket in self._reducer.buckets]
+        return None
+
+    def end_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After the step: the next one needs a new synchronized backward; the gradients are zeroed. Local."""
+        if self._reducer is not None:
+            self._reducer.committed = False
+        optimizer.zero_grad(set_to_none=True)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
         """Divide this step's gradients by the loss scale now, e.g. before clipping them.
@@ -420,9 +432,15 @@ class DistributedDataParallel(TorchDDPInterface):
         Raises:
             ScalerStateError: the gradients were already unscaled this step.
         """
-        if isinstance(scaler, MixedPrecision):
-            scaler = scaler.scaler
-        if scaler is not None and not self._unscale_flat(optimizer, scaler):
+        if callable(getattr(scaler, "unscale_gradients", None)):  # a MixedPrecision: it unscales
+            scaler.unscale_gradients(optimizer, flats=self.flat_gradients(optimizer))
+            return
+        if scaler is None:
+            return
+        flats = self.flat_gradients(optimizer)
+        if flats is not None and hasattr(scaler, "unscale_flat_") and not scaler.is_unscaled(optimizer):
+            scaler.unscale_flat_(optimizer, flats)
+        else:
             scaler.unscale_(optimizer)
 
     @property

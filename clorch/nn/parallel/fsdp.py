@@ -5,7 +5,7 @@ Parameters, gradients and optimizer state are split across the ranks of a
 
     model = build_on_meta()                 # e.g. `with torch.device("meta"): GPT(config)`
     shard_model(model, shard_modules="auto", precision="bf16")
-    materialize(model, device, seed=0, init_fn=gpt_init_fn(model))
+    materialize(model, device, seed=0, init_fn=init_fn_of(model))
     optimizer = torch.optim.AdamW(model.parameters())   # built after sharding: state is sharded too
 
 Seeded start and weights from a file: `clorch.nn.parallel.fsdp_init` (`materialize`,
@@ -37,9 +37,8 @@ from torch.utils.checkpoint import checkpoint
 
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
-from clorch.amp.mixed_precision import step_scaler
-from clorch.amp.scaler import GradScaler
-from clorch.nn.parallel.fsdp_init import _class_name, allocate, gpt_init_fn, materialize, parameters_on_meta
+from clorch.nn.parallel.options import check_step_arguments
+from clorch.nn.parallel.fsdp_init import _class_name, allocate, gpt_init_fn, init_fn_of, materialize, parameters_on_meta
 from clorch.precision import get_precision
 
 __all__ = [
@@ -50,6 +49,7 @@ __all__ = [
     "clip_grad_norm_",
     "device_mesh",
     "gpt_init_fn",
+    "init_fn_of",
     "materialize",
     "mixed_precision_policy",
     "parameters_on_meta",
@@ -60,8 +60,9 @@ __all__ = [
 AUTO_MIN_PARAMS = 1_000_000
 """`shard_modules="auto"`: a child module with at least this many parameters gets its own fully_shard."""
 
-# The built-in GPT's blocks: one fully_shard (one all-gather, one reduce-scatter) per block.
-_GPT_BLOCK = "Block"
+SHARD_UNITS = "shard_units"
+"""The method a model defines to name its shard units (`shard_modules="auto"`): `model.shard_units()`
+returns the submodules that each get their own fully_shard (the built-in GPT: its blocks)."""
 
 
 def device_mesh(device_type: str | None = None) -> DeviceMesh:
@@ -114,7 +115,8 @@ def sharded_modules(
     """The submodules that get their own `fully_shard` (never the root, which `shard_model` adds).
 
     Args:
-        shard_modules: "auto": the built-in GPT's blocks for a clorch GPT, else every
+        shard_modules: "auto": the modules the model names with its `shard_units()` method
+            (the built-in GPT: its blocks; a model of yours may define one too), else every
             descendant with >= `min_params` parameters whose parent is not chosen already
             (top-down, so a large block is one unit, not its layers); or a list of class
             names (`["Block"]`): every module of those classes.
@@ -126,9 +128,9 @@ def sharded_modules(
     """
     _int_arg("min_params", min_params, 1)
     if shard_modules == "auto":
-        names = {_class_name(m) for m in model.modules()}
-        if _class_name(model) == "GPT" and _GPT_BLOCK in names:
-            return [m for m in model.modules() if _class_name(m) == _GPT_BLOCK]
+        declared = getattr(model, SHARD_UNITS, None)
+        if callable(declared):
+            return _declared_units(model, declared())
         chosen: list[nn.Module] = []
         _auto_collect(model, min_params, chosen)
         return chosen
@@ -142,6 +144,22 @@ def sharded_modules(
         )
     wanted = set(shard_modules)
     return [m for m in model.modules() if m is not model and _class_name(m) in wanted]
+
+
+def _declared_units(model: nn.Module, units: Any) -> list[nn.Module]:
+    """The units a model's `shard_units()` returned, checked: submodules of the model, not the root.
+
+    Raises:
+        TypeError: it returned something other than submodules of the model.
+    """
+    inside = {id(m) for m in model.modules() if m is not model}
+    units = list(units)
+    if not all(isinstance(u, nn.Module) and id(u) in inside for u in units):
+        raise TypeError(
+            f"{type(model).__name__}.{SHARD_UNITS}() must return submodules of the model (never the model "
+            f"itself), got {[type(u).__name__ for u in units]}"
+        )
+    return units
 
 
 def _auto_collect(module: nn.Module, min_params: int, chosen: list[nn.Module]) -> None:
@@ -164,6 +182,7 @@ def shard_model(
     precision: str = "fp32",
     reduce_dtype: str = "fp32",
     cpu_offload: bool = False,
+    policy: MixedPrecisionPolicy | None | str = "from names",
 ) -> nn.Module:
     """Apply `fully_shard` to the chosen submodules, then to the root; return the same model.
 
@@ -177,6 +196,8 @@ def shard_model(
             gather them again for backward (less memory, one more all-gather per unit).
             The root never reshards after forward: its backward starts at once.
         precision, reduce_dtype: clorch precision names (`mixed_precision_policy`).
+        policy: FSDP2's MixedPrecisionPolicy itself, or None (no casts), in place of
+            `precision` and `reduce_dtype` (`clorch.amp.MixedPrecision.fsdp_policy()` gives it).
         cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory
             (pinned), copied to the device per unit; build the optimizer after sharding.
 
@@ -192,7 +213,8 @@ def shard_model(
     if mesh is None:
         mesh = device_mesh()
     kwargs: dict[str, Any] = {"mesh": mesh}
-    policy = mixed_precision_policy(precision, reduce_dtype)
+    if isinstance(policy, str):
+        policy = mixed_precision_policy(precision, reduce_dtype)
     if policy is not None:
         kwargs["mp_policy"] = policy
     # Pinned memory exists only with CUDA; a CPU-only job offloads to where it already is.
@@ -219,23 +241,26 @@ def apply_activation_checkpointing(model: nn.Module, module_classes: str | Seque
     torch's DDP and `shard_model` (apply it before `shard_model`).
 
     Args:
-        module_classes: class names, or "auto": the built-in GPT's blocks, else no module
-            (ValueError: name them).
+        module_classes: class names, or "auto": the modules the model's `shard_units()`
+            names (the built-in GPT's blocks), else no module (ValueError: name them).
 
     Returns:
         How many modules now checkpoint.
 
     Raises:
-        ValueError: "auto" on a model without GPT blocks, or a named class not in the model.
+        ValueError: "auto" on a model without `shard_units()`, or a named class not in the model.
     """
     if module_classes == "auto":
-        if _class_name(model) != "GPT":
+        declared = getattr(model, SHARD_UNITS, None)
+        if not callable(declared):
             raise ValueError(
-                "apply_activation_checkpointing(module_classes='auto') knows only the built-in "
-                f"GPT's blocks; name your model's block classes, e.g. ['{_GPT_BLOCK}']"
+                f"apply_activation_checkpointing(module_classes='auto') takes the modules a model names "
+                f"with its {SHARD_UNITS}() method, and {type(model).__name__} has none; name your "
+                "model's block classes, e.g. ['Block'], or give the model that method"
             )
-        module_classes = [_GPT_BLOCK]
-    chosen = sharded_modules(model, module_classes)
+        chosen = _declared_units(model, declared())
+    else:
+        chosen = sharded_modules(model, module_classes)
     for module in chosen:
         module.forward = functools.partial(_checkpointed_forward, module.forward)
     return len(chosen)
@@ -285,7 +310,7 @@ class ShardedTrainer:
         forward: Callable[..., Any] | None = None,
         *,
         optimizer: torch.optim.Optimizer | None = None,
-        scaler: GradScaler | None = None,
+        scaler: Any = None,
     ):
         if not isinstance(module, FSDPModule):
             raise TypeError(f"ShardedTrainer takes a model sharded by shard_model, got {type(module).__name__}")
@@ -347,7 +372,11 @@ class ShardedTrainer:
         Raises:
             TypeError: optimizer has no step(), or scaler has no step().
         """
-        scaler = step_scaler(optimizer, scaler)
+        if callable(getattr(scaler, "optimizer_step", None)):  # a MixedPrecision: it drives its scaler
+            stepped = scaler.optimizer_step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            return stepped
+        check_step_arguments(optimizer, scaler)
         stepped: bool | torch.Tensor = True
         if scaler is None:
             optimizer.step()

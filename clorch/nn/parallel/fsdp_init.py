@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-__all__ = ["allocate", "fill_shard", "gpt_init_fn", "materialize", "parameters_on_meta"]
+__all__ = ["INIT_MODULE", "allocate", "fill_shard", "gpt_init_fn", "init_fn_of", "materialize", "parameters_on_meta"]
 
 
 def _class_name(module: nn.Module) -> str:
@@ -40,12 +40,20 @@ def _class_name(module: nn.Module) -> str:
     return cls.__name__
 
 
-def gpt_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
-    """The built-in GPT's per-module initializer (GPT-2's N(0, 0.02), scaled residual projections).
+INIT_MODULE = "init_module"
+"""The method a model defines to initialize one of its modules (`materialize`'s `init_fn`):
+`model.init_module(module)` draws that module's own parameters (the built-in GPT: GPT-2's
+N(0, 0.02), scaled residual projections)."""
 
-    None for other models: `materialize` then uses each module's `reset_parameters` only.
-    """
-    return getattr(model, "_init_weights", None) if _class_name(model) == "GPT" else None
+
+def init_fn_of(model: nn.Module) -> Callable[[nn.Module], None] | None:
+    """The model's per-module initializer, its `init_module` method; None where it has none:
+    `materialize` then uses each module's `reset_parameters` only."""
+    init = getattr(model, INIT_MODULE, None)
+    return init if callable(init) else None
+
+
+gpt_init_fn = init_fn_of  # the name under which the built-in GPT's initializer was first read
 
 
 def _module_seed(seed: int, name: str) -> int:
@@ -79,7 +87,7 @@ def materialize(
     Args:
         device: where the (sharded) parameters live.
         seed: the run's seed.
-        init_fn: called on each module after its `reset_parameters` (e.g. `gpt_init_fn(model)`).
+        init_fn: called on each module after its `reset_parameters` (e.g. `init_fn_of(model)`).
 
     Local: no collective.
 

@@ -100,3 +100,11 @@ def check_device_ids(module: nn.Module, device_ids: Any, output_device: Any) -> 
     if output_device is not None and _as_device("output_device", output_device) != device:
         raise ValueError(f"output_device={output_device!r} must be the device of device_ids ({device})")
     return device
+
+
+def check_step_arguments(optimizer: object, scaler: object) -> None:
+    """`optimizer_step`'s arguments: an optimizer, and None or a scaler (anything with `step`)."""
+    if not callable(getattr(optimizer, "step", None)):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if scaler is not None and not callable(getattr(scaler, "step", None)):
+        raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")

@@ -144,14 +144,15 @@ def _error(rank: int, world: int, cfg) -> str:
 def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped: dict[str, int]) -> dict:
     out: dict = {"host_builds": []}
     # Which fsdp builds made the whole model in host memory (fsdp's one exception): recorded by
-    # wrapping the function `build_sharded_model` calls for it. ddp's builder holds its own
-    # reference, taken when clorch.engine.components is imported (here, before the wrapper).
-    import clorch.engine.components  # noqa: F401
+    # wrapping the builder's `whole`, which a strategy calls for a whole model (ddp's always does).
+    whole = model_build.ModelBuilder.whole
 
-    whole = model_build.build_raw_model
-    model_build.build_raw_model = lambda cfg, task: (
-        out["host_builds"].append((type(cfg.model).__name__, cfg.model.init_from)) or whole(cfg, task)
-    )
+    def recorded(builder):
+        if builder.cfg.parallel.name == "fsdp":
+            out["host_builds"].append((type(builder.cfg.model).__name__, builder.cfg.model.init_from))
+        return whole(builder)
+
+    model_build.ModelBuilder.whole = recorded
     for parallel in ("ddp", "fsdp"):
         gpt, own = configs[f"gpt/{parallel}"], configs[f"own/{parallel}"]
         out[f"seeded/{parallel}"] = _build(rank, world, gpt)
@@ -164,7 +165,7 @@ def _checks(rank: int, world: int, configs: dict, files: dict[str, str], mapped:
         out[f"measured/{kind}"] = _build(rank, world, _with(gpt, init_from=files[kind]), mapped[kind])
     out["partial"] = _build(rank, world, _with(gpt, init_from=files["partial"], init_strict=False))
     out["wrong"] = _error(rank, world, _with(gpt, init_from=files["wrong"]))
-    model_build.build_raw_model = whole
+    model_build.ModelBuilder.whole = whole
     return out
 
 
