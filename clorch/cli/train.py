@@ -41,6 +41,7 @@ from clorch.engine.outputs import typed_command
 from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
+from clorch.launch.torchrun import quiet_cpp_warnings
 from clorch.status import Status
 from clorch.sweep.checks import as_hydra_overrides, sweep_errors
 
@@ -200,6 +201,8 @@ def _errors_beside_refused(overrides: list[str], names: set[str]) -> list[str]:
 
 def main() -> None:
     protect()  # a closed pipe on the console must not end the run (clorch.launch.console)
+    if detect_external() is None:  # the launching process (a rank of another launcher trains)
+        quiet_cpp_warnings()  # a multi-node job's store teardown prints no C++ stack trace
     code = train_main()
     if OUTCOME.as_rank or OUTCOME.hosted_agent:
         # gloo's threads (a rank's), and the threads torch's elastic agent leaves behind in the

@@ -11,6 +11,7 @@ from pathlib import Path
 from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, with_rank_defaults
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import JOB_ID_VARIABLE, LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
+from clorch.launch.torchrun import ranks_environ
 
 RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
 
@@ -28,6 +29,7 @@ def rank_env(
     # A launcher that itself runs under torchrun must not pass on the agent's variables:
     # its ranks would then expect the agent to host their store.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_") and k != STORE_FD_VARIABLE}
+    env = ranks_environ(env)  # the user's C++ log level, not the launching process's
     env.update(config.env)
     env.update(
         {

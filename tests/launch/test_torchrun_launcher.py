@@ -157,3 +157,35 @@ def test_two_nodes_run_preflight_only_and_check_each_other(tmp_path):
     assert "preflight passed on 2 rank(s)" in "".join(outputs)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 0 and summary["preflight"]["passed"]
+
+
+_LOST_STORE = """
+import os, sys, time, datetime
+from clorch.launch.torchrun import quiet_cpp_warnings, ranks_environ
+quiet_cpp_warnings()
+import torch.distributed as dist
+port = int(sys.argv[1])
+host = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=2))
+del host  # the server goes, as another node's agent's store does at the end of a job
+for _ in range(2):
+    try:
+        client.check(["x"])
+    except Exception as exc:
+        print(type(exc).__name__)
+print("TORCH_CPP_LOG_LEVEL" in ranks_environ(dict(os.environ)))
+"""
+
+
+def test_the_launching_process_prints_no_cpp_stack_trace_of_a_store_gone():
+    """A store call after the store's host ended (the agents' teardown at the end of a multi-node
+    job): torch logs its error with a C++ stack trace unless its C++ log level is ERROR; the
+    ranks keep the user's level."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOST_STORE, str(free_port())], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "DistNetworkError" in done.stdout and done.stdout.endswith("False\n"), done.stdout
+    assert "frame #" not in done.stderr, done.stderr
