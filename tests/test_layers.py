@@ -47,6 +47,19 @@ def test_nothing_below_the_engine_imports_it():
         assert not re.search(r"^\s*import clorch\s*$", text, re.M), path
 
 
+def test_strategies_take_what_they_act_on_and_import_nothing_of_the_rank_or_the_plan():
+    # A parallel mode's strategy is handed the model, batches, sampler and state: it never reaches
+    # up into the rank's loop and components (clorch.engine), the plan, or the command line.
+    for path in (ROOT / "clorch" / "strategies").rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import) clorch\.(engine|plan|cli|sweep|bench)\b", text, re.M), path
+        assert "Components" not in text, path
+    # ...and what the strategies drive below them does not import the precision object back.
+    for name in ("ddp.py", "fsdp.py"):
+        text = (ROOT / "clorch" / "nn" / "parallel" / name).read_text()
+        assert not re.search(r"^\s*(from|import) clorch\.amp\b", text, re.M), name
+
+
 def _imports_in_functions(tree):
     """(import node, its try-handlers' names) for every import inside a function body."""
     import ast

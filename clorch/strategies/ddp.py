@@ -72,15 +72,10 @@ class DDPStrategy(Strategy):
         """Local: the gradients are the all-reduced average, the same on every rank. The precision
         object unscales them through DDP's flat buckets where those hold every gradient."""
         model, optimizer = self.model, self.optimizer
-        if model.steps_in_backward:
-            # Backward stepped already (no scaler can be in play): the averages are still in .grad,
-            # to be measured, but too late to clip.
-            if max_norm is not None:
-                raise ValueError(
-                    f"grad_clip={max_norm} cannot clip gradients that backward already "
-                    "stepped (step_in_backward): clip with an ordinary step"
-                )
-        else:
+        # Under ddp.step_in_backward backward stepped already (no scaler can be in play): the
+        # averages are still in .grad, to be measured; `optim.grad_clip` is refused with it by the
+        # ddp option's rules (clorch.config.options.ddp).
+        if not model.steps_in_backward:
             self.precision.unscale_gradients(optimizer, flats=model.flat_gradients(optimizer))
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
         if not params:
