@@ -160,9 +160,9 @@ def ended_early(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
             clorch_train, [*args, f"hydra.run.dir={dirs['terminated'] / 'run'}"], dirs["terminated"], env
         ),
     }
-    deadline = time.monotonic() + 150
-    while not (dirs["terminated"] / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    metrics, deadline = dirs["terminated"] / "run" / "metrics.jsonl", time.monotonic() + 150
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the first step's record
     procs["terminated"].send_signal(signal.SIGTERM)
     outs = {case: proc.communicate(timeout=180)[0] for case, proc in procs.items()}
     return {case: (dirs[case] / "run", procs[case].returncode, outs[case]) for case in procs}
