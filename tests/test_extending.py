@@ -78,7 +78,9 @@ def test_the_page_adds_an_option_a_task_and_its_option_and_a_tracker():
     assert sorted(page_files()) == [
         "clorch/config/options/adam.py",
         "clorch/config/options/parity.py",
+        "clorch/config/options/torch_ddp.py",
         "clorch/data/parity.py",
+        "clorch/strategies/torch_ddp.py",
         "clorch/trackers/csv_tracker.py",
     ]
 
@@ -89,6 +91,8 @@ def test_the_new_options_get_their_yaml_and_their_keys_page(tree):
     assert "bits: 8" in (tree / "clorch" / "conf" / "data" / "parity.yaml").read_text()
     keys = (tree / "docs" / "keys.md").read_text()
     assert "### `optim=adam`" in keys and "`data.bits`" in keys and "### `logger=csv`" in keys
+    assert "bucket_cap_mb: 25.0" in (tree / "clorch" / "conf" / "parallel" / "torch_ddp.yaml").read_text()
+    assert "### `parallel=torch_ddp`" in keys
 
 
 @pytest.mark.timeout(300)
@@ -100,14 +104,16 @@ print(check_config(compose(["data=parity", "model=gpt"])))
 print(check_config(compose(["optim=adam", "optim.betas=[0.9]", "data=parity"])))
 print(check_config(compose(["optim=adam", "data=parity", "data.bits=0"])))
 print(len(build_task("parity", split="eval", seed=0, sample_count=20)))
+print(check_config(compose(["parallel=torch_ddp", "parallel.bucket_cap_mb=0"])))
 """
     done = _python(tree, "-c", script, cwd=tree / "work")
     assert done.returncode == 0, done.stderr
-    gpt, betas, bits, size = done.stdout.strip().splitlines()
+    gpt, betas, bits, size, bucket = done.stdout.strip().splitlines()
     assert "model=gpt cannot train data=parity: use model=mlp" in gpt
     assert "optim.betas" in betas and "in [0, 1)" in betas
     assert "data.bits" in bits and ">= 1" in bits
     assert size == "20"
+    assert "parallel.bucket_cap_mb" in bucket and "> 0" in bucket
 
 
 @pytest.mark.timeout(300)
@@ -117,6 +123,7 @@ def test_one_job_trains_with_every_example(tree):
         tree, "-m", "clorch.cli",
         "optim=adam", "data=parity", "data.sample_count=256", "model._target_=my_models.Wide", "model.width=16",
         "batch_size=16", "max_steps=6", "log_every=2", "logger=csv", "launcher.nproc_per_node=2",
+        "parallel=torch_ddp", "parallel.bucket_cap_mb=1", "checkpoint=periodic", "checkpoint.every_n_steps=3",
         f"hydra.run.dir={run_dir}",
         cwd=tree / "work",
     )  # fmt: skip
@@ -124,5 +131,10 @@ def test_one_job_trains_with_every_example(tree):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == 6
     assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0
+    # parallel=torch_ddp trained it (torch's DistributedDataParallel) and wrote parallel=ddp's checkpoint files.
+    assert "name: torch_ddp" in (run_dir / "config.yaml").read_text()
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt")) == [
+        "final.ckpt", "step_00000003.ckpt", "step_00000006.ckpt"
+    ]  # fmt: skip
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0] == "step,name,value" and any(row.startswith("6,") and "accuracy" in row for row in rows), rows

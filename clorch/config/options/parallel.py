@@ -46,8 +46,8 @@ class FSDPParallelConfig(ParallelOption):
     name: Literal["fsdp"] = "fsdp"
     strategy: ClassVar[str] = "clorch.strategies.fsdp:FSDPStrategy"
     shards: ClassVar[bool] = True
-    # which modules get their own fully_shard: auto (the built-in GPT's blocks; for other models
-    # every child with >= min_params parameters) or a list of class names, e.g. [Block]
+    # which modules get their own fully_shard: auto (those the model's shard_units() names, the
+    # built-in GPT's blocks; else every child with >= min_params parameters) or class names, e.g. [Block]
     shard: Union[Literal["auto"], list[str]] = "auto"
     min_params: int = field(
         default=constant_of("clorch.nn.parallel.fsdp", "AUTO_MIN_PARAMS"), metadata=rule(ge=1)
