@@ -129,11 +129,6 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
     return build_scheduler(optimizer, cfg.schedule.name, **cfg.schedule.kwargs(total_steps))
 
 
-def _precision(cfg: TrainConfig, device: torch.device) -> Any:
-    """The MixedPrecision of `cfg.precision` on `device` (fp16's scaler from `precision.scaler`)."""
-    return MixedPrecision(cfg.precision.runs_as or cfg.precision.name, device, scaler=cfg.precision.scaler_settings())
-
-
 def compile_mode_arg(mode: str) -> str | None:
     """torch.compile's `mode` for the config's `compile_mode` ("default" is torch's None)."""
     return None if mode == "default" else mode
@@ -166,7 +161,10 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
     if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
         task = FusedLossTask(task)  # model(input, target=...) returns the loss; eval is the task's own
-    precision = _precision(cfg, device)
+    # fp16's scaler from `precision.scaler`; one object, which the strategy steps through
+    precision = MixedPrecision(
+        cfg.precision.runs_as or cfg.precision.name, device, scaler=cfg.precision.scaler_settings()
+    )
     # parallel=ddp or fsdp: the option names its strategy class, which places the model on the ranks
     strategy = strategy_class(cfg.parallel).from_config(cfg, precision, device, rank, world)
     source = ModelBuilder(cfg, task, float8_all_gather=cfg.parallel.float8_all_gather(cfg.precision))
