@@ -283,9 +283,10 @@ def clip_grad_norm_(
 class ShardedTrainer:
     """A sharded model (`shard_model`) with the training calls clorch's DDP wrapper offers.
 
-    clorch's training step runs any of its data-parallel wrappers alike: calls the
-    model, accumulates under `no_sync()`, measures and clips with
-    `clip_gradients`, steps with `optimizer_step`. Here `no_sync()` is FSDP2's
+    For a training loop of your own: call the model, accumulate under `no_sync()`,
+    measure and clip with `clip_gradients`, step with `optimizer_step` (the engine's
+    `clorch.strategies.fsdp.FSDPStrategy` uses its call and `no_sync()`, and clips and
+    steps through its precision object). Here `no_sync()` is FSDP2's
     `set_requires_gradient_sync(False)` (gradients stay unsharded-unreduced until
     the last micro-batch's backward, which reduce-scatters them).
 
