@@ -177,20 +177,31 @@ def test_a_descriptor_closed_at_start_is_filled_so_no_file_takes_its_number():
     assert done.returncode == 0 and done.stdout == b"True True True\n"
 
 
+@pytest.fixture(scope="module")
+def closed_at_start(tmp_path_factory) -> dict[int, tuple[Path, int]]:
+    """{descriptor: (the run directory, the exit status)} of `clorch-train ... >&-` (1) and `2>&-`
+    (2), side by side."""
+    procs = {}
+    for closed in (1, 2):
+        tmp_path = tmp_path_factory.mktemp(f"closed{closed}")
+        args = ["+recipe=cpu_smoke", f"hydra.run.dir={tmp_path / 'run'}"]
+        procs[closed] = (
+            tmp_path / "run",
+            subprocess.Popen(
+                [sys.executable, "-m", "clorch.cli", *args],
+                cwd=tmp_path,
+                env=_env(),
+                stdin=subprocess.DEVNULL,
+                preexec_fn=lambda fd=closed: os.close(fd),
+            ),
+        )
+    return {closed: (run_dir, proc.wait(timeout=200)) for closed, (run_dir, proc) in procs.items()}
+
+
 @pytest.mark.parametrize("closed", [1, 2])
-def test_a_console_closed_at_start_never_stops_the_run(tmp_path, closed):
+def test_a_console_closed_at_start_never_stops_the_run(closed_at_start, closed):
     """`clorch-train ... 2>&-` and `>&-`: the run ends succeeded, with its summary and exit status 0."""
-    run_dir = tmp_path / "run"
-    args = ["+recipe=cpu_smoke", f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(
-        [sys.executable, "-m", "clorch.cli", *args],
-        cwd=tmp_path,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: os.close(closed),
-        capture_output=False,
-        timeout=200,
-    )
-    assert done.returncode == 0
+    run_dir, code = closed_at_start[closed]
+    assert code == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["steps"] == summary["planned_steps"]
