@@ -262,6 +262,39 @@ def _check_global_batch(path: Path, record: Any, parts: Components) -> str | Non
     )
 
 
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _numbers(value: Any, length: int) -> bool:
+    """Whether `value` is a list of `length` plain numbers (no bools)."""
+    return (
+        isinstance(value, list)
+        and len(value) == length
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+    )
+
+
+def _state_rules(world_size: int) -> dict[str, tuple[Any, str]]:
+    """Each field `save` writes: (whether a value fits, what is allowed)."""
+    return {
+        "step": (_count, "an int >= 0"),
+        "epoch": (_count, "an int >= 0"),
+        "window_steps": (lambda v: v is None or _count(v), "an int >= 0"),
+        "window_samples": (lambda v: v is None or _count(v), "an int >= 0"),
+        "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
+        "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
+        "window_norm": (
+            lambda v: v is None or _numbers(v, 2),
+            "null or [sum, count] of the window's gradient norms",
+        ),
+        "window_loss": (
+            lambda v: v is None or _numbers(v, world_size),
+            f"null or a list of {world_size} numbers (one per rank)",
+        ),
+    }
+
+
 def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
     """The engine's own fields of a checkpoint's state, as `save` writes them.
 
@@ -271,43 +304,9 @@ def _check_training_state(path: Path, saved: Any, world_size: int) -> None:
     Raises:
         CheckpointError: the first field that is not what `save` writes.
     """
-
-    def count(value: Any) -> bool:
-        return type(value) is int and value >= 0
-
-    rules = {
-        "step": (count, "an int >= 0"),
-        "epoch": (count, "an int >= 0"),
-        "window_steps": (lambda v: v is None or count(v), "an int >= 0"),
-        "window_samples": (lambda v: v is None or count(v), "an int >= 0"),
-        "scheduler": (lambda v: v is None or isinstance(v, dict), "a dict (the schedule's state)"),
-        "run_dir": (lambda v: v is None or isinstance(v, str), "a path"),
-        "window_norm": (
-            lambda v: (
-                v is None
-                or (
-                    isinstance(v, list)
-                    and len(v) == 2
-                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-                )
-            ),
-            "null or [sum, count] of the window's gradient norms",
-        ),
-        "window_loss": (
-            lambda v: (
-                v is None
-                or (
-                    isinstance(v, list)
-                    and len(v) == world_size
-                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-                )
-            ),
-            f"null or a list of {world_size} numbers (one per rank)",
-        ),
-    }
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path}: its state is {type(saved).__name__}, not a dict")
-    for key, (fits, allowed) in rules.items():
+    for key, (fits, allowed) in _state_rules(world_size).items():
         value = saved.get(key) if key not in ("step", "epoch") else saved.get(key, "missing")
         if not fits(value):
             raise CheckpointError(

@@ -139,6 +139,31 @@ def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool
     return compiled and mode in CUDA_GRAPH_MODES and device.type == "cuda"
 
 
+def _placed_tasks(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    """The train and eval splits on `device`, the train split's loss compiled or fused as asked."""
+    task, eval_task = build_tasks(cfg, device.type)
+    for split in (task, eval_task):
+        place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
+    if cfg.compile and hasattr(task, "compile_loss"):
+        task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
+    if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
+        task = FusedLossTask(task)  # model(input, target=...) returns the loss; eval is the task's own
+    return task, eval_task
+
+
+def _sampler(cfg: TrainConfig, size: int, rank: int, world: int) -> DistributedSampler:
+    """This rank's sampler over the `size` training samples (`cfg.sampler`; its seed defaults to the run's)."""
+    sampling = cfg.sampler
+    return DistributedSampler(
+        size,
+        num_replicas=world,
+        rank=rank,
+        seed=cfg.seed if sampling.seed is None else sampling.seed,
+        shuffle=sampling.shuffle,
+        drop_last=sampling.drop_last,
+    )
+
+
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
     """Build task, model (on the rank's device, compiled if asked, placed on the ranks by the
     strategy `parallel` names), optimizer, schedule, precision (autocast and scaler) and sampler from a
@@ -153,14 +178,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     """
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
     device = _device(ctx)
-    task, eval_task = build_tasks(cfg, device.type)
-
-    for split in (task, eval_task):
-        place_task(split, device)  # a GPU gathers batches from its own copy: no per-batch pinning
-    if cfg.compile and hasattr(task, "compile_loss"):
-        task.compile_loss = cfg.compile_mode  # the loss is compiled too: fused float32 log-softmax
-    if isinstance(cfg.loss, ChunkedCrossEntropyConfig):
-        task = FusedLossTask(task)  # model(input, target=...) returns the loss; eval is the task's own
+    task, eval_task = _placed_tasks(cfg, device)
     # fp16's scaler from `precision.scaler`; one object, which the strategy steps through
     precision = MixedPrecision(
         cfg.precision.runs_as or cfg.precision.name, device, scaler=cfg.precision.scaler_settings()
@@ -171,15 +189,6 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
     strategy.setup(source, lambda model: build_optimizer(cfg, model))
     raw, model, optimizer = strategy.raw_model, strategy.model, strategy.optimizer
     seed_training_draws(cfg.seed, rank)
-    sampling = cfg.sampler
-    sampler = DistributedSampler(
-        len(task),
-        num_replicas=world,
-        rank=rank,
-        seed=cfg.seed if sampling.seed is None else sampling.seed,
-        shuffle=sampling.shuffle,
-        drop_last=sampling.drop_last,
-    )
     return Components(
         model=model,
         raw_model=raw,
@@ -188,7 +197,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         precision=precision,
         task=task,
         eval_task=eval_task,
-        sampler=sampler,
+        sampler=_sampler(cfg, len(task), rank, world),
         device=device,
         batch_size=cfg.batch_size,
         accumulation=cfg.accumulation,

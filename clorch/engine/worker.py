@@ -210,6 +210,42 @@ def plan_of(ctx: Mapping[str, Any]) -> Plan:
     return read_plan(Path(args["plan_file"])) if "plan_file" in args else Plan.from_dict(args["plan"])
 
 
+def _continued_run_dir(state: LoopState, resumed_from: str | None, run_dir: Path) -> str | None:
+    """The run directory whose history this one continues (None: a fresh start, or this directory)."""
+    earlier = state.resumed_run_dir if resumed_from else None
+    if earlier is not None and Path(earlier).resolve() == run_dir.resolve():
+        return None
+    return earlier
+
+
+def _writer(cfg: TrainConfig, run_dir: Path, history: list[dict[str, Any]] | None) -> MetricsWriter:
+    """Rank 0's metrics.jsonl (starting with a resumed run's `history`), and TensorBoard's files when asked."""
+    tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
+    return MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
+
+
+def _fit(parts: Components, total: int, state: LoopState, hooks: StepHooks) -> int | None:
+    """Train to `total` steps (`fit`); the step a sweep's pruner stopped the run at, or None."""
+    try:
+        fit(parts, total, state, hooks)
+    except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
+        return stop.step
+    return None
+
+
+def _end_of_training(
+    cfg: TrainConfig, parts: Components, hooks: StepHooks, state: LoopState, run_dir: Path, pruned_at: int | None
+) -> tuple[dict[str, float], str | None, str | None]:
+    """The final evaluation, checkpoint and export (none after a pruned run: its last eval instead)
+    and the weights digest. Every rank calls it: each of them may be collective."""
+    final_eval = hooks.eval(state) if pruned_at is None else hooks.last_eval
+    if pruned_at is None and cfg.checkpoint.policy in ("final", "periodic"):
+        checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
+    exported = _export(cfg, parts, run_dir) if pruned_at is None else None
+    # Every rank calls it: a sharded model's weights are gathered one parameter at a time.
+    return final_eval, exported, parts.strategy.weights_digest()
+
+
 def train(
     plan: Plan, run_dir: Path, ctx: Mapping[str, Any], hooks_class: type[StepHooks] = StepHooks
 ) -> dict[str, Any] | None:
@@ -230,24 +266,13 @@ def train(
         return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
     parts = build_components(cfg, ctx, total)
     state, resumed_from, history = _start(cfg, parts, run_dir, total)
-    writer = None
-    if parts.rank == 0:
-        tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
-        writer = MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
+    writer = _writer(cfg, run_dir, history) if parts.rank == 0 else None
     hooks = hooks_class(cfg, parts, run_dir, total, writer)
-    start, first_step, pruned_at = time.perf_counter(), state.step, None
+    start, first_step = time.perf_counter(), state.step
     try:
-        try:
-            fit(parts, total, state, hooks)
-        except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
-            pruned_at = stop.step
+        pruned_at = _fit(parts, total, state, hooks)
         train_time = time.perf_counter() - start
-        final_eval = hooks.eval(state) if pruned_at is None else hooks.last_eval
-        if pruned_at is None and cfg.checkpoint.policy in ("final", "periodic"):
-            checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
-        exported = _export(cfg, parts, run_dir) if pruned_at is None else None
-        # Every rank calls it: a sharded model's weights are gathered one parameter at a time.
-        digest = parts.strategy.weights_digest()
+        final_eval, exported, digest = _end_of_training(cfg, parts, hooks, state, run_dir, pruned_at)
     finally:
         if writer is not None:
             writer.close()
@@ -255,15 +280,11 @@ def train(
         return None
     steps_run = state.step - first_step
     samples = steps_run * parts.batch_size * parts.accumulation * parts.world_size  # planned, tail aside
-    # The run directory whose history this one continues (None: a fresh start, or this directory).
-    earlier = state.resumed_run_dir if resumed_from else None
-    if earlier is not None and Path(earlier).resolve() == run_dir.resolve():
-        earlier = None
     return {
         "steps": state.step,
         "epoch": state.epoch,
         "resumed_from": resumed_from,
-        "resumed_run_dir": earlier,
+        "resumed_run_dir": _continued_run_dir(state, resumed_from, run_dir),
         "train_time_s": train_time,
         "samples_per_s": samples / max(train_time, 1e-9),
         "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,

@@ -59,6 +59,25 @@ def _check_cap(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a finite number > 0 (MiB), got {value!r}")
 
 
+def _check_arguments(module: object, process_group: Any, overlap_grad_copies: object, unsupported: dict) -> None:
+    """The arguments torch's DDP takes that clorch's checks before anything is set (see the class)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    check_unsupported(**unsupported)
+    check_process_group(process_group)
+    if not isinstance(overlap_grad_copies, bool):
+        raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
+
+
+def _agree_on_start(module: nn.Module, init_sync: bool) -> None:
+    """Collective: check the parameter signature across ranks (ValueError on every rank if it
+    differs) and, with `init_sync`, broadcast rank 0's parameters and buffers."""
+    named = list(module.named_parameters())
+    check_signature(named)
+    if init_sync:
+        broadcast_coalesced([p.detach() for _, p in named] + list(module.buffers()))
+
+
 def _inside_backward() -> bool:
     """Whether this thread is running a backward pass (e.g. a checkpointed forward recomputed)."""
     current = getattr(torch._C, "_current_graph_task_id", None)
@@ -176,9 +195,7 @@ class DistributedDataParallel(TorchDDPInterface):
         **torch_only: Any,
     ):
         nn.Module.__init__(self)  # not torch's DDP __init__: that would build torch's reducer
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        check_unsupported(
+        unsupported = dict(
             find_unused_parameters=find_unused_parameters,
             delay_all_reduce_named_params=delay_all_reduce_named_params,
             param_to_hook_all_reduce=param_to_hook_all_reduce,
@@ -187,9 +204,7 @@ class DistributedDataParallel(TorchDDPInterface):
             skip_all_reduce_unused_params=skip_all_reduce_unused_params,
             **torch_only,
         )
-        check_process_group(process_group)
-        if not isinstance(overlap_grad_copies, bool):
-            raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
+        _check_arguments(module, process_group, overlap_grad_copies, unsupported)
         self._input_device = check_device_ids(module, device_ids, output_device)
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         _check_cap("bucket_cap_mb", cap)
@@ -203,19 +218,14 @@ class DistributedDataParallel(TorchDDPInterface):
         self.static_graph = bool(static_graph)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.require_backward_grad_sync = True
-        named = list(module.named_parameters())
         if size > 1:
-            check_signature(named)
-            if init_sync:
-                broadcast_coalesced([p.detach() for _, p in named] + list(module.buffers()))
-        self._reducer: Reducer | None = None
+            _agree_on_start(module, init_sync)
         self._covers: dict[tuple[int, int], bool] = {}
         self._reducer_args = (cap, first_cap, dtype, size)
         self.broadcast_buffers = broadcast_buffers is None or bool(broadcast_buffers)
         self.overlap_grad_copies = overlap_grad_copies
         self._forwarded = False  # register_comm_hook is refused once a forward ran
-        if size > 1:
-            self._reducer = self._build_reducer()
+        self._reducer: Reducer | None = self._build_reducer() if size > 1 else None
 
     def _build_reducer(self, communicate: bool | None = None, comm_hook: tuple | None = None) -> Reducer:
         trainable = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
