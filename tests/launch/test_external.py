@@ -105,21 +105,26 @@ def test_a_config_error_under_torchrun_is_reported_once_per_node(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def _srun_env(task: int, port: int) -> dict[str, str]:
+    """The environment srun gives task `task` of 2 on one node (job 4242, step 0)."""
+    return {
+        **_clean_env(),
+        "SLURM_PROCID": str(task),
+        "SLURM_LOCALID": str(task),
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 def test_srun_tasks_train_as_ranks(tmp_path):
     port = free_port()
     procs = []
     for task in range(2):
-        env = {
-            **_clean_env(),
-            "SLURM_PROCID": str(task),
-            "SLURM_LOCALID": str(task),
-            "SLURM_NTASKS": "2",
-            "SLURM_NNODES": "1",
-            "SLURM_STEP_ID": "0",
-            "SLURM_JOB_ID": "4242",
-            "SLURM_JOB_NODELIST": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+        env = _srun_env(task, port)
         procs.append(
             subprocess.Popen(
                 [str(Path(sys.executable).parent / "clorch-train"), *TINY],
@@ -143,8 +148,9 @@ def _torchrun_popen(entry: list[str], args: list[str], cwd: Path, env: dict[str,
 
 @pytest.fixture(scope="module")
 def ended_early(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
-    """{case: (its run directory, torchrun's exit status, its output)}, side by side: "failed" (rank 1
-    raises after step 2) and "terminated" (SIGTERM to torchrun once the job has logged a step)."""
+    """{case: (its run directory, the exit status, the output)}, side by side: "failed" (under
+    torchrun, rank 1 raises after step 2), "terminated" (SIGTERM to torchrun once the job has
+    logged a step) and "srun_failed" (srun's two tasks, rank 1 raising after step 2)."""
     root = Path(__file__).resolve().parents[2]
     env = {**_clean_env(), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     fail_env = {**env, "CLORCH_TESTS_FAIL_AT_STEP": "2", "CLORCH_TESTS_FAIL_RANK": "1"}
@@ -160,12 +166,27 @@ def ended_early(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
             clorch_train, [*args, f"hydra.run.dir={dirs['terminated'] / 'run'}"], dirs["terminated"], env
         ),
     }
+    srun_dir, port = tmp_path_factory.mktemp("srun_failed"), free_port()
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, *failing, *args, f"hydra.run.dir={srun_dir / 'run'}"],
+            cwd=srun_dir,
+            env={**fail_env, **_srun_env(task, port), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for task in range(2)
+    ]
     metrics, deadline = dirs["terminated"] / "run" / "metrics.jsonl", time.monotonic() + 150
     while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.1)  # until the first step's record
     procs["terminated"].send_signal(signal.SIGTERM)
     outs = {case: proc.communicate(timeout=180)[0] for case, proc in procs.items()}
-    return {case: (dirs[case] / "run", procs[case].returncode, outs[case]) for case in procs}
+    ended = {case: (dirs[case] / "run", procs[case].returncode, outs[case]) for case in procs}
+    task_outs = [task.communicate(timeout=180)[0] for task in tasks]
+    ended["srun_failed"] = (srun_dir / "run", max(t.returncode for t in tasks), "".join(task_outs))
+    return ended
 
 
 def _show(run_dir: Path, capsys) -> str:
@@ -174,12 +195,14 @@ def _show(run_dir: Path, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_a_rank_failing_under_torchrun_leaves_the_summary_of_a_failed_job(ended_early, capsys):
-    run_dir, code, out = ended_early["failed"]
+@pytest.mark.parametrize("case", ["failed", "srun_failed"])
+def test_a_rank_failing_under_torchrun_or_srun_leaves_the_summary_of_a_failed_job(ended_early, capsys, case):
+    run_dir, code, out = ended_early[case]
     assert code != 0, out[-3000:]
     assert "clorch-train: job failed: rank 1 failed first: RuntimeError: failing on purpose after step 2" in out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["launcher"] == "torchrun"
+    launcher = "torchrun" if case == "failed" else "slurm"
+    assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["launcher"] == launcher
     assert summary["error"]["message"] == "failing on purpose after step 2"
     assert "status     failed" in _show(run_dir, capsys)
 
