@@ -60,6 +60,14 @@ def test_strategies_take_what_they_act_on_and_import_nothing_of_the_rank_or_the_
         assert not re.search(r"^\s*(from|import) clorch\.amp\b", text, re.M), name
 
 
+def test_the_builders_sit_below_the_plan_the_ranks_and_the_strategies():
+    # The plan (on meta) and the ranks (for real) build through clorch.builders; it reaches up into none of them.
+    for path in (ROOT / "clorch" / "builders").rglob("*.py"):
+        text = path.read_text()
+        found = re.search(r"^\s*(from|import) clorch\.(engine|plan|strategies|cli|sweep|bench)\b", text, re.M)
+        assert not found, (path, found.group(0))
+
+
 def _imports_in_functions(tree):
     """(import node, its try-handlers' names) for every import inside a function body."""
     import ast
@@ -123,7 +131,7 @@ def test_every_lazy_import_says_why_and_only_modules_without_torch_have_them():
 def test_config_describes_and_checks_without_torch_or_builders():
     """clorch.config never imports torch, not even lazily, nor the packages that build what a
     config names (data, models, nn, checkpoint, plan, engine): that is clorch.plan's work."""
-    builders = r"clorch\.(data|models|nn|checkpoint|plan|engine|amp|optim|distributed)\b"
+    builders = r"clorch\.(data|models|nn|checkpoint|plan|engine|amp|optim|distributed|builders|strategies)\b"
     problems = []
     for path in sorted((ROOT / "clorch" / "config").rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), 1):

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from clorch.amp import MixedPrecision
-from clorch.plan.data import build_splits
-from clorch.config import registry
+from clorch.builders.data import build_splits
+from clorch.builders.optimizer import build_optimizer
+from clorch.builders.rank_model import ModelBuilder
 from clorch.config.options.chunked_loss import ChunkedCrossEntropyConfig
 from clorch.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from clorch.data import DistributedSampler
@@ -23,8 +24,7 @@ from clorch.data.base import derive_seed
 from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
-from clorch.engine.model_build import ModelBuilder
-from clorch.optim import build_scheduler, fused_by_default, param_groups
+from clorch.optim import build_scheduler
 from clorch.strategies import Strategy, strategy_class
 
 
@@ -87,17 +87,6 @@ def _device(ctx: Mapping[str, Any]) -> torch.device:
 def build_tasks(cfg: TrainConfig, device_type: str = "cpu") -> tuple[Any, Any]:
     """The train and eval splits of `cfg.data` (a dataset of yours loads for `device_type`)."""
     return build_splits(cfg, device_type)
-
-
-def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer `cfg.optim` names (its `builds`), given its keys (`kwargs()`) and clorch's
-    parameter groups (weight decay on `optim.decay`'s parameters only)."""
-    optim = cfg.optim
-    groups = param_groups(model, optim.weight_decay, optim.decay)
-    kwargs = optim.kwargs()
-    if "fused" in kwargs and kwargs["fused"] is None:
-        kwargs["fused"] = fused_by_default(groups)
-    return registry.resolve(optim.builds)(groups, **kwargs)
 
 
 # derive_seed's stream of the draws made while training (dropout), one per rank: (TRAINING_STREAM,

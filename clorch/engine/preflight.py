@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from clorch.plan.data import model_sizes_of
-from clorch.plan.model import build_model_for
+from clorch.builders.data import model_sizes_of
+from clorch.builders.model import build_model_for
 from clorch.plan.plan import Plan
 from clorch.engine.outputs import announce
 from clorch.preflight import run_preflight

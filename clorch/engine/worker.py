@@ -218,19 +218,18 @@ def _continued_run_dir(state: LoopState, resumed_from: str | None, run_dir: Path
     return earlier
 
 
+def _preflight(plan: Plan, run_dir: Path, rank: int) -> Any:
+    """The preflight's verdict, or None (`preflight.run_first`: every rank calls it), checking the
+    checkpoint directory's free space where the run writes checkpoints."""
+    cfg = plan.config
+    directory = checkpoints.checkpoint_dir(cfg, run_dir) if cfg.checkpoint.policy != "none" else None
+    return preflight.run_first(plan, run_dir, directory, rank)
+
+
 def _writer(cfg: TrainConfig, run_dir: Path, history: list[dict[str, Any]] | None) -> MetricsWriter:
     """Rank 0's metrics.jsonl (starting with a resumed run's `history`), and TensorBoard's files when asked."""
     tb = run_dir / "tensorboard" if cfg.logger.tensorboard else None
     return MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
-
-
-def _fit(parts: Components, total: int, state: LoopState, hooks: StepHooks) -> int | None:
-    """Train to `total` steps (`fit`); the step a sweep's pruner stopped the run at, or None."""
-    try:
-        fit(parts, total, state, hooks)
-    except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
-        return stop.step
-    return None
 
 
 def _end_of_training(
@@ -259,18 +258,19 @@ def train(
     """
     cfg, total = plan.config, plan.total_steps
     rank = int(ctx.get("rank", 0))
-    checked = preflight.run_first(
-        plan, run_dir, checkpoints.checkpoint_dir(cfg, run_dir) if cfg.checkpoint.policy != "none" else None, rank
-    )
+    checked = _preflight(plan, run_dir, rank)
     if preflight.stops_here(plan, checked):  # failed, or preflight=only: nothing is built
         return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
     parts = build_components(cfg, ctx, total)
     state, resumed_from, history = _start(cfg, parts, run_dir, total)
     writer = _writer(cfg, run_dir, history) if parts.rank == 0 else None
     hooks = hooks_class(cfg, parts, run_dir, total, writer)
-    start, first_step = time.perf_counter(), state.step
+    start, first_step, pruned_at = time.perf_counter(), state.step, None
     try:
-        pruned_at = _fit(parts, total, state, hooks)
+        try:
+            fit(parts, total, state, hooks)
+        except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
+            pruned_at = stop.step
         train_time = time.perf_counter() - start
         final_eval, exported, digest = _end_of_training(cfg, parts, hooks, state, run_dir, pruned_at)
     finally:

@@ -14,9 +14,9 @@ from typing import Any
 
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
-from clorch.plan.data import model_sizes_of
+from clorch.builders.data import model_sizes_of
 from clorch.plan.memory import RankMemory, bytes_per_parameter, config_memory, human_bytes
-from clorch.plan.model import build_model_for
+from clorch.builders.model import build_model_for
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
 from clorch.launch.gpus import resolve_ranks, visible_gpus

@@ -16,7 +16,7 @@ from typing import Any
 
 from clorch.config.checks import complete
 from clorch.launch.gpus import visible_gpus
-from clorch.plan.model import build_model_for
+from clorch.builders.model import build_model_for
 
 SECTIONS = ("precision", "model")  # the sections whose options may need something of the machine
 

@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 
 from clorch._files import write_bytes_atomic
 from clorch.config.checks import ConfigError, checked_partial, complete
-from clorch.plan.data import is_user_data, split_sizes
+from clorch.builders.data import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
 from clorch.config.paths import with_absolute_paths
 from clorch.plan.checks import (

@@ -21,8 +21,8 @@ import sysconfig
 import traceback
 from typing import Any, Mapping
 
-from clorch.plan.data import build_splits, is_user_data, model_sizes_of, user_tasks
-from clorch.plan.model import build_model_for, data_sized_defaults
+from clorch.builders.data import build_splits, is_user_data, model_sizes_of, user_tasks
+from clorch.builders.model import build_model_for, data_sized_defaults
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
 from clorch.config.targets import TargetBuildError, has_target
 

@@ -40,7 +40,7 @@ class ModelSource(Protocol):
     """How the rank builds its model, for a strategy that decides where (the engine provides it).
 
     `whole()`: the whole model in host memory, initialized, the config's changes applied
-    (`clorch.engine.model_options`), in train mode. `on_meta()`: the model with its parameters
+    (`clorch.builders.model_options`), in train mode. `on_meta()`: the model with its parameters
     on the meta device and the config's changes applied, or None where it must be built whole;
     and whether `model.init_from` holds every tensor of it. `fill(model, device, covered)`:
     storage and first values for a model from `on_meta()` after it was sharded.

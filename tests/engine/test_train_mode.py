@@ -11,7 +11,7 @@ from clorch.config import compose
 from clorch.engine.components import build_components, training_seed
 from clorch.engine.evaluate import evaluate
 from clorch.engine.loop import train_step
-from clorch.plan.model import build_model_for
+from clorch.builders.model import build_model_for
 from clorch.plan.plan import resolve
 
 pytestmark = pytest.mark.timeout(120)

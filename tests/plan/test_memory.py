@@ -9,7 +9,7 @@ import torch
 import clorch.plan.checks as checks
 from clorch.config import compose
 from clorch.config.checks import checked_partial
-from clorch.plan.data import model_sizes_of
+from clorch.builders.data import model_sizes_of
 from clorch.plan.memory import (
     bytes_per_parameter,
     config_memory,
@@ -21,7 +21,7 @@ from clorch.plan.memory import (
     mlp_activation_bytes,
     rank_memory,
 )
-from clorch.plan.model import build_model_for
+from clorch.builders.model import build_model_for
 from clorch.plan.plan import plan_or_errors
 from tests.harness import run_ranks
 

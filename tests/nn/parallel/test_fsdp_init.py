@@ -42,10 +42,10 @@ from torch.profiler import ProfilerActivity, profile
 from clorch.checkpoint import save_checkpoint
 from clorch.checkpoint.weights import load_weights
 from clorch.config import compose
-from clorch.engine import model_build
+from clorch.builders import rank_model as model_build
 from clorch.engine.components import build_components
-from clorch.plan.data import model_sizes_of
-from clorch.plan.model import build_model_for
+from clorch.builders.data import model_sizes_of
+from clorch.builders.model import build_model_for
 from clorch.plan.plan import resolve
 from tests.harness import run_ranks
 

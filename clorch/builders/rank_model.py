@@ -1,7 +1,7 @@
 """The model a rank trains, built from the config: whole, or on the meta device for a strategy that shards it.
 
 Both start from the same weights: a built-in model's seeded start is drawn module
-by module (`clorch.plan.model.seeds_per_module`), a model of your own initializes
+by module (`clorch.builders.model.seeds_per_module`), a model of your own initializes
 itself, and `model.init_from` then overwrites what its file holds. `ModelBuilder`
 is what a parallel strategy (`clorch.strategies`) builds through: it decides where
 the model lives, this module how it is made.
@@ -16,9 +16,9 @@ from torch import nn
 
 from clorch.checkpoint.weights import load_weights, weight_names
 from clorch.config.schema import TrainConfig
-from clorch.engine.model_options import apply_model_options
+from clorch.builders.model_options import apply_model_options
 from clorch.nn.parallel.fsdp_init import allocate, init_fn_of, materialize, parameters_on_meta
-from clorch.plan.model import build_model_for, seeds_per_module
+from clorch.builders.model import build_model_for, seeds_per_module
 
 __all__ = ["ModelBuilder", "build_raw_model"]
 

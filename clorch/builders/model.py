@@ -11,7 +11,7 @@ import inspect
 from dataclasses import asdict, fields
 from typing import Any, Callable
 
-from clorch.plan.data import model_sizes_of
+from clorch.builders.data import model_sizes_of
 from clorch.config.schema import MODEL_LOAD_KEYS, TargetModelConfig, TrainConfig
 from clorch.config.targets import instantiate_nested, resolve_target
 from clorch.config.user_code import names
@@ -62,7 +62,7 @@ def build_model_for(cfg: TrainConfig, data_sizes: dict[str, Any] | None = None) 
 
     Args:
         data_sizes: the data's sizes (a task's `model_kwargs()`); None reads them from the
-            data's config (clorch.plan.data.model_sizes_of).
+            data's config (clorch.builders.data.model_sizes_of).
     """
     import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
