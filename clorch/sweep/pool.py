@@ -3,7 +3,10 @@
 A trial is a single run, as `clorch-train OVERRIDES hydra.run.dir=SWEEP_DIR/N`
 would start it: it checks its own config, picks its own free port, writes its own
 run directory (with its console output in `console.log`), summary.json and exit
-status. The pool starts one on each free slot (clorch.sweep.slots) and reports
+status. It is forked from a server process that imported torch and clorch's
+command line once (multiprocessing's forkserver), so a trial does not pay for a
+fresh interpreter and torch's import (seconds) again; its ranks start as any
+run's do. The pool starts one on each free slot (clorch.sweep.slots) and reports
 each that ends, so the sweeper can start the next at once (asynchronously, not in
 batches). A trial that fails ends alone; the others go on.
 
@@ -15,13 +18,16 @@ and waits for them.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clorch.sweep.slots import Slot
 
@@ -33,7 +39,7 @@ POLL_S = 0.2
 class Running:
     number: int
     slot: Slot
-    process: subprocess.Popen
+    process: Any  # a multiprocessing Process, or an _Interpreter
     run_dir: Path
     started: float = field(default_factory=time.monotonic)
 
@@ -49,9 +55,9 @@ class Ended:
     slot: Slot
 
 
-def trial_command(overrides: list[str], run_dir: Path, hydra_args: list[str]) -> list[str]:
-    """The command line of one trial: clorch-train with its overrides, in its own directory."""
-    return [sys.executable, "-m", "clorch.cli", *overrides, *hydra_args, f"hydra.run.dir={_quoted(run_dir)}"]
+def trial_args(overrides: list[str], run_dir: Path, hydra_args: list[str]) -> list[str]:
+    """clorch-train's arguments for one trial: its overrides, in its own directory."""
+    return [*overrides, *hydra_args, f"hydra.run.dir={_quoted(run_dir)}"]
 
 
 def _quoted(path: Path) -> str:
@@ -59,6 +65,53 @@ def _quoted(path: Path) -> str:
     if all(c.isalnum() or c in "/._-" for c in text):
         return text
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:
+    """A trial's process (forked from the server): its own session, cores, environment and
+    console, then clorch-train's own main."""
+    os.setsid()  # the terminal's Ctrl-C reaches the sweep, which passes it on
+    if cores:
+        os.sched_setaffinity(0, cores)
+    os.environ.update(env)
+    fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (1, 2):
+        os.dup2(fd, stream)
+    os.close(fd)
+    sys.argv = ["clorch-train", *args]
+    # As `python -m clorch.cli ARGS` runs it (the server imported it already), exit status included.
+    runpy.run_module("clorch.cli", run_name="__main__", alter_sys=True)
+
+
+class _Interpreter:
+    """A trial in a fresh interpreter (`python -m clorch.cli`), where the sweep itself runs in a
+    daemonic process (a multiprocessing worker's), which may start no process of its own kind."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:
+        with open(console, "ab") as out:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "clorch.cli", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+            )
+        self.pid = self._popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def join(self) -> None:
+        self._popen.wait()
+
+
+def _context() -> mp.context.BaseContext:
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "clorch.cli.train"])
+    return context
 
 
 class Pool:
@@ -76,25 +129,20 @@ class Pool:
         """Start trial `number` on a free slot (there must be one); return the slot."""
         slot = self.free()[0]
         run_dir.mkdir(parents=True, exist_ok=True)
-        environ = {**os.environ, **slot.environ(), **env}
-        cores = set(slot.cores)
-        with open(run_dir / CONSOLE, "ab") as console:
-            process = subprocess.Popen(
-                trial_command(overrides, run_dir, self.hydra_args),
-                stdin=subprocess.DEVNULL,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                env=environ,
-                start_new_session=True,  # the terminal's Ctrl-C reaches the sweep, which passes it on
-                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
-            )
+        args = (trial_args(overrides, run_dir, self.hydra_args), {**slot.environ(), **env}, set(slot.cores))
+        console = str(run_dir / CONSOLE)
+        if mp.current_process().daemon:  # multiprocessing lets a daemonic process start none of its own
+            process: Any = _Interpreter(*args, console)
+        else:  # a trial starts its ranks: it is no daemon either
+            process = _context().Process(target=_trial_main, args=(*args, console), daemon=False)
+            process.start()
         self.running[number] = Running(number, slot, process, run_dir)
         return slot
 
     def wait(self) -> list[Ended]:
         """Block until at least one running trial ends; return those that did."""
         while self.running:
-            ended = [self._ended(r) for r in list(self.running.values()) if r.process.poll() is not None]
+            ended = [self._ended(r) for r in list(self.running.values()) if r.process.exitcode is not None]
             if ended:
                 return ended
             time.sleep(POLL_S)
@@ -102,13 +150,14 @@ class Pool:
 
     def _ended(self, run: Running) -> Ended:
         del self.running[run.number]
-        return Ended(run.number, run.run_dir, run.process.returncode, time.monotonic() - run.started, run.slot)
+        run.process.join()
+        return Ended(run.number, run.run_dir, run.process.exitcode, time.monotonic() - run.started, run.slot)
 
     def interrupt(self, signum: int) -> list[Ended]:
         """Pass `signum` on to every running trial, once, and wait for them all to end."""
         for run in self.running.values():
             try:
-                run.process.send_signal(signum)
+                os.kill(run.process.pid, signum)
             except ProcessLookupError:
                 pass
         ended = []

@@ -9,6 +9,8 @@ import os
 import re
 import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,7 +98,15 @@ def test_a_grid_runs_side_by_side_on_its_own_cores_and_a_failed_trial_stops_no_o
     sweep_dir = tmp_path / "grid"
     # Trial 1's whole-job limit runs out at once (timed_out); trial 0 trains.
     args = ["-m", *TINY, "max_steps=6", "launcher.timeout=300,0.001", "hydra.sweeper.n_jobs=2"]
-    done = run_clorch_train([*args, f"hydra.sweep.dir={sweep_dir}"], tmp_path, env=_env(), timeout=300)
+    # A clorch-train process of its own, as a user starts it: its trials fork from its server.
+    done = subprocess.run(
+        [sys.executable, "-m", "clorch.cli", *args, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert [r["status"] for r in _rows(sweep_dir)] == ["succeeded", "timed_out"]
     cores = dict(re.findall(r"trial (\d) started on cores? ([\d,]+)", done.stdout))
