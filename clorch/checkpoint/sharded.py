@@ -219,15 +219,8 @@ def save_sharded(
         RuntimeError: the process group failed or a rank did not call it.
     """
     path, model = Path(path), unwrap_model(model)
-    error, info = None, None
-    try:
-        state = {} if state is None else state
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict (or None), got {type(state).__name__}")
-        json.dumps(state)
-        info = _local_info(model, sampler)
-    except (TypeError, ValueError) as exc:  # json.dumps: TypeError, or ValueError for a cycle
-        error = exc
+    state = {} if state is None else state
+    info, error = _checked_local_info(model, sampler, state)
     per_rank = exchange(info, error, f"prepare sharded checkpoint {path}", "save_sharded")
     error, temporary = None, None
     if cdist.rank() == 0:
@@ -236,40 +229,63 @@ def save_sharded(
         except Exception as exc:
             error = exc
     temporary = Path(exchange(str(temporary), error, f"create {path}'s temporary", "save_sharded")[0])
-    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
     own = differing([r["buffers"] for r in per_rank])
-    with _one_process_is_intended():
-        dcp.save(
-            {"model": model_state, "optim": optim_state, **own_copies(model_state, own, cdist.rank())},
-            checkpoint_id=temporary,
-            no_dist=not cdist.is_initialized(),
-        )
+    _write_shards(temporary, model, optimizer, own)
     error, share = None, None
     try:
         share = _hash_my_share(temporary)
     except (OSError, CheckpointError) as exc:
         error = exc
     shares = exchange(share, error, f"hash the files of {path}", "save_sharded")
-    body = {
-        "format": FORMAT,
-        "clorch_version": __version__,
-        "torch_version": torch.__version__,
-        "world_size": len(per_rank),
-        "state": state,
-        "has_optimizer": optimizer is not None,
-        "signature": per_rank[0]["signature"],
-        "sampler": per_rank[0]["sampler"],
-        "rng": [r["rng"] for r in per_rank],
-        "rank_buffers": own,
-    }
     error = None
     if cdist.rank() == 0:
         try:
+            body = _body(state, per_rank, optimizer is not None, own)
             _commit(temporary, path, {**body, "files": _merged_files(temporary, shares)})
         except Exception as exc:
             error = exc
     agree(error, f"commit sharded checkpoint {path} (rank 0 renames)", "save_sharded")
     return path
+
+
+def _checked_local_info(model: Any, sampler: Any, state: Any) -> tuple[dict[str, Any] | None, Exception | None]:
+    """This rank's part of the checkpoint's clorch.json (`_local_info`), or the error that `state`
+    is not a JSON-serializable dict (raised on every rank after the exchange)."""
+    try:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict (or None), got {type(state).__name__}")
+        json.dumps(state)
+        return _local_info(model, sampler), None
+    except (TypeError, ValueError) as exc:  # json.dumps: TypeError, or ValueError for a cycle
+        return None, exc
+
+
+def _write_shards(temporary: Path, model: Any, optimizer: Any, own: Any) -> None:
+    """DCP's collective save of model and optimizer state (and each rank's own buffers) into `temporary`."""
+    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
+    with _one_process_is_intended():
+        dcp.save(
+            {"model": model_state, "optim": optim_state, **own_copies(model_state, own, cdist.rank())},
+            checkpoint_id=temporary,
+            no_dist=not cdist.is_initialized(),
+        )
+
+
+def _body(state: dict[str, Any], per_rank: list[dict], has_optimizer: bool, own: Any) -> dict[str, Any]:
+    """clorch.json's fields but the files' digests: versions, world size, state, model signature,
+    the sampler's position, each rank's RNG states and the buffers that differ by rank."""
+    return {
+        "format": FORMAT,
+        "clorch_version": __version__,
+        "torch_version": torch.__version__,
+        "world_size": len(per_rank),
+        "state": state,
+        "has_optimizer": has_optimizer,
+        "signature": per_rank[0]["signature"],
+        "sampler": per_rank[0]["sampler"],
+        "rng": [r["rng"] for r in per_rank],
+        "rank_buffers": own,
+    }
 
 
 def _check_fit(path: Path, body: dict, model, optimizer) -> None:
@@ -280,6 +296,21 @@ def _check_fit(path: Path, body: dict, model, optimizer) -> None:
         raise CheckpointError(
             f"optimizer was given, but sharded checkpoint {path} holds no optimizer state: pass optimizer=None"
         )
+
+
+def _verified(path: Path, model: Any, optimizer: Any, sampler: Any) -> tuple[dict[str, Any], Any]:
+    """clorch.json and DCP's `.metadata`, read after this rank's share of the files verified, and
+    checked against the model, optimizer and sampler. Raises what `load_sharded` says it raises."""
+    body = read_marker(path)
+    _check_fit(path, body, model, optimizer)
+    verify_files(path, body["files"], MARKER, cdist.rank(), cdist.world_size())
+    metadata = read_metadata_file(path, body["files"], path / MARKER)
+    check_byte_items(path, metadata)
+    if sampler is not None:
+        if body["sampler"] is None:
+            raise CheckpointError(f"sampler was given, but sharded checkpoint {path} holds no sampler state")
+        sampler.check_global_state_dict(body["sampler"])
+    return body, metadata
 
 
 def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler: Any = None) -> dict[str, Any]:
@@ -310,15 +341,7 @@ def load_sharded(path: str | Path, *, model: Any, optimizer: Any = None, sampler
     path, model = Path(path), unwrap_model(model)
     error, body, metadata = None, None, None
     try:
-        body = read_marker(path)
-        _check_fit(path, body, model, optimizer)
-        verify_files(path, body["files"], MARKER, cdist.rank(), cdist.world_size())
-        metadata = read_metadata_file(path, body["files"], path / MARKER)
-        check_byte_items(path, metadata)
-        if sampler is not None:
-            if body["sampler"] is None:
-                raise CheckpointError(f"sampler was given, but sharded checkpoint {path} holds no sampler state")
-            sampler.check_global_state_dict(body["sampler"])
+        body, metadata = _verified(path, model, optimizer, sampler)
     except Exception as exc:
         error = exc
     agree(error, f"read sharded checkpoint {path}", "load_sharded")

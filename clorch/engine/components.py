@@ -25,7 +25,7 @@ from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.optim import build_scheduler
-from clorch.strategies import Strategy, strategy_class
+from clorch.strategies import Strategy, adopt, strategy_class
 
 
 @dataclass
@@ -55,7 +55,14 @@ class Components:
     world_size: int = 1
     cuda_graphs: bool = False  # the compiled model replays CUDA graphs (compile_mode reduce-overhead, max-autotune)
     grad_clip: float | None = None  # max total 2-norm of the gradients (optim.grad_clip); None: not clipped
-    strategy: Strategy | None = None  # the parallel mode's; set up, it holds model, raw_model and optimizer
+    # the parallel mode's; set up, it holds model, raw_model and optimizer (None: adopted from them)
+    strategy: Strategy | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy is None:  # components built by hand around a wrapped model
+            self.strategy = adopt(
+                self.model, self.raw_model, self.optimizer, self.precision, self.device, self.rank, self.world_size
+            )
 
     @property
     def scaler(self) -> Any:

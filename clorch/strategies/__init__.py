@@ -5,6 +5,32 @@
 one class plus its option (docs/extending.md, "A parallel mode").
 """
 
-from clorch.strategies.base import ModelSource, Strategy, strategy_class, weights_digest
+from typing import Any
 
-__all__ = ["ModelSource", "Strategy", "strategy_class", "weights_digest"]
+import torch
+from torch import nn
+
+from clorch.nn.parallel.fsdp import ShardedTrainer
+from clorch.strategies.base import ModelSource, Strategy, strategy_class, weights_digest
+from clorch.strategies.ddp import DDPStrategy
+from clorch.strategies.fsdp import FSDPStrategy
+
+__all__ = ["DDPStrategy", "FSDPStrategy", "ModelSource", "Strategy", "adopt", "strategy_class", "weights_digest"]
+
+
+def adopt(
+    model: Any,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Any,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Strategy:
+    """The strategy around a model wrapped by hand (a training loop's components built without
+    `build_components`, as a benchmark does): `FSDPStrategy` around a `ShardedTrainer`, else
+    `DDPStrategy` around clorch's `DistributedDataParallel`. Its `setup` is not called."""
+    cls = FSDPStrategy if isinstance(model, ShardedTrainer) else DDPStrategy
+    strategy = cls(precision, device, rank, world_size)
+    strategy.model, strategy.raw_model, strategy.optimizer = model, raw_model, optimizer
+    return strategy

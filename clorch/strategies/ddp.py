@@ -38,7 +38,7 @@ class DDPStrategy(Strategy):
         rank: int = 0,
         world_size: int = 1,
         *,
-        ddp: Any,
+        ddp: Any = None,
         compile_mode: Any = False,
     ):
         super().__init__(precision, device, rank, world_size)

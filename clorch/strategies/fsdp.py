@@ -55,7 +55,7 @@ class FSDPStrategy(Strategy):
         rank: int = 0,
         world_size: int = 1,
         *,
-        parallel: Any,
+        parallel: Any = None,
         compile_mode: Any = False,
     ):
         super().__init__(precision, device, rank, world_size)

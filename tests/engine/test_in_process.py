@@ -134,3 +134,22 @@ def test_components_take_one_precision_object():
         Components(**fields)  # the precision object is required: no older scaler/autocast_dtype pair
     with pytest.raises(AttributeError):
         fp32.scaler = scaler
+
+
+def test_components_built_by_hand_around_clorch_ddp_adopt_its_strategy():
+    """A loop's components made without build_components (as `clorch-bench runner` makes them):
+    the strategy is the one of the wrapper they hold, and a step trains as the engine's does."""
+    import dataclasses
+
+    from clorch.engine.components import Components
+    from clorch.nn.parallel import DistributedDataParallel
+    from clorch.strategies import DDPStrategy
+
+    built = _components("precision=fp16")
+    fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(Components)}
+    model = DistributedDataParallel(built.raw_model)
+    by_hand = Components(**{**fields, "model": model, "strategy": None})
+    assert isinstance(by_hand.strategy, DDPStrategy) and by_hand.strategy.model is model
+    assert by_hand.strategy.precision is built.precision and by_hand.strategy.optimizer is built.optimizer
+    result = train_step(by_hand, [by_hand.task.batch(torch.arange(4))])
+    assert result.stepped is True and result.grad_norm is not None and torch.isfinite(result.grad_norm)
