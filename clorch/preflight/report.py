@@ -129,34 +129,49 @@ def slow_failures(
         by_host: dict[str, dict[int, float]] = {}
         for rank, value in sorted(measured.items()):
             by_host.setdefault(rows[rank]["host"], {})[rank] = value
-        for ranks in by_host.values():
-            if len(ranks) < 2:
-                continue
-            median = statistics.median(ranks.values())
-            lines += [
-                (
-                    [rank],
-                    f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the median {median:.3g}",
-                )
-                for rank, value in ranks.items()
-                if value < ratio * median
-            ]
-        if len(by_host) < 2:
+        lines += _slow_ranks_of_each_host(rows, by_host, name, unit, ratio)
+        lines += _slow_hosts(rows, by_host, name, unit, ratio)
+    return lines
+
+
+def _slow_ranks_of_each_host(
+    rows: dict[int, dict[str, Any]], by_host: dict[str, dict[int, float]], name: str, unit: str, ratio: float
+) -> list[tuple[list[int], str]]:
+    """Each rank below `ratio` of the median of its own host's ranks (hosts of two ranks or more)."""
+    lines: list[tuple[list[int], str]] = []
+    for ranks in by_host.values():
+        if len(ranks) < 2:
             continue
-        host_medians = {host: statistics.median(ranks.values()) for host, ranks in by_host.items()}
-        median = statistics.median(host_medians.values())
-        for host, value in host_medians.items():
-            if value < ratio * median:
-                ranks = sorted(by_host[host])
-                who = where(ranks[0], rows) if len(ranks) == 1 else f"host {host} ({_ranks_text(ranks)})"
-                lines.append(
-                    (
-                        ranks,
-                        f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
-                        f"{value / median:.2f} of the median {median:.3g} of the "
-                        f"{len(host_medians)} hosts",
-                    )
+        median = statistics.median(ranks.values())
+        lines += [
+            ([rank], f"{where(rank, rows)}: {name} {value:.3g} {unit}, {value / median:.2f} of the median {median:.3g}")
+            for rank, value in ranks.items()
+            if value < ratio * median
+        ]
+    return lines
+
+
+def _slow_hosts(
+    rows: dict[int, dict[str, Any]], by_host: dict[str, dict[int, float]], name: str, unit: str, ratio: float
+) -> list[tuple[list[int], str]]:
+    """Each host (the median of its ranks) below `ratio` of the median of the hosts (two or more)."""
+    if len(by_host) < 2:
+        return []
+    lines: list[tuple[list[int], str]] = []
+    host_medians = {host: statistics.median(ranks.values()) for host, ranks in by_host.items()}
+    median = statistics.median(host_medians.values())
+    for host, value in host_medians.items():
+        if value < ratio * median:
+            ranks = sorted(by_host[host])
+            who = where(ranks[0], rows) if len(ranks) == 1 else f"host {host} ({_ranks_text(ranks)})"
+            lines.append(
+                (
+                    ranks,
+                    f"{who}: {name} {value:.3g} {unit}{' (median)' if len(ranks) > 1 else ''}, "
+                    f"{value / median:.2f} of the median {median:.3g} of the "
+                    f"{len(host_medians)} hosts",
                 )
+            )
     return lines
 
 
