@@ -241,6 +241,47 @@ def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
     return [message]
 
 
+def _machine(cfg: Any, run_dir: Path | None, problems: list[str], external: Any) -> tuple[Any, Any, Any, Any]:
+    """(world size, ranks per node, devices, backend), each None where the sections it needs have
+    errors; adds the torch-free checks' errors (the ranks, the machine, the paths) to `problems`."""
+    world = nproc = devices = backend = None
+    if external is not None and complete(cfg, "top"):
+        nproc, devices, backend = external_ranks(cfg, external, problems)
+        world = external.env.world_size
+    elif complete(cfg, "launcher") and top_backend(cfg) is not None:
+        nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
+        world = nproc * min_nodes(cfg.launcher.nnodes)
+        problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
+    if world is not None:
+        problems += machine_errors(cfg, backend, devices)
+    if complete(cfg, "checkpoint"):
+        problems += path_errors(cfg, run_dir)
+    return world, nproc, devices, backend
+
+
+def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backend: Any) -> tuple[int, int] | None:
+    """The train and eval split sizes (None where the data cannot be sized), adding the data's,
+    the model's and, with `memory_nproc` ranks a node, the memory's errors to `problems`."""
+    if not complete(cfg, "top", "data"):
+        return None
+    sizes = None
+    try:
+        sizes = split_sizes(cfg)
+        if complete(cfg, "model"):
+            problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
+            if complete(cfg, "loss", "step"):
+                problems += user_data_errors(cfg) + user_model_errors(cfg) + liger_errors(cfg)
+            if memory_nproc is not None and not problems:
+                # (not for another launcher's ranks: free memory differs from rank to rank,
+                # and a check that stops some ranks only leaves the others waiting)
+                problems += memory_errors(cfg, memory_nproc, backend)
+    except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
+        problems += _data_error(cfg, exc, problems)
+    except Exception as exc:  # a dataset of yours raised while being built
+        problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
+    return sizes
+
+
 def _build(
     cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None, sized: bool = True
 ) -> Plan | None:
@@ -253,35 +294,10 @@ def _build(
     in a fraction of a second, not after seconds of imports and trials). With
     `sized=False` only they run (no data, model or resume checks) and no plan is made.
     """
-    world = sizes = None
-    if external is not None and complete(cfg, "top"):
-        nproc, devices, backend = external_ranks(cfg, external, problems)
-        world = external.env.world_size
-    elif complete(cfg, "launcher") and top_backend(cfg) is not None:
-        nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
-        world = nproc * min_nodes(cfg.launcher.nnodes)
-        problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
-    if world is not None:
-        problems += machine_errors(cfg, backend, devices)
-    if complete(cfg, "checkpoint"):
-        problems += path_errors(cfg, run_dir)
+    world, nproc, devices, backend = _machine(cfg, run_dir, problems, external)
     if problems or not sized:
         return None
-    if complete(cfg, "top", "data"):
-        try:
-            sizes = split_sizes(cfg)
-            if complete(cfg, "model"):
-                problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
-                if complete(cfg, "loss", "step"):
-                    problems += user_data_errors(cfg) + user_model_errors(cfg) + liger_errors(cfg)
-                if world is not None and not problems and external is None:
-                    # (not for another launcher's ranks: free memory differs from rank to rank,
-                    # and a check that stops some ranks only leaves the others waiting)
-                    problems += memory_errors(cfg, nproc, backend)
-        except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
-            problems += _data_error(cfg, exc, problems)
-        except Exception as exc:  # a dataset of yours raised while being built
-            problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
+    sizes = _sized_checks(cfg, problems, nproc if world is not None and external is None else None, backend)
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
     fit = ResumeFit()
