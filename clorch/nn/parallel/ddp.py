@@ -10,7 +10,6 @@ when backward ends, so `.grad` holds the average when `backward()` returns).
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Iterator
 
 import torch
@@ -18,55 +17,20 @@ from torch import nn
 
 from clorch.distributed.groups import check_group_joined, world_size
 from clorch.nn.parallel.comm_hooks import HookReducer
-from clorch.nn.parallel.options import check_device_ids, check_process_group, check_step_arguments, check_unsupported
+from clorch.nn.parallel.options import (
+    check_arguments,
+    check_cap,
+    check_device_ids,
+    check_step_arguments,
+    resolve_reduce_dtype,
+)
 from clorch.nn.parallel.overlap import BucketStepper
 from clorch.nn.parallel.reducer import Reducer
 from clorch.nn.parallel.signature import broadcast_coalesced, check_signature
 from clorch.nn.parallel.torch_ddp import TorchDDPInterface, refuse_torch_internals
-from clorch.precision import DTYPE_NAMES, torch_dtype
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 """MiB per bucket when `bucket_cap_mb` is None (torch's DDP default; the config's default too)."""
-
-
-def resolve_reduce_dtype(value: object) -> torch.dtype | None:
-    """The dtype buckets travel in, for `DistributedDataParallel(reduce_dtype=value)`.
-
-    Buckets whose gradients already have the dtype travel as they are (fp32
-    over fp32 gradients is the same as None). fp16 is safe for the sum because
-    every rank divides by world_size before the all-reduce.
-
-    Args:
-        value: None (the gradients' own dtype), a name of
-            `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16" or an alias)
-            or a floating torch dtype.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
-        return value  # type: ignore[return-value]
-    if isinstance(value, str) and value in DTYPE_NAMES:
-        return torch_dtype(value)
-    names = ", ".join(repr(name) for name in DTYPE_NAMES)
-    raise ValueError(
-        f"reduce_dtype must be None, one of {names} or a floating torch dtype (e.g. torch.bfloat16), got {value!r}"
-    )
-
-
-def _check_cap(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0 (MiB), got {value!r}")
-
-
-def _check_arguments(module: object, process_group: Any, overlap_grad_copies: object, unsupported: dict) -> None:
-    """The arguments torch's DDP takes that clorch's checks before anything is set (see the class)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    check_unsupported(**unsupported)
-    check_process_group(process_group)
-    if not isinstance(overlap_grad_copies, bool):
-        raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
 
 
 def _agree_on_start(module: nn.Module, init_sync: bool) -> None:
@@ -204,11 +168,11 @@ class DistributedDataParallel(TorchDDPInterface):
             skip_all_reduce_unused_params=skip_all_reduce_unused_params,
             **torch_only,
         )
-        _check_arguments(module, process_group, overlap_grad_copies, unsupported)
+        check_arguments(module, process_group, overlap_grad_copies, unsupported)
         self._input_device = check_device_ids(module, device_ids, output_device)
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-        _check_cap("bucket_cap_mb", cap)
-        _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        check_cap("bucket_cap_mb", cap)
+        check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
         cap, first_cap = float(cap), float(first_bucket_cap_mb)
         dtype = resolve_reduce_dtype(reduce_dtype)
         check_group_joined("DistributedDataParallel")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from clorch.precision import DTYPE_NAMES, torch_dtype
 
 _UNSUPPORTED_DEFAULTS = {
     "find_unused_parameters": False,
@@ -108,3 +111,44 @@ def check_step_arguments(optimizer: object, scaler: object) -> None:
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if scaler is not None and not callable(getattr(scaler, "step", None)):
         raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
+
+
+def resolve_reduce_dtype(value: object) -> torch.dtype | None:
+    """The dtype buckets travel in, for `DistributedDataParallel(reduce_dtype=value)`.
+
+    Buckets whose gradients already have the dtype travel as they are (fp32
+    over fp32 gradients is the same as None). fp16 is safe for the sum because
+    every rank divides by world_size before the all-reduce.
+
+    Args:
+        value: None (the gradients' own dtype), a name of
+            `clorch.precision.DTYPE_NAMES` ("fp32", "bf16", "fp16" or an alias)
+            or a floating torch dtype.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and value in DTYPE_NAMES:
+        return torch_dtype(value)
+    names = ", ".join(repr(name) for name in DTYPE_NAMES)
+    raise ValueError(
+        f"reduce_dtype must be None, one of {names} or a floating torch dtype (e.g. torch.bfloat16), got {value!r}"
+    )
+
+
+def check_cap(name: str, value: object) -> None:
+    """A bucket cap: a finite number of MiB > 0 (ValueError naming `name` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0 (MiB), got {value!r}")
+
+
+def check_arguments(module: object, process_group: Any, overlap_grad_copies: object, unsupported: dict) -> None:
+    """The arguments torch's DDP takes that clorch's checks before anything is set (see the class)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    check_unsupported(**unsupported)
+    check_process_group(process_group)
+    if not isinstance(overlap_grad_copies, bool):
+        raise TypeError(f"overlap_grad_copies must be a bool, got {overlap_grad_copies!r}")
