@@ -26,6 +26,7 @@ from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.optim import build_scheduler
 from clorch.strategies import Strategy, adopt, strategy_class
+from clorch.strategies.base import compile_mode_arg  # noqa: F401  (clorch-bench runner reads it here)
 
 
 @dataclass
@@ -123,11 +124,6 @@ def training_seed(seed: int, rank: int) -> int:
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     return build_scheduler(optimizer, cfg.schedule.name, **cfg.schedule.kwargs(total_steps))
-
-
-def compile_mode_arg(mode: str) -> str | None:
-    """torch.compile's `mode` for the config's `compile_mode` ("default" is torch's None)."""
-    return None if mode == "default" else mode
 
 
 def replays_cuda_graphs(compiled: bool, mode: str, device: torch.device) -> bool:

@@ -33,7 +33,15 @@ from torch.distributed.tensor import DTensor
 from clorch.checkpoint.policy import Latest
 from clorch.config import registry
 
-__all__ = ["ModelSource", "Strategy", "compiled", "strategy_class", "weights_digest"]
+__all__ = [
+    "ModelSource",
+    "Strategy",
+    "compile_mode_arg",
+    "compile_mode_of",
+    "compiled",
+    "strategy_class",
+    "weights_digest",
+]
 
 
 class ModelSource(Protocol):
@@ -56,6 +64,16 @@ class ModelSource(Protocol):
 def strategy_class(parallel: Any) -> type[Strategy]:
     """The `Strategy` class a `parallel` option names (its `strategy`, "module:Class")."""
     return registry.resolve(parallel.strategy)
+
+
+def compile_mode_arg(mode: str) -> str | None:
+    """torch.compile's `mode` for the config's `compile_mode` ("default" is torch's None)."""
+    return None if mode == "default" else mode
+
+
+def compile_mode_of(cfg: Any) -> Any:
+    """torch.compile's mode for a config (`compiled`'s `mode`): False where `compile` is off."""
+    return compile_mode_arg(cfg.compile_mode) if cfg.compile else False
 
 
 def compiled(model: nn.Module, mode: Any) -> Any:

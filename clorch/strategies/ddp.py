@@ -16,7 +16,7 @@ from clorch.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoin
 from clorch.checkpoint.metadata import read as read_metadata
 from clorch.checkpoint.policy import Latest, find_latest_checkpoint
 from clorch.nn.parallel import DistributedDataParallel
-from clorch.strategies.base import ModelSource, Strategy, compiled
+from clorch.strategies.base import ModelSource, Strategy, compile_mode_of, compiled
 
 SAMPLER_KEY = "sampler_position"
 """A checkpoint file's state: the sampler's `global_state_dict()` (sharded checkpoints hold it
@@ -46,8 +46,7 @@ class DDPStrategy(Strategy):
 
     @classmethod
     def from_config(cls, cfg: Any, precision: Any, device: torch.device, rank: int, world_size: int) -> DDPStrategy:
-        mode = (None if cfg.compile_mode == "default" else cfg.compile_mode) if cfg.compile else False
-        return cls(precision, device, rank, world_size, ddp=cfg.ddp, compile_mode=mode)
+        return cls(precision, device, rank, world_size, ddp=cfg.ddp, compile_mode=compile_mode_of(cfg))
 
     def setup(self, source: ModelSource, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> None:
         """Build the whole model, wrap it (a collective: DDP checks parameter signatures and

@@ -24,7 +24,7 @@ from clorch.checkpoint.sharded import (
     sharded_step_path,
 )
 from clorch.nn.parallel.fsdp import ShardedTrainer, clip_grad_norm_, device_mesh, shard_model
-from clorch.strategies.base import ModelSource, Strategy, compiled, weights_digest
+from clorch.strategies.base import ModelSource, Strategy, compile_mode_of, compiled, weights_digest
 
 
 class _Weights:
@@ -63,8 +63,7 @@ class FSDPStrategy(Strategy):
 
     @classmethod
     def from_config(cls, cfg: Any, precision: Any, device: torch.device, rank: int, world_size: int) -> FSDPStrategy:
-        mode = (None if cfg.compile_mode == "default" else cfg.compile_mode) if cfg.compile else False
-        return cls(precision, device, rank, world_size, parallel=cfg.parallel, compile_mode=mode)
+        return cls(precision, device, rank, world_size, parallel=cfg.parallel, compile_mode=compile_mode_of(cfg))
 
     def setup(self, source: ModelSource, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> None:
         """Shard the model over every rank of the job, in train mode, its shards on the device (in
