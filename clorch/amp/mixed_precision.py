@@ -237,7 +237,7 @@ class MixedPrecision:
             synchronizes). Without a scaler always True.
 
         Raises:
-            TypeError: optimizer has no step(), or model has no optimizer_step().
+            TypeError: optimizer has no step(), or model lacks begin_step, flat_gradients or end_step.
             ValueError: (with model) no synchronized backward ran since the
                 last step, or a scaler with an optimizer that steps in backward.
             ScalerStateError: the scaler already stepped this optimizer since
