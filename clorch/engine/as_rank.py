@@ -162,6 +162,28 @@ def train_as_rank(
     return _run_checked(plan, run_dir, rank)
 
 
+def _rank0_holds(plan: Any, run_dir: Path, rank: Any) -> tuple[Any, Any]:
+    """The contexts rank 0 trains inside: using the run directory, and holding the checkpoint
+    directory for the job (the launcher's job id: a restarted rank 0 of the same job takes it
+    again), since rank 0 writes the checkpoints (save_checkpoint). Other ranks: none."""
+    if rank.env.rank != 0:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return using_run_dir(run_dir), owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}")
+
+
+def _rank_failed(plan: Any, run_dir: Path, rank: Any, start: float, exc: Exception) -> Status:
+    """A rank that raised: its traceback and one line on stderr, and summary.json (unless a rank
+    was first); failed, and the launcher ends the other ranks."""
+    traceback.print_exc()
+    print(
+        f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed (run directory {run_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
+    rank_end.failed(plan, run_dir, rank, start, exc)
+    return Status.FAILED
+
+
 def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     """Train as this rank from a checked plan; rank 0 writes the run's outputs.
 
@@ -177,14 +199,7 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     start = time.perf_counter()
     record = functools.partial(_record, plan, run_dir, rank, start)
     try:
-        # Rank 0 writes the checkpoints (save_checkpoint), so it alone holds the directory, for the
-        # job (the launcher's job id): a restarted rank 0 of the same job takes it again.
-        holding = (
-            owning_checkpoint_dir(plan, run_dir, f"{rank.launcher} {rank.run_id}")
-            if rank.env.rank == 0
-            else contextlib.nullcontext()
-        )
-        using = using_run_dir(run_dir) if rank.env.rank == 0 else contextlib.nullcontext()
+        using, holding = _rank0_holds(plan, run_dir, rank)
         with run_errors_as_config_errors(), using, holding, interrupts_raise():
             result = _train(plan, run_dir, rank, verdict_failed=record)
     except ConfigError as exc:
@@ -193,14 +208,7 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
         rank_end.interrupted(plan, run_dir, rank, start, exc.signal_name)
         return Status.INTERRUPTED
     except Exception as exc:
-        traceback.print_exc()
-        print(
-            f"clorch-train: rank {rank.env.rank} of the {rank.launcher} job failed (run directory {run_dir})",
-            file=sys.stderr,
-            flush=True,
-        )
-        rank_end.failed(plan, run_dir, rank, start, exc)  # summary.json, unless a rank was first
-        return Status.FAILED  # the launcher ends the other ranks
+        return _rank_failed(plan, run_dir, rank, start, exc)
     failed = result.preflight is not None and not result.preflight.passed
     if failed:  # rank 0 recorded it inside the group; each node's console says it
         if rank.env.local_rank == 0:
