@@ -15,6 +15,7 @@ from clorch.config.schema import CheckpointConfig
 from clorch.plan.plan import resolve
 from clorch.engine import checkpoints, run
 from clorch.engine.progress import Progress
+from clorch.strategies import ddp as ddp_strategy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +28,8 @@ def test_restart_uses_the_latest_checkpoint_else_the_configured_resume_path(tmp_
     directory, explicit = tmp_path / "ckpt", tmp_path / "other" / "step_00000004.ckpt"
     newest = directory / "step_00000006.ckpt"
     found = {}
-    monkeypatch.setattr(checkpoints, "find_latest_checkpoint", lambda d: Latest(found.get(str(d)), []))
+    # parallel=ddp's strategy finds the newest checkpoint file (clorch.strategies.ddp)
+    monkeypatch.setattr(ddp_strategy, "find_latest_checkpoint", lambda d: Latest(found.get(str(d)), []))
     monkeypatch.setenv("CLORCH_RESTART_COUNT", "1")
     directory.mkdir()
     # No checkpoint of this job yet: the restart starts as the first attempt did.
