@@ -23,7 +23,11 @@ def _setuptools() -> dict:
 
 def test_every_package_is_listed():
     """pyproject.toml lists packages by hand (conf/ and recipes/ map into clorch): none forgotten."""
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "clorch").rglob("__init__.py")}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("clorch", "hydra_plugins")  # hydra_plugins: clorch's sweepers, where Hydra finds plugins
+        for p in (ROOT / top).rglob("__init__.py")
+    }
     listed = set(_setuptools()["packages"])
     assert found - listed == set(), f"add these packages to pyproject.toml: {sorted(found - listed)}"
     assert listed - found == {"clorch.conf", "clorch.recipes"}

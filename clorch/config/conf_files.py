@@ -76,7 +76,11 @@ def _lines(values: Any, depth: int) -> Iterator[str]:
 def stale(conf_dir: Path) -> list[str]:
     """The files under `conf_dir` that differ from their rendering, are missing, or are extra."""
     wanted = rendered()
-    present = {str(p.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml")} - {"config.yaml"}
+    # conf/hydra/ holds clorch's sweepers, Hydra's own groups (their defaults: clorch.sweep.settings,
+    # and a test holds the two equal), not options of a config group.
+    present = {
+        str(p.relative_to(conf_dir)) for p in conf_dir.rglob("*.yaml") if p.relative_to(conf_dir).parts[0] != "hydra"
+    } - {"config.yaml"}
     out = [
         name
         for name, text in wanted.items()
