@@ -162,46 +162,37 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"clorch-bench sweep: {args.trials} trials of {args.steps} steps, 1 CPU rank each, {results['cores']} cores")
-    rows = []
-    if "side_by_side" in results:
-        side = results["side_by_side"]
-        rows.append(
-            [
-                "sweep wall time, n_jobs=2 / n_jobs=1",
-                f"{side['n_jobs=2 s']:.1f} s / {side['n_jobs=1 s']:.1f} s",
-                f"{side['ratio']:.3f}x",
-            ]
-        )
-    if "pruning" in results:
-        p = results["pruning"]
-        rows.append(
-            [
-                "steps run / planned, pruner=median",
-                f"{p['median']['steps_run']} / {p['median']['steps_planned']}",
-                f"{p['median']['fraction']:.3f}",
-            ]
-        )
-        rows.append(
-            [
-                "sweep wall time, median / none",
-                f"{p['median']['wall_s']:.1f} s / {p['none']['wall_s']:.1f} s",
-                f"{ratio(p['median']['wall_s'], p['none']['wall_s']):.3f}x",
-            ]
-        )
-    if "fixed_cost" in results:
-        c = results["fixed_cost"]
-        rows.append(
-            [
-                "one trial: clorch-train / plain script",
-                f"{c['clorch total']:.1f} s / {c['plain total']:.1f} s",
-                f"+{c['overhead s']:.1f} s",
-            ]
-        )
-        rows.append(
-            [
-                "  before launch / launch and rest / training",
-                f"{c['before launch']:.1f} / {c['launch and rest']:.1f} / {c['training']:.1f} s",
-                "",
-            ]
-        )
+    rows = _side_rows(results) + _prune_rows(results) + _cost_rows(results)
     print(format_table(["measure", "value", "ratio"], rows))
+
+
+def _side_rows(results: dict[str, Any]) -> list[list[str]]:
+    if "side_by_side" not in results:
+        return []
+    side = results["side_by_side"]
+    value = f"{side['n_jobs=2 s']:.1f} s / {side['n_jobs=1 s']:.1f} s"
+    return [["sweep wall time, n_jobs=2 / n_jobs=1", value, f"{side['ratio']:.3f}x"]]
+
+
+def _prune_rows(results: dict[str, Any]) -> list[list[str]]:
+    if "pruning" not in results:
+        return []
+    pruned, whole = results["pruning"]["median"], results["pruning"]["none"]
+    return [
+        ["steps run / planned, pruner=median", f"{pruned['steps_run']} / {pruned['steps_planned']}",
+         f"{pruned['fraction']:.3f}"],
+        ["sweep wall time, median / none", f"{pruned['wall_s']:.1f} s / {whole['wall_s']:.1f} s",
+         f"{ratio(pruned['wall_s'], whole['wall_s']):.3f}x"],
+    ]  # fmt: skip
+
+
+def _cost_rows(results: dict[str, Any]) -> list[list[str]]:
+    if "fixed_cost" not in results:
+        return []
+    c = results["fixed_cost"]
+    parts = f"{c['before launch']:.1f} / {c['launch and rest']:.1f} / {c['training']:.1f} s"
+    return [
+        ["one trial: clorch-train / plain script", f"{c['clorch total']:.1f} s / {c['plain total']:.1f} s",
+         f"+{c['overhead s']:.1f} s"],
+        ["  before launch / launch and rest / training", parts, ""],
+    ]  # fmt: skip
