@@ -118,18 +118,7 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     """
     names = flag_set(flags)
     multirun = bool(names & set(MULTIRUN))
-    CHECKED.clear()
-    # Every check reports the errors found without torch first, alone, before torch is imported
-    # (clorch.plan.plan): a typo is reported in a fraction of a second.
-    if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks)
-        errors = sweep_errors(overrides, _planned, _composed)
-    elif names & set(PRINT_CONFIG) or split_errors(overrides):
-        # A printed config gets the checks that import no torch (clorch.plan.plan.config_errors); a
-        # bad group choice, which Hydra would not compose, every error in-process. A single run
-        # is composed by Hydra and checked once, in its job.
-        errors = check_overrides(overrides, config_errors if names & set(PRINT_CONFIG) else remember_plan)
-    else:
-        errors = []
+    errors = _errors_before_hydra(overrides, names, multirun)
     if errors:
         print_config_errors(errors)
         return EXIT_CONFIG
@@ -157,6 +146,23 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)
         OUTCOME.is_sweep = False
+
+
+def _errors_before_hydra(overrides: list[str], names: set[str], multirun: bool) -> list[str]:
+    """The errors clorch-train finds before Hydra runs: every trial of a sweep, a printed config,
+    a bad group choice. A single run is composed by Hydra and checked once, in its job.
+
+    Every check reports the errors found without torch first, alone, before torch is imported
+    (clorch.plan.plan): a typo is reported in a fraction of a second.
+    """
+    CHECKED.clear()
+    if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks)
+        return sweep_errors(overrides, _planned, _composed)
+    if names & set(PRINT_CONFIG) or split_errors(overrides):
+        # A printed config gets the checks that import no torch (clorch.plan.plan.config_errors); a
+        # bad group choice, which Hydra would not compose, every error in-process.
+        return check_overrides(overrides, config_errors if names & set(PRINT_CONFIG) else remember_plan)
+    return []
 
 
 def _planned(overrides: list[str]) -> list[str]:
