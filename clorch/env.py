@@ -8,6 +8,7 @@ that a missing or malformed value is reported by name before any socket opens.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -117,3 +118,36 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
         except ValueError:
             counts.append(0)
     return max(counts)
+
+
+# torch's C++ log level, read once when torch is imported. See `quiet_cpp_warnings`.
+CPP_LOG_VARIABLE = "TORCH_CPP_LOG_LEVEL"
+_quieted: list[bool] = []  # whether this process set CPP_LOG_VARIABLE (not the user)
+
+
+def quiet_cpp_warnings() -> None:
+    """In the launching process, before torch is imported: torch's C++ warnings at level ERROR.
+
+    When a job of several nodes ends, torch's agents tear down the rendezvous store that one of
+    them hosts; an agent whose store call comes after the host has gone gets an error that
+    torch also logs as a C++ warning with its whole stack trace (about 18 "frame #N" lines),
+    although the job succeeded and nothing is wrong. The launching process runs no training,
+    so it keeps only torch's C++ errors. A level the user set is kept, and the ranks get the
+    user's environment back (`ranks_environ`).
+    """
+    if CPP_LOG_VARIABLE in os.environ or "torch" in sys.modules:
+        return
+    os.environ[CPP_LOG_VARIABLE] = "ERROR"
+    _quieted.append(True)
+
+
+def cpp_warnings_quieted() -> bool:
+    """Whether `quiet_cpp_warnings` set the C++ log level in this process (not the user)."""
+    return bool(_quieted)
+
+
+def ranks_environ(env: dict[str, str]) -> dict[str, str]:
+    """`env` (the launching process's) without the C++ log level `quiet_cpp_warnings` set."""
+    if _quieted:
+        env = {k: v for k, v in env.items() if k != CPP_LOG_VARIABLE}
+    return env

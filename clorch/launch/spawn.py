@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, with_rank_defaults
+from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, with_rank_defaults, ranks_environ
 from clorch.launch.config import LaunchConfig
 from clorch.launch.procs import JOB_ID_VARIABLE, LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE
-from clorch.launch.torchrun import ranks_environ
 
 RESTART_VARIABLE = "CLORCH_RESTART_COUNT"
 

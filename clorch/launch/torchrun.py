@@ -32,35 +32,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from clorch.env import with_multicast_off
-
-
-# torch's C++ log level, read once when torch is imported. See `quiet_cpp_warnings`.
-CPP_LOG_VARIABLE = "TORCH_CPP_LOG_LEVEL"
-_quieted: list[bool] = []  # whether this process set CPP_LOG_VARIABLE (not the user)
-
-
-def quiet_cpp_warnings() -> None:
-    """In the launching process, before torch is imported: torch's C++ warnings at level ERROR.
-
-    When a job of several nodes ends, torch's agents tear down the rendezvous store that one of
-    them hosts; an agent whose store call comes after the host has gone gets an error that
-    torch also logs as a C++ warning with its whole stack trace (about 18 "frame #N" lines),
-    although the job succeeded and nothing is wrong. The launching process runs no training,
-    so it keeps only torch's C++ errors. A level the user set is kept, and the ranks get the
-    user's environment back (`ranks_environ`).
-    """
-    if CPP_LOG_VARIABLE in os.environ or "torch" in sys.modules:
-        return
-    os.environ[CPP_LOG_VARIABLE] = "ERROR"
-    _quieted.append(True)
-
-
-def ranks_environ(env: dict[str, str]) -> dict[str, str]:
-    """`env` (the launching process's) without the C++ log level `quiet_cpp_warnings` set."""
-    if _quieted:
-        env = {k: v for k, v in env.items() if k != CPP_LOG_VARIABLE}
-    return env
+from clorch.env import (  # noqa: F401 (quiet_cpp_warnings, ranks_environ: re-exported)
+    CPP_LOG_VARIABLE,
+    cpp_warnings_quieted,
+    quiet_cpp_warnings,
+    ranks_environ,
+    with_multicast_off,
+)
 
 
 class TorchrunError(RuntimeError):
@@ -126,7 +104,7 @@ def run_torchrun(
         log_line_prefix_template="[rank${rank}]:",
     )
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
-    if _quieted:  # ... with the user's own C++ log level (torch read this process's at import)
+    if cpp_warnings_quieted():  # ... with the user's own C++ log level (torch read this process's at import)
         os.environ.pop(CPP_LOG_VARIABLE, None)
     args = ["-u", "-m", entry, "--plan", str(plan_path), "--run-dir", str(run_dir)]
     if worker is not None:
