@@ -16,6 +16,7 @@ from clorch.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoin
 from clorch.checkpoint.metadata import read as read_metadata
 from clorch.checkpoint.policy import Latest, find_latest_checkpoint
 from clorch.nn.parallel import DistributedDataParallel
+from clorch.nn.parallel.grad_norm import norm_and_clip
 from clorch.strategies.base import ModelSource, Strategy, compile_mode_of, compiled
 
 SAMPLER_KEY = "sampler_position"
@@ -76,13 +77,7 @@ class DDPStrategy(Strategy):
         # ddp option's rules (clorch.config.options.ddp).
         if not model.steps_in_backward:
             self.precision.unscale_gradients(optimizer, flats=model.flat_gradients(optimizer))
-        params = [p for p in self.raw_model.parameters() if p.grad is not None]
-        if not params:
-            return None
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
-        if max_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
+        return norm_and_clip(self.raw_model.parameters(), max_norm)
 
     def optimizer_step(self) -> bool | torch.Tensor:
         """The precision object unscales (DDP's flat buckets, where they hold every gradient),

@@ -22,11 +22,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
+from clorch.config.composer import format_value
 from clorch.engine.interrupts import Interrupted
 from clorch.engine.results import RunSummary
 from clorch.status import Status
 from clorch.sweep.pool import Pool
 from clorch.sweep.slots import Slot
+
+
+RESUME = "checkpoint.resume=latest"  # added to a cut-off trial that writes checkpoints
+# What a trial's summary says when the trial was cut off (a sweep that continues runs it again).
+UNFINISHED = (Status.INTERRUPTED, Status.MISSING, Status.KILLED, Status.UNKNOWN, Status.RUNNING)
+
+
+def writes_checkpoints(run_dir: Path) -> bool:
+    """Whether the trial in `run_dir` writes checkpoints (its config.yaml says so)."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return (config.get("checkpoint") or {}).get("policy", "none") != "none"
 
 
 @dataclass
@@ -82,7 +99,7 @@ class HydraRunner:
         for group in _consecutive(batch):  # Hydra numbers a batch's jobs from its first one on
             # hydra.job.env_set: the environment of the job wherever Hydra's launcher runs it
             lists = [
-                [*s.overrides, *(f"++hydra.job.env_set.{k}={_quoted(v)}" for k, v in s.env.items())] for s in group
+                [*s.overrides, *(f"++hydra.job.env_set.{k}={format_value(v)}" for k, v in s.env.items())] for s in group
             ]
             self.launcher.launch(lists, initial_job_idx=group[0].number)
             ended += [(s, self.sweep_dir / str(s.number)) for s in group]
@@ -101,10 +118,6 @@ def _consecutive(specs: list[TrialSpec]) -> list[list[TrialSpec]]:
         else:
             groups.append([spec])
     return groups
-
-
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class PoolRunner:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clorch.config.composer import format_value
 from clorch.sweep.slots import Slot
 
 CONSOLE = "console.log"  # a side-by-side trial's console output, in its run directory
@@ -57,14 +58,7 @@ class Ended:
 
 def trial_args(overrides: list[str], run_dir: Path, hydra_args: list[str]) -> list[str]:
     """clorch-train's arguments for one trial: its overrides, in its own directory."""
-    return [*overrides, *hydra_args, f"hydra.run.dir={_quoted(run_dir)}"]
-
-
-def _quoted(path: Path) -> str:
-    text = str(path)
-    if all(c.isalnum() or c in "/._-" for c in text):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return [*overrides, *hydra_args, f"hydra.run.dir={format_value(str(run_dir))}"]
 
 
 def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:

@@ -21,9 +21,18 @@ from omegaconf import DictConfig, OmegaConf
 from clorch.config.checks import ConfigError
 from clorch.engine.results import RunSummary
 from clorch.sweep.checks import read_sweep
-from clorch.sweep.driver import HydraRunner, PoolRunner, TrialSpec, run_trials, say, summary_in
+from clorch.sweep.driver import (
+    RESUME,
+    UNFINISHED,
+    HydraRunner,
+    PoolRunner,
+    TrialSpec,
+    run_trials,
+    say,
+    summary_in,
+    writes_checkpoints,
+)
 from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
-from clorch.sweep.study import RESUME, _UNFINISHED, _writes_checkpoints
 from clorch.trackers import sweep_environ
 
 # The Hydra overrides a side-by-side trial (a clorch-train process of its own) takes over.
@@ -39,10 +48,10 @@ class GridSource:
         for number, job in enumerate(jobs):
             run_dir = sweep_dir / str(number)
             status = summary_in(run_dir).status if run_dir.is_dir() else None
-            if status is not None and status not in _UNFINISHED:
+            if status is not None and status not in UNFINISHED:
                 kept += 1
                 continue
-            resume = status is not None and _writes_checkpoints(run_dir)
+            resume = status is not None and writes_checkpoints(run_dir)
             self.todo.append(TrialSpec(number, [*job, *([RESUME] if resume else [])], label=" ".join(job)))
         if kept:
             say(f"continuing the sweep in {sweep_dir}: {kept} of {len(jobs)} trial(s) ended before, kept")

@@ -25,6 +25,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 
+from clorch.config.composer import format_value
+
 
 @dataclass(frozen=True)
 class Param:
@@ -41,7 +43,7 @@ class Param:
 
     def override(self, value: Any) -> str:
         """The trial's command-line override for `value` (Hydra's grammar, quoted where needed)."""
-        return f"{self.prefix}{self.key}={_literal(value)}"
+        return f"{self.prefix}{self.key}={format_value(value)}"
 
     def representatives(self) -> list[Any]:
         """The values the config checks run on before the sweep: every choice, or both bounds."""
@@ -72,24 +74,7 @@ class Param:
 
 def _encode(value: Any) -> Any:
     """Optuna's categorical values are None, bool, int, float or str: others by their literal."""
-    return value if value is None or isinstance(value, (bool, int, float, str)) else _literal(value)
-
-
-def _literal(value: Any) -> str:
-    """A value in Hydra's override grammar (`1e-4`, `adamw`, `'a b'`, `[1,2]`)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_literal(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    plain = text and all(c.isalnum() or c in "._-/:" for c in text)
-    return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return value if value is None or isinstance(value, (bool, int, float, str)) else format_value(value)
 
 
 def _number(value: Any) -> bool:
@@ -140,8 +125,8 @@ def parse_param(override: Override) -> Param | None:
         param = _range(override, key)
     elif override.is_choice_sweep() and isinstance(override.value(), ChoiceSweep):
         choices = tuple(override.sweep_iterator())
-        if len(set(map(_literal, choices))) != len(choices):
-            raise ValueError(f"{key}: choice({', '.join(map(_literal, choices))}) names a value twice")
+        if len(set(map(format_value, choices))) != len(choices):
+            raise ValueError(f"{key}: choice({', '.join(map(format_value, choices))}) names a value twice")
         param = Param(key, "choice", choices=choices)
     else:
         raise ValueError(f"{override.input_line}: a glob cannot be searched; list the options with choice(...)")

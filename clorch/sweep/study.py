@@ -20,18 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from clorch.engine.results import RunSummary
 from clorch.status import Status
-from clorch.sweep.driver import TrialSpec, say
+from clorch.sweep.driver import RESUME, UNFINISHED, TrialSpec, say, writes_checkpoints
 from clorch.sweep.settings import STUDY_FILE, OptunaSettings
 from clorch.sweep.space import SearchSpace
 from clorch.engine.trial import ENV, TrialLink, make_pruner, open_storage
 
 DEFAULT_OBJECTIVE = "eval_loss"  # else the final train loss, for a trial whose summary lacks it
-RESUME = "checkpoint.resume=latest"
-_UNFINISHED = (Status.INTERRUPTED, Status.MISSING, Status.KILLED, Status.UNKNOWN, Status.RUNNING)
 
 
 def objective_of(summary: RunSummary, objective: str | None) -> float | None:
@@ -45,7 +42,7 @@ def objective_of(summary: RunSummary, objective: str | None) -> float | None:
 
 
 def make_sampler(settings: OptunaSettings, space: SearchSpace, number: int) -> Any:
-    """The sampler that asks trial `number` (see the module's docstring for the seeds)."""
+    """The sampler that asks trial `number`, seeded as the module's docstring says."""
     name, seed = settings.sampler.name, settings.sampler.seed
     trial_seed = None if seed is None else seed + number
     if name == "random":
@@ -67,14 +64,6 @@ def _grid_values(param: Any) -> list[Any]:
     count = int(round((param.high - param.low) / param.step)) + 1
     values = [param.low + i * param.step for i in range(count)]
     return [int(v) for v in values] if param.kind == "int" else values
-
-
-def _writes_checkpoints(run_dir: Path) -> bool:
-    try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return False
-    return (config.get("checkpoint") or {}).get("policy", "none") != "none"
 
 
 class StudySource:
@@ -123,7 +112,7 @@ class StudySource:
     def next(self) -> TrialSpec | None:
         if self.cut_off:
             trial = self.cut_off.pop(0)
-            resume = _writes_checkpoints(self.sweep_dir / str(trial.number))
+            resume = writes_checkpoints(self.sweep_dir / str(trial.number))
             return self._spec(trial._trial_id, trial.number, trial.params, resume)
         if len(self.study.trials) >= self.settings.n_trials:
             return None
@@ -134,7 +123,7 @@ class StudySource:
 
     def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
         state = optuna.trial.TrialState
-        if summary.status in _UNFINISHED:
+        if summary.status in UNFINISHED:
             return  # cut off: the study keeps it running, and continuing the sweep runs it again
         if summary.status is Status.PRUNED:
             self.study.tell(spec.number, state=state.PRUNED)

@@ -61,7 +61,13 @@ def clip_grad_norm(
         inner = getattr(scaler, "scaler", scaler)  # a MixedPrecision holds its scaler
         if inner is not None:
             inner.unscale_(optimizer)
-    params = [p for p in unwrap_model(model).parameters() if p.grad is not None]
+    return norm_and_clip(unwrap_model(model).parameters(), max_norm)
+
+
+def norm_and_clip(parameters: Any, max_norm: float | None) -> torch.Tensor | None:
+    """The total 2-norm of the (unscaled) gradients of `parameters`, clipped to `max_norm` when
+    given; None when no parameter has a gradient. Local: no collective."""
+    params = [p for p in parameters if p.grad is not None]
     if not params:
         return None
     total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
