@@ -38,20 +38,31 @@ __all__ = ["IGNORE_INDEX", "linear_cross_entropy", "fuse_output_loss", "check_ou
 IGNORE_INDEX = -100  # targets equal to this count for nothing (torch's and Hugging Face's convention)
 
 
-def _chunk_loss(hidden, weight, bias, target, ignore_index):
-    """(per-token losses, softmax - onehot with ignored rows zeroed) of one chunk, float32."""
+def _chunk_logits(hidden, weight, bias):
+    """One chunk's logits in the products' dtype, read as float32 by what follows."""
     logits = hidden @ weight.t()
-    if bias is not None:
-        logits = logits + bias
-    logits = logits.float()
+    return (logits if bias is None else logits + bias).float()
+
+
+def _chunk_losses(logits, target, ignore_index):
+    """(per-token losses, log-sum-exp, the rows that count, their clamped targets), float32."""
     keep = target != ignore_index
     safe = torch.where(keep, target, torch.zeros_like(target))
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
-    losses = torch.where(keep, lse - picked, torch.zeros_like(lse))
-    grad = torch.softmax(logits, dim=-1)
-    grad = grad.scatter_add(1, safe.unsqueeze(1), -torch.ones_like(picked).unsqueeze(1))
-    return losses, grad * keep.unsqueeze(1).to(grad.dtype)
+    return torch.where(keep, lse - picked, torch.zeros_like(lse)), lse, keep, safe
+
+
+def _chunk_gradient(logits, lse, keep, safe, count):
+    """`(softmax - onehot) / count` of one chunk, ignored rows zeroed, float32.
+
+    Written as one elementwise expression (the one-hot as a comparison with the column index,
+    not a scatter) so that, compiled, it is a single pass over the logits that writes the
+    gradient once in the products' dtype, with no float32 copy of the chunk."""
+    columns = torch.arange(logits.shape[1], device=logits.device)
+    onehot = (columns.unsqueeze(0) == safe.unsqueeze(1)).to(logits.dtype)
+    scale = keep.to(logits.dtype) / count
+    return (torch.exp(logits - lse.unsqueeze(1)) - onehot) * scale.unsqueeze(1)
 
 
 def _product_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -73,15 +84,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         low_w = weight.to(dtype)
         for start in range(0, hidden.shape[0], chunk_size):
             h, t = hidden[start : start + chunk_size], target[start : start + chunk_size]
-            losses, g = _chunk_loss(h, weight, bias, t, ignore_index)
+            logits = _chunk_logits(h, weight, bias)
+            losses, lse, keep, safe = _chunk_losses(logits, t, ignore_index)
             total = total + losses.sum()
-            # One cast of softmax - onehot to the products' dtype (autocast's, as the plain layer's
-            # backward runs): compiled, it is written once, in that dtype, straight from the softmax.
-            low = (g / count).to(dtype)
+            g = _chunk_gradient(logits, lse, keep, safe, count)
+            # The gradient goes into the products in their dtype (autocast's, as the plain layer's
+            # backward runs); the cast fuses into the pass that makes it.
+            low = g.to(dtype)
             grad_h.append((low @ low_w).to(hidden.dtype))
             grad_w = grad_w + (low.t() @ h.to(dtype)).float()
             if grad_b is not None:
-                grad_b = grad_b + (g / count).sum(0)
+                grad_b = grad_b + g.sum(0)
         ctx.has_bias = bias is not None
         saved = (torch.cat(grad_h), grad_w.to(weight.dtype))
         ctx.save_for_backward(*saved, *(() if grad_b is None else (grad_b.to(bias.dtype),)))
@@ -100,7 +113,7 @@ def _loss_only(hidden, weight, bias, target, chunk_size, ignore_index):
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], target[start : start + chunk_size]
-        total = total + _chunk_loss(h, weight, bias, t, ignore_index)[0].sum()
+        total = total + _chunk_losses(_chunk_logits(h, weight, bias), t, ignore_index)[0].sum()
     return total / count
 
 

@@ -5,12 +5,19 @@ rotary embedding, SwiGLU/GeGLU MLP and, when the model computes its own loss
 (`loss=from_model`), its output layer and cross-entropy (`LigerFusedLinearCrossEntropy`: no
 logits tensor while training) with fused kernels, in place. The parameters and their names
 are untouched, so checkpoints and exports are the plain model's.
+
+With `compile=true` the model is compiled as usual, except Liger's fused linear cross-entropy:
+it chunks on the host (a Python loop sized by `.item()`) around its own Triton kernels, which
+torch.compile cannot trace (torch 2.11 fails on its `addmm(out_dtype=...)`), so clorch marks it
+as a call the compiler leaves alone. The compiled graph ends at the hidden states and Liger's
+loss runs as Liger wrote it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["LIGER_ARCHITECTURES", "apply_liger"]
@@ -68,4 +75,17 @@ def apply_liger(model: nn.Module) -> nn.Module:
         raise ImportError(f"model.liger=true needs liger-kernel: pip install 'clorch[liger]' ({exc})") from exc
     patch: Any = getattr(liger, f"apply_liger_kernel_to_{architecture(model)}")
     patch(model=model)
+    _keep_fused_loss_out_of_compile()
     return model
+
+
+def _keep_fused_loss_out_of_compile() -> None:
+    """Make torch.compile run Liger's fused linear cross-entropy uncompiled (module docstring).
+
+    Patches the autograd Function's `apply` once per process; it changes nothing when
+    nothing is compiled."""
+    from liger_kernel.ops import LigerFusedLinearCrossEntropyFunction as fused
+
+    if not getattr(fused, "_clorch_uncompiled", False):
+        fused.apply = torch.compiler.disable(fused.apply)
+        fused._clorch_uncompiled = True
