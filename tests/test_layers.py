@@ -27,8 +27,9 @@ def test_no_import_circles():
     assert (modules.group(1), packages.group(1)) == ("0", "0"), done.stdout
 
 
-def test_only_the_engine_and_its_command_line_import_the_plan():
-    above = ("plan", "engine", "cli", "bench", "__init__.py")
+def test_only_the_launcher_the_ranks_and_the_command_line_import_the_plan():
+    # The ranks (clorch.train) read the plan file the launching process wrote, and resume by its rules.
+    above = ("plan", "engine", "train", "cli", "bench", "__init__.py")
     for path in (ROOT / "clorch").rglob("*.py"):
         if path.relative_to(ROOT / "clorch").parts[0] in above:
             continue
@@ -47,12 +48,26 @@ def test_nothing_below_the_engine_imports_it():
         assert not re.search(r"^\s*import clorch\s*$", text, re.M), path
 
 
+def test_the_ranks_code_sits_below_the_launching_process():
+    # clorch.train is what every rank runs: the launching process (clorch.engine), its command line,
+    # the sweeps and the benchmarks start or drive it; it imports none of them (only the plan below).
+    above = ("train", "engine", "cli", "bench", "sweep", "__init__.py")
+    for path in (ROOT / "clorch").rglob("*.py"):
+        if path.relative_to(ROOT / "clorch").parts[0] in above:
+            continue
+        assert not re.search(r"^\s*(from|import) clorch\.train\b", path.read_text(), re.M), path
+    for path in (ROOT / "clorch" / "train").rglob("*.py"):
+        found = re.search(r"^\s*(from|import) clorch\.(engine|cli|sweep|bench)\b", path.read_text(), re.M)
+        assert not found, (path, found.group(0))
+
+
 def test_strategies_take_what_they_act_on_and_import_nothing_of_the_rank_or_the_plan():
     # A parallel mode's strategy is handed the model, batches, sampler and state: it never reaches
-    # up into the rank's loop and components (clorch.engine), the plan, or the command line.
+    # up into the rank's loop and components (clorch.train), the launching process (clorch.engine),
+    # the plan, or the command line.
     for path in (ROOT / "clorch" / "strategies").rglob("*.py"):
         text = path.read_text()
-        assert not re.search(r"^\s*(from|import) clorch\.(engine|plan|cli|sweep|bench)\b", text, re.M), path
+        assert not re.search(r"^\s*(from|import) clorch\.(train|engine|plan|cli|sweep|bench)\b", text, re.M), path
         assert "Components" not in text, path
     # ...and what the strategies drive below them does not import the precision object back.
     for name in ("ddp.py", "fsdp.py"):
@@ -64,7 +79,7 @@ def test_the_builders_sit_below_the_plan_the_ranks_and_the_strategies():
     # The plan (on meta) and the ranks (for real) build through clorch.builders; it reaches up into none of them.
     for path in (ROOT / "clorch" / "builders").rglob("*.py"):
         text = path.read_text()
-        found = re.search(r"^\s*(from|import) clorch\.(engine|plan|strategies|cli|sweep|bench)\b", text, re.M)
+        found = re.search(r"^\s*(from|import) clorch\.(train|engine|plan|strategies|cli|sweep|bench)\b", text, re.M)
         assert not found, (path, found.group(0))
 
 
@@ -130,8 +145,8 @@ def test_every_lazy_import_says_why_and_only_modules_without_torch_have_them():
 
 def test_config_describes_and_checks_without_torch_or_builders():
     """clorch.config never imports torch, not even lazily, nor the packages that build what a
-    config names (data, models, nn, checkpoint, plan, engine): that is clorch.plan's work."""
-    builders = r"clorch\.(data|models|nn|checkpoint|plan|engine|amp|optim|distributed|builders|strategies)\b"
+    config names (data, models, nn, checkpoint, plan, engine, train): that is clorch.plan's work."""
+    builders = r"clorch\.(data|models|nn|checkpoint|plan|engine|train|amp|optim|distributed|builders|strategies)\b"
     problems = []
     for path in sorted((ROOT / "clorch" / "config").rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), 1):

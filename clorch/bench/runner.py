@@ -8,7 +8,7 @@ autocast, fused AdamW, batch 16 x 1024 tokens a step.
 * plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`;
   with `--nproc` above 1 the model is wrapped in torch's DistributedDataParallel, as a
   torch DDP script does.
-* clorch: `clorch.engine.loop.fit` with clorch's DDP (nccl, or gloo on CPU),
+* clorch: `clorch.train.loop.fit` with clorch's DDP (nccl, or gloo on CPU),
   DistributedSampler, clorch.amp.autocast and the engine's metrics hooks
   (metrics.jsonl every `--log-every` steps).
 
@@ -51,10 +51,10 @@ from clorch.data import DistributedSampler
 from clorch.data.base import as_index
 from clorch.data.placement import place_task
 from clorch.data.text import lm_per_sample_loss
-from clorch.engine.components import Components, compile_mode_arg, replays_cuda_graphs
-from clorch.engine.loop import LoopState, fit
-from clorch.engine.outputs import MetricsWriter
-from clorch.engine.worker import StepHooks
+from clorch.train.components import Components, compile_mode_arg, replays_cuda_graphs
+from clorch.train.loop import LoopState, fit
+from clorch.train.metrics import MetricsWriter
+from clorch.train.worker import StepHooks
 from clorch.models import GPT, GPTConfig
 from clorch.nn.parallel import DistributedDataParallel
 from clorch.optim import build_optimizer, build_scheduler

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import clorch.distributed as cd
 from clorch.data.user import DatasetTask
-from clorch.engine.components import compile_mode_arg
+from clorch.train.components import compile_mode_arg
 from clorch.optim import build_optimizer
 
 

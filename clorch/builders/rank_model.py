@@ -51,7 +51,7 @@ def _train_mode(model: nn.Module) -> nn.Module:
     """The model in train mode: a factory may hand it back in eval mode (Hugging Face's
     `from_pretrained` does, and so does one ending in `.eval()`), which would train with
     dropout off and BatchNorm on its running statistics. Evaluation switches to eval mode
-    and back (`clorch.engine.evaluate`)."""
+    and back (`clorch.train.evaluate`)."""
     return model.train()
 
 

@@ -1,17 +1,14 @@
-"""The engine: a checked launch plan (clorch.plan.plan) becomes a multi-rank job.
+"""The engine: the launching process, where a checked launch plan (clorch.plan.plan) becomes a multi-rank job.
+
+The code each rank runs (its components, loop, evaluation, checkpoints) is clorch.train.
 
 api.py         run_local(): compose, check, launch, wait, report, from Python
-run.py         execute(plan, run_dir): launch, follow, report (the launching process)
+run.py         execute(plan, run_dir): launch, follow, report
 summary.py     config.yaml and env.json at the start, summary.json and loss.png at the end
 results.py     the typed records: a rank's result, the job's end, summary.json, execute()'s result
-as_rank.py     one rank of an outside launcher's job (torchrun, srun, submitit)
-worker.py      the per-rank entry point, clorch.engine.worker:main(ctx)
-components.py  build_components(cfg, ctx, steps): model, optimizer, schedule, precision, data
-parallel.py    the `parallel` options' builders: the model in clorch's DDP, or sharded (fully_shard)
-loop.py        train_step() and fit()
-evaluate.py    exact held-out metrics across ranks
-checkpoints.py checkpoint policy and resume
-preflight.py   the machines' checks before training (preflight=true|only)
+as_rank.py     one rank of an outside launcher's job (torchrun, srun, submitit): the launching
+               process's part done in the rank, around clorch.train.worker
+rank_end.py    how the ranks of an outside launcher's job end: rank 0 writes summary.json
 interrupts.py  signals: a final checkpoint, then a clean stop
 outputs.py     run directory contents; progress.py the launching process's progress view
 tracking.py    experiment trackers fed from metrics.jsonl

@@ -92,8 +92,8 @@ def _train(
     # lazy: clorch.distributed imports torch, kept out of clorch-train's start
     from clorch.distributed import barrier, destroy_process_group, init_process_group
 
-    # lazy: clorch.engine.worker imports torch, kept out of clorch-train's start
-    from clorch.engine.worker import train
+    # lazy: clorch.train.worker imports torch, kept out of clorch-train's start
+    from clorch.train.worker import train
 
     os.environ.update(rank_environ(rank))
     init_process_group(plan.backend, timeout=plan.config.launcher.collective_timeout)

@@ -136,8 +136,8 @@ def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None =
 
 def _step_checkpoints(cfg: Any, run_dir: Path, base: str) -> tuple[Path, list[tuple[int, Path]]]:
     """The run's checkpoint directory (absolute) and its step checkpoints, newest first."""
-    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
-    from clorch.engine.checkpoints import checkpoint_dir
+    # lazy: clorch.train.checkpoints imports torch, kept out of clorch-train's start
+    from clorch.train.checkpoints import checkpoint_dir
 
     directory = Path(base, checkpoint_dir(cfg, Path(base, run_dir).resolve())).resolve()
     return directory, any_step_checkpoints(directory)

@@ -25,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from clorch.engine.outputs import EVENTS
+from clorch.train.metrics import EVENTS
 from clorch.launch.console import safe
 
 

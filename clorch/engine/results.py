@@ -70,7 +70,7 @@ def describe_error(error: Mapping[str, Any] | JobError | None, failed: str = "fa
 
 @dataclass
 class PreflightVerdict:
-    """The preflight's figures in summary.json (clorch.engine.preflight.summary_of)."""
+    """The preflight's figures in summary.json (clorch.train.preflight.summary_of)."""
 
     passed: bool = False
     failures: list[str] = field(default_factory=list)
@@ -89,7 +89,7 @@ class PreflightVerdict:
 
 @dataclass
 class RankResult:
-    """What a rank's worker returns (clorch.engine.worker.train): rank 0's figures of the run;
+    """What a rank's worker returns (clorch.train.worker.train): rank 0's figures of the run;
     on the other ranks of an outside launcher's job, the job's preflight verdict alone."""
 
     steps: int | None = None

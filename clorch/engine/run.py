@@ -1,6 +1,6 @@
 """Run one job from its launch plan: launch, follow, report.
 
-This is the launching process's side (the ranks run `clorch.engine.worker`).
+This is the launching process's side (the ranks run `clorch.train.worker`).
 `execute(plan, run_dir)` is what `clorch-train` (inside its Hydra job) and
 `clorch.run_local` call with the plan `clorch.plan.plan` made of the config.
 The run's experiment trackers (logger.trackers) are fed from here, from rank 0's
@@ -20,7 +20,8 @@ from typing import Any, Iterator
 from clorch.plan.plan import Plan, write_plan
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted
-from clorch.engine.outputs import announce, rank0_result_path
+from clorch.engine.outputs import rank0_result_path
+from clorch.train.metrics import announce
 from clorch.engine.progress import Progress
 from clorch.engine.results import JobEnd, NodeResult, RankResult, RunResult
 from clorch.engine.summary import summarize, write_start, write_summary
@@ -31,7 +32,7 @@ from clorch.launch.slurm import layout_taken
 from clorch.launch.torchrun import TorchrunError, run_torchrun
 
 POLL_S = 0.25
-WORKER = "clorch.engine.worker:main"
+WORKER = "clorch.train.worker:main"
 
 
 def node_log_dir(plan: Plan, run_dir: Path) -> Path:
@@ -123,7 +124,7 @@ def execute(
         progress: "auto", "bar", "lines" or "off"; None reads logger.progress.
         echo: print the one-line description of where the job runs.
         worker: the ranks' entry point, "module:function" taking the launcher's context
-            (`clorch.engine.worker.plan_of(ctx)` reads the plan from it).
+            (`clorch.train.worker.plan_of(ctx)` reads the plan from it).
 
     Returns:
         A RunResult: how the job ended (`.job`), summary.json's content (`.summary`, whose
@@ -186,8 +187,8 @@ def owning_checkpoint_dir(plan: Plan, run_dir: Path, job: str | None = None) -> 
     # lazy: clorch.checkpoint.locks imports torch, kept out of clorch-train's start
     from clorch.checkpoint.locks import DirectoryLock
 
-    # lazy: clorch.engine.checkpoints imports torch, kept out of clorch-train's start
-    from clorch.engine.checkpoints import checkpoint_dir
+    # lazy: clorch.train.checkpoints imports torch, kept out of clorch-train's start
+    from clorch.train.checkpoints import checkpoint_dir
 
     job = job_id(plan) if job is None else job
     lock = DirectoryLock(checkpoint_dir(plan.config, run_dir), {"run_dir": str(run_dir)}, job).acquire()

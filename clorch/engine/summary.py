@@ -18,7 +18,8 @@ import yaml
 from clorch._files import write_text_atomic
 from clorch.plan.plan import Plan
 from clorch.plan.resume import nothing_to_resume
-from clorch.engine.outputs import announce, env_record, plot_loss, read_metrics, write_json
+from clorch.engine.outputs import env_record, plot_loss, write_json
+from clorch.train.metrics import announce, read_metrics
 from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
 from clorch.status import Status
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from clorch.plan.plan import Plan
-from clorch.engine.outputs import read_metrics
+from clorch.train.metrics import read_metrics
 from clorch.trackers import Tracker, build_trackers, run_name
 
 ARTIFACTS = ("config.yaml", "summary.json", "loss.png")  # each sent when the run directory has it

@@ -19,7 +19,7 @@ dataset sizes come from `clorch.data.tasks.split_size`, without building the dat
 The ranks receive the plan as a file: the checked objects, pickled, with their digest
 (`write_plan`, `read_plan`, which builds nothing but clorch's config classes;
 a worker of your own under `launcher=torchrun` gets `Plan.to_dict()` in its launch
-arguments, see `clorch.engine.worker.plan_of`) and do not check it again;
+arguments, see `clorch.train.worker.plan_of`) and do not check it again;
 `for_world_size` adapts the step arithmetic (and the accumulation a resume
 keeps) when an elastic rendezvous formed another world size than the plan's.
 """
@@ -179,7 +179,7 @@ def plan_classes() -> dict[tuple[str, str], type]:
     """The classes a plan file may name: `Plan`, `TrainConfig`, every registered option's schema and
     `_target_` schema (clorch.config.registry, options of installed packages included), and the
     dataclasses those hold as fields (precision's ScalerConfig). Keyed by where each is defined, so a
-    name a module merely imports (torch's StateDictOptions in clorch.engine.worker) is not one."""
+    name a module merely imports (torch's StateDictOptions in clorch.train.worker) is not one."""
     found: dict[tuple[str, str], type] = {}
     roots = [Plan, TrainConfig, *registry.custom_groups().values()]
     roots += [cls for group in registry.groups() for cls in registry.schemas(group).values()]

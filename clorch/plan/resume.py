@@ -107,7 +107,7 @@ def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
 def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
     """The checkpoint the ranks will start from, as the launching process sees it now.
 
-    The rule of `clorch.engine.checkpoints.resume_path`: after a restart by a launcher the
+    The rule of `clorch.train.checkpoints.resume_path`: after a restart by a launcher the
     newest step checkpoint of the job wins; else checkpoint.resume (latest: the newest).
     """
     ckpt = cfg.checkpoint

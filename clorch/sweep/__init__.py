@@ -9,5 +9,5 @@
     study.py      the Optuna study a sweep asks for trials and tells of their ends
     run.py        what the sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`
 
-The rank's side of a trial (reporting each eval, pruning) is clorch.engine.trial.
+The rank's side of a trial (reporting each eval, pruning) is clorch.train.trial.
 """

@@ -26,7 +26,7 @@ from clorch.status import Status
 from clorch.sweep.driver import RESUME, UNFINISHED, TrialSpec, say, writes_checkpoints
 from clorch.sweep.settings import STUDY_FILE, OptunaSettings
 from clorch.sweep.space import SearchSpace
-from clorch.engine.trial import ENV, TrialLink, make_pruner, open_storage
+from clorch.train.trial import ENV, TrialLink, make_pruner, open_storage
 
 DEFAULT_OBJECTIVE = "eval_loss"  # else the final train loss, for a trial whose summary lacks it
 

@@ -81,7 +81,7 @@ def test_every_field_with_an_odd_type_is_refused_or_harmless(saved):
 
 
 def test_the_engine_refuses_a_crafted_training_state(tmp_path):
-    from clorch.engine.checkpoints import _check_training_state
+    from clorch.train.checkpoints import _check_training_state
 
     good = {
         "step": 3,

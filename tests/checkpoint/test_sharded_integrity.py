@@ -215,7 +215,7 @@ def test_resume_latest_skips_what_does_not_verify_and_says_so(run, tmp_path, cap
     from clorch.config.options.checkpoint import CheckpointConfig
     from clorch.config.options.parallel import FSDPParallelConfig
     from clorch.config.schema import TrainConfig
-    from clorch.engine import checkpoints
+    from clorch.train import checkpoints
 
     _truncate(sharded_step_path(run, 2))
     bare = run / "step_00000003.dcp"  # DCP's files alone: not a checkpoint clorch can resume

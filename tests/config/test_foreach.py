@@ -8,7 +8,7 @@ import torch
 from clorch.config import check_config, compose
 from clorch.config.schema import TrainConfig
 from clorch.config.checks import to_plain
-from clorch.engine.components import build_optimizer
+from clorch.train.components import build_optimizer
 
 
 @pytest.mark.parametrize("optim", ["adamw", "sgd"])

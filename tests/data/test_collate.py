@@ -13,7 +13,7 @@ import torch
 
 from clorch.data.from_model import FromModelStep, accuracy_of
 from clorch.data.user import DatasetTask
-from clorch.engine.outputs import read_metrics, without_timing
+from clorch.train.metrics import read_metrics, without_timing
 from tests.clirunner import start_clorch_train
 from tests.data.varlen import Lengths, MeanPool, PooledClassifier, pad, pad_hf
 

@@ -9,7 +9,7 @@ import torch
 
 from clorch.data.placement import place_task
 from clorch.data.tasks import build_task
-from clorch.engine.loop import to_device
+from clorch.train.loop import to_device
 
 pytestmark = pytest.mark.timeout(60)
 

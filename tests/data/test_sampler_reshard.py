@@ -1,6 +1,6 @@
 """An epoch continued on another world size, taken in steps and micro-batches as clorch's loop takes them.
 
-The engine's loop (`clorch.engine.loop.fit`) cuts each rank's `sample_indices()` into
+The engine's loop (`clorch.train.loop.fit`) cuts each rank's `sample_indices()` into
 optimizer steps of batch_size x accumulation indices and those into micro-batches of
 batch_size, and advances the sampler after each step. These tests run that cutting
 (its own `_step_chunks`) on a world of W ranks for k steps, save the job's position,
@@ -16,7 +16,7 @@ import itertools
 import pytest
 
 from clorch.data.sampler import DistributedSampler, accumulation_for
-from clorch.engine.loop import _step_chunks
+from clorch.train.loop import _step_chunks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,7 +2,7 @@
 
 `run_failing(run_dir, fail_at_step, overrides)` composes and resolves as
 `clorch.run_local` does, then launches this module's `main` instead of
-`clorch.engine.worker:main`. The last rank leaves with `FAIL_EXIT_CODE`
+`clorch.train.worker:main`. The last rank leaves with `FAIL_EXIT_CODE`
 right after optimizer step `fail_at_step` of the job's first attempt (a
 restart by the launcher trains on), like a crash: no cleanup, no group
 teardown. The step travels in an environment variable the ranks inherit.
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from clorch.engine.worker import StepHooks, plan_of, train
+from clorch.train.worker import StepHooks, plan_of, train
 from clorch.env import restart_count
 
 FAIL_EXIT_CODE = 17

@@ -11,8 +11,8 @@ import torch
 
 from clorch.config import compose
 from clorch.plan.plan import resolve
-from clorch.engine.evaluate import evaluate
-from clorch.engine.loop import build_components, train_step
+from clorch.train.evaluate import evaluate
+from clorch.train.loop import build_components, train_step
 from clorch.engine.progress import Progress
 
 pytestmark = pytest.mark.timeout(60)
@@ -115,7 +115,7 @@ def test_components_take_one_precision_object():
     import dataclasses
 
     from clorch.amp import GradScaler, MixedPrecision
-    from clorch.engine.components import Components
+    from clorch.train.components import Components
 
     c = _components("precision=fp16", "precision.scaler.initial_scale=128.0", "precision.scaler.growth_interval=7")
     assert isinstance(c.precision, MixedPrecision) and c.precision.name == "fp16"
@@ -141,7 +141,7 @@ def test_components_built_by_hand_around_clorch_ddp_adopt_its_strategy():
     the strategy is the one of the wrapper they hold, and a step trains as the engine's does."""
     import dataclasses
 
-    from clorch.engine.components import Components
+    from clorch.train.components import Components
     from clorch.nn.parallel import DistributedDataParallel
     from clorch.strategies import DDPStrategy
 

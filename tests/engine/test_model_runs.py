@@ -15,11 +15,11 @@ from clorch.config import compose
 from clorch.plan.plan import resolve
 from clorch.distributed import all_gather_into
 from clorch.engine.api import overrides_for
-from clorch.engine.components import build_components, training_seed
-from clorch.engine.evaluate import evaluate
-from clorch.engine.loop import train_step
-from clorch.engine.outputs import read_metrics, without_timing
-from clorch.engine.worker import weights_digest
+from clorch.train.components import build_components, training_seed
+from clorch.train.evaluate import evaluate
+from clorch.train.loop import train_step
+from clorch.train.metrics import read_metrics, without_timing
+from clorch.train.worker import weights_digest
 from clorch.optim import build_scheduler
 from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 from tests.harness import run_ranks

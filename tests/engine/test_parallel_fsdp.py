@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clorch.engine.outputs import read_metrics
+from clorch.train.metrics import read_metrics
 from tests.clirunner import run_clorch_train
 
 pytestmark = pytest.mark.timeout(300)

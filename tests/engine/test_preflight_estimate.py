@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clorch.engine.preflight import _estimate
+from clorch.train.preflight import _estimate
 from clorch.plan.plan import plan_overrides
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import clorch
-from clorch.engine.outputs import read_metrics
+from clorch.train.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(120)
 

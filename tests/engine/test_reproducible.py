@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import clorch
-from clorch.engine.outputs import read_metrics, without_timing
+from clorch.train.metrics import read_metrics, without_timing
 from tests.harness import free_port
 from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 

@@ -47,8 +47,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from clorch.engine.checkpoints import reseed_for
-from clorch.engine.outputs import read_metrics
+from clorch.train.checkpoints import reseed_for
+from clorch.train.metrics import read_metrics
 from tests.clirunner import start_clorch_train
 
 pytestmark = pytest.mark.timeout(300)

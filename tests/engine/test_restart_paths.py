@@ -13,7 +13,8 @@ from clorch.checkpoint.policy import Latest
 from clorch.config import ConfigError, TrainConfig, compose
 from clorch.config.schema import CheckpointConfig
 from clorch.plan.plan import resolve
-from clorch.engine import checkpoints, run
+from clorch.engine import run
+from clorch.train import checkpoints
 from clorch.engine.progress import Progress
 from clorch.strategies import ddp as ddp_strategy
 

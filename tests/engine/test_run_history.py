@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import clorch
-from clorch.engine.outputs import EVENTS, MetricsWriter, read_metrics, resumed_history, without_timing
+from clorch.train.metrics import EVENTS, MetricsWriter, read_metrics, resumed_history, without_timing
 from clorch.engine.progress import Progress
 from tests.engine.faulty_worker import run_failing
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from clorch.config import compose
-from clorch.engine.components import build_components, training_seed
-from clorch.engine.evaluate import evaluate
-from clorch.engine.loop import train_step
+from clorch.train.components import build_components, training_seed
+from clorch.train.evaluate import evaluate
+from clorch.train.loop import train_step
 from clorch.builders.model import build_model_for
 from clorch.plan.plan import resolve
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-import clorch.engine.worker as worker
+import clorch.train.worker as worker
 from clorch.cli import train_main
 
 _train = worker.train

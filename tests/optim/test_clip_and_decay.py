@@ -9,7 +9,7 @@ import torch
 from clorch.config import compose
 from clorch.plan.plan import resolve
 from clorch.builders.rank_model import build_raw_model
-from clorch.engine.loop import build_components, train_step
+from clorch.train.loop import build_components, train_step
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -132,10 +132,10 @@ def test_a_plan_file_that_names_anything_but_clorchs_config_classes_runs_nothing
 
 
 def test_a_plan_file_naming_a_dataclass_that_is_not_a_config_class_is_refused(tmp_path):
-    import clorch.engine.worker  # noqa: F401 - loaded, as in a rank: it imports torch's StateDictOptions
+    import clorch.train.worker  # noqa: F401 - loaded, as in a rank: it imports torch's StateDictOptions
 
     path = tmp_path / "plan.pkl"
-    for module in ("clorch.engine.worker", "torch.distributed.checkpoint.state_dict"):
+    for module in ("clorch.train.worker", "torch.distributed.checkpoint.state_dict"):
         data = f"c{module}\nStateDictOptions\n)R.".encode()  # StateDictOptions(), by the module's name for it
         path.write_bytes(PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
         with pytest.raises(ValueError, match=f"{module}.StateDictOptions is not one of clorch's config classes"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from clorch.engine.trial import TrialLink, TrialReporter
+from clorch.train.trial import TrialLink, TrialReporter
 from tests.clirunner import run_clorch_train, run_clorch_train_batch, start_clorch_train
 
 pytestmark = pytest.mark.timeout(400)

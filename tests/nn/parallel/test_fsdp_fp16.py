@@ -29,9 +29,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from clorch.config import compose
-from clorch.engine.components import build_components
-from clorch.engine.loop import train_step
-from clorch.engine.worker import weights_digest
+from clorch.train.components import build_components
+from clorch.train.loop import train_step
+from clorch.train.worker import weights_digest
 from clorch.plan.plan import resolve
 from tests.harness import run_ranks
 

@@ -43,7 +43,7 @@ from clorch.checkpoint import save_checkpoint
 from clorch.checkpoint.weights import load_weights
 from clorch.config import compose
 from clorch.builders import rank_model as model_build
-from clorch.engine.components import build_components
+from clorch.train.components import build_components
 from clorch.builders.data import model_sizes_of
 from clorch.builders.model import build_model_for
 from clorch.plan.plan import resolve

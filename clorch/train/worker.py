@@ -1,9 +1,9 @@
-"""The per-rank entry point: `clorch.engine.worker:main(ctx)`, started by the launcher.
+"""The per-rank entry point: `clorch.train.worker:main(ctx)`, started by the launcher.
 
 `ctx["args"]` names the launch plan's file (`clorch.plan.plan.write_plan`: the
 checked config, world size, planned steps, and their digest) and the run directory;
 the ranks trust the plan once its digest matches. Each rank builds its components, resumes if asked,
-trains (`clorch.engine.loop.fit`) with logging, evaluation and checkpoints
+trains (`clorch.train.loop.fit`) with logging, evaluation and checkpoints
 after each step as configured, and returns a JSON summary (rank 0's is the
 run's). Rank 0 writes metrics.jsonl and prints a plain line per log step.
 """
@@ -20,12 +20,12 @@ from clorch.checkpoint.weights import save_safetensors
 from clorch.plan.plan import Plan, read_plan
 from clorch.config.schema import TrainConfig
 from clorch.distributed import all_reduce, broadcast, is_initialized
-from clorch.engine import checkpoints, preflight
-from clorch.engine.components import Components, build_components
-from clorch.engine.evaluate import evaluate
-from clorch.engine.loop import LoopState, StepResult, fit
-from clorch.engine.outputs import MetricsWriter, announce, read_metrics, resumed_history
-from clorch.engine.trial import Pruned, TrialLink, TrialReporter
+from clorch.train import checkpoints, preflight
+from clorch.train.components import Components, build_components
+from clorch.train.evaluate import evaluate
+from clorch.train.loop import LoopState, StepResult, fit
+from clorch.train.metrics import MetricsWriter, announce, read_metrics, resumed_history
+from clorch.train.trial import Pruned, TrialLink, TrialReporter
 from clorch.strategies import weights_digest  # noqa: F401  (the digest summary.json holds, read here before)
 
 
@@ -48,7 +48,7 @@ class StepHooks:
         self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
-        link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.engine.trial)
+        link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.train.trial)
         self.reporter = None if link is None else TrialReporter(link, parts.rank, self._agreed)
 
     def _agreed(self, flag: bool) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from clorch.data.user import batch_size_of
-from clorch.engine.components import Components, build_components
+from clorch.train.components import Components, build_components
 
 __all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_device", "train_step", "fit"]
 
@@ -140,10 +140,10 @@ class LoopState:
     # On resume: the run directory that wrote the checkpoint, whose metrics.jsonl holds the
     # run's history up to `step` (None: a fresh start, or a checkpoint that does not say).
     resumed_run_dir: str | None = None
-    # On resume onto another world size: what kept the global batch, one line (clorch.engine.checkpoints).
+    # On resume onto another world size: what kept the global batch, one line (clorch.train.checkpoints).
     resume_note: str | None = None
     # On resume onto another world size of a model with batch statistics: what differs from the
-    # uninterrupted run, one line for the console (clorch.engine.batch_statistics).
+    # uninterrupted run, one line for the console (clorch.train.batch_statistics).
     resume_warning: str | None = None
 
 

@@ -17,7 +17,7 @@ import torch
 from clorch.builders.data import model_sizes_of
 from clorch.builders.model import build_model_for
 from clorch.plan.plan import Plan
-from clorch.engine.outputs import announce
+from clorch.train.metrics import announce
 from clorch.preflight import run_preflight
 from clorch.strategies import strategy_class
 

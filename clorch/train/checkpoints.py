@@ -35,10 +35,10 @@ from clorch.plan.resume import RECORD_KEY, batch_counts, run_record
 from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
 from clorch.distributed import all_gather_into, is_initialized, rank, world_size
-from clorch.engine.batch_statistics import world_size_warning
-from clorch.engine.components import TRAINING_STREAM, Components
-from clorch.engine.loop import LoopState
-from clorch.engine.outputs import announce
+from clorch.train.batch_statistics import world_size_warning
+from clorch.train.components import TRAINING_STREAM, Components
+from clorch.train.loop import LoopState
+from clorch.train.metrics import announce
 from clorch.env import restart_count as env_restart_count
 from clorch.strategies import Strategy, strategy_class
 from clorch.strategies.ddp import SAMPLER_KEY  # noqa: F401  (a checkpoint file's sampler position, read here before)
@@ -211,7 +211,7 @@ def reseed_for(seed: int, rank: int, step: int) -> None:
     The saved ranks' random streams (dropout's) cannot be split over another number of
     ranks. Each rank draws from a stream of its own instead, derived from the run's seed,
     its rank and the step resumed at: ranks draw differently, none repeats a fresh start's
-    stream (`clorch.engine.components.training_seed`), and resuming the same checkpoint on
+    stream (`clorch.train.components.training_seed`), and resuming the same checkpoint on
     the same world size draws the same numbers again. Python's and numpy's generators are
     left as a fresh start leaves them. Local.
     """

@@ -14,8 +14,8 @@ import torch
 
 from clorch.data.tasks import finalize_metrics
 from clorch.distributed import all_reduce, is_initialized
-from clorch.engine.components import Components
-from clorch.engine.loop import micro_batches, to_device
+from clorch.train.components import Components
+from clorch.train.loop import micro_batches, to_device
 from clorch.nn.parallel.buffers import rank0_buffers
 
 
