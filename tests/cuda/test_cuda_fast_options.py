@@ -85,7 +85,7 @@ def _train(tmp_path: Path, run: str, ckpt: str, *extra: str):
     done = run_clorch_train([*args, *extra, f"hydra.run.dir={tmp_path / run}"], tmp_path, env=env, timeout=500)
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["kind"] == "train"], [r for r in records if r["kind"] == "eval"]
+    return [r for r in records if r["kind"] == "train"], [r for r in records if r["kind"] == "eval"], done
 
 
 @pytest.mark.skipif(not _fp8_capable(), reason="float8 needs compute capability 8.9")
@@ -93,12 +93,15 @@ def test_fp8_trains_and_resumes_with_the_plain_models_checkpoint(tmp_path):
     pytest.importorskip("torchao.float8")
     _corpus(tmp_path)
     fp8 = ["precision=fp8", "precision.min_features=256", "log_every=5", "eval_every=10"]
-    train, _ = _train(tmp_path, "first", "ckpt", *fp8, "max_steps=20")
+    train, _, _ = _train(tmp_path, "first", "ckpt", *fp8, "max_steps=20")
     assert train[-1]["loss"] < train[0]["loss"] and all(r["loss"] == r["loss"] for r in train)
     ckpt = sorted((tmp_path / "ckpt").glob("*.ckpt"))
     assert ckpt, list((tmp_path / "ckpt").iterdir())
-    resumed, evals = _train(tmp_path, "second", "ckpt", *fp8, "max_steps=30", "checkpoint.resume=latest")
-    assert resumed[0]["step"] > 20 and resumed[-1]["step"] == 30 and evals
+    resumed, evals, done = _train(tmp_path, "second", "ckpt", *fp8, "max_steps=30", "checkpoint.resume=latest")
+    assert "resuming from" in done.stdout + done.stderr
+    # a resumed run carries the first run's metrics over, then logs its own steps
+    assert resumed[: len(train)] == train and [r["step"] for r in resumed[len(train) :]] == [25, 30]
+    assert evals[-1]["step"] == 30
     plain = GPT(GPTConfig(vocab_size=256, seq_len=128, n_layer=2, n_head=4, d_model=256))
     assert set(plain.state_dict()) <= weight_names(str(ckpt[-1]))
 
@@ -106,8 +109,8 @@ def test_fp8_trains_and_resumes_with_the_plain_models_checkpoint(tmp_path):
 def test_chunked_loss_trains_compiled_on_the_gpu_like_the_plain_loss(tmp_path):
     _corpus(tmp_path)
     common = ["max_steps=10", "log_every=5", "eval_every=10", "precision=bf16"]
-    plain, plain_eval = _train(tmp_path, "plain", "ckpt-plain", *common)
-    fused, fused_eval = _train(
+    plain, plain_eval, _ = _train(tmp_path, "plain", "ckpt-plain", *common)
+    fused, fused_eval, _ = _train(
         tmp_path, "fused", "ckpt-fused", *common, "loss=chunked_cross_entropy", "loss.chunk_size=512"
     )
     assert fused[-1]["loss"] == pytest.approx(plain[-1]["loss"], rel=2e-2)
