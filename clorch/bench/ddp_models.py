@@ -3,7 +3,7 @@
 A `Workload` holds one rank's base model (each candidate trains a deep copy),
 its fixed batch, the loss of a model on that batch, and how to build the
 optimizer. The GPT presets and the random-token task are `clorch-bench
-runner`'s (`clorch.bench.runner.PRESETS`, `RandomTokens`), so both benchmarks
+runner`'s (`clorch.bench.runner.PRESETS`, `clorch.bench.runner_tokens.RandomTokens`), so both benchmarks
 time the same GPT-2-small step.
 """
 
@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from clorch.bench.runner import PRESETS, RandomTokens
+from clorch.bench.runner import PRESETS
+from clorch.bench.runner_tokens import RandomTokens
 from clorch.models import GPT, GPTConfig
 from clorch.optim import build_optimizer
 

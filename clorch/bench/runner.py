@@ -1,8 +1,9 @@
 """`clorch-bench runner`: clorch's training loop against a hand-written PyTorch loop.
 
 Same model (GPT-2 small by default: 12 layers, d_model 768, 12 heads, sequence
-1024, vocabulary 50304, ~124M parameters), same data (random tokens: one fixed tensor,
-or with `--data dataset` a token file read through a map-style Dataset), bf16
+1024, vocabulary 50304, ~124M parameters), same data (random tokens, or with
+`--tokens markov` a learnable chain: one fixed tensor, or with `--data dataset` a
+token file read through a map-style Dataset), bf16
 autocast, fused AdamW, batch 16 x 1024 tokens a step.
 
 * plain: `autocast -> forward -> cross_entropy -> backward -> optimizer.step -> zero_grad`;
@@ -37,20 +38,18 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import clorch.distributed as cd
 from clorch.amp import MixedPrecision
 from clorch.bench import runner_dataset
+from clorch.bench.runner_tokens import RandomTokens, tokens_task
 from clorch.bench import runner_variants as variants
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
 from clorch.config.schema import COMPILE_MODES, TrainConfig
 from clorch.data import DistributedSampler
-from clorch.data.base import as_index
 from clorch.data.placement import place_task
-from clorch.data.text import lm_per_sample_loss
 from clorch.train.components import Components, compile_mode_arg, replays_cuda_graphs
 from clorch.train.loop import LoopState, fit
 from clorch.train.metrics import MetricsWriter
@@ -65,30 +64,6 @@ PRESETS = {
     "tiny": dict(vocab_size=512, seq_len=64, n_layer=2, n_head=2, d_model=64),
     "llama-tiny": dict(vocab_size=32000, seq_len=1024),  # a Hugging Face Llama (runner_variants): --variants hf,liger
 }
-
-
-class RandomTokens:
-    """Fixed random token sequences: the same data for both loops (a clorch Task)."""
-
-    tokens_per_sample: int
-    compile_loss: bool | str = False  # clorch's side sets it with --compile, as the engine does with compile: true
-
-    def __init__(self, samples: int, seq_len: int, vocab_size: int, seed: int = 0):
-        gen = torch.Generator().manual_seed(seed)
-        self.data = torch.randint(0, vocab_size, (samples, seq_len + 1), generator=gen)
-        self.tokens_per_sample = seq_len
-
-    def __len__(self) -> int:
-        return self.data.size(0)
-
-    def batch(self, indices) -> dict[str, torch.Tensor]:
-        rows = self.data[as_index(indices, self.data.device)]
-        return {"input": rows[:, :-1], "target": rows[:, 1:]}
-
-    def loss(self, model, batch) -> torch.Tensor:
-        if not self.compile_loss:  # the plain loop's loss, as a user writes it
-            return F.cross_entropy(model(batch["input"]).flatten(0, 1), batch["target"].flatten())
-        return lm_per_sample_loss(model(batch["input"]), batch["target"], compiled=self.compile_loss).mean()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,6 +91,13 @@ def parser() -> argparse.ArgumentParser:
         "both sides (data._target_'s path)",
     )
     p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
+    p.add_argument(
+        "--tokens",
+        choices=("random", "markov"),
+        default="random",
+        help="random: uniform tokens ('loss after': on training samples); markov: walks of a fixed "
+        "Markov chain, learnable ('loss after': on held-out walks), to compare what loops learn",
+    )
     p.add_argument(
         "--nproc",
         type=int,
@@ -276,8 +258,12 @@ def worker(ctx: dict) -> dict:
     device = cd.device() if opts["device"] == "cuda" else torch.device("cpu")
     preset = PRESETS[opts["preset"]]
     opts = {**opts, "seq_len": preset["seq_len"]}
-    samples = max(64, opts["batch_size"] * 8)
-    task = RandomTokens(samples, preset["seq_len"], preset["vocab_size"])
+    shape = (preset["seq_len"], preset["vocab_size"])
+    if opts["tokens"] == "markov":  # enough walks that a large model learns the chain, not the walks
+        task = tokens_task("markov", max(512, opts["batch_size"] * 64), *shape)
+        held_out = tokens_task("markov", 16, *shape, seed=1)
+    else:
+        task = held_out = tokens_task("random", max(64, opts["batch_size"] * 8), *shape)
     tokens_per_step = opts["batch_size"] * preset["seq_len"] * cd.world_size()
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
         runners, models, writers, metrics_dir = _build_runners(opts, device, task, Path(tmp))
@@ -298,7 +284,7 @@ def worker(ctx: dict) -> dict:
         "ratio": tps["clorch"] / tps["plain"] if "plain" in tps and "clorch" in tps else None,
         "mfu": {n: t * flops / peak for n, t in tps.items()},
         "peak_memory": peaks,
-        "fixed_batch_loss": {n: variants.fixed_batch_loss(m, task, device) for n, m in models.items()},
+        "fixed_batch_loss": {n: variants.fixed_batch_loss(m, held_out, device) for n, m in models.items()},
         "world_size": cd.world_size(),
         "params": first.num_parameters(),
         "metrics_lines": metrics_lines,
@@ -330,6 +316,7 @@ def report(result: dict, opts: dict) -> str:
         f"{opts['batch_size']}, bf16 autocast, fused AdamW, compile={opts['compile']} "
         f"({opts['compile_mode']}), "
         f"data={opts['data']}{' (%d workers)' % opts['num_workers'] if opts['data'] == 'dataset' else ''}"
+        f"{', markov-chain tokens' if opts['tokens'] == 'markov' else ''}"
         f"{extra}, "
         f"{result['device']} x {result['world_size']}; median of {opts['rounds']} blocks x {opts['steps']} steps"
     )

@@ -94,7 +94,8 @@ TINY_RUN = ["--device", "cpu", "--batch-size", "2", "--rounds", "2", "--steps", 
 
 @pytest.mark.timeout(150)
 def test_the_fused_variant_runs_beside_both_loops_and_learns_the_same(capsys):
-    code = runner.main([*TINY_RUN, "--preset", "tiny", "--variants", "fused", "--chunk-size", "40"])
+    fused = ["--variants", "fused", "--chunk-size", "40", "--tokens", "markov"]
+    code = runner.main([*TINY_RUN, "--preset", "tiny", *fused])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("|")}
