@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from torch import nn
 
-__all__ = ["LinearShape", "choose_float8_layers", "linear_shapes", "convert_to_float8"]
+__all__ = ["LinearShape", "choose_float8_layers", "linear_shapes", "convert_to_float8", "carry_module_attributes"]
 
 FLOAT8_MULTIPLE = 16  # float8 matrix-product kernels need in and out features divisible by this
 
@@ -105,5 +105,27 @@ def convert_to_float8(
     config = Float8LinearConfig.from_recipe_name(recipe)
     if recipe == "tensorwise" and fsdp_float8_all_gather:
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    replaced = {name: model.get_submodule(name) for name in chosen}
     convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in chosen)
+    carry_module_attributes(model, replaced)
     return sorted(chosen)
+
+
+def carry_module_attributes(model: nn.Module, replaced: dict[str, nn.Module]) -> None:
+    """Give each module of `model` that took the place of one in `replaced` (qualified name: the
+    module it replaced) the public attributes the replaced one held and it lacks.
+
+    A model may tag its layers with attributes its initializer reads: the built-in GPT's
+    residual projections carry `is_residual_projection`, which gives them a smaller initial
+    std. torchao's `Float8Linear.from_float` builds a new module that keeps only the weight
+    and bias, and a model built on the meta device (`parallel=fsdp`) is initialized after the
+    conversion (`clorch.nn.parallel.fsdp_init.materialize`): without its tags, a layer would
+    start from other values than in the bf16 model. Local.
+    """
+    for name, old in replaced.items():
+        new = model.get_submodule(name)
+        if new is old:
+            continue
+        for key, value in vars(old).items():
+            if not key.startswith("_") and not hasattr(new, key):
+                setattr(new, key, value)

@@ -7,8 +7,15 @@ import torch
 from torch import nn
 
 from clorch.config.options.precision import FP8Config
-from clorch.amp.float8 import LinearShape, choose_float8_layers, convert_to_float8, linear_shapes
+from clorch.amp.float8 import (
+    LinearShape,
+    carry_module_attributes,
+    choose_float8_layers,
+    convert_to_float8,
+    linear_shapes,
+)
 from clorch.models.gpt import GPT, GPTConfig
+from clorch.nn.parallel.fsdp_init import init_fn_of, materialize
 from clorch.precision import DTYPE_NAMES, get_precision
 
 
@@ -88,3 +95,56 @@ def test_conversion_keeps_the_state_dict_where_torchao_imports():
     assert list(after) == list(before)
     for key, value in before.items():
         assert torch.equal(after[key], value), key
+
+
+def _meta_gpt() -> GPT:
+    with torch.device("meta"):
+        return GPT(GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=2, d_model=32))
+
+
+class _SwappedLinear(nn.Linear):
+    """What a conversion such as torchao's `Float8Linear.from_float` puts in a layer's place:
+    a new module holding the old one's weight and bias, and none of its other attributes."""
+
+    @classmethod
+    def replacing(cls, old: nn.Linear) -> "_SwappedLinear":
+        with torch.device("meta"):
+            new = cls(old.in_features, old.out_features, bias=False)
+        new.weight, new.bias = old.weight, old.bias
+        return new
+
+
+def test_a_swapped_layer_keeps_its_tags_and_a_meta_built_gpt_its_initial_weights():
+    # A GPT built on the meta device (parallel=fsdp) is initialized after its layers are
+    # swapped: the residual projections must keep the tag that scales their initial std.
+    plain, swapped = _meta_gpt(), _meta_gpt()
+    replaced = {}
+    for name, module in list(swapped.named_modules()):
+        if isinstance(module, nn.Linear) and name != "lm_head":
+            replaced[name] = module
+            parent, _, child = name.rpartition(".")
+            setattr(swapped.get_submodule(parent), child, _SwappedLinear.replacing(module))
+    assert not hasattr(swapped.blocks[0].attn.proj, "is_residual_projection")
+    carry_module_attributes(swapped, replaced)
+    assert swapped.blocks[0].attn.proj.is_residual_projection is True
+    assert not hasattr(swapped.blocks[0].attn.qkv, "is_residual_projection")
+    for model in (plain, swapped):
+        materialize(model, "cpu", seed=3, init_fn=init_fn_of(model))
+    want, got = plain.state_dict(), swapped.state_dict()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+
+
+def test_a_meta_built_gpt_starts_from_the_bf16_weights_after_float8_conversion():
+    pytest.importorskip("torchao.float8")
+    plain, fp8 = _meta_gpt(), _meta_gpt()
+    converted = convert_to_float8(fp8, min_features=16)
+    assert "blocks.1.mlp.proj" in converted and type(fp8.blocks[1].mlp.proj).__name__ == "Float8Linear"
+    for model in (plain, fp8):
+        materialize(model, "cpu", seed=3, init_fn=init_fn_of(model))
+    assert fp8.lm_head.weight is fp8.tok_emb.weight
+    want, got = plain.state_dict(), fp8.state_dict()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
