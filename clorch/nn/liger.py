@@ -71,21 +71,20 @@ def apply_liger(model: nn.Module) -> nn.Module:
         raise ValueError(problem)
     try:  # liger-kernel is an optional extra
         import liger_kernel.transformers as liger
+        from liger_kernel.ops import LigerFusedLinearCrossEntropyFunction
     except ImportError as exc:
         raise ImportError(f"model.liger=true needs liger-kernel: pip install 'clorch[liger]' ({exc})") from exc
     patch: Any = getattr(liger, f"apply_liger_kernel_to_{architecture(model)}")
     patch(model=model)
-    _keep_fused_loss_out_of_compile()
+    _keep_fused_loss_out_of_compile(LigerFusedLinearCrossEntropyFunction)
     return model
 
 
-def _keep_fused_loss_out_of_compile() -> None:
-    """Make torch.compile run Liger's fused linear cross-entropy uncompiled (module docstring).
+def _keep_fused_loss_out_of_compile(fused: Any) -> None:
+    """Make torch.compile run Liger's fused linear cross-entropy (the autograd Function `fused`)
+    uncompiled (module docstring).
 
-    Patches the autograd Function's `apply` once per process; it changes nothing when
-    nothing is compiled."""
-    from liger_kernel.ops import LigerFusedLinearCrossEntropyFunction as fused
-
+    Patches the Function's `apply` once per process; it changes nothing when nothing is compiled."""
     if not getattr(fused, "_clorch_uncompiled", False):
         fused.apply = torch.compiler.disable(fused.apply)
         fused._clorch_uncompiled = True
