@@ -259,8 +259,9 @@ def worker(ctx: dict) -> dict:
     preset = PRESETS[opts["preset"]]
     opts = {**opts, "seq_len": preset["seq_len"]}
     shape = (preset["seq_len"], preset["vocab_size"])
-    if opts["tokens"] == "markov":  # enough walks that a large model learns the chain, not the walks
-        task = tokens_task("markov", max(512, opts["batch_size"] * 64), *shape)
+    if opts["tokens"] == "markov":  # as many walks as a loop draws samples: it learns the chain, not the walks
+        steps = opts["warmup"] + opts["rounds"] * opts["steps"]
+        task = tokens_task("markov", max(512, opts["batch_size"] * cd.world_size() * steps), *shape)
         held_out = tokens_task("markov", 16, *shape, seed=1)
     else:
         task = held_out = tokens_task("random", max(64, opts["batch_size"] * 8), *shape)

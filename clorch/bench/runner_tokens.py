@@ -6,7 +6,10 @@
 * `MarkovTokens` (`--tokens markov`): walks of a fixed random Markov chain over a subset of
   the vocabulary, each token followed by one of a few successors. A model can learn it, so
   the loss on held-out walks of the same chain after N steps compares what two loops learned
-  (float8 against bf16, for example), not what they memorized.
+  (float8 against bf16, for example), not what they memorized: the runner draws as many walks
+  as a loop takes samples. One reading is still noisy early on: a model first sits on a plateau
+  near ln(STATES) and leaves it at a step that moves by hundreds with the order of the data
+  alone, so compare loops well after both have left it (the loss near ln(SUCCESSORS)).
 """
 
 from __future__ import annotations
