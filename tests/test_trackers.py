@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import socket
-import struct
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from clorch.trackers import (
     resolve_wandb_mode,
     run_name,
 )
+from tests.trackers_support import wandb_records_once_written
 
 CONFIG = {
     "optim": {"name": "adamw", "lr": 0.003, "betas": [0.9, 0.95]},
@@ -270,38 +270,6 @@ def wandb_home(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def _wandb_records(path: Path):
-    """The records of a .wandb file: LevelDB's log format (32 KiB blocks, 7-byte chunk headers)
-    after W&B's 7-byte file header, each record a wandb_internal_pb2.Record."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, pos, pending = path.read_bytes(), 7, b""
-    while pos + 7 <= len(data):
-        left = 32768 - pos % 32768
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if left < 7 or kind == 0:  # a block's padding
-            pos += left
-            continue
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL, LAST
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            pending = b""
-            yield record
-
-
-def _records_once_written(path: Path, within_s: float = 20.0) -> list:
-    """The .wandb file's records once its exit record is in: W&B's own process writes the file,
-    and under load it may still be writing when finish() has returned."""
-    deadline = time.monotonic() + within_s
-    while True:
-        records = list(_wandb_records(path))
-        if any(r.HasField("exit") for r in records) or time.monotonic() > deadline:
-            return records
-        time.sleep(0.2)
-
-
 @pytest.mark.timeout(60)
 def test_wandb_offline_writes_the_run_under_run_dir(tmp_path, wandb_home):
     run_dir = _run_dir(tmp_path)
@@ -320,7 +288,7 @@ def test_wandb_offline_writes_the_run_under_run_dir(tmp_path, wandb_home):
     def name(item):
         return item.key or "/".join(item.nested_key)
 
-    records = _records_once_written(log)
+    records = wandb_records_once_written(log)
     (run,) = [r.run for r in records if r.HasField("run")]
     config = {name(u): json.loads(u.value_json) for u in run.config.update}
     assert run.display_name == "run-a" and run.project == "clorch-test"

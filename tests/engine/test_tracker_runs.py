@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -24,32 +23,12 @@ from clorch.engine.tracking import TrackerFeed
 from clorch.trackers import default_tracking_uri, flatten, record_metrics
 from tests.clirunner import run_clorch_train, start_clorch_train
 from tests.harness import free_port
+from tests.trackers_support import tracker_env
 
 pytestmark = pytest.mark.timeout(300)
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 TRACKER_LINE = "mlflow tracker:"
-
-
-def _env(home: Path) -> dict[str, str]:
-    """clorch-train's environment: W&B's settings, caches and temporary folders under `home`,
-    offline; MLflow refuses a connection at once instead of retrying for minutes."""
-    # wandb (on import) and torch's elastic agent make temporary folders that go at the process's
-    # exit, which a process forked by tests.clirunner skips (it leaves through os._exit).
-    (home / "tmp").mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONWARNINGS": "ignore",
-        "WANDB_MODE": "offline",
-        "TMPDIR": str(home / "tmp"),
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-    }
-    for name in ("CONFIG_DIR", "CACHE_DIR", "DATA_DIR", "ARTIFACT_DIR"):
-        env[f"WANDB_{name}"] = str(home / "wandb-home" / name.lower())
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_DIR"):
-        env.pop(name, None)  # the default store and project, whatever this machine's user has set
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +45,7 @@ def sweep(tmp_path_factory):
             f"logger.tracking_uri=null,http://127.0.0.1:{port}",
         ],
         project,
-        env=_env(project),
+        env=tracker_env(project),
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -153,7 +132,7 @@ def test_an_interrupted_torchrun_run_is_killed_in_mlflow_with_all_its_records(tm
             f"hydra.run.dir={run_dir}",
         ],
         tmp_path,
-        env=_env(tmp_path),
+        env=tracker_env(tmp_path),
     )
     deadline = time.monotonic() + 120
     metrics = run_dir / "metrics.jsonl"

@@ -11,8 +11,7 @@ import pytest
 
 from clorch.trackers import default_tracking_uri, run_name
 from tests.clirunner import run_clorch_train
-from tests.engine.test_tracker_runs import _env
-from tests.test_trackers import _records_once_written
+from tests.trackers_support import tracker_env, wandb_records_once_written
 
 pytestmark = pytest.mark.timeout(300)
 mlflow = pytest.importorskip("mlflow")
@@ -22,7 +21,9 @@ pytest.importorskip("wandb")
 def test_the_trials_of_a_sweep_are_children_of_one_mlflow_run_and_one_wandb_group(tmp_path, monkeypatch):
     args = ["-m", "+recipe=cpu_smoke", "launcher.nproc_per_node=1", "max_steps=4", "seed=1,2"]
     trackers = ["logger.trackers=[mlflow,wandb]", "logger.mode=offline", "hydra.sweeper.n_jobs=2"]
-    done = run_clorch_train([*args, *trackers], tmp_path, env={**_env(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=240)
+    done = run_clorch_train(
+        [*args, *trackers], tmp_path, env={**tracker_env(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (sweep_dir,) = (tmp_path / "multirun").glob("*/*")
     sweep = run_name(sweep_dir)  # "DATE/TIME", as its trials are "DATE/TIME/N"
@@ -41,5 +42,5 @@ def test_the_trials_of_a_sweep_are_children_of_one_mlflow_run_and_one_wandb_grou
     for number in (0, 1):
         assert json.loads((sweep_dir / str(number) / "summary.json").read_text())["status"] == "succeeded"
         (log,) = (sweep_dir / str(number) / "wandb").glob("offline-run-*/run-*.wandb")
-        (run,) = [r.run for r in _records_once_written(log) if r.HasField("run")]
+        (run,) = [r.run for r in wandb_records_once_written(log) if r.HasField("run")]
         assert (run.display_name, run.run_group) == (f"{sweep}/{number}", sweep)
