@@ -239,17 +239,21 @@ def _build_runners(opts: dict, device: torch.device, task: RandomTokens, tmp: Pa
     return runners, models, writers, tmp / ("clorch" if config is not None else opts["variants"][0])
 
 
-def _interleaved(runners: dict, opts: dict, device: torch.device, tokens_per_step: int):
-    """Alternating timed blocks (A B, B A, ...): tokens/s of each block and each loop's peak memory."""
+def _interleaved(runners: dict, opts: dict, device: torch.device, tokens_per_step: int, held_out_loss=None):
+    """Alternating timed blocks (A B, B A, ...): tokens/s of each block, each loop's peak memory and,
+    with `held_out_loss(name)`, each loop's held-out loss after each of its blocks (untimed)."""
     samples_s: dict[str, list[float]] = {name: [] for name in runners}
     peaks: dict[str, float] = {name: 0.0 for name in runners}
+    curves: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(opts["rounds"]):
         order = list(runners) if r % 2 == 0 else list(reversed(runners))
         for name in order:
             seconds, peak = _time_block(runners[name], opts["steps"], device)
             samples_s[name].append(tokens_per_step * opts["steps"] / seconds)
             peaks[name] = max(peaks[name], peak)
-    return samples_s, peaks
+            if held_out_loss is not None:
+                curves[name].append(held_out_loss(name))
+    return samples_s, peaks, curves
 
 
 def worker(ctx: dict) -> dict:
@@ -270,8 +274,13 @@ def worker(ctx: dict) -> dict:
         runners, models, writers, metrics_dir = _build_runners(opts, device, task, Path(tmp))
         for run in runners.values():
             _time_block(run, opts["warmup"], device)
+        # on the Markov chain one reading can fall anywhere on a loop's way off its first plateau:
+        # the held-out loss after every block gives each loop's curve
+        track = (
+            (lambda name: variants.fixed_batch_loss(models[name], held_out, device)) if held_out is not task else None
+        )
         with GpuMonitor(device, interval_ms=opts["gpu_sample_ms"]) as monitor:
-            samples_s, peaks = _interleaved(runners, opts, device, tokens_per_step)
+            samples_s, peaks, curves = _interleaved(runners, opts, device, tokens_per_step, track)
         for writer in writers:
             writer.close()
         metrics_lines = sum(1 for _ in open(metrics_dir / "metrics.jsonl"))
@@ -286,6 +295,7 @@ def worker(ctx: dict) -> dict:
         "mfu": {n: t * flops / peak for n, t in tps.items()},
         "peak_memory": peaks,
         "fixed_batch_loss": {n: variants.fixed_batch_loss(m, held_out, device) for n, m in models.items()},
+        "held_out_curves": curves,
         "world_size": cd.world_size(),
         "params": first.num_parameters(),
         "metrics_lines": metrics_lines,
@@ -329,6 +339,13 @@ def report(result: dict, opts: dict) -> str:
         if name.startswith("clorch+") and "clorch" in result["tokens_per_s"]:
             text += (
                 f"ratio {name}/clorch tokens/s: {result['tokens_per_s'][name] / result['tokens_per_s']['clorch']:.4f}\n"
+            )
+    for name, curve in result.get("held_out_curves", {}).items():
+        if curve:
+            steps = [opts["warmup"] + opts["steps"] * (i + 1) for i in range(len(curve))]
+            text += (
+                f"held-out loss of {name} after steps {', '.join(map(str, steps))}: "
+                f"{', '.join(f'{x:.3f}' for x in curve)} (lowest {min(curve):.3f})\n"
             )
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
         text += describe(result["gpu"], result["gpu_problem"]) + "\n"

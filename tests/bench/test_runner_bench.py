@@ -103,6 +103,9 @@ def test_the_fused_variant_runs_beside_both_loops_and_learns_the_same(capsys):
     # the same seeded model, data and steps: the fused loss trains the baseline's weights
     assert float(rows["clorch+fused"][5]) == pytest.approx(float(rows["clorch"][5]), rel=1e-3)
     assert float(out.split("ratio clorch+fused/clorch tokens/s:")[1].split()[0]) > 0
+    # on the Markov chain each loop's held-out loss is read after each of its blocks (TINY_RUN: 2 of 2 steps)
+    curve = out.split("held-out loss of clorch+fused after steps 3, 5: ")[1].split(" (lowest")[0]
+    assert len(curve.split(", ")) == 2 and "held-out loss of plain" in out
 
 
 @pytest.mark.timeout(150)
