@@ -13,6 +13,7 @@ would see exactly the correct prefix), at the cost of one forward pass.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Iterator
 
 import numpy as np
@@ -29,6 +30,7 @@ from clorch.data.base import (
     count_like,
     derive_seed,
     generator,
+    sizes_of,
 )
 from clorch.data.text import VOCAB_SIZE, lm_per_sample_loss
 
@@ -209,26 +211,17 @@ class ArithmeticTask:
         self.tokens = tokens.to(torch.uint8)  # bytes: a quarter of the memory, widened per batch
         self.answer_mask = answer[:, 1:].contiguous()  # aligned with the targets
 
-    @classmethod
-    def sizes(
-        cls,
-        sample_count: int = 2048,
-        digits: int = 3,
-        seq_len: int | None = None,
-        eval_fraction: float = 0.1,
-        *,
-        split: str = "train",
-        seed: int = 0,
-    ) -> TaskSizes:
+    @sizes_of(__init__)
+    def sizes(cls, a: SimpleNamespace) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises. The length is always
         `sample_count`, but telling whether the draw fails replays its random pairs (see
         `_check_drawable`); no tokens are built.
         """
-        seq_len = _check_arguments(sample_count, digits, seq_len, eval_fraction, split, seed)
-        _check_drawable(sample_count, digits, split, seed, float(eval_fraction))
-        return TaskSizes(sample_count, {"vocab_size": VOCAB_SIZE, "seq_len": seq_len})
+        seq_len = _check_arguments(a.sample_count, a.digits, a.seq_len, a.eval_fraction, a.split, a.seed)
+        _check_drawable(a.sample_count, a.digits, a.split, a.seed, float(a.eval_fraction))
+        return TaskSizes(a.sample_count, {"vocab_size": VOCAB_SIZE, "seq_len": seq_len})
 
     def __len__(self) -> int:
         return self.tokens.size(0)

@@ -19,6 +19,7 @@ Splits are deterministic for a seed, and the train and eval splits are disjoint.
 Every task class also offers `sizes(...)`, a classmethod taking its constructor's
 arguments that returns `TaskSizes` without building the split's tensors, so a process
 can plan a run (steps per epoch, the model's shape) before any rank builds the data.
+`sizes_of(__init__)` makes it one: the signature is written once, in `__init__`.
 
 This module imports no task module: the task modules import it, and the registry
 (`clorch.data.tasks`) imports them all.
@@ -26,7 +27,10 @@ This module imports no task module: the task modules import it, and the registry
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+import functools
+import inspect
+from types import SimpleNamespace
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -62,6 +66,38 @@ class TaskSizes(NamedTuple):
 
     samples: int
     model_kwargs: dict
+
+
+def sizes_of(init: Callable[..., None]) -> Callable[[Callable[[type, SimpleNamespace], TaskSizes]], Any]:
+    """Decorate a task's `sizes` so it takes the arguments of its constructor `init`.
+
+    In the class body, under `__init__`: `@sizes_of(__init__)` over `def sizes(cls, a)`, which
+    reads the constructor's arguments by name (`a.seq_len`), defaults filled in. The result is
+    a classmethod whose signature (`inspect.signature(Task.sizes)`) is the constructor's, and
+    arguments the constructor would refuse raise its own TypeError, naming the argument.
+    """
+    signature = inspect.signature(init)
+
+    def decorate(compute: Callable[[type, SimpleNamespace], TaskSizes]) -> Any:
+        @functools.wraps(compute)
+        def sizes(cls: type, *args: Any, **kwargs: Any) -> TaskSizes:
+            try:
+                bound = signature.bind(cls, *args, **kwargs)
+            except TypeError:
+                # Python's own message for the constructor ("missing 1 required positional
+                # argument: 'path'"): the same arguments fail its call before its body runs.
+                init(cls, *args, **kwargs)
+                raise
+            bound.apply_defaults()
+            _, *names = signature.parameters
+            return compute(cls, SimpleNamespace(**{name: bound.arguments[name] for name in names}))
+
+        # The constructor's parameters (its first, `self`, stands for `cls`) and `compute`'s return.
+        returns = inspect.signature(compute).return_annotation
+        sizes.__signature__ = signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
+        return classmethod(sizes)
+
+    return decorate
 
 
 def finalize_metrics(sums: dict[str, torch.Tensor]) -> dict[str, float]:

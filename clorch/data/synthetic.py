@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +16,7 @@ from clorch.data.base import (
     check_split,
     count_like,
     generator,
+    sizes_of,
 )
 
 # Independent random streams of one seed.
@@ -76,23 +79,14 @@ class SyntheticRegression:
         noise_draw = torch.randn(sample_count, out_features, generator=stream)
         self.targets = self.inputs @ weight + bias + float(noise) * noise_draw
 
-    @classmethod
-    def sizes(
-        cls,
-        sample_count: int = 1024,
-        in_features: int = 32,
-        out_features: int = 8,
-        noise: float = 0.01,
-        *,
-        split: str = "train",
-        seed: int = 0,
-    ) -> TaskSizes:
+    @sizes_of(__init__)
+    def sizes(cls, a: SimpleNamespace) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises.
         """
-        _check_arguments(sample_count, in_features, out_features, noise, split, seed)
-        return TaskSizes(sample_count, {"in_features": in_features, "out_features": out_features})
+        _check_arguments(a.sample_count, a.in_features, a.out_features, a.noise, a.split, a.seed)
+        return TaskSizes(a.sample_count, {"in_features": a.in_features, "out_features": a.out_features})
 
     def __len__(self) -> int:
         return self.inputs.size(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from clorch.data.base import (
     check_split,
     count_like,
     generator,
+    sizes_of,
 )
 
 _TRAIN, _EVAL = 1, 2
@@ -150,25 +152,17 @@ class ByteTextTask:
             self.starts = torch.randint(0, last_start + 1, (sample_count,), generator=stream)
         self._offsets = torch.arange(seq_len + 1)
 
-    @classmethod
-    def sizes(
-        cls,
-        path: str | os.PathLike,
-        seq_len: int = 128,
-        sample_count: int | None = None,
-        eval_fraction: float = 0.1,
-        *,
-        split: str = "train",
-        seed: int = 0,
-    ) -> TaskSizes:
+    @sizes_of(__init__)
+    def sizes(cls, a: SimpleNamespace) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it.
 
         Takes the constructor's arguments and raises what it raises; it stats the file
         instead of reading it.
         """
-        _check_arguments(seq_len, sample_count, eval_fraction, split, seed)
-        size = _file_size(path, 2 * (seq_len + 1))
-        start, stop = _region(path, size, seq_len, eval_fraction, split)
+        seq_len, sample_count = a.seq_len, a.sample_count
+        _check_arguments(seq_len, sample_count, a.eval_fraction, a.split, a.seed)
+        size = _file_size(a.path, 2 * (seq_len + 1))
+        start, stop = _region(a.path, size, seq_len, a.eval_fraction, a.split)
         if sample_count is None:  # len(range(0, last_start + 1, seq_len)), last_start >= 0
             sample_count = (stop - start - seq_len - 1) // seq_len + 1
         return TaskSizes(sample_count, {"vocab_size": VOCAB_SIZE, "seq_len": seq_len})

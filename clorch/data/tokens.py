@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from clorch.data.base import (
     check_seed,
     check_split,
     generator,
+    sizes_of,
 )
 from clorch.data.text import ByteTextTask
 
@@ -195,30 +197,18 @@ class TokenFileTask:
             self.starts = torch.randint(0, last_start + 1, (sample_count,), generator=stream).numpy()
         self._offsets = np.arange(seq_len + 1)
 
-    @classmethod
-    def sizes(
-        cls,
-        train_path: str | os.PathLike,
-        eval_path: str | os.PathLike | None = None,
-        seq_len: int = 256,
-        vocab_size: int = 50257,
-        dtype: str = "uint16",
-        header: str = "auto",
-        sample_count: int | None = None,
-        eval_fraction: float = 0.1,
-        *,
-        split: str = "train",
-        seed: int = 0,
-    ) -> TaskSizes:
+    @sizes_of(__init__)
+    def sizes(cls, a: SimpleNamespace) -> TaskSizes:
         """`len` and `model_kwargs()` of the split these arguments build, without building it
         (one stat and the header of its file)."""
-        _check_arguments(seq_len, vocab_size, sample_count, eval_fraction, split, seed)
+        seq_len, sample_count = a.seq_len, a.sample_count
+        _check_arguments(seq_len, a.vocab_size, sample_count, a.eval_fraction, a.split, a.seed)
         _, _, start, stop, _ = _region(
-            str(train_path), eval_path and str(eval_path), dtype, header, seq_len, eval_fraction, split
+            str(a.train_path), a.eval_path and str(a.eval_path), a.dtype, a.header, seq_len, a.eval_fraction, a.split
         )
         if sample_count is None:
             sample_count = (stop - start - seq_len - 1) // seq_len + 1
-        return TaskSizes(sample_count, {"vocab_size": vocab_size, "seq_len": seq_len})
+        return TaskSizes(sample_count, {"vocab_size": a.vocab_size, "seq_len": seq_len})
 
     def __len__(self) -> int:
         return len(self.starts)
