@@ -63,17 +63,21 @@ class ResumeFit:
         return replace(cfg, accumulation=self.accumulation)
 
 
-def _newest(directory: Path | None, sharded: bool) -> Path | None:
-    """The newest step checkpoint of the kind this run writes, by name (its metadata is all
-    this check reads; the ranks verify it and fall back to an older one when it is damaged)."""
+def _step_checkpoints(directory: Path | None, sharded: bool) -> list[Path]:
+    """The step checkpoints of the kind this run writes, newest first, by name (their metadata is
+    all this check reads; the ranks verify each and fall back to an older one when it is damaged)."""
     if directory is None or not directory.is_dir():
-        return None
+        return []
     if not sharded:
-        found = step_checkpoints(directory)
-        return found[0][1] if found else None
+        return [path for _, path in step_checkpoints(directory)]
     named = [(int(m.group(1)), p) for p in directory.iterdir() if (m := SHARDED_STEP_NAME.fullmatch(p.name))]
-    committed = [(step, p) for step, p in named if (p / SHARDED_MARKER).is_file()]
-    return max(committed)[1] if committed else None
+    return [p for _, p in sorted(named, reverse=True) if (p / SHARDED_MARKER).is_file()]
+
+
+def _newest(directory: Path | None, sharded: bool) -> Path | None:
+    """The newest of `_step_checkpoints`, or None."""
+    found = _step_checkpoints(directory, sharded)
+    return found[0] if found else None
 
 
 def _resume_dir(cfg: Any, run_dir: Path | None) -> Path | None:
@@ -104,20 +108,22 @@ def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
     return f"checkpoint.resume=latest: nothing to resume: {where}; training starts from step 0"
 
 
-def _candidate(cfg: Any, run_dir: Path | None) -> Path | None:
-    """The checkpoint the ranks will start from, as the launching process sees it now.
+def _candidates(cfg: Any, run_dir: Path | None) -> list[Path]:
+    """The checkpoints the ranks may start from, in the order they try them, as the launching
+    process sees them now.
 
-    The rule of `clorch.train.checkpoints.resume_path`: after a restart by a launcher the
-    newest step checkpoint of the job wins; else checkpoint.resume (latest: the newest).
+    The rule of `clorch.train.checkpoints.resume_path`: after a restart by a launcher the job's
+    step checkpoints, newest first (the ranks skip a damaged one for the one before it); else
+    checkpoint.resume: `latest` the same way, a path alone.
     """
     ckpt = cfg.checkpoint
     if ckpt.resume == "none" and restart_count() == 0:
-        return None
+        return []
     if restart_count() > 0 or ckpt.resume == "latest":
-        newest = _newest(_resume_dir(cfg, run_dir), cfg.parallel.shards)
-        if newest is not None or ckpt.resume in ("latest", "none"):
-            return newest
-    return Path(ckpt.resume).expanduser()
+        found = _step_checkpoints(_resume_dir(cfg, run_dir), cfg.parallel.shards)
+        if found or ckpt.resume in ("latest", "none"):
+            return found
+    return [Path(ckpt.resume).expanduser()]
 
 
 def _read_sharded(path: Path) -> dict[str, Any]:
@@ -234,26 +240,34 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
 
     Errors: a checkpoint of another model or data, another batch_size, a world size that
     cannot keep its global batch, a checkpoint of the other `parallel` option, or an
-    unreadable one named by path. After a restart by a launcher only the global batch is
-    computed (the job resumes its own checkpoints; an elastic restart may have another
-    world size).
+    unreadable one named by path. With `latest` (or after a restart) the checkpoint checked is
+    the newest whose metadata reads, the one the ranks fall back to when newer ones are
+    damaged. After a restart by a launcher only the global batch is computed (the job resumes
+    its own checkpoints; an elastic restart may have another world size).
     """
-    path = _candidate(cfg, run_dir)
-    if path is None or not path.exists():
+    paths = _candidates(cfg, run_dir)
+    if not paths or not paths[0].exists():
         return ResumeFit(note=nothing_to_resume(cfg, run_dir))
-    key = f"checkpoint.resume={cfg.checkpoint.resume}"
-    if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
-        key += f" ({path})"
     restarted = restart_count() > 0
-    kind = _kind_error(cfg, path, key)
-    if kind is not None:
-        return ResumeFit(errors=[] if restarted else [kind])
-    try:
-        body = _read(path)
-    except Exception as exc:  # CheckpointError (torch's side), OSError, ValueError
-        if cfg.checkpoint.resume == "latest" or restarted:
-            return ResumeFit()  # the ranks skip a damaged newest checkpoint for the one before it
-        return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
+    for path in paths:
+        key = f"checkpoint.resume={cfg.checkpoint.resume}"
+        if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
+            key += f" ({path})"
+        kind = _kind_error(cfg, path, key)
+        if kind is not None:
+            return ResumeFit(errors=[] if restarted else [kind])
+        try:
+            body = _read(path)
+        except Exception as exc:  # CheckpointError (torch's side), OSError, ValueError
+            if cfg.checkpoint.resume == "latest" or restarted:
+                continue  # the ranks skip a damaged checkpoint for the one before it
+            return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
+        return _fit(cfg, world_size, body, key, restarted)
+    return ResumeFit()  # every one is damaged: the ranks start from step 0
+
+
+def _fit(cfg: Any, world_size: int, body: dict[str, Any], key: str, restarted: bool) -> ResumeFit:
+    """`resume_fit` for one readable checkpoint (`body`: its metadata; `key`: how errors name it)."""
     saved = (body.get("state") or {}).get(RECORD_KEY) if isinstance(body.get("state"), dict) else None
     counts = batch_counts(saved)
     if counts is None:  # written by user code or an older clorch: no batch to keep

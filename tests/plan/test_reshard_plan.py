@@ -177,3 +177,15 @@ def test_resume_latest_with_nothing_to_resume_says_so(tmp_path):
     assert f"clorch: {plan.resume_note}" in plan.describe()
     missing.mkdir()
     assert f"no step checkpoint in {missing};" in _plan(*args)[0].resume_note
+
+
+def test_resume_latest_checks_the_checkpoint_the_ranks_fall_back_to_when_the_newest_is_damaged(tmp_path):
+    run_dir = tmp_path / "run"
+    older = _checkpoint(step_checkpoint_path(run_dir / "checkpoints", 4), 2)  # written by 2 ranks
+    step_checkpoint_path(run_dir / "checkpoints", 8).write_bytes(b"not a checkpoint")  # cut off mid-write
+    plan, errors = _plan("launcher.nproc_per_node=1", "checkpoint.resume=latest", run_dir=run_dir)
+    # the ranks skip step 8 for step 4: the plan keeps step 4's global batch on one rank
+    assert errors == [] and plan.config.accumulation == 2
+    assert plan.resume_note == "resume: world size 2 -> 1, accumulation 1 -> 2 keeps the global batch of 16"
+    with pytest.raises(ConfigError, match=rf"checkpoint.resume=latest \({older}\): .* cannot keep"):
+        check_run_dir(_plan("launcher.nproc_per_node=3", "checkpoint.resume=latest")[0], run_dir)
