@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import clorch.distributed as cd
 from clorch.amp import MixedPrecision
 from clorch.bench import runner_dataset
-from clorch.bench.runner_tokens import RandomTokens, tokens_task
+from clorch.bench.runner_tokens import RandomTokens, bench_tasks, held_out_lines
 from clorch.bench import runner_variants as variants
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, median
@@ -262,13 +262,8 @@ def worker(ctx: dict) -> dict:
     device = cd.device() if opts["device"] == "cuda" else torch.device("cpu")
     preset = PRESETS[opts["preset"]]
     opts = {**opts, "seq_len": preset["seq_len"]}
-    shape = (preset["seq_len"], preset["vocab_size"])
-    if opts["tokens"] == "markov":  # as many walks as a loop draws samples: it learns the chain, not the walks
-        steps = opts["warmup"] + opts["rounds"] * opts["steps"]
-        task = tokens_task("markov", max(512, opts["batch_size"] * cd.world_size() * steps), *shape)
-        held_out = tokens_task("markov", 16, *shape, seed=1)
-    else:
-        task = held_out = tokens_task("random", max(64, opts["batch_size"] * 8), *shape)
+    samples = opts["batch_size"] * cd.world_size() * (opts["warmup"] + opts["rounds"] * opts["steps"])
+    task, held_out = bench_tasks(opts["tokens"], opts["batch_size"], samples, preset["seq_len"], preset["vocab_size"])
     tokens_per_step = opts["batch_size"] * preset["seq_len"] * cd.world_size()
     with tempfile.TemporaryDirectory(prefix="clorch-bench-runner-") as tmp:
         runners, models, writers, metrics_dir = _build_runners(opts, device, task, Path(tmp))
@@ -340,13 +335,7 @@ def report(result: dict, opts: dict) -> str:
             text += (
                 f"ratio {name}/clorch tokens/s: {result['tokens_per_s'][name] / result['tokens_per_s']['clorch']:.4f}\n"
             )
-    for name, curve in result.get("held_out_curves", {}).items():
-        if curve:
-            steps = [opts["warmup"] + opts["steps"] * (i + 1) for i in range(len(curve))]
-            text += (
-                f"held-out loss of {name} after steps {', '.join(map(str, steps))}: "
-                f"{', '.join(f'{x:.3f}' for x in curve)} (lowest {min(curve):.3f})\n"
-            )
+    text += held_out_lines(result.get("held_out_curves", {}), opts["warmup"], opts["steps"])
     if result["device"] != "cpu" and opts["gpu_sample_ms"]:  # MFU follows the clock
         text += describe(result["gpu"], result["gpu_problem"]) + "\n"
     return text

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from clorch.data.base import as_index
 from clorch.data.text import lm_per_sample_loss
 
-__all__ = ["RandomTokens", "MarkovTokens", "tokens_task"]
+__all__ = ["RandomTokens", "MarkovTokens", "tokens_task", "bench_tasks", "held_out_lines"]
 
 
 class RandomTokens:
@@ -76,3 +76,32 @@ def tokens_task(kind: str, samples: int, seq_len: int, vocab_size: int, seed: in
     """The `--tokens` data: "random" or "markov"."""
     cls = MarkovTokens if kind == "markov" else RandomTokens
     return cls(samples, seq_len, vocab_size, seed=seed)
+
+
+def bench_tasks(
+    kind: str, batch_size: int, samples: int, seq_len: int, vocab_size: int
+) -> tuple[RandomTokens, RandomTokens]:
+    """The runner's (training task, held-out task) for `--tokens KIND`.
+
+    markov: `samples` walks (as many as a loop draws: it learns the chain, not the walks) and 16
+    held-out ones; random: one small set of random sequences, read back as its own "held-out" set.
+    """
+    if kind == "markov":
+        return tokens_task("markov", max(512, samples), seq_len, vocab_size), tokens_task(
+            "markov", 16, seq_len, vocab_size, seed=1
+        )
+    task = tokens_task("random", max(64, batch_size * 8), seq_len, vocab_size)
+    return task, task
+
+
+def held_out_lines(curves: dict[str, list[float]], warmup: int, steps: int) -> str:
+    """The report's lines of each loop's held-out loss after each of its blocks, and its lowest."""
+    text = ""
+    for name, curve in curves.items():
+        if curve:
+            after = [warmup + steps * (i + 1) for i in range(len(curve))]
+            text += (
+                f"held-out loss of {name} after steps {', '.join(map(str, after))}: "
+                f"{', '.join(f'{x:.3f}' for x in curve)} (lowest {min(curve):.3f})\n"
+            )
+    return text
