@@ -271,9 +271,9 @@ def worker(ctx: dict) -> dict:
             _time_block(run, opts["warmup"], device)
         # on the Markov chain one reading can fall anywhere on a loop's way off its first plateau:
         # the held-out loss after every block gives each loop's curve
-        track = (
-            (lambda name: variants.fixed_batch_loss(models[name], held_out, device)) if held_out is not task else None
-        )
+        track = None
+        if opts["tokens"] == "markov":
+            track = lambda name: variants.fixed_batch_loss(models[name], held_out, device)  # noqa: E731
         with GpuMonitor(device, interval_ms=opts["gpu_sample_ms"]) as monitor:
             samples_s, peaks, curves = _interleaved(runners, opts, device, tokens_per_step, track)
         for writer in writers:

@@ -263,7 +263,7 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
                 continue  # the ranks skip a damaged checkpoint for the one before it
             return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
         return _fit(cfg, world_size, body, key, restarted)
-    return ResumeFit()  # every one is damaged: the ranks start from step 0
+    return ResumeFit()  # none reads: the ranks' own verification decides (with `latest`, a fresh start)
 
 
 def _fit(cfg: Any, world_size: int, body: dict[str, Any], key: str, restarted: bool) -> ResumeFit:
