@@ -61,6 +61,8 @@ from clorch.optim import build_optimizer, build_scheduler
 PRESETS = {
     "gpt2-small": dict(vocab_size=50304, seq_len=1024, n_layer=12, n_head=12, d_model=768),
     "gpt-1b": dict(vocab_size=50304, seq_len=1024, n_layer=18, n_head=16, d_model=2048),  # about 1.0B parameters
+    # about 1.0B parameters too, in fewer, wider layers: larger matrix products (float8 gains more on them)
+    "gpt-1b-wide": dict(vocab_size=50304, seq_len=1024, n_layer=8, n_head=24, d_model=3072),
     "tiny": dict(vocab_size=512, seq_len=64, n_layer=2, n_head=2, d_model=64),
     "llama-tiny": dict(vocab_size=32000, seq_len=1024),  # a Hugging Face Llama (runner_variants): --variants hf,liger
 }
