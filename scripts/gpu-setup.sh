@@ -1,6 +1,8 @@
 # Sourced by the GPU scripts (gpu-verify.sh, gpu-2gpu.sh): the environment they share.
 # - NVLink multicast off (it can take a shared host's GPUs out of service);
-# - the carried hydra/omegaconf wheels in .whl/ (when present) installed into /tmp/site;
+# - the wheels carried in .whl/ (when present: hydra-core, omegaconf, antlr4, optuna with alembic,
+#   sqlalchemy, colorlog and mako, torchao, liger-kernel; not numpy, PyYAML or the others the image
+#   has) installed into /tmp/site;
 # - clorch run from this checkout (its conf/ and recipes/ are found beside the package), with
 #   `clorch-train` and `clorch-bench` wrappers for the interpreter $PY in $CLORCH_BIN.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
