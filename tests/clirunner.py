@@ -29,11 +29,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from tests.harness import _context, take_callers_state
 
 
 def _main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """`clorch-train ARGS` in this process, its output into the files `out` and `err`."""
     take_callers_state(env, cwd)
     _redirect(out, err)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -91,12 +93,12 @@ def _batch_main(calls: list[tuple[list[str], str]], env: dict[str, str], workdir
 class CliProcess:
     """A started `clorch-train`: `communicate(timeout)` waits and returns (stdout, stderr)."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None):
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None, entry: Callable = _main):
         self.args = ["clorch-train", *args]
         self._dir = tempfile.TemporaryDirectory(prefix="clorch-cli-")
         self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
         self._proc = _context().Process(
-            target=_main,
+            target=entry,
             daemon=True,
             args=(list(args), str(cwd), dict(os.environ if env is None else env), str(self._out), str(self._err)),
         )
@@ -131,9 +133,15 @@ class CliProcess:
             self._dir.cleanup()
 
 
-def start_clorch_train(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> CliProcess:
-    """Start `clorch-train ARGS` in `cwd` with `env` (default: this process's environment)."""
-    return CliProcess(args, cwd, env)
+def start_clorch_train(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, entry: Callable | None = None
+) -> CliProcess:
+    """Start `clorch-train ARGS` in `cwd` with `env` (default: this process's environment).
+
+    `entry`: a module-level function that takes `_main`'s arguments and calls it, to inject a
+    fault around clorch-train in its process (a test's wrapping entry point).
+    """
+    return CliProcess(args, cwd, env, entry or _main)
 
 
 def run_clorch_train(

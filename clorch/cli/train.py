@@ -37,7 +37,9 @@ from clorch.config.overrides import check_overrides, compose_once, grammar_error
 from clorch.plan.plan import config_errors, resolve_errors
 from clorch.config.targets import trusted_modules
 from clorch.engine.as_rank import run_as_rank
+from clorch.engine.interrupts import Interrupted, interrupts_raise
 from clorch.engine.outputs import typed_command
+from clorch.engine.summary import record_interrupted_start
 from clorch.launch.child import exit_without_finalizing
 from clorch.launch.console import protect
 from clorch.launch.external import detect as detect_external
@@ -62,7 +64,35 @@ def train_main(argv: list[str] | None = None) -> int:
 
     Flags first (refusals, --version), then who runs the job: this process as one
     rank of an outside launcher, or Hydra (help, a printed config, a run, a sweep).
+
+    Ctrl-C, SIGTERM or SIGHUP at any moment ends it with 128 + the signal and a
+    `clorch-train: interrupted by ...` line, never a traceback; a run directory made
+    by then is listed as interrupted (clorch.engine.summary.record_interrupted_start).
+    One rank of an outside launcher's job keeps the signals' default actions until it
+    trains (clorch.engine.as_rank): its launcher ends it by a signal, which must not
+    wait for Python code to resume (a rank blocked in a rendezvous).
     """
+    if _outside_launcher_rank():
+        return _train_command(argv)
+    try:
+        with interrupts_raise():
+            return _train_command(argv)
+    except Interrupted as exc:  # before a run started, or after it ended (a run's own is reported there)
+        print(f"clorch-train: {exc}", file=sys.stderr)
+        return Status.INTERRUPTED.exit_code_after(exc.signum)
+
+
+def _outside_launcher_rank() -> bool:
+    """Whether this process looks like one rank of an outside launcher's job (malformed
+    variables count as not: `_train_command` reports them)."""
+    try:
+        return detect_external() is not None
+    except ValueError:
+        return False
+
+
+def _train_command(argv: list[str] | None) -> int:
+    """train_main without its handling of signals."""
     typed = ["clorch-train", *(sys.argv[1:] if argv is None else argv)]
     given = typed[1:]
     overrides = [arg for i, arg in enumerate(given) if is_override(given, i)]
@@ -138,10 +168,14 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
         return EXIT_CONFIG
     OUTCOME.is_sweep = multirun
     footprint = None if multirun else footprint
-    run_dir.hold(footprint)
     try:
+        run_dir.hold(footprint)
         args = [*(as_hydra_overrides(overrides) if multirun else hydra_overrides(overrides)), *extra, *flags]
         return run_hydra(args, run_dir=footprint.path if footprint else None)
+    except Interrupted as exc:  # before Hydra started the run (run_hydra records a later one)
+        if footprint is not None:  # its directory, made or marked, is listed as interrupted
+            record_interrupted_start(footprint.path, exc.signal_name)
+        raise
     finally:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)

@@ -1,6 +1,8 @@
 """Ctrl-C, SIGTERM and SIGHUP end a run cleanly: ranks stopped, summary.json written, a resume hint.
 
-`clorch-train` runs inside `interrupts_raise()`: the first of these signals
+`clorch-train` runs inside `interrupts_raise()` from its start (see
+clorch.cli.train.train_main; one rank of an outside launcher's job only while it
+trains, clorch.engine.as_rank): the first of these signals
 raises `Interrupted` in the main thread (after clorch's launcher has forwarded
 it to the ranks, see clorch.launch.signals); the engine stops the job, waits
 for the ranks, and records the run as "interrupted". Later signals while it
@@ -42,6 +44,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 _at_interrupt: list[Callable[[Interrupted], None]] = []
+# The signals noted by each `interrupts_raise` block open in the main thread, outermost first.
+_blocks: list[list[int]] = []
 
 
 def at_interrupt(action: Callable[[Interrupted], None]) -> Callable[[], None]:
@@ -72,10 +76,18 @@ def interrupts_raise() -> Iterator[None]:
     (and ignored after the block, once one has fired). An `Interrupted` leaving the block
     (raised by the handler, or by the code within) first runs the `at_interrupt` actions.
 
+    A block within another keeps the outer block's handlers (one first signal for both), so
+    that clorch-train's block around the whole command leaves no moment where a run's own
+    block has restored Python's default (a KeyboardInterrupt traceback).
+
     Only the main thread can install handlers; elsewhere this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    if _blocks:  # within another block (clorch-train's own, around a run's): its handlers stay
+        with _noting(_blocks[-1]):
+            yield
         return
     fired: list[int] = []
 
@@ -85,18 +97,31 @@ def interrupts_raise() -> Iterator[None]:
         fired.append(signum)
         raise Interrupted(signum)
 
-    previous = {signum: signal.signal(signum, handler) for signum in HANDLED}
+    previous = {signum: signal.getsignal(signum) for signum in HANDLED}
+    _blocks.append(fired)
+    try:
+        # Inside the try: a signal as soon as the first handler is set still restores them all.
+        for signum in HANDLED:
+            signal.signal(signum, handler)
+        with _noting(fired):
+            yield
+    finally:
+        _blocks.pop()
+        for signum, old in previous.items():
+            # After an interrupt the process is on its way out: a late second signal must not
+            # turn the clean end into a traceback.
+            signal.signal(signum, signal.SIG_IGN if fired else old)
+
+
+@contextlib.contextmanager
+def _noting(fired: list[int]) -> Iterator[None]:
+    """An `Interrupted` leaving the block is noted in `fired` and runs the `at_interrupt` actions."""
     try:
         yield
     except Interrupted as exc:
         fired.append(exc.signum)  # raised by the code within: later signals are noted only, too
         _run_at_interrupt(exc)
         raise
-    finally:
-        for signum, old in previous.items():
-            # After an interrupt the process is on its way out: a late second signal must not
-            # turn the clean end into a traceback.
-            signal.signal(signum, signal.SIG_IGN if fired else old)
 
 
 def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None = None) -> str:

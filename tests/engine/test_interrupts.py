@@ -9,6 +9,7 @@ import shlex
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from clorch.runs.cli import run_cli
 from tests.harness import free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
+from tests.engine.signalled_start import sigint_after
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,9 @@ def _wait_for_a_checkpoint(run_dir: Path, proc: CliProcess) -> None:
 
 
 def _wait_for_hydra(run_dir: Path, proc: CliProcess) -> None:
-    """Until Hydra has made the run directory: the run is being checked, nothing is launched yet."""
+    """Until the run directory has its .hydra/ (clorch-train marks the directory in use there before
+    Hydra starts, then Hydra writes its records): from then on a signal must leave the run
+    listed; nothing is launched yet."""
     deadline = time.monotonic() + 120
     while not (run_dir / ".hydra").is_dir():
         assert proc.poll() is None, proc.communicate()
@@ -147,6 +151,28 @@ def test_an_interrupt_before_launch_leaves_a_run_listed_as_interrupted(signalled
     assert proc.returncode == 130, stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGINT"
+    capsys.readouterr()
+    assert run_cli(["ls", "--root", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("point", ["checks", "marked"])
+def test_a_signal_before_hydra_starts_ends_the_command_cleanly(point, tmp_path, capsys):
+    """Ctrl-C once the config is checked, before a run directory exists ("checks": none is left),
+    or once clorch-train has made it, before Hydra starts ("marked": it is listed as interrupted):
+    exit 130, one line, no traceback."""
+    entry = partial(sigint_after, point)
+    proc = start_clorch_train(ARGS, tmp_path, env=_env(), entry=entry)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "clorch-train: interrupted by SIGINT" in stderr and "Traceback" not in stderr, stderr
+    made = [path.parent for path in (tmp_path / "outputs").glob("*/*/summary.json")]
+    if point == "checks":
+        assert not list((tmp_path / "outputs").glob("*/*")), "a run directory was left"
+        return
+    (run_dir,) = made
+    assert json.loads((run_dir / "summary.json").read_text())["interrupted_by"] == "SIGINT"
     capsys.readouterr()
     assert run_cli(["ls", "--root", str(tmp_path), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
