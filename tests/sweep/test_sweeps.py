@@ -116,6 +116,30 @@ def test_a_grid_runs_side_by_side_on_its_own_cores_and_a_failed_trial_stops_no_o
     assert (sweep_dir / "0" / "console.log").read_text().count("clorch-train: succeeded") == 1
 
 
+def _training(run_dir: Path) -> bool:
+    """The trial wrote a train record (its rank is past its first steps)."""
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+
+def test_ctrl_c_stops_every_trial_running_side_by_side_and_says_how_to_continue(tmp_path):
+    sweep_dir = tmp_path / "side"
+    long = ["epochs=100000", "max_steps=1000000", "log_every=2", "seed=1,2", "hydra.sweeper.n_jobs=2"]
+    proc = start_clorch_train(["-m", *TINY, *long, f"hydra.sweep.dir={sweep_dir}"], tmp_path, env=_env())
+    deadline = time.monotonic() + 200
+    while not (_training(sweep_dir / "0") and _training(sweep_dir / "1")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the two trials were not both training within 200 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    command = re.search(r"continue the sweep with: (clorch-train .*)", stderr).group(1)
+    assert f"hydra.sweep.dir={sweep_dir}" in command
+    for number in ("0", "1"):  # each stopped as an interrupted run, summary written
+        assert _summary(sweep_dir / number)["status"] == "interrupted"
+
+
 def test_every_sweep_error_is_reported_before_the_first_trial_with_exit_2(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  optim.lr: interval(1e-4, 1e-1)\nstorage: sqlite:////tmp/x.db\n")
