@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clorch._files import write_json_atomic
+from clorch._gc import import_long_lived
 from clorch.env import STORE_FD_VARIABLE
 from clorch.launch.procs import LAUNCHER_PID_VARIABLE, SYS_PATH_VARIABLE, set_parent_death_signal
 
@@ -72,9 +72,10 @@ def _extend_sys_path() -> None:
 
 
 def resolve_target(target: str) -> Any:
-    """The function "module:function" names (the module imported here)."""
+    """The function "module:function" names (the module imported here: a rank's first import of
+    torch, usually, done with the garbage collector paused, see clorch._gc)."""
     module_name, name = target.split(":")
-    module = importlib.import_module(module_name)
+    module = import_long_lived(module_name)
     try:
         return getattr(module, name)
     except AttributeError:

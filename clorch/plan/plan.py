@@ -42,6 +42,7 @@ from typing import Any, Iterator, Mapping
 from omegaconf import DictConfig
 
 from clorch._files import write_bytes_atomic
+from clorch._gc import import_long_lived
 from clorch.config.checks import ConfigError, checked_partial, complete
 from clorch.builders.data import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
@@ -266,6 +267,7 @@ def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backe
         return None
     sizes = None
     try:
+        import_long_lived("torch")  # the checks below import it: once, not rescanned (clorch._gc)
         sizes = split_sizes(cfg)
         if complete(cfg, "model"):
             problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
