@@ -3,12 +3,12 @@
 A trial is a single run, as `clorch-train OVERRIDES hydra.run.dir=SWEEP_DIR/N`
 would start it: it checks its own config, picks its own free port, writes its own
 run directory (with its console output in `console.log`), summary.json and exit
-status. It is forked from a server process that imported torch and clorch's
-command line once (multiprocessing's forkserver), so a trial does not pay for a
-fresh interpreter and torch's import (seconds) again; its ranks start as any
-run's do. The pool starts one on each free slot (clorch.sweep.slots) and reports
-each that ends, so the sweeper can start the next at once (asynchronously, not in
-batches). A trial that fails ends alone; the others go on.
+status. It is forked from a server process that imported torch, clorch's command
+line and matplotlib (for loss.png) once (multiprocessing's forkserver), so a trial
+does not pay for a fresh interpreter and those imports (seconds) again; its ranks
+start as any run's do. The pool starts one on each free slot (clorch.sweep.slots)
+and reports each that ends, so the sweeper can start the next at once
+(asynchronously, not in batches). A trial that fails ends alone; the others go on.
 
 Signals: trials start in sessions of their own, so a Ctrl-C on the terminal
 reaches the sweep alone; `interrupt` passes it on to every running trial once
@@ -18,6 +18,7 @@ and waits for them.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import runpy
@@ -65,6 +66,7 @@ def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: 
     """A trial's process (forked from the server): its own session, cores, environment and
     console, then clorch-train's own main."""
     os.setsid()  # the terminal's Ctrl-C reaches the sweep, which passes it on
+    gc.freeze()  # what the server imported lives as long as the trial: never rescanned (clorch._gc)
     if cores:
         os.sched_setaffinity(0, cores)
     os.environ.update(env)
@@ -104,7 +106,9 @@ class _Interpreter:
 
 def _context() -> mp.context.BaseContext:
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "clorch.cli.train"])
+    # matplotlib draws each trial's loss.png (a third of a second to import); the server skips
+    # a module that does not import (the plot extra not installed).
+    context.set_forkserver_preload(["torch", "clorch.cli.train", "matplotlib.pyplot"])
     return context
 
 
