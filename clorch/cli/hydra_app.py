@@ -103,19 +103,21 @@ def _train(cfg: DictConfig) -> None:
         if external is not None:  # one task of a submitit job (hydra/launcher=submitit_*): one rank
             OUTCOME.ended(train_as_rank(cfg, Path(run_dir), external, base=base), run_dir)
             return
-        with run_errors_as_config_errors():
-            plan = checked_before(cfg, run_dir, base) or resolve(cfg, run_dir, base=base)
-            result = execute(plan, run_dir)
+        # Within the job: an error an interrupt caused leaves as the interrupt, which Hydra's
+        # handling of the job's errors lets pass (run_hydra records it) instead of reporting it.
+        with interrupts_raise():
+            with run_errors_as_config_errors():
+                plan = checked_before(cfg, run_dir, base) or resolve(cfg, run_dir, base=base)
+                result = execute(plan, run_dir)
+            report(result)
     except ConfigError as exc:
         print_config_errors(exc.errors)
         OUTCOME.ended(Status.CONFIG_ERROR, run_dir)
         if OUTCOME.is_sweep:  # a sweep's job keeps its directory, with the reason
             write_json(Path(run_dir) / "summary.json", RunSummary.config_error(exc.errors).to_dict())
         return
-    report(result)
     if result.status is Status.INTERRUPTED and OUTCOME.is_sweep:
         # A sweep ends with its interrupted job: Hydra would otherwise start the next one.
-
         raise Interrupted(OUTCOME.interrupted_by)
 
 

@@ -76,7 +76,8 @@ def interrupts_raise() -> Iterator[None]:
     (and ignored after the block, once one has fired). An `Interrupted` leaving the block
     (raised by the handler, or by the code within) first runs the `at_interrupt` actions.
 
-    A block within another keeps the outer block's handlers (one first signal for both), so
+    An error that an `Interrupted` caused (see `_interrupt_behind`) leaves the block as that
+    interrupt. A block within another keeps the outer block's handlers (one first signal for both), so
     that clorch-train's block around the whole command leaves no moment where a run's own
     block has restored Python's default (a KeyboardInterrupt traceback).
 
@@ -115,13 +116,37 @@ def interrupts_raise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _noting(fired: list[int]) -> Iterator[None]:
-    """An `Interrupted` leaving the block is noted in `fired` and runs the `at_interrupt` actions."""
+    """An `Interrupted` leaving the block is noted in `fired` and runs the `at_interrupt` actions;
+    so does an error it caused, which leaves as the interrupt."""
     try:
         yield
     except Interrupted as exc:
         fired.append(exc.signum)  # raised by the code within: later signals are noted only, too
         _run_at_interrupt(exc)
         raise
+    except Exception as exc:
+        cause = _interrupt_behind(exc)
+        if cause is None:
+            raise
+        fired.append(cause.signum)
+        _run_at_interrupt(cause)
+        raise Interrupted(cause.signum) from exc
+
+
+def _interrupt_behind(exc: BaseException) -> Interrupted | None:
+    """The `Interrupted` that `exc` was raised from or while handling, if any.
+
+    The handler raises wherever the main thread is, and some places turn what is raised
+    there into another error: Python 3.11 wraps it in a RuntimeError when it lands in a
+    class's creation (a module being imported), and cleanup code may fail while it passes.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, Interrupted):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None = None) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from clorch.engine.interrupts import Interrupted, interrupts_raise
 from clorch.runs.cli import run_cli
 from tests.harness import free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
@@ -177,3 +178,28 @@ def test_a_signal_before_hydra_starts_ends_the_command_cleanly(point, tmp_path, 
     assert run_cli(["ls", "--root", str(tmp_path), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["status"] == "interrupted"
+
+
+def test_a_block_within_another_keeps_its_handlers_and_an_error_an_interrupt_caused_leaves_as_it():
+    """Python 3.11 turns what a signal's handler raises while a class is created (a module being
+    imported) into a RuntimeError; the block gives the interrupt back, so no traceback is shown."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(Interrupted) as caught:
+            with interrupts_raise():
+                outer = signal.getsignal(signal.SIGTERM)
+                with interrupts_raise():
+                    assert signal.getsignal(signal.SIGTERM) is outer
+                assert signal.getsignal(signal.SIGTERM) is outer
+                with interrupts_raise():
+                    try:
+                        raise Interrupted(signal.SIGTERM)
+                    except Interrupted as exc:
+                        raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+        assert caught.value.signum == signal.SIGTERM
+        with pytest.raises(ValueError):
+            with interrupts_raise():
+                raise ValueError("not an interrupt")
+    finally:  # after an interrupt the block ignores later signals (the process is ending): not pytest's
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
