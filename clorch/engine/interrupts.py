@@ -114,6 +114,20 @@ def interrupts_raise() -> Iterator[None]:
             signal.signal(signum, signal.SIG_IGN if fired else old)
 
 
+def raise_if_signalled() -> None:
+    """Raise `Interrupted` again if a signal has already fired in the open `interrupts_raise()` block.
+
+    Called where only a run still going goes on (before launching ranks, while waiting for
+    them): the first signal's `Interrupted` can be dropped on its way up, e.g. Python 3.11
+    wraps one raised while a class is created (a module being imported) in a RuntimeError,
+    which a library's `except Exception` may catch and go past. Later signals are only
+    noted, so without this such a run would train to its end, stoppable by SIGKILL alone.
+    Outside any block (clorch.engine.api, a test) this does nothing.
+    """
+    if _blocks and _blocks[0]:
+        raise Interrupted(_blocks[0][0])
+
+
 @contextlib.contextmanager
 def _noting(fired: list[int]) -> Iterator[None]:
     """An `Interrupted` leaving the block is noted in `fired` and runs the `at_interrupt` actions;

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from clorch.plan.plan import Plan, write_plan
 from clorch.engine.footprint import using_run_dir
-from clorch.engine.interrupts import Interrupted
+from clorch.engine.interrupts import Interrupted, raise_if_signalled
 from clorch.engine.outputs import rank0_result_path
 from clorch.train.metrics import announce
 from clorch.engine.progress import Progress
@@ -86,6 +86,7 @@ def _follow(job: Any, progress: Progress, feed: TrackerFeed = NO_TRACKERS) -> di
         # metrics.jsonl meanwhile, and a signal during a slow start still stops the ranks.
         feed.start()
         while True:
+            raise_if_signalled()  # a first signal dropped on its way up still stops the ranks
             try:
                 status = job.wait(timeout=POLL_S)
                 break
@@ -150,6 +151,7 @@ def execute(
         start = time.perf_counter()
         plan_file = _plan_file(plan, run_dir)
         write_plan(plan, plan_file)  # the ranks run what it holds
+        raise_if_signalled()  # no ranks once a signal has fired, even one whose Interrupted was dropped
         try:
             if agent:
                 return _execute_torchrun(plan, run_dir, plan_file, start, None if worker == WORKER else worker)

@@ -18,7 +18,7 @@ from clorch.engine.interrupts import Interrupted, interrupts_raise
 from clorch.runs.cli import run_cli
 from tests.harness import free_port
 from tests.clirunner import CliProcess, run_clorch_train, start_clorch_train
-from tests.engine.signalled_start import sigint_after
+from tests.engine.signalled_start import sigint_after, sigint_dropped
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,6 +178,19 @@ def test_a_signal_before_hydra_starts_ends_the_command_cleanly(point, tmp_path, 
     assert run_cli(["ls", "--root", str(tmp_path), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["status"] == "interrupted"
+
+
+def test_a_signal_whose_interrupt_was_dropped_still_ends_the_run_before_its_ranks_start(tmp_path):
+    """Ctrl-C in Hydra's job whose Interrupted a library wraps and drops (Python 3.11 wraps one
+    raised while a class is created): no rank is launched; exit 130, listed as interrupted.
+    Before, the run trained to its end and ignored every later Ctrl-C."""
+    args = ["+recipe=cpu_smoke", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = start_clorch_train(args, tmp_path, env=_env(), entry=sigint_dropped)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "clorch-train: interrupted by SIGINT" in stderr and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "ranks were launched"
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted_by"] == "SIGINT"
 
 
 def test_a_block_within_another_keeps_its_handlers_and_an_error_an_interrupt_caused_leaves_as_it():
