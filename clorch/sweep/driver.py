@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import yaml
 
 from clorch.config.composer import format_value
-from clorch.engine.interrupts import Interrupted
+from clorch.engine.interrupts import Interrupted, raise_if_signalled
 from clorch.engine.results import RunSummary
 from clorch.status import Status
 from clorch.sweep.pool import Pool
@@ -158,6 +158,7 @@ def run_trials(source: Source, runner: HydraRunner | PoolRunner, show_ends: bool
                 spec = source.next()
                 if spec is None:
                     break
+                raise_if_signalled()  # no new trial once a signal has fired, even one whose Interrupted was dropped
                 runner.start(spec)
             if not runner.busy():
                 return
