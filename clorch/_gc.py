@@ -27,9 +27,8 @@ def import_long_lived(name: str) -> ModuleType:
     Nothing changes when `name` is imported already, or when the collector is off (whoever
     turned it off manages it).
     """
-    module = sys.modules.get(name)
-    if module is not None or not gc.isenabled():
-        return module if module is not None else importlib.import_module(name)
+    if name in sys.modules or not gc.isenabled():
+        return importlib.import_module(name)
     gc.disable()
     try:
         return importlib.import_module(name)

@@ -44,8 +44,9 @@ class Interrupted(KeyboardInterrupt):
 
 
 _at_interrupt: list[Callable[[Interrupted], None]] = []
-# The signals noted by each `interrupts_raise` block open in the main thread, outermost first.
-_blocks: list[list[int]] = []
+# The signals noted by the outermost `interrupts_raise` block open in the main thread (a block
+# within it notes into the same list), or None when none is open.
+_open_block: list[list[int] | None] = [None]
 
 
 def at_interrupt(action: Callable[[Interrupted], None]) -> Callable[[], None]:
@@ -86,8 +87,9 @@ def interrupts_raise() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _blocks:  # within another block (clorch-train's own, around a run's): its handlers stay
-        with _noting(_blocks[-1]):
+    outer = _open_block[0]
+    if outer is not None:  # within another block (clorch-train's own, around a run's): its handlers stay
+        with _noting(outer):
             yield
         return
     fired: list[int] = []
@@ -99,7 +101,7 @@ def interrupts_raise() -> Iterator[None]:
         raise Interrupted(signum)
 
     previous = {signum: signal.getsignal(signum) for signum in HANDLED}
-    _blocks.append(fired)
+    _open_block[0] = fired
     try:
         # Inside the try: a signal as soon as the first handler is set still restores them all.
         for signum in HANDLED:
@@ -107,7 +109,7 @@ def interrupts_raise() -> Iterator[None]:
         with _noting(fired):
             yield
     finally:
-        _blocks.pop()
+        _open_block[0] = None
         for signum, old in previous.items():
             # After an interrupt the process is on its way out: a late second signal must not
             # turn the clean end into a traceback.
@@ -124,8 +126,9 @@ def raise_if_signalled() -> None:
     noted, so without this such a run would train to its end, stoppable by SIGKILL alone.
     Outside any block (clorch.engine.api, a test) this does nothing.
     """
-    if _blocks and _blocks[0]:
-        raise Interrupted(_blocks[0][0])
+    fired = _open_block[0]
+    if fired:
+        raise Interrupted(fired[0])
 
 
 @contextlib.contextmanager
