@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,3 +95,52 @@ def test_a_rank_failing_on_one_node_ends_the_other_nodes_rank(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "another rank ended first" in summary["error"]["message"]
     assert "clorch-train: job failed: RuntimeError: another rank ended first" in healthy_out
+
+
+def _rank_of(agent: subprocess.Popen, timeout: float = 60.0) -> int:
+    """The pid of the rank an agent started (its one child process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.2)
+    raise AssertionError(f"agent {agent.pid} started no rank within {timeout} s")
+
+
+def _wait_for_training(run_dir: Path, timeout: float = 120.0) -> None:
+    """Until rank 0 has logged a few training steps (both ranks are then in the loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (run_dir / "metrics.jsonl").read_text().count('"step"') >= 3:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the job in {run_dir} logged no training step within {timeout} s")
+
+
+@pytest.mark.parametrize("killed", [0, 1], ids=["store-host-node", "other-node"])
+def test_a_node_whose_rank_is_killed_ends_the_job_within_30_s(tmp_path, killed):
+    """SIGKILL leaves no record and no clean socket shutdown: the surviving node's rank must still
+    notice (its next collective fails), end, and its agent exit, well inside 30 s."""
+    port, run_dir = free_port(), tmp_path / "run"
+    args = [*TINY, f"hydra.run.dir={run_dir}", "data.sample_count=256", "epochs=3000", "log_every=10"]
+    agents = [_agent(port, "kill", _clorch_train(), args, tmp_path) for _ in range(2)]
+    try:
+        _wait_for_training(run_dir)
+        victim, survivor = agents[killed], agents[1 - killed]
+        os.kill(_rank_of(victim), signal.SIGKILL)
+        killed_at = time.monotonic()
+        survivor.wait(timeout=60)
+        assert time.monotonic() - killed_at < 30, "the surviving node's agent took 30 s or more to exit"
+        assert survivor.returncode != 0
+        victim.wait(timeout=30)
+    finally:
+        for agent in agents:  # a hung job: its ranks first, then the agent
+            if agent.poll() is None:
+                for pid in Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split():
+                    os.kill(int(pid), signal.SIGKILL)
+                agent.kill()
+        _finish(agents)
