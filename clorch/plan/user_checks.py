@@ -2,7 +2,7 @@
 
 A dataset of yours is tried as the ranks will use it: its first items are
 collated into a batch and one forward and loss run on the CPU, in the launching
-process, with the model the config names. A model of yours on the built-in data
+process, with the model the config names, in train mode (as the ranks train). A model of yours on the built-in data
 (or a step, or `loss=from_model`) is built on the meta device and runs one batch
 of the data's shapes there (on the CPU where the meta device cannot serve). Under
 `parallel=ddp` the trial also runs a backward: a trainable parameter that the loss
@@ -242,9 +242,15 @@ def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -
 
 def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[str]:
     """One batch's loss and, under parallel=ddp, its backward: the names of the trainable
-    parameters that got no gradient (none without a backward). Raises what your code raised."""
+    parameters that got no gradient (none without a backward). Raises what your code raised.
+
+    In train mode, as the ranks train, whatever mode the factory returned: a model whose
+    forward differs by mode (torchvision's Inception adds auxiliary logits in train mode) is
+    tried on the path it trains on. `model` is this check's own, built for it alone.
+    """
     import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
+    model.train()
     if not _needs_every_gradient(cfg):
         with torch.no_grad():
             train.loss(model, batch)
