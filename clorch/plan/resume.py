@@ -108,6 +108,34 @@ def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
     return f"checkpoint.resume=latest: nothing to resume: {where}; training starts from step 0"
 
 
+def unmarked_errors(cfg: Any, run_dir: Path | None) -> list[str]:
+    """Directories named as sharded step checkpoints (step_N.dcp) without clorch.json, in the
+    directory a parallel=fsdp run resumes `latest` from or writes its step checkpoints to.
+
+    clorch commits a sharded checkpoint by writing clorch.json last, so such a directory is an
+    incomplete copy or not clorch's: `latest` would skip it, and the run's own save of that
+    step would refuse to replace it mid-run (clorch.checkpoint.sharded).
+    """
+    ckpt = cfg.checkpoint
+    if not cfg.parallel.shards or (ckpt.resume != "latest" and ckpt.policy != "periodic") or restart_count() > 0:
+        return []
+    directory = _resume_dir(cfg, run_dir)
+    if directory is None or not directory.is_dir():
+        return []
+    named = sorted(p for p in directory.iterdir() if SHARDED_STEP_NAME.fullmatch(p.name))
+    unmarked = [p for p in named if not (p / SHARDED_MARKER).is_file()]
+    key = f"checkpoint.dir={ckpt.dir}" if ckpt.dir else f"checkpoint.dir (null: {directory})"
+    effect = "this run's save of that step would refuse to replace it"
+    if ckpt.resume == "latest":
+        effect = f"checkpoint.resume=latest would skip it, and {effect}"
+    return [
+        f"{key}: {path.absolute()} is named as a sharded step checkpoint but holds no {SHARDED_MARKER} "
+        f"(an incomplete copy, or not written by clorch): {effect}; move it out of "
+        f"{directory.absolute()} (or delete it), or copy the whole checkpoint in"
+        for path in unmarked
+    ]
+
+
 def _candidates(cfg: Any, run_dir: Path | None) -> list[Path]:
     """The checkpoints the ranks may start from, in the order they try them, as the launching
     process sees them now.
@@ -245,6 +273,9 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
     damaged. After a restart by a launcher only the global batch is computed (the job resumes
     its own checkpoints; an elastic restart may have another world size).
     """
+    unmarked = unmarked_errors(cfg, run_dir)
+    if unmarked:
+        return ResumeFit(errors=unmarked)
     paths = _candidates(cfg, run_dir)
     if not paths or not paths[0].exists():
         return ResumeFit(note=nothing_to_resume(cfg, run_dir))
