@@ -165,6 +165,22 @@ def _empty_hook(param: torch.Tensor) -> None:
     """A gradient hook that does nothing: what calling Python once per gradient costs by itself."""
 
 
+def _register_hook(model: torch.nn.parallel.DistributedDataParallel, hook) -> None:
+    """Register torch's comm `hook` on `model`. torch refuses its bf16_compress_hook by name unless
+    it was built with CUDA and NCCL 2.10+ (NCCL's bf16 all-reduce), even for gloo, which reduces
+    bf16 in any build: there the same function is registered under a name of its own."""
+    try:
+        model.register_comm_hook(None, hook)
+    except TypeError:
+        if hook is not default_hooks.bf16_compress_hook:
+            raise
+
+        def bf16_compress_on_gloo(state, bucket):  # no annotations: torch checks them as its own types
+            return default_hooks.bf16_compress_hook(state, bucket)
+
+        model.register_comm_hook(None, bf16_compress_on_gloo)
+
+
 def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     device = cd.device()
     work = ddp_models.build(args, rank, device)
@@ -190,7 +206,7 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
             copy.deepcopy(base), device_ids=ids, bucket_cap_mb=cap, **options
         )
         if hook is not None:
-            model.register_comm_hook(None, hook)
+            _register_hook(model, hook)
         add(name, model, work.optimizer(model.module), _plain_step)
 
     one_rank, cuda = cd.world_size() == 1, device.type == "cuda"

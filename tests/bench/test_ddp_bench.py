@@ -74,6 +74,21 @@ def test_gpt_tiny_on_one_gloo_rank_runs_the_bucket_path_candidates():
     assert "clorch DDP bucket path grad views" in summary and "empty Python hooks" not in summary
 
 
+def _on_a_cpu_build(rank: int, world_size: int) -> dict:
+    import clorch.distributed as cd
+
+    torch.version.cuda = None  # as torch's CPU-only build reports itself (this rank's process only)
+    ctx = {"rank": rank, "world_size": world_size, "backend": cd.backend()}
+    return ddp.worker({**ctx, "args": {**QUICK, "model": "mlp", "width": 32, "features": 8}})
+
+
+@pytest.mark.timeout(120)
+def test_torch_bf16_hook_candidate_runs_with_a_cpu_build_of_torch():
+    # torch refuses bf16_compress_hook by its name without CUDA and NCCL, though gloo reduces bf16
+    result = run_ranks(_on_a_cpu_build, 2, timeout=100)[0]
+    assert list(result["medians_s"]) == CANDIDATES and result["medians_s"][ddp.TORCH_BF16] > 0
+
+
 @pytest.mark.cuda
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world_size", list(range(1, torch.cuda.device_count() + 1)) or [1])
