@@ -107,7 +107,10 @@ def _ls(args: argparse.Namespace) -> int:
         where = ", ".join(map(str, roots)) or "./outputs and ./multirun (neither exists here)"
         print(f"clorch-runs: no runs under {where}; --root DIR looks elsewhere", file=sys.stderr)
     elif chosen:
-        print(format_table(*list_rows(chosen, group_sweeps=not (args.sort or args.reverse))))
+        # A sweep's line of its own heads the full listing only: once filtered or reordered, the
+        # table lists the runs that match, in the order asked for, and nothing else.
+        narrowed = args.where or args.status or args.recipe or args.since or args.sort or args.reverse
+        print(format_table(*list_rows(chosen, group_sweeps=not narrowed)))
     else:
         print(f"clorch-runs: none of the {len(runs)} runs matches", file=sys.stderr)
     return EXIT_OK

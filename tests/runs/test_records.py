@@ -180,3 +180,23 @@ def test_where_conditions(tmp_path):
     for bad in ("eval_loss", "eval_loss<", "<0.1", "eval loss<1"):
         with pytest.raises(UsageError, match="expected KEY OP VALUE"):
             Condition(bad, runs)
+
+
+def test_a_sweep_heads_the_full_listing_only(tmp_path, capsys, monkeypatch):
+    """Filtered (--status) as sorted (--sort): the table lists the matching runs and no sweep line."""
+    sweep = tmp_path / "multirun" / "2026-12-01" / "10-00-00"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    for number, status in enumerate(["pruned", "succeeded", "pruned"]):
+        summary = {"status": status, "final": {"loss": 0.5 - number / 10}}
+        _run_dir(tmp_path, f"multirun/2026-12-01/10-00-00/{number}", summary=summary)
+    monkeypatch.chdir(tmp_path)
+
+    def statuses(*args):
+        assert run_cli(["ls", *args]) == 0
+        lines = capsys.readouterr().out.splitlines()[1:]
+        return [word for line in lines for word in line.split() if word in ("sweep", "pruned", "succeeded")]
+
+    assert statuses() == ["sweep", "pruned", "succeeded", "pruned"]
+    assert statuses("--status", "pruned") == ["pruned", "pruned"]
+    assert statuses("--sort", "loss") == ["pruned", "succeeded", "pruned"]
