@@ -165,6 +165,28 @@ def _cross_errors(cfg: Any) -> list[str]:
 
 
 def _top_rules(cfg: Any) -> list[str]:
+    return _cuda_graph_rules(cfg) + _exact_rules(cfg)
+
+
+def _exact_rules(cfg: Any) -> list[str]:
+    """What exact=true cannot make exact yet, refused by name."""
+    if not cfg.exact:
+        return []
+    errors = []
+    if complete(cfg, "parallel") and cfg.parallel.name != "ddp":
+        errors.append(
+            f"exact=true runs with parallel=ddp only, got parallel={cfg.parallel.name}: its sharded "
+            "reduce-scatter is not summed in a fixed order yet; use parallel=ddp, or exact=false"
+        )
+    if complete(cfg, "ddp") and cfg.ddp.step_in_backward:
+        errors.append(
+            "exact=true sums the step's gradients after the last backward, so backward cannot step "
+            "the optimizer: drop ddp.step_in_backward=true, or exact=false"
+        )
+    return errors
+
+
+def _cuda_graph_rules(cfg: Any) -> list[str]:
     if cfg.compile and cfg.compile_mode in schema.CUDA_GRAPH_MODES and cfg.accumulation > 1:
         return [
             f"compile_mode={cfg.compile_mode} replays CUDA graphs, which reuse their output memory "

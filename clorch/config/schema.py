@@ -118,6 +118,10 @@ class TopConfig:
     # torch.compile mode with compile: true; the max-autotune modes tune the matmuls (minutes of
     # compiling first); reduce-overhead and max-autotune replay CUDA graphs (accumulation 1 only)
     compile_mode: Literal[COMPILE_MODES] = "default"
+    # The same weights, bit for bit, on any world size with the same global batch (batch_size x
+    # accumulation x ranks): micro-batches, draws and the gradient's sum fixed by the data, not the
+    # ranks (clorch.strategies.exact; docs/reproducibility.md)
+    exact: bool = False
 
 
 BACKENDS = ("auto", "gloo", "nccl")

@@ -11,6 +11,11 @@ Each rank draws a disjoint, deterministic share of `range(dataset_size)`:
   `num_replicas - 1` are seen twice. With `drop_last=True` the tail is dropped
   so that every rank gets the same count.
 * Rank r takes positions r, r + num_replicas, r + 2 * num_replicas, ...
+  With `block_size=k` it takes blocks of k consecutive positions instead (block r,
+  r + num_replicas, ...), and the padding (or cut) is to a multiple of
+  k x num_replicas. Give k = batch_size x accumulation and every optimizer step's
+  micro-batches are the same samples on any world size with the same global
+  batch: rank r trains the r-th contiguous part of the step (`exact=true`).
 
 It is a subclass of `torch.utils.data.distributed.DistributedSampler`, so
 trainers that check `isinstance(sampler, DistributedSampler)` before calling
@@ -140,6 +145,8 @@ class DistributedSampler(TorchDistributedSampler):
         shuffle: permute each epoch; False keeps `range(dataset_size)` order.
         drop_last: drop the tail so every rank gets the same count without
             padding (instead of repeating indices from the start).
+        block_size: consecutive positions a rank takes in turn (keyword only); 1, the
+            default, is torch's round-robin.
 
     Call `set_epoch(epoch)` (or set `sampler.epoch`) before each epoch. Without it every epoch reuses the
     same permutation, exactly as torch's sampler does.
@@ -173,6 +180,8 @@ class DistributedSampler(TorchDistributedSampler):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
+        block_size: int = 1,
     ) -> None:
         # Not torch's __init__: it asks torch.distributed for the defaults, which needs a group.
         Sampler.__init__(self)
@@ -192,6 +201,9 @@ class DistributedSampler(TorchDistributedSampler):
         self.seed = seed
         self.shuffle = _bool_arg("shuffle", shuffle)
         self.drop_last = _bool_arg("drop_last", drop_last)
+        self.block_size = _int_arg("block_size", block_size, 1)
+        # Padding (or the cut) is to a multiple of one turn of every rank's block.
+        self._unit = self.block_size * self.num_replicas
         self.num_samples = self._per_rank_count()
         self.total_size = self.num_samples * self.num_replicas
         self._epoch = 0
@@ -205,6 +217,8 @@ class DistributedSampler(TorchDistributedSampler):
         self._carried: tuple[int, int, int] | None = None
 
     def _per_rank_count(self) -> int:
+        if self.block_size > 1:
+            return _fit_length(self.dataset_size, self._unit, self.drop_last) // self.num_replicas
         # Same arithmetic as torch.utils.data.DistributedSampler.
         if self.drop_last and self.dataset_size % self.num_replicas != 0:
             return math.ceil((self.dataset_size - self.num_replicas) / self.num_replicas)
@@ -237,13 +251,20 @@ class DistributedSampler(TorchDistributedSampler):
             return self._cache[1]
         carried = self._carried if self._carried and self._carried[0] == self._epoch else None
         if carried is None:
-            indices = self._global_indices(self.num_replicas)
+            indices = self._global_indices(self._unit)
         else:
             indices = self._global_indices(carried[1])[carried[2] :]
-            indices = _fit(indices, self.num_replicas, self.drop_last)
-        mine = indices[self.rank :: self.num_replicas]
+            indices = _fit(indices, self._unit, self.drop_last)
+        mine = self._share(indices)
         self._cache = (self._epoch, mine)
         return mine
+
+    def _share(self, indices: list[int]) -> list[int]:
+        """This rank's positions of a list whose length is a multiple of one turn (`_unit`)."""
+        if self.block_size == 1:
+            return indices[self.rank :: self.num_replicas]
+        k, start = self.block_size, self.rank * self.block_size
+        return [i for turn in range(0, len(indices), self._unit) for i in indices[turn + start : turn + start + k]]
 
     def _global_indices(self, replicas: int) -> list[int]:
         """The epoch's permutation, padded (or cut) as a world of `replicas` ranks reads it."""
@@ -428,13 +449,14 @@ class DistributedSampler(TorchDistributedSampler):
     def global_state_dict(self) -> dict[str, Any]:
         """The position as the whole job's, loadable on any world size (`load_global_state_dict`).
 
-        Keys: the epoch, the fixed arguments, `layout_replicas` (the world size whose
-        padded list this epoch follows) and `position` (global positions of that list
+        Keys: the epoch, the fixed arguments, `layout_replicas` (what the list this epoch
+        follows is padded to a multiple of: the world size, times `block_size` where that
+        is over 1) and `position` (global positions of that list
         consumed). It assumes every rank consumed as many indices as this one, as
         ranks training in step do; a sharded checkpoint checks that all ranks agree.
         """
         carried = self._carried if self.continues_another_world_size else None
-        layout, offset = (carried[1], carried[2]) if carried else (self.num_replicas, 0)
+        layout, offset = (carried[1], carried[2]) if carried else (self._unit, 0)
         full = _fit_length(self.dataset_size, layout, self.drop_last)
         return {
             "epoch": self._epoch,
@@ -455,9 +477,9 @@ class DistributedSampler(TorchDistributedSampler):
         epoch, layout, position = self.check_global_state_dict(state)
         self._epoch, self._consumed, self._resume_here = epoch, 0, True
         # The same world size and a position on a rank boundary is the ordinary state.
-        self._carried = None if layout == self.num_replicas and position % layout == 0 else (epoch, layout, position)
+        self._carried = None if layout == self._unit and position % layout == 0 else (epoch, layout, position)
         if self._carried is None:
-            self._consumed = position // layout
+            self._consumed = position // self.num_replicas
         self._cache = None
 
     def check_global_state_dict(self, state: Any) -> tuple[int, int, int]:

@@ -1,6 +1,7 @@
 """One class per `parallel` mode: what a rank's loop asks of the mode (`clorch.strategies.base.Strategy`).
 
-`DDPStrategy` (clorch.strategies.ddp) and `FSDPStrategy` (clorch.strategies.fsdp); a
+`DDPStrategy` (clorch.strategies.ddp), `ExactDDPStrategy` (its exact=true form,
+clorch.strategies.exact) and `FSDPStrategy` (clorch.strategies.fsdp); a
 `parallel` option names its class as a string (`strategy`), so a mode of your own is
 one class plus its option (docs/extending.md, "A parallel mode").
 """
@@ -13,9 +14,19 @@ from torch import nn
 from clorch.nn.parallel.fsdp import ShardedTrainer
 from clorch.strategies.base import ModelSource, Strategy, strategy_class, weights_digest
 from clorch.strategies.ddp import DDPStrategy
+from clorch.strategies.exact import ExactDDPStrategy
 from clorch.strategies.fsdp import FSDPStrategy
 
-__all__ = ["DDPStrategy", "FSDPStrategy", "ModelSource", "Strategy", "adopt", "strategy_class", "weights_digest"]
+__all__ = [
+    "DDPStrategy",
+    "ExactDDPStrategy",
+    "FSDPStrategy",
+    "ModelSource",
+    "Strategy",
+    "adopt",
+    "strategy_class",
+    "weights_digest",
+]
 
 
 def adopt(

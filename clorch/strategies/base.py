@@ -145,6 +145,31 @@ class Strategy:
         with self.model.no_sync():
             yield
 
+    # What the loop asks around each micro-batch (`clorch.train.loop.train_step`). The defaults
+    # accumulate under `no_sync` and reduce in the last backward; `ExactDDPStrategy` sums in a tree.
+    loss_is_global: ClassVar[bool] = False  # the step's loss is already the job's mean on every rank
+
+    def loss_divisor(self, count: int) -> int:
+        """What each of this rank's `count` micro-batch losses is divided by before backward."""
+        return count
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int, count: int, step: int) -> Iterator[None]:
+        """Around micro-batch `index` of `count` of optimizer step `step`: its forward and
+        backward. Here: all but the last accumulate locally (`no_sync`); the last backward
+        reduces, a synchronization point."""
+        with contextlib.nullcontext() if index == count - 1 else self.no_sync():
+            yield
+
+    def after_backward(self, loss: torch.Tensor) -> None:
+        """After each micro-batch's backward, with its (divided) loss. Local; nothing here."""
+
+    def finish_gradients(self) -> torch.Tensor | None:
+        """After the step's last backward: the gradients are complete in `.grad` once it returns.
+        Returns the step's loss where the strategy summed it (`loss_is_global`), else None. Here
+        nothing is left to do (the last backward reduced)."""
+        return None
+
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
         """Unscale the step's gradients, take their total 2-norm, clip them to `max_norm` when given.
 

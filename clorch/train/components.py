@@ -25,7 +25,7 @@ from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.optim import build_scheduler
-from clorch.strategies import Strategy, adopt, strategy_class
+from clorch.strategies import ExactDDPStrategy, Strategy, adopt, strategy_class
 from clorch.strategies.base import compile_mode_arg  # noqa: F401  (clorch-bench runner reads it here)
 
 
@@ -153,7 +153,14 @@ def _sampler(cfg: TrainConfig, size: int, rank: int, world: int) -> DistributedS
         seed=cfg.seed if sampling.seed is None else sampling.seed,
         shuffle=sampling.shuffle,
         drop_last=sampling.drop_last,
+        # exact=true: each rank reads whole micro-batches of the step, the same ones on any world size
+        block_size=cfg.batch_size * cfg.accumulation if cfg.exact else 1,
     )
+
+
+def _strategy_class(cfg: TrainConfig) -> type:
+    """The strategy `parallel` names; under exact=true its exact counterpart (ddp only, the checks say)."""
+    return ExactDDPStrategy if cfg.exact else strategy_class(cfg.parallel)
 
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
@@ -176,7 +183,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         cfg.precision.runs_as or cfg.precision.name, device, scaler=cfg.precision.scaler_settings()
     )
     # parallel=ddp or fsdp: the option names its strategy class, which places the model on the ranks
-    strategy = strategy_class(cfg.parallel).from_config(cfg, precision, device, rank, world)
+    strategy = _strategy_class(cfg).from_config(cfg, precision, device, rank, world)
     source = ModelBuilder(cfg, task, float8_all_gather=cfg.parallel.float8_all_gather(cfg.precision))
     strategy.setup(source, lambda model: build_optimizer(cfg, model))
     raw, model, optimizer = strategy.raw_model, strategy.model, strategy.optimizer

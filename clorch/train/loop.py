@@ -8,7 +8,6 @@ and `fit` reads it (`.item()`) only on logging steps.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -25,7 +24,8 @@ __all__ = ["Components", "StepResult", "build_components", "micro_batches", "to_
 class StepResult:
     """What one optimizer step produced."""
 
-    loss: torch.Tensor  # this rank's mean micro-batch loss, detached, on the device
+    loss: torch.Tensor  # this rank's mean micro-batch loss, detached, on the device (the job's,
+    # where the strategy sums the step in a fixed order: `Strategy.loss_is_global`)
     stepped: Any  # False when the scaler skipped the update (fp16 overflow); a 0-d bool
     # tensor when the scaler decided on the device (read it only when needed)
     samples: int  # samples this rank trained on in the step
@@ -70,7 +70,7 @@ def micro_batches(task: Any, index_batches: Sequence[Any], epoch: int = 0) -> It
     return (task.batch(ix) for ix in index_batches)
 
 
-def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> StepResult:
+def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Tensor]], step: int = 0) -> StepResult:
     """Forward and backward each micro-batch, then step optimizer, scaler and schedule.
 
     `parts.precision` runs the forwards under its autocast and the backwards
@@ -83,6 +83,9 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
     the same number of micro-batches: the last backward is a synchronization
     point (the gradient reduction) and so is the step with a scaler (its
     found-inf all-reduce; see `MixedPrecision.optimizer_step`).
+
+    `step` is the optimizer step's number (from 0), which a strategy may key the step's
+    random draws to (`exact=true`).
 
     Raises:
         ValueError: `micro_batches` is empty, or holds more than one batch while
@@ -103,16 +106,19 @@ def train_step(parts: Components, micro_batches: Sequence[Mapping[str, torch.Ten
         # gradients were stepped and set to None; `total` below is a fresh tensor).
         torch.compiler.cudagraph_mark_step_begin()
     total = torch.zeros((), device=parts.device)
-    samples = 0
+    samples, divisor = 0, strategy.loss_divisor(count)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, parts.device, parts.pin_memory)
         samples += batch_size_of(batch)
-        last = i == count - 1
-        with contextlib.nullcontext() if last else strategy.no_sync():
+        with strategy.micro_batch(i, count, step):
             with precision.autocast():
-                loss = parts.task.loss(parts.model, batch) / count
+                loss = parts.task.loss(parts.model, batch) / divisor
             precision.backward(loss)
+            strategy.after_backward(loss)
         total += loss.detach().float()
+    summed = strategy.finish_gradients()  # the job's loss, where the strategy summed it in order
+    if summed is not None:
+        total = summed
     # After the all-reduce (the last backward) and unscaling, the same on every rank: the norm is
     # logged, and clipped to optim.grad_clip when set.
     grad_norm = strategy.clip_gradients(parts.grad_clip)
@@ -184,7 +190,7 @@ def fit(
         steps = _step_chunks(parts.sampler.sample_indices(), per_step, parts.batch_size)
         batches = micro_batches(parts.task, [ix for micro in steps for ix in micro], state.epoch)
         for micro_indices in steps:
-            result = train_step(parts, [next(batches) for _ in micro_indices])
+            result = train_step(parts, [next(batches) for _ in micro_indices], state.step)
             parts.sampler.advance(sum(len(ix) for ix in micro_indices))
             state.step += 1
             loss = result.loss

@@ -78,13 +78,15 @@ class StepHooks:
     def log(self, state: LoopState) -> None:
         """Average the window's loss over ranks and write one metrics line (rank 0).
 
-        Every rank must call it: one all_reduce (a host sync, only on logging steps).
+        Every rank must call it: one all_reduce (a host sync, only on logging steps), none where
+        the strategy's loss is the job's already (exact=true).
         """
         parts = self.parts
         window = state.window_loss.detach().clone().float()
-        if is_initialized() and parts.world_size > 1:
+        ranks = 1 if parts.strategy.loss_is_global else parts.world_size  # a job's loss on every rank already
+        if is_initialized() and ranks > 1:
             all_reduce(window, op="sum")
-        loss = window.item() / (parts.world_size * state.window_steps)
+        loss = window.item() / (ranks * state.window_steps)
         elapsed = max(time.perf_counter() - state.window_start, 1e-9)
         samples_per_s = state.window_samples * parts.world_size / elapsed
         record = {
