@@ -20,6 +20,7 @@ from clorch.builders.model import build_model_for
 from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
 from clorch.launch.gpus import resolve_ranks, visible_gpus
+from clorch.plan.where import Machine
 
 
 def top_backend(cfg: Any) -> str | None:
@@ -29,17 +30,34 @@ def top_backend(cfg: Any) -> str | None:
     return backend if backend in BACKENDS else None
 
 
-def local_ranks(launcher: Any, backend: str, problems: list[str]) -> tuple[int, list[int] | None, str]:
+def local_ranks(
+    launcher: Any, backend: str, problems: list[str], machine: Machine
+) -> tuple[int, list[int] | None, str]:
+    """Ranks as clorch's launcher places them on a node of `machine`: (count, devices, backend)."""
     nproc = None if launcher.nproc_per_node == "auto" else launcher.nproc_per_node
     devices = getattr(launcher, "devices", None)  # the torchrun launcher places ranks itself
     before = len(problems)
-    count, cuda, name = resolve_ranks(nproc, devices, backend, os.environ, problems)
+    count, cuda, name = resolve_ranks(nproc, devices, backend, machine.environ(nproc, devices), problems)
     for i in range(before, len(problems)):  # the launcher names its arguments bare, in Python
-        text = problems[i].replace("devices=None", "launcher.devices=null")
+        text = machine.phrase(problems[i].replace("devices=None", "launcher.devices=null"))
         problems[i] = f"launcher.{text}" if text.startswith(("devices", "nproc")) else f"backend={backend}: {text}"
     if cuda is None:
         return count, None, name or "gloo"
     return count, devices if devices is not None else list(range(len(cuda))), name or "nccl"
+
+
+def plugin_ranks(backend: str, problems: list[str], machine: Machine) -> tuple[int, list[int] | None, str]:
+    """Ranks as a Hydra launcher plugin starts them (more than one task a node, each task a rank,
+    on its local rank's GPU under nccl): (count a node, devices, backend)."""
+    tasks, gpus = machine.tasks_per_node, len(machine.gpus or ())
+    resolved = ("nccl" if gpus else "gloo") if backend == "auto" else backend
+    if resolved == "nccl" and gpus < tasks:
+        problems.append(
+            f"backend={backend}: hydra.launcher.tasks_per_node={tasks} starts {tasks} ranks a node, each on a "
+            f"GPU of its own under nccl, but {machine.where} has {gpus}: ask for {tasks} GPUs a node, or "
+            "use backend=gloo for CPU ranks"
+        )
+    return tasks, list(range(tasks)) if resolved == "nccl" else None, resolved
 
 
 def min_nodes(nnodes: int | str) -> int:
@@ -129,10 +147,11 @@ def token_file_errors(cfg: TrainConfig) -> list[str]:
 RANKS_PER_CPU = 4  # more CPU ranks than this per core is a typo, not a plan
 
 
-def rank_count_errors(nproc: int, backend: str) -> list[str]:
-    """CPU ranks far beyond this machine's cores (GPU ranks are checked against the GPUs)."""
+def rank_count_errors(nproc: int, backend: str, machine: Machine) -> list[str]:
+    """CPU ranks far beyond this machine's cores (GPU ranks are checked against the GPUs; the
+    cores of another machine by its ranks)."""
     cores = os.cpu_count() or 1
-    if backend == "gloo" and nproc > RANKS_PER_CPU * cores:
+    if backend == "gloo" and machine.hardware_here and nproc > RANKS_PER_CPU * cores:
         return [
             f"launcher.nproc_per_node={nproc} is far more ranks than this machine's {cores} CPU "
             f"core(s) can run (at most {RANKS_PER_CPU * cores}, {RANKS_PER_CPU} per core)"

@@ -1,10 +1,11 @@
-"""What an option needs of this machine: an optional package, CUDA GPUs, a compute capability.
+"""What an option needs of the job's machine: an optional package, CUDA GPUs, a compute capability.
 
 An option says so with a `needs()` method returning `clorch.config.options.precision.Needs`
 (`precision=fp8`: torchao and compute capability 8.9; `model.liger=true`: liger-kernel and
 CUDA). The launching process checks them before anything starts: a package by finding its
 module (not importing it), the GPUs' compute capability through `nvidia-smi`, so that CUDA is
-never initialized here.
+never initialized here. What it cannot read of another machine (clorch.plan.where: the nodes
+of a launcher plugin) the ranks check on their node.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from clorch.config.checks import complete
 from clorch.launch.gpus import visible_gpus
 from clorch.builders.model import build_model_for
+from clorch.plan.where import Machine
 
 SECTIONS = ("precision", "model")  # the sections whose options may need something of the machine
 
@@ -44,9 +46,12 @@ def compute_capabilities(devices: list[int] | None) -> list[tuple[int, int]] | N
         return None
 
 
-def _need_errors(need: Any, backend: str, devices: list[int] | None) -> list[str]:
+def _need_errors(need: Any, backend: str, devices: list[int] | None, machine: Machine | None = None) -> list[str]:
+    """What `need` lacks on `machine` (None: this machine)."""
     errors = []
-    if need.module and not installed(need.module):
+    software_here = machine is None or machine.software_here
+    hardware_here = machine is None or machine.hardware_here
+    if need.module and software_here and not installed(need.module):
         errors.append(
             f"{need.key} needs the {need.module} package, which is not installed here: "
             f"pip install 'clorch[{need.extra}]' (it needs a CUDA build of torch)"
@@ -56,7 +61,7 @@ def _need_errors(need: Any, backend: str, devices: list[int] | None) -> list[str
             f"{need.key} needs CUDA GPUs ({need.why}); this job runs on CPU ranks over {backend} "
             "(drop it to train on the CPU)"
         )
-    elif need.capability is not None:
+    elif need.capability is not None and hardware_here:  # elsewhere its ranks check it
         found = compute_capabilities(devices)
         low = sorted({c for c in found or () if c < need.capability})
         if low:
@@ -84,12 +89,14 @@ def liger_errors(cfg: Any) -> list[str]:
     return [problem] if problem else []
 
 
-def machine_errors(cfg: Any, backend: str, devices: list[int] | None) -> list[str]:
-    """Errors for what the config's options need and this machine lacks (empty: nothing lacks).
+def machine_errors(cfg: Any, backend: str, devices: list[int] | None, machine: Machine | None = None) -> list[str]:
+    """Errors for what the config's options need and `machine` lacks (empty: nothing lacks).
 
     Args:
         backend: the job's ("nccl" for CUDA ranks, "gloo" for CPU ranks).
-        devices: this node's CUDA device indices, None for CPU ranks.
+        devices: a node's CUDA device indices, None for CPU ranks.
+        machine: where the ranks run (None: this machine); what it has is checked where it can
+            be read from here (clorch.plan.where), the rest by the ranks on their node.
     """
     errors = []
     for section in SECTIONS:
@@ -97,5 +104,5 @@ def machine_errors(cfg: Any, backend: str, devices: list[int] | None) -> list[st
             continue
         needs = getattr(getattr(cfg, section), "needs", None)
         for need in needs() if callable(needs) else ():
-            errors += _need_errors(need, backend, devices)
+            errors += _need_errors(need, backend, devices, machine)
     return errors

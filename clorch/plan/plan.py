@@ -58,6 +58,7 @@ from clorch.plan.checks import (
     node_errors,
     path_errors,
     plan_steps,
+    plugin_ranks,
     rank_count_errors,
     schedule_errors,
     token_file_errors,
@@ -65,6 +66,7 @@ from clorch.plan.checks import (
 )
 from clorch.plan.machine import liger_errors, machine_errors
 from clorch.plan.resume import ResumeFit, resume_fit
+from clorch.plan.where import ANYWHERE, Machine
 from clorch.config import registry
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
@@ -242,20 +244,26 @@ def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
     return [message]
 
 
-def _machine(cfg: Any, run_dir: Path | None, problems: list[str], external: Any) -> tuple[Any, Any, Any, Any]:
+def _machine(
+    cfg: Any, run_dir: Path | None, problems: list[str], external: Any, machine: Machine
+) -> tuple[Any, Any, Any, Any]:
     """(world size, ranks per node, devices, backend), each None where the sections it needs have
     errors; adds the torch-free checks' errors (the ranks, the machine, the paths) to `problems`."""
     world = nproc = devices = backend = None
+    problems += machine.problems
     if external is not None and complete(cfg, "top"):
         nproc, devices, backend = external_ranks(cfg, external, problems)
         world = external.env.world_size
+    elif machine.tasks_per_node > 1 and top_backend(cfg) is not None:  # a launcher plugin's tasks
+        nproc, devices, backend = plugin_ranks(top_backend(cfg), problems, machine)
+        world = nproc * (machine.nodes or 1)
     elif complete(cfg, "launcher") and top_backend(cfg) is not None:
-        nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems)
-        world = nproc * min_nodes(cfg.launcher.nnodes)
-        problems += rank_count_errors(nproc, backend) + node_errors(cfg.launcher)
+        nproc, devices, backend = local_ranks(cfg.launcher, top_backend(cfg), problems, machine)
+        world = nproc * (machine.nodes or min_nodes(cfg.launcher.nnodes))
+        problems += rank_count_errors(nproc, backend, machine) + node_errors(cfg.launcher)
     if world is not None:
-        problems += machine_errors(cfg, backend, devices)
-    if complete(cfg, "checkpoint"):
+        problems += machine_errors(cfg, backend, devices, machine)
+    if complete(cfg, "checkpoint") and machine.software_here:
         problems += path_errors(cfg, run_dir)
     return world, nproc, devices, backend
 
@@ -274,8 +282,6 @@ def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backe
             if complete(cfg, "loss", "step"):
                 problems += user_data_errors(cfg) + user_model_errors(cfg) + liger_errors(cfg)
             if memory_nproc is not None and not problems:
-                # (not for another launcher's ranks: free memory differs from rank to rank,
-                # and a check that stops some ranks only leaves the others waiting)
                 problems += memory_errors(cfg, memory_nproc, backend)
     except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
         problems += _data_error(cfg, exc, problems)
@@ -285,7 +291,12 @@ def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backe
 
 
 def _build(
-    cfg: Any, run_dir: Path | None, problems: list[str], external: Any = None, sized: bool = True
+    cfg: Any,
+    run_dir: Path | None,
+    problems: list[str],
+    external: Any = None,
+    sized: bool = True,
+    machine: Machine | None = None,
 ) -> Plan | None:
     """The plan, adding every error found to `problems`.
 
@@ -296,10 +307,15 @@ def _build(
     in a fraction of a second, not after seconds of imports and trials). With
     `sized=False` only they run (no data, model or resume checks) and no plan is made.
     """
-    world, nproc, devices, backend = _machine(cfg, run_dir, problems, external)
+    machine = Machine.here() if machine is None else machine
+    world, nproc, devices, backend = _machine(cfg, run_dir, problems, external, machine)
     if problems or not sized:
         return None
-    sizes = _sized_checks(cfg, problems, nproc if world is not None and external is None else None, backend)
+    # The memory is checked against this machine's, for clorch's own launcher's ranks only
+    # (another launcher's ranks: free memory differs from rank to rank, and a check that stops
+    # some ranks only leaves the others waiting).
+    here = world is not None and external is None and machine.hardware_here and machine.tasks_per_node == 1
+    sizes = _sized_checks(cfg, problems, nproc if here else None, backend)
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
     fit = ResumeFit()
@@ -338,13 +354,14 @@ def plan_or_errors(
     external: Any = None,
     base: str | os.PathLike | None = None,
     sized: bool = True,
+    machine: Machine | None = None,
 ) -> tuple[Plan | None, list[str]]:
     """(the plan, or None, and every error: the config's, the machine's, the data's, the paths').
 
     `resolve`, with its errors returned instead of raised; the arguments are `resolve`'s.
     """
     try:
-        return resolve(cfg, run_dir, base, external=external, sized=sized), []
+        return resolve(cfg, run_dir, base, external=external, sized=sized, machine=machine), []
     except ConfigError as exc:
         return None, exc.errors
 
@@ -353,12 +370,15 @@ def config_errors(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """The errors found without torch and without building the data (what `--cfg job` checks).
 
     The config's own checks (keys, types, ranges, group choices, cross-key rules, the
-    trust of every `_target_`), the ranks and devices on this machine and the paths.
-    The data's sizes, the model against the data and the machine's memory, a forward
-    pass of your own model and loss, `model.init_from` and the checkpoint to resume are
-    left to `plan_or_errors`, which every run calls.
+    trust of every `_target_`), for whichever machine it is meant for
+    (clorch.plan.where.ANYWHERE): what this machine lacks (GPUs for backend=nccl or
+    precision=fp8, a package, a writable directory) is left to the run, so that a config
+    composed on a laptop for a cluster prints. The data's sizes, the model against the
+    data and the machine's memory, a forward pass of your own model and loss,
+    `model.init_from` and the checkpoint to resume are left to `plan_or_errors`, which
+    every run calls.
     """
-    return plan_or_errors(cfg, sized=False)[1]
+    return plan_or_errors(cfg, sized=False, machine=ANYWHERE)[1]
 
 
 def absolute(plan: Plan, base: str | os.PathLike) -> Plan:
@@ -467,8 +487,9 @@ def resolve(
     *,
     external: Any = None,
     sized: bool = True,
+    machine: Machine | None = None,
 ) -> Plan | None:
-    """Check `cfg` and resolve it on this machine into the launch plan.
+    """Check `cfg` and resolve it into the launch plan for the machine its ranks run on.
 
     Args:
         cfg: a composed config (Hydra's, or clorch.config.composer's), or an already checked
@@ -481,6 +502,9 @@ def resolve(
             (torchrun, srun) did, instead of the launcher config and this machine.
         sized: False runs only the checks that import no torch (see `config_errors`), makes
             no plan and returns None.
+        machine: where the ranks run (clorch.plan.where): None is this machine, as for
+            `external`; a sweep's jobs that a Hydra launcher plugin submits run on its
+            nodes (`job_machine`), whose hardware their ranks check there.
 
     Raises:
         ConfigError: every config, machine, data, path and resume error found, together.
@@ -490,7 +514,9 @@ def resolve(
     else:
         typed, problems = checked_partial(cfg, base=base)
     plan = (
-        None if typed is None else _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized)
+        None
+        if typed is None
+        else _build(typed, None if run_dir is None else Path(run_dir), problems, external, sized, machine)
     )
     if problems:
         raise ConfigError(problems)

@@ -5,7 +5,6 @@ path it trains on (torchvision's Inception returns its auxiliary logits only in 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
