@@ -38,6 +38,22 @@ from clorch.strategies.base import ModelSource, compile_mode_of, compiled
 from clorch.strategies.ddp import DDPStrategy
 
 
+def refuse_inexact_modules(model: nn.Module) -> None:
+    """Raise for a module whose state depends on which rank saw which data.
+
+    Raises:
+        ValueError: a BatchNorm layer (its running statistics are updated by each rank's own
+            micro-batches, so they differ by world size), named with the fix.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+            raise ValueError(
+                f"exact=true cannot make {type(module).__name__} {name or '(the model)'} exact: its running "
+                "statistics are updated by each rank's own micro-batches, so they depend on the world "
+                "size; use LayerNorm or GroupNorm, track_running_stats=False, or exact=false"
+            )
+
+
 def _deterministic_kernels(device: torch.device) -> None:
     """Kernels whose bits depend on the data alone. Local; once per rank, before the first kernel."""
     if device.type == "cpu":
@@ -84,6 +100,7 @@ class ExactDDPStrategy(DDPStrategy):
         broadcast per tensor where world_size > 1), then the optimizer over it."""
         _deterministic_kernels(self.device)
         raw = source.whole().to(self.device)
+        refuse_inexact_modules(raw)
         if self.world_size > 1:
             with torch.no_grad():
                 for tensor in [*raw.parameters(), *raw.buffers()]:
