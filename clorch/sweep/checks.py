@@ -10,6 +10,7 @@ hydra overrides), so both see one and the same sweep.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ from clorch.sweep.settings import (
     read_space_file,
 )
 from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
-from clorch.sweep.space import SearchSpace, parse_space
+from clorch.sweep.space import MAX_GRID, SearchSpace, parse_space, sweep_size
 
 
 @dataclass
@@ -91,7 +92,10 @@ def _mapping(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
         try:
             value = _typed(arg)
         except Exception as exc:  # Hydra's grammar error
-            errors.append(f"{arg}: {str(exc).strip().splitlines()[0]}")
+            errors.append(
+                f"{arg}: {str(exc).strip().splitlines()[0]}; a value with '=', spaces, commas or brackets is "
+                f"quoted for Hydra inside the shell's quotes: '{arg.partition('=')[0]}=\"...\"'"
+            )
             continue
         path = key.removeprefix("hydra.sweeper.").split(".")
         if path[0] == "params":  # {key: grammar}: keep the text as typed
@@ -114,35 +118,103 @@ def _merged(file: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def grid_lines(overrides: list[str], params: dict[str, str] | None) -> list[str]:
+    """The grid's overrides as its sweeper runs them (clorch.sweep.run.grid_jobs): `params`'s
+    {key: "a,b"} first, then the command line's, without the sweeper's own keys."""
+    return [f"{k}={v}" for k, v in (params or {}).items()] + [a for a in overrides if not _is_sweeper_key(a)]
+
+
+def grid_size_errors(lines: list[str], what: str = "the grid (hydra/sweeper=basic)") -> list[str]:
+    """Every error of a grid's sweeps before any is listed: an interval (no values to list), or
+    more than MAX_GRID combinations (ranges counted, not listed)."""
+    errors: list[str] = []
+    sizes: list[int] = []
+    for line in lines:
+        if line.partition("=")[0].lstrip("+~").replace("/", ".").split(".")[0] == "hydra":
+            continue
+        try:
+            override = OverridesParser.create().parse_overrides([line])[0]
+        except Exception:  # Hydra's grammar error: reported with the trial's checks
+            continue
+        if override.is_interval_sweep():
+            errors.append(
+                f"{override.input_line}: {what} runs listed values, and an interval lists none: search "
+                f"{override.key_or_group} with hydra/sweeper=optuna, or list values with choice(...) or range(...)"
+            )
+        size = sweep_size(override)
+        sizes.append(1 if size is None else size)
+    trials = math.prod(sizes)
+    if trials > MAX_GRID:
+        errors.append(
+            f"{what} holds {trials:,} trials{_factors(sizes)}; it runs at most "
+            f"{MAX_GRID:,}: narrow it, or search with hydra/sweeper=optuna and hydra.sweeper.n_trials"
+        )
+    return errors
+
+
+def _factors(sizes: list[int]) -> str:
+    """` (200 x 100)`: the sizes of a grid's sweeps, where there are two or more."""
+    factors = [f"{n:,}" for n in sizes if n > 1]
+    return f" ({' x '.join(factors)})" if len(factors) > 1 else ""
+
+
+def _read_grid(overrides: list[str], given: dict[str, Any], errors: list[str]) -> tuple[Sweep | None, list[str]]:
+    bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params")]
+    if "sampler" in given or bad:
+        return None, [
+            f"{', '.join(bad or ['hydra/sweeper/sampler'])} belongs to hydra/sweeper=optuna; the basic (grid) "
+            "sweeper takes hydra.sweeper.n_jobs, max_batch_size and params"
+        ]
+    settings, unknown = from_mapping(GridSettings, given)
+    errors = errors + unknown + grid_errors(settings)
+    params = settings.params if isinstance(settings.params, dict) else {}
+    return Sweep("basic", settings, None), errors + grid_size_errors(grid_lines(overrides, params))
+
+
+def _space_of(overrides: list[str], settings: OptunaSettings, file: dict[str, Any], given: dict[str, Any]) -> Any:
+    """(the search space, every error in it): a key of the file's params is named with its file."""
+    params = settings.params if isinstance(settings.params, dict) else {}
+    origin = {k: str(given["space"]) for k in file.get("params") or {} if k not in (given.get("params") or {})}
+    return parse_space([a for a in overrides if not _is_sweeper_key(a)], params, origin)
+
+
+def _grid_sampler_errors(space: SearchSpace) -> list[str]:
+    """Optuna's GridSampler lists every combination at its start: at most MAX_GRID."""
+    sizes = [p.size() for p in space.params]
+    if None in sizes or math.prod(sizes) <= MAX_GRID:
+        return []  # an interval is reported above
+    return [
+        f"hydra/sweeper/sampler=grid lists {math.prod(sizes):,} combinations{_factors(sizes)}; it lists at "
+        f"most {MAX_GRID:,}: narrow the "
+        "ranges and choices, or choose another sampler (tpe, random, qmc)"
+    ]
+
+
 def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
-    """(the sweep, every error in its sweeper keys, search-space file and search space)."""
+    """(the sweep, every error in its sweeper keys, search-space file and search space).
+
+    What is read stays bounded: a search-space file only as a regular file of at most
+    MAX_SPACE_FILE bytes, ranges counted rather than listed, grids of at most MAX_GRID
+    trials (clorch.sweep.space gives the space's own limits).
+    """
     name = chosen_sweeper(overrides)
     if name not in SWEEPERS:
         return None, [f"hydra/sweeper={name} is not allowed; choose one of: {', '.join(SWEEPERS)}"]
     given, errors = _mapping(overrides)
     if name == "basic":
-        bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params")]
-        if "sampler" in given or bad:
-            return None, [
-                f"{', '.join(bad or ['hydra/sweeper/sampler'])} belongs to hydra/sweeper=optuna; the basic (grid) "
-                "sweeper takes hydra.sweeper.n_jobs, max_batch_size and params"
-            ]
-        settings, unknown = from_mapping(GridSettings, given)
-        return Sweep(name, settings, None), errors + unknown + grid_errors(settings)
+        return _read_grid(overrides, given, errors)
     file: dict[str, Any] = {}
     if isinstance(given.get("space"), str):
         file, more = read_space_file(given["space"])
         errors += more
     settings, unknown = from_mapping(OptunaSettings, _merged(file, given))
     errors += unknown + optuna_errors(settings)
-    space, space_errors = parse_space(
-        [a for a in overrides if not _is_sweeper_key(a)], settings.params if isinstance(settings.params, dict) else {}
-    )
+    space, space_errors = _space_of(overrides, settings, file, given)
     errors += space_errors
-    if space is not None and not space.params:
+    if space is not None and not space.params and not errors:
         errors.append(
             "hydra/sweeper=optuna found nothing to search: give a search space, e.g. "
-            "'optim.lr=tag(log, interval(1e-4, 1e-1))', batch_size=choice(16,32), or hydra.sweeper.space=FILE"
+            "'optim.lr=tag(log, interval(1e-4, 1e-1))', 'batch_size=choice(16,32)', or hydra.sweeper.space=FILE"
         )
     if space is not None and settings.sampler.name == "grid":
         errors += [
@@ -150,6 +222,7 @@ def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
             for p in space.params
             if p.kind != "choice" and p.step is None
         ]
+        errors += _grid_sampler_errors(space)
     return Sweep(name, settings, space), errors
 
 
@@ -169,8 +242,8 @@ def sweep_errors(
     sweep, errors = read_sweep(overrides)
     if sweep is None or errors:
         return errors
-    if sweep.sweeper == "basic":
-        trial_lists = [[a for a in overrides if not _is_sweeper_key(a)]]
+    if sweep.sweeper == "basic":  # the grid's own lists: check_overrides composes up to its limit of them
+        trial_lists = [grid_lines(overrides, sweep.settings.params)]
     else:
         trial_lists = sweep.space.representative_overrides()
     for trial in trial_lists:

@@ -10,17 +10,21 @@ Their keys are those of Hydra's basic sweeper and of Hydra's Optuna sweeper plug
 where they mean the same, plus `n_jobs` for the grid and `objective`, `pruner`
 and `space` for Optuna. conf/hydra/sweeper/*.yaml hold the same defaults (a test
 keeps them equal). Nothing here names code: samplers and pruners are chosen by name.
-Standard library and PyYAML only: the command line checks a sweep without torch.
+Neither torch nor Optuna is imported: the command line checks a sweep without them
+(SQLAlchemy, Optuna's own dependency, only when a storage URL is given).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from clorch.sweep.space import param_key_error
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
 PRUNERS = ("none", "median", "hyperband")
@@ -29,6 +33,7 @@ SWEEPERS = ("basic", "optuna")
 STUDY_FILE = "optuna.db"  # the study's SQLite file in the sweep directory (no `storage` given)
 # What a search-space file may hold: the space and how to search it, never where results go.
 FILE_KEYS = ("params", "n_trials", "direction", "objective", "sampler", "pruner", "min_trials", "study_name")
+MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
 
 
 @dataclass
@@ -97,7 +102,56 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
-    return [e for e in found if e]
+    return [e for e in found if e] + storage_errors(s.storage)
+
+
+STORAGE_EXAMPLES = "e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db"
+
+
+def storage_errors(url: Any) -> list[str]:
+    """Every error in `hydra.sweeper.storage`, found before the sweep starts: a database URL as
+    SQLAlchemy reads them (Optuna's RDBStorage), of a dialect SQLAlchemy knows, whose driver is
+    installed and is not asyncio's; no `?plugin=` (which loads code into the sweep); SQLite in a
+    file whose directory exists (an in-memory database is not shared with the trials)."""
+    if url is None:
+        return []
+    if not isinstance(url, str) or not url:
+        return [f"hydra.sweeper.storage must be a database URL ({STORAGE_EXAMPLES}), got {url!r}"]
+    # lazy: SQLAlchemy (Optuna's dependency) only for a sweep that names a storage
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return [f"hydra.sweeper.storage={url} is not a database URL (DIALECT[+DRIVER]://...; {STORAGE_EXAMPLES})"]
+    where = f"hydra.sweeper.storage={parsed.render_as_string(hide_password=True)}"
+    if "plugin" in parsed.query:
+        return [f"{where}: ?plugin= is not allowed (it loads code into the sweep); leave it out"]
+    try:
+        dialect = parsed.get_dialect()
+        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()
+    except NoSuchModuleError:
+        return [f"{where}: {parsed.drivername} is not a database SQLAlchemy knows ({STORAGE_EXAMPLES})"]
+    except ImportError as exc:
+        return [f"{where}: its driver {exc.name or exc} is not installed; install it, or use sqlite:////PATH"]
+    if getattr(dialect, "is_async", False):
+        return [f"{where}: {parsed.drivername} is an asyncio driver; Optuna needs a blocking one ({STORAGE_EXAMPLES})"]
+    return _sqlite_errors(where, parsed)
+
+
+def _sqlite_errors(where: str, parsed: Any) -> list[str]:
+    if parsed.get_backend_name() != "sqlite":
+        return []
+    database = parsed.database or ""
+    if database in ("", ":memory:") or "mode=memory" in database:
+        return [f"{where} is a database in memory, which the trials' processes cannot reach ({STORAGE_EXAMPLES})"]
+    if database.startswith("file:"):  # an SQLite URI (?uri=true): SQLite reads it
+        return []
+    folder = Path(database).parent
+    if not folder.is_dir():
+        return [f"{where}: the folder {folder} does not exist; create it, or name a file in an existing folder"]
+    return []
 
 
 def from_mapping(cls: type, values: dict[str, Any], where: str = "hydra.sweeper") -> tuple[Any, list[str]]:
@@ -119,19 +173,19 @@ def from_mapping(cls: type, values: dict[str, Any], where: str = "hydra.sweeper"
 
 def read_space_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
     """(a search-space file's settings, every error). A search-space file is data, like a
-    recipe: it holds FILE_KEYS only (no `storage`, no `_target_`, no Hydra keys)."""
+    recipe: it holds FILE_KEYS only (no `storage`, no `_target_` at any depth, no Hydra keys),
+    and is read only when it is a regular file of at most MAX_SPACE_FILE bytes. What it holds
+    in error is left out of the settings returned."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        return {}, [f"hydra.sweeper.space={path}: cannot read it ({exc.strerror or exc})"]
-    except yaml.YAMLError as exc:
-        return {}, [f"hydra.sweeper.space={path} is not YAML: {str(exc).splitlines()[0]}"]
+    data, errors = _load_space_file(path)
+    if errors:
+        return {}, errors
     if data is None:
         data = {}
     if not isinstance(data, dict):
         return {}, [f"hydra.sweeper.space={path} must hold a mapping of {', '.join(FILE_KEYS)}"]
-    errors = []
+    nested = {k: v for k, v in data.items() if k not in ("params", "_target_")}  # those two: below
+    errors = [f"{path}: {key} is not allowed: a search-space file never names code" for key in _code_keys(nested)]
     for key in data:
         if key == "storage":
             errors.append(
@@ -140,15 +194,117 @@ def read_space_file(path: str | Path) -> tuple[dict[str, Any], list[str]]:
             )
         elif key not in FILE_KEYS:
             errors.append(f"{path}: {key} is not allowed in a search-space file; it takes: {', '.join(FILE_KEYS)}")
-    params = data.get("params") or {}
+    sampler, more = _file_sampler(path, data.get("sampler"))
+    params, most = _file_params(path, data.get("params"))
+    data = {**data, "params": params, **({"sampler": sampler} if "sampler" in data else {})}
+    return {k: v for k, v in data.items() if k in FILE_KEYS}, errors + more + most
+
+
+def _load_space_file(path: Path) -> tuple[Any, list[str]]:
+    """(a search-space file's YAML, every error), read only as a regular file of at most
+    MAX_SPACE_FILE bytes (a device such as /dev/zero, or a pipe, never ends), without YAML
+    aliases (`*name`, which can make a small file hold a huge document)."""
+    where = f"hydra.sweeper.space={path}"
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            return None, [f"{where} is not a regular file; a search-space file is a YAML file"]
+        if info.st_size > MAX_SPACE_FILE:
+            return None, [f"{where} holds {info.st_size:,} bytes; a search-space file holds at most {MAX_SPACE_FILE:,}"]
+        with path.open("rb") as file:
+            raw = file.read(MAX_SPACE_FILE + 1)
+    except OSError as exc:
+        return None, [f"{where}: cannot read it ({exc.strerror or exc})"]
+    if len(raw) > MAX_SPACE_FILE:  # it grew since it was measured
+        return None, [f"{where} holds more than {MAX_SPACE_FILE:,} bytes; a search-space file holds at most that"]
+    try:
+        return yaml.load(raw.decode("utf-8"), Loader=_SpaceLoader), []
+    except UnicodeDecodeError:
+        return None, [f"{where} is not UTF-8 text"]
+    except _AliasError:
+        return None, [f"{where} uses a YAML alias (*name); a search-space file writes each value out"]
+    except RecursionError:
+        return None, [f"{where} nests its YAML too deeply"]
+    except yaml.YAMLError as exc:
+        return None, [f"{where} is not YAML: {str(exc).splitlines()[0]}"]
+
+
+class _AliasError(Exception):
+    pass
+
+
+class _SpaceLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasError
+        return super().compose_node(parent, index)
+
+
+def _code_keys(data: Any, where: str = "") -> list[str]:
+    """The dotted paths of every `_target_` key in a loaded YAML document (the top level's
+    included), where Hydra would import and call what it names."""
+    found = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            path = f"{where}{key}"
+            if "_target_" in str(key).lstrip("+~").split("."):
+                found.append(path)
+            found += _code_keys(value, f"{path}.")
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            found += _code_keys(value, f"{where}{index}.")
+    return found
+
+
+def _file_sampler(path: Path, sampler: Any) -> tuple[Any, list[str]]:
+    """(a space file's `sampler`, without keys it may not hold; every error naming the file)."""
+    if not isinstance(sampler, dict):
+        return sampler, []
+    names = [f.name for f in dataclasses.fields(SamplerSettings)]
+    errors = [
+        f"{path}: sampler.{key} is not a key of the sampler; it takes: {', '.join(names)} "
+        f"(e.g. sampler: {{name: tpe, seed: 0}}; name is one of: {', '.join(SAMPLERS)})"
+        for key in sampler
+        if key not in names and key != "_target_"
+    ]
+    return {k: v for k, v in sampler.items() if k in names}, errors
+
+
+def _file_params(path: Path, params: Any) -> tuple[dict[str, str], list[str]]:
+    """(a space file's `params` as {key: grammar text}, every error naming the file and the key)."""
+    if params is None:
+        return {}, []
     if not isinstance(params, dict):
-        errors.append(f"{path}: params must map keys to sweep grammar, got {type(params).__name__}")
-        params = {}
+        return {}, [f"{path}: params must map keys to sweep grammar, got {type(params).__name__}"]
+    out, errors = {}, []
     for key, value in params.items():
-        if "_target_" in str(key).split(".") or str(key).split(".")[0].split("/")[0] == "hydra":
-            errors.append(f"{path}: params.{key} is not allowed: a search space may not name code or Hydra keys")
-    data = {**data, "params": {str(k): _grammar(v) for k, v in params.items()}}
-    return {k: v for k, v in data.items() if k in FILE_KEYS}, errors
+        key = str(key)
+        error = param_key_error(key, f"{path}: ") or _mapping_error(path, key, value)
+        if error:
+            errors.append(error)
+        else:
+            out[key] = _grammar(value)
+    return out, errors
+
+
+def _mapping_error(path: Path, key: str, value: Any) -> str | None:
+    """An error for a mapping where a space file's param takes one grammar string or a list."""
+    if not isinstance(value, dict):
+        return None
+    if value and set(map(str, value)) <= {"low", "high", "log", "step"}:
+        low, high = value.get("low", "LOW"), value.get("high", "HIGH")
+        form = f"interval({low}, {high})"
+        return (
+            f"{path}: params.{key} is a mapping ({', '.join(map(str, value))}); a range is written in Hydra's "
+            f"grammar: {key}: {form}, or {key}: tag(log, {form}) on a log scale"
+        )
+    first = next(iter(value), "KEY")
+    return (
+        f"{path}: params.{key} is a mapping; a search space takes one dotted key per parameter, with its "
+        f"grammar as the value: {key}.{first}: tag(log, interval(1e-4, 1e-1)), or a YAML list for a choice"
+    )
 
 
 def _grammar(value: Any) -> str:
