@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "checkpoint": ("clorch.bench.checkpoint", "save_checkpoint/load_checkpoint vs torch.save/torch.load"),
     "sweep": ("clorch.bench.sweep", "a sweep's trials side by side and pruned vs one at a time; a trial's fixed cost"),
     "runner": ("clorch.bench.runner", "clorch's training loop vs a plain PyTorch loop (GPT-2 small, GPU)"),
+    "exact": ("clorch.bench.exact", "exact=true vs the default on the same run: the cost of bitwise reproducibility"),
 }
 
 
