@@ -124,7 +124,7 @@ def grid_lines(overrides: list[str], params: dict[str, str] | None) -> list[str]
     return [f"{k}={v}" for k, v in (params or {}).items()] + [a for a in overrides if not _is_sweeper_key(a)]
 
 
-def grid_size_errors(lines: list[str], what: str = "the grid (hydra/sweeper=basic)") -> list[str]:
+def grid_size_errors(lines: list[str]) -> list[str]:
     """Every error of a grid's sweeps before any is listed: an interval (no values to list), or
     more than MAX_GRID combinations (ranges counted, not listed)."""
     errors: list[str] = []
@@ -138,15 +138,16 @@ def grid_size_errors(lines: list[str], what: str = "the grid (hydra/sweeper=basi
             continue
         if override.is_interval_sweep():
             errors.append(
-                f"{override.input_line}: {what} runs listed values, and an interval lists none: search "
-                f"{override.key_or_group} with hydra/sweeper=optuna, or list values with choice(...) or range(...)"
+                f"{override.input_line}: the grid (hydra/sweeper=basic) runs listed values, and an interval lists "
+                f"none: search {override.key_or_group} with hydra/sweeper=optuna, or list values with choice(...) "
+                "or range(...)"
             )
         size = sweep_size(override)
         sizes.append(1 if size is None else size)
     trials = math.prod(sizes)
     if trials > MAX_GRID:
         errors.append(
-            f"{what} holds {trials:,} trials{_factors(sizes)}; it runs at most "
+            f"the grid (hydra/sweeper=basic) holds {trials:,} trials{_factors(sizes)}; it runs at most "
             f"{MAX_GRID:,}: narrow it, or search with hydra/sweeper=optuna and hydra.sweeper.n_trials"
         )
     return errors
@@ -185,8 +186,7 @@ def _grid_sampler_errors(space: SearchSpace) -> list[str]:
         return []  # an interval is reported above
     return [
         f"hydra/sweeper/sampler=grid lists {math.prod(sizes):,} combinations{_factors(sizes)}; it lists at "
-        f"most {MAX_GRID:,}: narrow the "
-        "ranges and choices, or choose another sampler (tpe, random, qmc)"
+        f"most {MAX_GRID:,}: narrow the ranges and choices, or choose another sampler (tpe, random, qmc)"
     ]
 
 
@@ -204,14 +204,15 @@ def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
     if name == "basic":
         return _read_grid(overrides, given, errors)
     file: dict[str, Any] = {}
+    file_errors: list[str] = []
     if isinstance(given.get("space"), str):
-        file, more = read_space_file(given["space"])
-        errors += more
+        file, file_errors = read_space_file(given["space"])
+        errors += file_errors
     settings, unknown = from_mapping(OptunaSettings, _merged(file, given))
     errors += unknown + optuna_errors(settings)
     space, space_errors = _space_of(overrides, settings, file, given)
     errors += space_errors
-    if space is not None and not space.params and not errors:
+    if space is not None and not space.params and not file_errors:  # a file's wrong params: named above
         errors.append(
             "hydra/sweeper=optuna found nothing to search: give a search space, e.g. "
             "'optim.lr=tag(log, interval(1e-4, 1e-1))', 'batch_size=choice(16,32)', or hydra.sweeper.space=FILE"

@@ -155,12 +155,17 @@ def _sqlite_errors(where: str, parsed: Any) -> list[str]:
 
 
 def from_mapping(cls: type, values: dict[str, Any], where: str = "hydra.sweeper") -> tuple[Any, list[str]]:
-    """(an instance of settings class `cls` from `values`, every unknown key as an error)."""
+    """(an instance of settings class `cls` from `values`, every unknown key as an error).
+
+    The sweeper's own `_target_` (its class, which Hydra's config names) is passed over; one
+    within it (`sampler._target_`) is an error: samplers are chosen by name."""
     names = {f.name for f in dataclasses.fields(cls)}
     errors = [
-        f"{where}.{key} is not a key of this sweeper; it takes: {', '.join(sorted(names))}"
+        f"{where}.{key} is not allowed: samplers are chosen by name, {where}.name=NAME (one of: {', '.join(SAMPLERS)})"
+        if key == "_target_"
+        else f"{where}.{key} is not a key of this sweeper; it takes: {', '.join(sorted(names))}"
         for key in values
-        if key not in names and key != "_target_"
+        if key not in names and not (key == "_target_" and where == "hydra.sweeper")
     ]
     kwargs = {k: v for k, v in values.items() if k in names}
     if cls is OptunaSettings and isinstance(kwargs.get("sampler"), dict):

@@ -304,6 +304,17 @@ def _lines(overrides: list[str], params: dict[str, str]) -> tuple[list[str], lis
     return lines, errors
 
 
+def _parse_line(line: str, where: str | None) -> tuple[Param | None, str | None]:
+    """(the parameter of one override line or None for a fixed value, its error); an error
+    starts with `where` the line was written, if not on the command line."""
+    try:
+        return parse_param(OverridesParser.create().parse_overrides([line])[0]), None
+    except ValueError as exc:
+        return None, f"{where}: {exc}" if where else str(exc)
+    except Exception as exc:  # Hydra's grammar error
+        return None, f"{where + ': ' if where else ''}{line}: {str(exc).strip().splitlines()[0]}"
+
+
 def parse_space(
     overrides: list[str], params: dict[str, str] | None = None, origin: dict[str, str] | None = None
 ) -> tuple[SearchSpace | None, list[str]]:
@@ -325,16 +336,10 @@ def parse_space(
     fixed: list[str] = []
     written = {f"{k}={v}": (origin or {}).get(k) for k, v in (params or {}).items()}
     for line in lines:
-        where = written.get(line)  # None: typed on the command line
-        try:
-            param = parse_param(OverridesParser.create().parse_overrides([line])[0])
-        except ValueError as exc:
-            errors.append(f"{where}: {exc}" if where else str(exc))
-            continue
-        except Exception as exc:  # Hydra's grammar error
-            errors.append(f"{where + ': ' if where else ''}{line}: {str(exc).strip().splitlines()[0]}")
-            continue
-        if param is None:
+        param, error = _parse_line(line, written.get(line))
+        if error:
+            errors.append(error)
+        elif param is None:
             fixed.append(line)
         else:
             found.append(param)

@@ -33,6 +33,13 @@ def test_a_space_file_names_no_code_at_any_depth(tmp_path):
     assert settings["sampler"] == {"name": "tpe"}
 
 
+def test_a_sampler_is_chosen_by_name_on_the_command_line_too():
+    assert _errors("seed=choice(1, 2)", "hydra.sweeper.sampler._target_=os.system") == [
+        "hydra.sweeper.sampler._target_ is not allowed: samplers are chosen by name, hydra.sweeper.sampler.name=NAME "
+        "(one of: tpe, random, grid, cmaes, qmc)"
+    ]
+
+
 def test_a_space_files_sampler_takes_its_keys_only_naming_the_file(tmp_path):
     path = _file(tmp_path, "sampler: {nme: random}\nparams:\n  seed: [1, 2]\n")
     (error,) = _errors(f"hydra.sweeper.space={path}")
