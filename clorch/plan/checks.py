@@ -21,6 +21,7 @@ from clorch.config.schema import BACKENDS, GPTConfig, TrainConfig
 from clorch.launch.config import check_nodes
 from clorch.launch.gpus import resolve_ranks, visible_gpus
 from clorch.plan.where import Machine
+from clorch.plan.interrupted import reraise_interrupt
 
 
 def top_backend(cfg: Any) -> str | None:
@@ -262,7 +263,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
         sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
             model = build_model_for(cfg, sizes)
-    except Exception:  # a user model that cannot be built on the meta device: not checked here
+    except Exception as exc:  # a user model that cannot be built on the meta device: not checked here
+        reraise_interrupt(exc)
         return []
     gpu = _gpu_memory(cfg.launcher, ranks_here) if backend == "nccl" else None
     try:

@@ -19,6 +19,7 @@ from clorch.config.checks import complete
 from clorch.launch.gpus import visible_gpus
 from clorch.builders.model import build_model_for
 from clorch.plan.where import Machine
+from clorch.plan.interrupted import reraise_interrupt
 
 SECTIONS = ("precision", "model")  # the sections whose options may need something of the machine
 
@@ -83,7 +84,8 @@ def liger_errors(cfg: Any) -> list[str]:
     try:
         with torch.device("meta"):
             model = build_model_for(cfg)
-    except Exception:  # reported by the model checks, or built on the ranks
+    except Exception as exc:  # reported by the model checks, or built on the ranks
+        reraise_interrupt(exc)
         return []
     problem = unsupported(model)
     return [problem] if problem else []

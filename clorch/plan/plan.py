@@ -67,6 +67,7 @@ from clorch.plan.checks import (
 from clorch.plan.machine import liger_errors, machine_errors
 from clorch.plan.resume import ResumeFit, resume_fit
 from clorch.plan.where import ANYWHERE, Machine
+from clorch.plan.interrupted import reraise_interrupt
 from clorch.config import registry
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
@@ -165,7 +166,8 @@ def _dataclasses_within(cls: type, found: dict[tuple[str, str], type]) -> None:
     found[key] = cls
     try:
         hints = list(typing.get_type_hints(cls).values())
-    except Exception:  # a hint that does not resolve here: its defaults below still count
+    except Exception as exc:  # a hint that does not resolve here: its defaults below still count
+        reraise_interrupt(exc)
         hints = []
     held = [f.default for f in fields(cls) if f.default is not MISSING]
     held += [f.default_factory() for f in fields(cls) if f.default_factory is not MISSING]
@@ -286,6 +288,7 @@ def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backe
     except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
         problems += _data_error(cfg, exc, problems)
     except Exception as exc:  # a dataset of yours raised while being built
+        reraise_interrupt(exc)
         problems.append(f"data._target_={cfg.data.target}: building it raised {type(exc).__name__}: {exc}")
     return sizes
 

@@ -25,6 +25,7 @@ from typing import Any
 from clorch._checkpoint_names import SHARDED_MARKER, SHARDED_STEP_NAME, step_checkpoints
 from clorch.config.schema import CUDA_GRAPH_MODES, TargetModelConfig, TrainConfig
 from clorch.env import restart_count
+from clorch.plan.interrupted import reraise_interrupt
 
 RECORD_KEY = "run"
 
@@ -290,6 +291,7 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
         try:
             body = _read(path)
         except Exception as exc:  # CheckpointError (torch's side), OSError, ValueError
+            reraise_interrupt(exc)
             if cfg.checkpoint.resume == "latest" or restarted:
                 continue  # the ranks skip a damaged checkpoint for the one before it
             return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])

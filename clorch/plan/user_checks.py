@@ -25,6 +25,7 @@ from clorch.builders.data import build_splits, is_user_data, model_sizes_of, use
 from clorch.builders.model import build_model_for, data_sized_defaults
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
 from clorch.config.targets import TargetBuildError, has_target
+from clorch.plan.interrupted import reraise_interrupt
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
 _SHOWN = 5  # parameter names listed in an error; the count says how many there are in all
@@ -113,12 +114,14 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     try:
         batch = train.batch(indices)
     except Exception as exc:  # the user's __getitem__ or collate_fn
+        reraise_interrupt(exc)
         how = f"data.collate_fn._target_={data.collate_fn['_target_']}" if data.collate_fn else "default_collate"
         return [f"data._target_={data.target}: items {indices} do not make a batch with {how}: {_where(exc)}"]
     sizes = train.model_kwargs()
     try:
         model = build_model_for(cfg, sizes)
     except Exception as exc:
+        reraise_interrupt(exc)
         return [
             f"{_built_key(cfg, exc)}: cannot be built for data._target_={data.target}: {_where(exc)}"
             f"{_dict_hint(cfg)}{_rejected_hint(cfg, exc)}{_sizes_hint(cfg, sizes)}"
@@ -126,6 +129,7 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
     try:
         ungraded = _trial_step(cfg, train, model, batch)
     except Exception as exc:
+        reraise_interrupt(exc)
         return [
             f"data._target_={data.target}: a batch of items {indices} does not fit {_step_name(cfg)} "
             f"(tried on the CPU before launch): {_where(exc)}{_sizes_hint(cfg, sizes)}"
@@ -214,12 +218,14 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
         with torch.device("meta"):
             model = build_model_for(cfg, sizes)
     except Exception as exc:
+        reraise_interrupt(exc)
         if not _is_meta_gap(exc):
             return [_build_error(cfg, exc)]
         return _on_the_cpu(cfg, sizes, train, indices)
     try:
         ungraded = _trial_step(cfg, train, model, _meta_batch(train, indices))
     except Exception as exc:
+        reraise_interrupt(exc)
         if not _is_meta_gap(exc):
             return [_forward_error(cfg, exc)]
         return _on_the_cpu(cfg, sizes, train, indices)
@@ -232,10 +238,12 @@ def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -
     try:
         model = build_model_for(cfg, sizes)
     except Exception as exc:
+        reraise_interrupt(exc)
         return [_build_error(cfg, exc)]
     try:
         ungraded = _trial_step(cfg, train, model, train.batch(indices))
     except Exception as exc:
+        reraise_interrupt(exc)
         return [_forward_error(cfg, exc)]
     return _ungraded_errors(cfg, ungraded, f"a batch of data={cfg.data.name}")
 
@@ -261,6 +269,7 @@ def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[st
         try:
             loss.backward()
         except Exception as exc:
+            reraise_interrupt(exc)
             if _is_meta_gap(exc):  # not checked, rather than the whole model built on the CPU for it
                 return []
             raise
@@ -321,6 +330,7 @@ def init_from_errors(cfg: TrainConfig) -> list[str]:
         sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
             model = build_model_for(cfg, sizes)
-    except Exception:  # reported by the data and model checks; nothing to compare against
+    except Exception as exc:  # reported by the data and model checks; nothing to compare against
+        reraise_interrupt(exc)
         return []
     return fit_errors(model, weights, strict=cfg.model.init_strict, key=f"model.init_from={path}")
