@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clorch.config.composer import format_value
-from clorch.sweep.slots import Slot
+from clorch.config.composer import format_value, recipe_file
+from clorch.config.overrides import compose_once
+from clorch.sweep.slots import ALONE_CPU_RANKS, Slot
 
 CONSOLE = "console.log"  # a side-by-side trial's console output, in its run directory
 POLL_S = 0.2
@@ -58,8 +59,50 @@ class Ended:
 
 
 def trial_args(overrides: list[str], run_dir: Path, hydra_args: list[str]) -> list[str]:
-    """clorch-train's arguments for one trial: its overrides, in its own directory."""
-    return [*overrides, *hydra_args, f"hydra.run.dir={format_value(str(run_dir))}"]
+    """clorch-train's arguments for one trial: its overrides, in its own directory.
+
+    A recipe file is registered under a name (`+recipe=file_NAME`) in the process that read the
+    command line; a trial is a clorch-train process of its own, so it gets the file's path again.
+    """
+    return [*map(_recipe_path, overrides), *hydra_args, f"hydra.run.dir={format_value(str(run_dir))}"]
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def _recipe_path(override: str) -> str:
+    key, sep, value = override.partition("=")
+    path = recipe_file(value) if sep and _key(override) == "recipe" else None
+    return f"{key}={format_value(str(path))}" if path is not None else override
+
+
+def sized_to_slot(overrides: list[str], slot: Slot) -> tuple[list[str], str | None]:
+    """A trial's overrides on `slot`, and what they change (None: nothing).
+
+    A trial whose ranks are `auto` (launcher.nproc_per_node) runs its slot's ranks, which may be
+    fewer than a run alone gets (clorch.sweep.slots.ranks_per_trial); it then accumulates as many
+    micro-batches more, so that its global batch (batch_size x ranks x accumulation), its steps and
+    so its result are a lone run's, whatever n_jobs (as a resume onto fewer ranks keeps the
+    checkpoint's global batch). A trial whose config does not compose is left as it is: it
+    reports its own errors.
+    """
+    config, _ = compose_once([o for o in overrides if not _key(o).startswith("hydra")])
+    launcher = (config.get("launcher") if config is not None else None) or {}
+    if launcher.get("name") != "local" or launcher.get("nproc_per_node") != "auto" or launcher.get("devices"):
+        return overrides, None
+    on_gpus = bool(slot.gpus) and config.get("backend") in ("auto", "nccl")
+    alone = slot.alone if on_gpus else ALONE_CPU_RANKS
+    ranks = slot.ranks if on_gpus or not slot.gpus else ALONE_CPU_RANKS  # gloo ranks on a GPU machine: 2
+    if ranks == alone:
+        return overrides, None
+    assert alone % ranks == 0, (alone, ranks)  # ranks_per_trial picks a divisor
+    accumulation = int(config.get("accumulation") or 1) * alone // ranks
+    change = (
+        f"launcher.nproc_per_node=auto is {alone} rank(s) for a run alone; a trial side by side runs {ranks} "
+        f"with accumulation={accumulation}: the same global batch"
+    )
+    return [*overrides, f"launcher.nproc_per_node={ranks}", f"accumulation={accumulation}"], change
 
 
 def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:
@@ -118,6 +161,7 @@ class Pool:
     def __init__(self, slots: list[Slot], hydra_args: list[str]) -> None:
         self.slots, self.hydra_args = slots, hydra_args
         self.running: dict[int, Running] = {}
+        self.said: set[str] = set()  # what sized_to_slot changed, said once a sweep
 
     def free(self) -> list[Slot]:
         busy = {r.slot.index for r in self.running.values()}
@@ -127,6 +171,10 @@ class Pool:
         """Start trial `number` on a free slot (there must be one); return the slot."""
         slot = self.free()[0]
         run_dir.mkdir(parents=True, exist_ok=True)
+        overrides, change = sized_to_slot(overrides, slot)
+        if change is not None and change not in self.said:
+            self.said.add(change)
+            print(f"clorch-train: {change}", flush=True)
         args = (trial_args(overrides, run_dir, self.hydra_args), {**slot.environ(), **env}, set(slot.cores))
         console = str(run_dir / CONSOLE)
         if mp.current_process().daemon:  # multiprocessing lets a daemonic process start none of its own

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 from clorch.launch.gpus import visible_gpus
 
+ALONE_CPU_RANKS = 2  # clorch's own `auto` without GPUs (clorch.launch.gpus.resolve_ranks)
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -26,6 +28,7 @@ class Slot:
     gpus: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries; empty on CPU
     cores: tuple[int, ...]  # CPU cores (the trial's affinity)
     ranks: int  # the trial's ranks on this node
+    alone: int = ALONE_CPU_RANKS  # the ranks `auto` gives a run alone on this machine (alone_ranks)
 
     def environ(self) -> dict[str, str]:
         """The environment a trial on this slot starts with (over the sweep's own)."""
@@ -47,14 +50,29 @@ def machine(environ: Mapping[str, str] | None = None) -> tuple[list[str], list[i
     return visible_gpus(environ), sorted(os.sched_getaffinity(0))
 
 
+def alone_ranks(gpus: list[str] | tuple[str, ...]) -> int:
+    """The ranks `launcher.nproc_per_node=auto` gives a run alone on this machine: one per GPU,
+    or 2 CPU ranks."""
+    return len(gpus) if gpus else ALONE_CPU_RANKS
+
+
 def ranks_per_trial(nproc: Any, n_jobs: int, gpus: list[str], cores: list[int]) -> int:
     """A trial's ranks: `launcher.nproc_per_node` when it is a number; `auto` shares the
-    machine's GPUs (or, without GPUs, its cores) evenly between the `n_jobs` trials."""
+    machine's GPUs (or, without GPUs, its cores) between the `n_jobs` trials, never giving a
+    trial more ranks than a run alone has, and always a divisor of those: a trial with fewer
+    ranks keeps a lone run's global batch by accumulating (`clorch.sweep.pool.sized_to_slot`),
+    so that its result does not depend on how many trials run beside it."""
     if isinstance(nproc, int) and not isinstance(nproc, bool):
         return nproc
-    if n_jobs == 1:
-        return len(gpus) if gpus else 2  # clorch's own `auto`: one rank per GPU, or 2 CPU ranks
-    return max(1, (len(gpus) if gpus else len(cores)) // n_jobs)
+    alone = alone_ranks(gpus)
+    share = max(1, (len(gpus) if gpus else len(cores)) // n_jobs)
+    return max(r for r in range(1, min(alone, share) + 1) if alone % r == 0)
+
+
+_FEWER = (
+    "lower n_jobs, or give each trial fewer ranks with launcher.nproc_per_node (and keep the global batch, "
+    "batch_size x ranks x accumulation, by raising accumulation as much)"
+)
 
 
 def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int]) -> list[Slot]:
@@ -68,18 +86,17 @@ def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int]) -> li
         if n_jobs * ranks > len(gpus):
             raise ValueError(
                 f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} rank(s) need {n_jobs * ranks} GPUs at once; "
-                f"this machine has {len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus)}): lower n_jobs or "
-                "launcher.nproc_per_node"
+                f"this machine has {len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus)}): {_FEWER}"
             )
         per_cores = max(1, len(cores) // n_jobs)
         return [
-            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks) for i in range(n_jobs)
+            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks, len(gpus))
+            for i in range(n_jobs)
         ]
     if n_jobs * ranks > len(cores):
         raise ValueError(
             f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} CPU rank(s) need {n_jobs * ranks} cores at once "
-            f"(one a rank); this machine has {len(cores)} (cores {','.join(map(str, cores))}): lower n_jobs or "
-            "launcher.nproc_per_node"
+            f"(one a rank); this machine has {len(cores)} (cores {','.join(map(str, cores))}): {_FEWER}"
         )
     per = len(cores) // n_jobs
     return [Slot(i, (), tuple(cores[i * per : (i + 1) * per]), ranks) for i in range(n_jobs)]
