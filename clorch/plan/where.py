@@ -98,14 +98,7 @@ def job_machine(overrides: Sequence[str], environ: Mapping[str, str] | None = No
     nodes = _count(keys, "nodes", 1, problems) or 1
     gpus, named = _declared_gpus(keys, tasks, problems)
     if plugin == "submitit_local":
-        here = Machine.here(environ)
-        local = f"{HERE} (hydra/launcher=submitit_local gives a job {named})"
-        if gpus > len(here.gpus or ()):
-            problems.append(
-                f"{named} asks for {gpus} GPU(s), but {HERE} shows {len(here.gpus or ())} and "
-                "hydra/launcher=submitit_local runs its jobs here: ask for fewer"
-            )
-        return replace(here, where=local, gpus=(here.gpus or ())[:gpus], tasks_per_node=tasks, problems=tuple(problems))
+        return _local_machine(gpus, named, tasks, problems, environ)
     path = (os.environ if environ is None else environ).get("PATH")
     missing = [command for command in ("sbatch", "srun") if shutil.which(command, path=path) is None]
     if missing:
@@ -123,6 +116,20 @@ def job_machine(overrides: Sequence[str], environ: Mapping[str, str] | None = No
         nodes=nodes,
         problems=tuple(problems),
     )
+
+
+def _local_machine(
+    gpus: int, named: str, tasks: int, problems: list[str], environ: Mapping[str, str] | None
+) -> Machine:
+    """This machine as hydra/launcher=submitit_local gives a job its first `gpus` GPUs."""
+    here = Machine.here(environ)
+    if gpus > len(here.gpus or ()):
+        problems.append(
+            f"{named} asks for {gpus} GPU(s), but {HERE} shows {len(here.gpus or ())} and "
+            "hydra/launcher=submitit_local runs its jobs here: ask for fewer"
+        )
+    where = f"{HERE} (hydra/launcher=submitit_local gives a job {named})"
+    return replace(here, where=where, gpus=(here.gpus or ())[:gpus], tasks_per_node=tasks, problems=tuple(problems))
 
 
 def _count(keys: Mapping[str, str], name: str, default: int, problems: list[str]) -> int | None:
