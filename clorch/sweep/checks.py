@@ -98,8 +98,10 @@ def _mapping(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
             )
             continue
         path = key.removeprefix("hydra.sweeper.").split(".")
-        if path[0] == "params":  # {key: grammar}: keep the text as typed
-            values.setdefault("params", {})[".".join(path[1:])] = arg.partition("=")[2]
+        if path[0] == "params":  # {key: grammar}: the text as typed, or a quoted string's text, as Hydra's
+            # composed config holds it ('hydra.sweeper.params.seed="1,2"': Hydra refuses a sweep unquoted)
+            text = value if isinstance(value, str) else arg.partition("=")[2]
+            values.setdefault("params", {})[".".join(path[1:])] = text
             continue
         node = values
         for part in path[:-1]:

@@ -144,3 +144,12 @@ def test_a_grid_that_cannot_be_listed_is_refused_naming_the_key_or_its_size(over
 def test_a_grid_within_its_limit_is_read():
     sweep, errors = read_sweep(["seed=range(0, 100)", "batch_size=range(1, 101)"])
     assert errors == [] and sweep.sweeper == "basic"
+
+
+def test_the_grids_params_are_swept_and_checked_as_hydras_basic_sweeper_would():
+    overrides = ['hydra.sweeper.params.seed="1,abc"', "max_steps=2"]
+    sweep, errors = read_sweep(overrides)
+    assert errors == [] and sweep.settings.params == {"seed": "1,abc"}
+    checks = _Checks()
+    sweep_errors(overrides, checks.check, checks.compose)
+    assert checks.checked == [["seed=1,abc", "max_steps=2"]]  # each of its values is checked
