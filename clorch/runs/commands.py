@@ -30,12 +30,14 @@ def _key(arg: str) -> str:
 def train_args(run: Run) -> list[str] | None:
     """The clorch-train arguments that give this run's config again, or None when unknown.
 
-    A sweep's trial: its own overrides (one combination). A single run: the
-    arguments typed (env.json's argv, where recorded), else Hydra's record of
-    its overrides, else env.json's command line minus what clorch-train added.
+    A sweep's trial: its own overrides (one combination): the arguments its own
+    clorch-train process was given (a side-by-side trial), else Hydra's record.
+    A single run: the arguments typed (env.json's argv, where recorded), else
+    Hydra's record of its overrides, else env.json's command line minus what
+    clorch-train added.
     """
     typed = run.env.get("argv")
-    if run.sweep is None and isinstance(typed, list) and all(isinstance(a, str) for a in typed):
+    if isinstance(typed, list) and all(isinstance(a, str) for a in typed) and (run.sweep is None or _own(typed, run)):
         args = typed[1:] if typed and Path(typed[0]).name.startswith("clorch-train") else typed
         return [a for a in args if _key(a) not in _ADDED and a not in _MULTIRUN_FLAGS]
     if run.raw_overrides or (run.path / ".hydra" / "overrides.yaml").is_file():
@@ -44,6 +46,14 @@ def train_args(run: Run) -> list[str] | None:
     if isinstance(command, list) and command and Path(str(command[0])).name.startswith("clorch-train"):
         return [str(a) for a in command[1:] if _key(str(a)) not in _ADDED and a not in _MULTIRUN_FLAGS]
     return None
+
+
+def _own(typed: list[str], run: Run) -> bool:
+    """Whether `typed` started this sweep trial as a process of its own (a side-by-side trial's
+    clorch-train, given its run directory): its recipe files are named by their paths there."""
+    cwd = _cwd(run) or "."
+    dirs = [a.partition("=")[2] for a in typed if _key(a) == "hydra.run.dir"]
+    return any(Path(cwd, d.strip("'\"")).resolve() == run.path.resolve() for d in dirs)
 
 
 def rerun_command(run: Run) -> str:

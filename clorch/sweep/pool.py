@@ -102,7 +102,8 @@ def sized_to_slot(overrides: list[str], slot: Slot) -> tuple[list[str], str | No
         f"launcher.nproc_per_node=auto is {alone} rank(s) for a run alone; a trial side by side runs {ranks} "
         f"with accumulation={accumulation}: the same global batch"
     )
-    return [*overrides, f"launcher.nproc_per_node={ranks}", f"accumulation={accumulation}"], change
+    kept = [o for o in overrides if _key(o) not in ("launcher.nproc_per_node", "accumulation")]
+    return [*kept, f"launcher.nproc_per_node={ranks}", f"accumulation={accumulation}"], change
 
 
 def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:

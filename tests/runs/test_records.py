@@ -200,3 +200,22 @@ def test_a_sweep_heads_the_full_listing_only(tmp_path, capsys, monkeypatch):
     assert statuses() == ["sweep", "pruned", "succeeded", "pruned"]
     assert statuses("--status", "pruned") == ["pruned", "pruned"]
     assert statuses("--sort", "loss") == ["pruned", "succeeded", "pruned"]
+
+
+def test_a_side_by_side_trials_rerun_names_its_recipe_file_by_path(tmp_path):
+    """The trial's own clorch-train was given the file's path; Hydra recorded the name it was registered by."""
+    recipe = tmp_path / "recipes" / "tiny.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text("# @package _global_\n")
+    sweep = tmp_path / "multirun" / "s"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    argv = ["clorch-train", f"+recipe={recipe}", "seed=2", "hydra.run.dir=multirun/s/1"]
+    path = _run_dir(
+        tmp_path,
+        "multirun/s/1",
+        summary={"status": "succeeded"},
+        overrides=["+recipe=file_tiny", "++seed=2"],
+        env={"cwd": str(tmp_path), "argv": argv},
+    )
+    assert rerun_command(Run(path)) == f"cd {tmp_path} && clorch-train +recipe={recipe} seed=2"
