@@ -19,6 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd
 from omegaconf import DictConfig
 
+from hydra_plugins.clorch_sweepers import register_sweepers
+
 from clorch.cli.outcome import OUTCOME
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.composer import CONFIG_PATH
@@ -128,6 +130,7 @@ def run_hydra(args: list[str], run_dir: str | Path | None = None) -> int:
     could record its end leaves summary.json there (interrupted), as in a sweep's job's.
     """
     GlobalHydra.instance().clear()  # the checks may have composed in-process
+    register_sweepers()  # found however clorch was installed (an editable install hides them from Hydra's scan)
     OUTCOME.start()
     last_statuses.clear()
     saved = sys.argv
