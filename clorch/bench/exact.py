@@ -41,7 +41,7 @@ PRESETS = {
 
 def _token_file(directory: Path, vocab: int, count: int) -> Path:
     """A headerless uint16 token file of random ids below `vocab` (the data is beside the point)."""
-    import numpy as np
+    import numpy as np  # lazy: kept out of clorch-bench's start, like torch
 
     path = directory / "train.bin"
     np.random.default_rng(0).integers(0, vocab, size=count, dtype=np.uint16).tofile(path)
