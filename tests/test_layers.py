@@ -156,3 +156,15 @@ def test_config_describes_and_checks_without_torch_or_builders():
             if re.match(r"(import|from) torch\b", statement) or re.match(rf"(import|from) {builders}", statement):
                 problems.append(f"{path.relative_to(ROOT)}:{number}: {statement}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_sweep_lives_in_one_package_and_its_library_internals_in_one_module():
+    # Sweeps: clorch.sweep alone (its summary and plots included); Hydra's and Optuna's private APIs
+    # only in clorch/sweep/_private_apis.py, where a test checks each one.
+    assert not (ROOT / "clorch" / "engine" / "sweep.py").exists()
+    private = re.compile(r"^\s*(from|import) hydra\._internal\b|\._trial_id\b|\bstudy\.sampler\s*=[^=]", re.M)
+    for path in (ROOT / "clorch").rglob("*.py"):
+        if path == ROOT / "clorch" / "sweep" / "_private_apis.py":
+            continue
+        found = private.search(path.read_text())
+        assert not found, (path, found.group(0))

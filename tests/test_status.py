@@ -11,7 +11,7 @@ from clorch.cli.outcome import Outcome
 from clorch.config.checks import EXIT_STATUS
 from clorch.engine.results import JobEnd, PreflightVerdict, RunSummary
 from clorch.engine.summary import preflight_lines, summary_lines
-from clorch.engine.sweep import SweepRow
+from clorch.sweep.summary import SweepRow
 from clorch.runs.records import STATUSES
 from clorch.status import Status
 

@@ -38,7 +38,7 @@ from clorch.engine.outputs import write_json
 from clorch.engine.run import execute
 from clorch.engine.results import RunResult, RunSummary, last_step
 from clorch.engine.summary import record_interrupted_start, show, summary_lines
-from clorch.engine.sweep import last_statuses
+from clorch.sweep.report import last_statuses
 from clorch.launch.external import detect as detect_external
 from clorch.status import Status
 

@@ -17,6 +17,7 @@ then ends with `Interrupted`, and running the same command again continues it.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,7 @@ def run_trials(source: Source, runner: HydraRunner | PoolRunner, show_ends: bool
     Raises:
         Interrupted: a signal stopped the sweep (the running trials were stopped first and
             the source told how they ended).
+        Exception: what the source raised (the running trials were stopped first, untold).
     """
     try:
         while True:
@@ -167,6 +169,9 @@ def run_trials(source: Source, runner: HydraRunner | PoolRunner, show_ends: bool
     except Interrupted as exc:
         for spec, run_dir in runner.interrupt(exc.signum):
             _tell(source, spec, run_dir, show_ends)
+        raise
+    except Exception:  # the source failed (its study's storage): no trial outlives the sweep
+        runner.interrupt(signal.SIGTERM)
         raise
 
 

@@ -6,7 +6,12 @@ same reading `clorch-train` checked before anything started), picks the runner
 (trials side by side with n_jobs > 1 under Hydra's basic launcher; through
 Hydra's launcher otherwise) and the source (the grid, or an Optuna study), and
 runs the trials (clorch.sweep.driver). sweep_summary.csv/.md, the best trial and
-the plots are written when Hydra's multirun ends (clorch.engine.sweep).
+the plots are written when Hydra's multirun ends (clorch.sweep.report).
+
+Before anything is written into the sweep directory, the sweep takes its lock and
+checks that the directory holds no other sweep (clorch.sweep.directory); a sweep
+refused there, or whose study's storage cannot be used, says why in a line and
+runs nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +19,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from clorch.config.checks import ConfigError
+from clorch.config.composer import format_value
 from clorch.engine.results import RunSummary
-from clorch.sweep.checks import read_sweep
+from clorch.status import Status
+from clorch.sweep import report
+from clorch.sweep._private_apis import grid_combinations, runs_in_process
+from clorch.sweep.checks import Sweep, read_sweep
+from clorch.sweep.directory import SweepIdentity, SweepLock, check_identity
+from clorch.sweep.errors import StorageError, SweepRefused
 from clorch.sweep.driver import (
     RESUME,
     UNFINISHED,
@@ -66,8 +76,7 @@ class GridSource:
 def grid_jobs(arguments: list[str], params: dict[str, str] | None) -> list[list[str]]:
     """Every combination of the grid, in the order Hydra's basic sweeper runs them."""
     lines = [f"{k}={v}" for k, v in (params or {}).items()] + list(arguments)
-    overrides = OverridesParser.create().parse_overrides(lines)
-    return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    return grid_combinations(OverridesParser.create().parse_overrides(lines))
 
 
 def _trial_hydra_args(hydra_overrides: list[str]) -> list[str]:
@@ -82,8 +91,7 @@ def _pool(config: DictConfig, n_jobs: int, sweep_dir: Path) -> PoolRunner:
 
 
 def _runner(config: DictConfig, launcher: Any, n_jobs: int, sweep_dir: Path) -> HydraRunner | PoolRunner:
-    in_process = type(launcher).__name__ == "BasicLauncher"
-    if n_jobs > 1 and in_process:
+    if n_jobs > 1 and runs_in_process(launcher):
         return _pool(config, n_jobs, sweep_dir)
     return HydraRunner(launcher, sweep_dir, n_jobs)
 
@@ -137,8 +145,60 @@ def _run_tracked(config: DictConfig, source: Any, runner: HydraRunner | PoolRunn
         close(status)
 
 
+def _described(param: Any) -> str:
+    """A searched key's space, as sweep.json records it (the same however it was quoted)."""
+    if param.kind == "choice":
+        return "choice(" + ", ".join(format_value(v) for v in param.choices) + ")"
+    kind = "int " if param.kind == "int" else ""
+    if param.step is not None:
+        return f"{kind}range({param.low}, {param.high}, step {param.step})"
+    return f"{kind}{'log ' if param.log else ''}interval({param.low}, {param.high})"
+
+
+def identity_of(sweep: Sweep, arguments: list[str], sweep_dir: Path) -> SweepIdentity:
+    """What makes this sweep the same sweep when it is continued (clorch.sweep.directory)."""
+    settings = sweep.settings
+    if sweep.sweeper == "basic":
+        lines = [f"{k}={v}" for k, v in (settings.params or {}).items()] + list(arguments)
+        return SweepIdentity("basic", {a.partition("=")[0].lstrip("+~"): a.partition("=")[2] for a in lines})
+    from clorch.sweep.storage import study_name  # lazy: Optuna only for its sweeper
+
+    fixed = {a.partition("=")[0].lstrip("+~"): a.partition("=")[2] for a in sweep.space.fixed}
+    searched = {p.key: _described(p) for p in sweep.space.params}
+    study = {"name": study_name(settings, sweep_dir), "storage": settings.storage}
+    return SweepIdentity("optuna", {**fixed, **searched}, settings.objective, settings.direction, study)
+
+
+def _source(sweep: Sweep, arguments: list[str], sweep_dir: Path, uid: str) -> Any:
+    if sweep.sweeper == "optuna":
+        from clorch.sweep.study import StudySource  # lazy: Optuna only for its sweeper
+
+        return StudySource(sweep.settings, sweep.space, sweep_dir, uid)
+    return GridSource(grid_jobs(arguments, sweep.settings.params), sweep_dir)
+
+
+def _start(config: DictConfig, sweep: Sweep, arguments: list[str], sweep_dir: Path) -> Any:
+    """The sweep's source of trials, once its directory is its own (its lock taken, its identity
+    checked and recorded). Raises SweepRefused, or StorageError (the study's storage)."""
+    identity = identity_of(sweep, arguments, sweep_dir)
+    # hydra.sweeper.continue_changed: clorch.sweep.settings holds the key of both sweepers
+    changes = check_identity(sweep_dir, identity, getattr(sweep.settings, "continue_changed", False))
+    if changes:
+        say(
+            f"continuing the sweep in {sweep_dir} with changes, as hydra.sweeper.continue_changed asks: "
+            f"{'; '.join(changes)}"
+        )
+    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    return _source(sweep, arguments, sweep_dir, identity.uid)
+
+
 def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
     """Run the sweep that `config` (Hydra's multirun config) and its overrides describe.
+
+    A sweep refused before its first trial (its directory in use or holding another sweep,
+    its study another sweep's or lost, its storage unusable) says why and runs nothing;
+    one whose storage fails during the trials stops its running trials and says why:
+    either way clorch.sweep.report records how it ended (the exit status).
 
     Raises:
         ConfigError: the sweep's keys or space are wrong (clorch-train checked them before;
@@ -150,15 +210,25 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
         raise ConfigError(errors)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(config, sweep_dir / "multirun.yaml")
-    runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
-    if sweep.sweeper == "optuna":
-        from clorch.sweep.study import StudySource  # lazy: Optuna only for its sweeper
-
-        source: Any = StudySource(sweep.settings, sweep.space, sweep_dir, arguments)
-    else:
-        source = GridSource(grid_jobs(arguments, sweep.settings.params), sweep_dir)
-    if isinstance(runner, PoolRunner):
-        say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
-        source = _RankedSource(source, runner)
-    _run_tracked(config, source, runner, sweep_dir)
+    lock = SweepLock(sweep_dir)
+    try:
+        lock.acquire()
+        report.hold_until_summarized(lock)  # released once the summary is written, or here on an error
+        source = base = _start(config, sweep, arguments, sweep_dir)
+    except SweepRefused as exc:
+        return report.refused(exc.errors)
+    except StorageError as exc:
+        return report.refused([str(exc)], Status.FAILED)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
+        if isinstance(runner, PoolRunner):
+            say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
+            source = _RankedSource(source, runner)
+        _run_tracked(config, source, runner, sweep_dir)
+    except (StorageError, SweepRefused) as exc:
+        report.failed(str(exc))
+    finally:
+        getattr(base, "close", lambda: None)()  # the study's heartbeats

@@ -1,21 +1,26 @@
-"""The Optuna sweeper's source of trials: a study in the sweep directory, asked one trial at a time.
+"""The Optuna sweeper's source of trials: a study, asked one trial at a time.
 
-The study lives in SWEEP_DIR/optuna.db (SQLite) unless `hydra.sweeper.storage`
-names another storage, under the sweep directory's name unless
-`hydra.sweeper.study_name` gives one. Running the sweep's command again with the
-same `hydra.sweep.dir` loads the same study: its finished and pruned trials are
-kept, a trial that was cut off runs again in its own directory (from its latest
+Where the study lives, and how it is checked to be this sweep's: clorch.sweep.storage.
+Running the sweep's command again with the same `hydra.sweep.dir` loads the same
+study: its finished and pruned trials are kept, a trial that was cut off
+(clorch.sweep.heartbeat) runs again in its own directory (from its latest
 checkpoint when it writes checkpoints), and new trials are asked until the study
-holds `n_trials`.
+holds `n_trials` (or the grid sampler has tried its whole grid).
 
 The same seed gives the same trials: each trial's sampler is seeded with the
 sampler's seed plus the trial's number (the QMC sampler, whose sequence is the
 seed's, with the seed), so a sweep that was stopped and continued asks, with
 n_jobs=1, what the uninterrupted sweep would have asked.
+
+A trial that succeeded is told to the study with its objective, a finite number from
+its summary's final metrics; without one (a misspelt `objective`, a NaN loss) the study
+records it failed and the console says why. A trial's directory that already holds a
+finished trial is never given to a new one.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +28,38 @@ import optuna
 
 from clorch.engine.results import RunSummary
 from clorch.status import Status
+from clorch.sweep._private_apis import trial_id
+from clorch.sweep.errors import SweepRefused
 from clorch.sweep.driver import RESUME, UNFINISHED, TrialSpec, say, writes_checkpoints
-from clorch.sweep.settings import STUDY_FILE, OptunaSettings
+from clorch.sweep.heartbeat import Heartbeats, cut_off
+from clorch.sweep.settings import OptunaSettings
 from clorch.sweep.space import SearchSpace
-from clorch.train.trial import ENV, TrialLink, make_pruner, open_storage
+from clorch.sweep.storage import open_study, storage_errors, where
+from clorch.train.trial import ENV, TrialLink, make_pruner
 
 DEFAULT_OBJECTIVE = "eval_loss"  # else the final train loss, for a trial whose summary lacks it
 
 
-def objective_of(summary: RunSummary, objective: str | None) -> float | None:
-    """The trial's objective from its summary's final metrics (None: it has none)."""
+def read_objective(summary: RunSummary, objective: str | None) -> tuple[float | None, str | None]:
+    """(the trial's objective from its summary's final metrics, None and why when it has none)."""
     final = summary.final or {}
-    if objective is not None:
-        value = final.get(objective)
-    else:
-        value = final.get(DEFAULT_OBJECTIVE, final.get("loss"))
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    name = objective or (DEFAULT_OBJECTIVE if DEFAULT_OBJECTIVE in final else "loss")
+    value = final.get(name)
+    if value is None:
+        wanted = (
+            f"hydra.sweeper.objective={objective}" if objective else f"the objective ({DEFAULT_OBJECTIVE}, else loss)"
+        )
+        return None, f"{wanted} is not in its final metrics (it has: {', '.join(sorted(final)) or 'none'})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"its {name} is {value!r}, not a number"
+    if not math.isfinite(value):
+        return None, f"its {name} is {value}, which no trial can be ranked by"
+    return float(value), None
+
+
+def objective_of(summary: RunSummary, objective: str | None) -> float | None:
+    """The trial's objective from its summary's final metrics (None: it has none, or not a finite one)."""
+    return read_objective(summary, objective)[0]
 
 
 def make_sampler(settings: OptunaSettings, space: SearchSpace, number: int) -> Any:
@@ -47,9 +68,9 @@ def make_sampler(settings: OptunaSettings, space: SearchSpace, number: int) -> A
     trial_seed = None if seed is None else seed + number
     if name == "random":
         return optuna.samplers.RandomSampler(seed=trial_seed)
-    if name == "grid":
+    if name == "grid":  # the seed orders the grid: every trial's sampler must see one order
         grid = {p.key: _grid_values(p) for p in space.params}
-        return optuna.samplers.GridSampler(grid, seed=trial_seed)
+        return optuna.samplers.GridSampler(grid, seed=seed)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=trial_seed)
     if name == "qmc":
@@ -67,22 +88,21 @@ def _grid_values(param: Any) -> list[Any]:
 
 
 class StudySource:
-    """Trials from an Optuna study (clorch.sweep.driver.Source)."""
+    """Trials from an Optuna study (clorch.sweep.driver.Source); `close` when the sweep ends.
 
-    def __init__(self, settings: OptunaSettings, space: SearchSpace, sweep_dir: Path, overrides: list[str]) -> None:
+    Raises (from any method): StorageError, the storage failed; SweepRefused, the study
+    is not this sweep's or would send a new trial into a finished trial's directory.
+    """
+
+    def __init__(self, settings: OptunaSettings, space: SearchSpace, sweep_dir: Path, uid: str) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # clorch says what happens to each trial
         self.settings, self.space, self.sweep_dir = settings, space, sweep_dir
-        self.storage_url = settings.storage or f"sqlite:///{(sweep_dir / STUDY_FILE).resolve()}"
-        self.name = settings.study_name or sweep_dir.name
-        self.study = optuna.create_study(
-            study_name=self.name,
-            storage=open_storage(self.storage_url),
-            direction=settings.direction,
-            pruner=make_pruner(settings.pruner, settings.min_trials),
-            load_if_exists=True,
-        )
-        self._fixed_sampler = None if settings.sampler.seed is not None else make_sampler(settings, space, 0)
-        self.cut_off = [t for t in self.study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        self.where = where(settings, sweep_dir)
+        self.study, self.storage, self.storage_url, self.name = open_study(settings, sweep_dir, uid)
+        self._fixed: Any = None  # without a seed: one study object, one sampler for every trial
+        with storage_errors(self.where):
+            self.heartbeats = Heartbeats(self.storage, uid)
+            self.cut_off = cut_off(self.study.trials, uid, own_file=not settings.storage)
         self._announce()
 
     def _announce(self) -> None:
@@ -90,17 +110,19 @@ class StudySource:
         if not trials:
             return
         kept = [t for t in trials if t.state.is_finished()]
+        elsewhere = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials) - len(self.cut_off)
+        live = f"; {elsewhere} running in another sweep, left to it" if elsewhere else ""
         say(
             f"continuing the sweep in {self.sweep_dir}: study {self.name!r} holds {len(kept)} finished trial(s), "
-            f"kept; {len(self.cut_off)} cut off, run again; up to {self.settings.n_trials} in all"
+            f"kept; {len(self.cut_off)} cut off, run again{live}; up to {self.settings.n_trials} in all"
         )
 
-    def _spec(self, trial_id: int, number: int, params: dict[str, Any], resume: bool) -> TrialSpec:
+    def _spec(self, trial_id_: int, number: int, params: dict[str, Any], resume: bool) -> TrialSpec:
         values = {p.key: p.decode(params[p.key]) for p in self.space.params}
         link = TrialLink(
             storage=self.storage_url,
             study=self.name,
-            trial_id=trial_id,
+            trial_id=trial_id_,
             objective=self.settings.objective or DEFAULT_OBJECTIVE,
             pruner=self.settings.pruner,
             min_trials=self.settings.min_trials,
@@ -109,27 +131,67 @@ class StudySource:
         label = " ".join(p.override(values[p.key]) for p in self.space.params)
         return TrialSpec(number, overrides, {ENV: link.to_env()}, label)
 
+    def _asking(self, number: int) -> Any:
+        """The study object that asks trial `number`, with that trial's sampler."""
+        if self.settings.sampler.seed is None and self._fixed is not None:
+            return self._fixed
+        study = optuna.load_study(
+            study_name=self.name,
+            storage=self.storage,
+            sampler=make_sampler(self.settings, self.space, number),
+            pruner=make_pruner(self.settings.pruner, self.settings.min_trials),
+        )
+        if self.settings.sampler.seed is None:
+            self._fixed = study
+        return study
+
     def next(self) -> TrialSpec | None:
-        if self.cut_off:
-            trial = self.cut_off.pop(0)
-            resume = writes_checkpoints(self.sweep_dir / str(trial.number))
-            return self._spec(trial._trial_id, trial.number, trial.params, resume)
-        if len(self.study.trials) >= self.settings.n_trials:
-            return None
-        number = len(self.study.trials)
-        self.study.sampler = self._fixed_sampler or make_sampler(self.settings, self.space, number)
-        trial = self.study.ask({p.key: p.distribution() for p in self.space.params})
-        return self._spec(trial._trial_id, trial.number, trial.params, resume=False)
+        with storage_errors(self.where):
+            if self.cut_off:
+                trial = self.cut_off.pop(0)
+                self.heartbeats.mark(trial_id(trial))
+                resume = writes_checkpoints(self.sweep_dir / str(trial.number))
+                return self._spec(trial_id(trial), trial.number, trial.params, resume)
+            number = len(self.study.trials)
+            if number >= self.settings.n_trials:
+                return None
+            asking = self._asking(number)
+            if isinstance(asking.sampler, optuna.samplers.GridSampler) and asking.sampler.is_exhausted(asking):
+                return None  # every point of the grid tried: the sweep ends, as Optuna's optimize would
+            trial = asking.ask({p.key: p.distribution() for p in self.space.params})
+            self._refuse_finished_dir(trial)
+            self.heartbeats.mark(trial_id(trial))
+            return self._spec(trial_id(trial), trial.number, trial.params, resume=False)
+
+    def _refuse_finished_dir(self, trial: Any) -> None:
+        run_dir = self.sweep_dir / str(trial.number)
+        if (run_dir / "summary.json").exists():
+            self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            raise SweepRefused(
+                [
+                    f"{self.where} asked for trial {trial.number}, but {run_dir} holds a finished trial the study "
+                    "does not know (was the study replaced?): restore the study, or choose another hydra.sweep.dir"
+                ]
+            )
 
     def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
         state = optuna.trial.TrialState
-        if summary.status in UNFINISHED:
-            return  # cut off: the study keeps it running, and continuing the sweep runs it again
-        if summary.status is Status.PRUNED:
-            self.study.tell(spec.number, state=state.PRUNED)
-            return
-        value = objective_of(summary, self.settings.objective) if summary.status is Status.SUCCEEDED else None
-        if value is None:
-            self.study.tell(spec.number, state=state.FAIL)
-        else:
-            self.study.tell(spec.number, value)
+        tid = TrialLink.from_env(spec.env).trial_id
+        with storage_errors(self.where):
+            if summary.status in UNFINISHED:
+                self.heartbeats.release(tid)  # cut off: continuing the sweep runs it again
+                return
+            self.heartbeats.ended(tid)
+            if summary.status is Status.PRUNED:
+                self.study.tell(spec.number, state=state.PRUNED)
+                return
+            value, why = read_objective(summary, self.settings.objective)
+            if summary.status is Status.SUCCEEDED and value is None:
+                say(f"trial {spec.number}: {why}; the study records it failed")
+            if value is None or summary.status is not Status.SUCCEEDED:
+                self.study.tell(spec.number, state=state.FAIL)
+            else:
+                self.study.tell(spec.number, value)
+
+    def close(self) -> None:
+        self.heartbeats.close()

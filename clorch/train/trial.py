@@ -5,8 +5,12 @@ environment variable CLORCH_TRIAL: a JSON object naming the study (`storage`,
 `study`), the trial (`trial_id`), the metric to report (`objective`) and the
 pruner (`pruner`, `min_trials`). It is inherited by the trial's ranks. At every
 eval (`eval_every`), rank 0 reports the metric to the study and asks the pruner;
-the answer is broadcast, so every rank stops at that same eval. A run started
-without CLORCH_TRIAL (every run outside a sweep) reports nothing and is never pruned.
+the answer is broadcast, so every rank stops at that same eval. What rank 0 learns
+from the study, an answer or an error (the storage cannot be reached), is broadcast
+the same way, so every rank raises together and none waits in a collective for a
+rank that has failed (as optuna-integration's TorchDistributedTrial does). A run
+started without CLORCH_TRIAL (every run outside a sweep) reports nothing and is
+never pruned.
 """
 
 from __future__ import annotations
@@ -65,13 +69,13 @@ def make_pruner(name: str, min_trials: int) -> Any:
 
 
 def open_storage(url: str) -> Any:
-    """Optuna's storage at `url`; SQLite waits for a lock for up to 60 s, since the trials of
+    """Optuna's storage (an RDBStorage) at `url`; SQLite waits for a lock for up to 60 s, since the trials of
     a sweep report to one file at once."""
     import optuna  # lazy: only a sweep's processes need Optuna
 
     if url.startswith("sqlite:"):
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return url
+    return optuna.storages.RDBStorage(url)
 
 
 def eval_metric(objective: str, metrics: Mapping[str, float]) -> float | None:
@@ -83,20 +87,35 @@ def eval_metric(objective: str, metrics: Mapping[str, float]) -> float | None:
     return None if value is None else float(value)
 
 
+class StudyUnreachable(RuntimeError):
+    """Rank 0 could not reach the sweep's study; raised on every other rank at the same eval
+    (rank 0 raises its own error there)."""
+
+
+CONTINUE, PRUNE, FAILED = 0, 1, 2  # what rank 0 broadcasts at each eval
+
+
 class TrialReporter:
     """Rank 0 reports each eval to the study and asks the pruner; every rank learns the answer.
 
     `should_stop` is collective when the job has more than one rank: every rank must
-    call it at the same eval (one broadcast from rank 0; it blocks until rank 0 has
-    heard from the study). Raises what Optuna's storage raises on rank 0 (the
-    study cannot be reached): the trial fails rather than run unreported.
+    call it at the same eval (one broadcast from rank 0, `broadcast_flag`, of CONTINUE,
+    PRUNE or FAILED; it blocks until rank 0 has heard from the study). When rank 0 could
+    not reach the study (here, or when it loaded it before training), it broadcasts
+    FAILED and raises what Optuna's storage raised, while every other rank raises
+    StudyUnreachable: all at the same eval, so the trial fails rather than run
+    unreported and no rank waits in a collective for one that has failed.
     """
 
     def __init__(self, link: TrialLink, rank: int, broadcast_flag: Any) -> None:
         self.link, self.rank, self._broadcast = link, rank, broadcast_flag
         self._trial = None
+        self._error: Exception | None = None  # rank 0's, raised at the next eval with the others
         if rank == 0:  # before training starts: Optuna's import and the study's load are not training time
-            self._optuna_trial()
+            try:
+                self._optuna_trial()
+            except Exception as exc:  # the storage: said at the first eval, on every rank together
+                self._error = exc
 
     def _optuna_trial(self) -> Any:
         if self._trial is None:
@@ -110,12 +129,28 @@ class TrialReporter:
             self._trial = optuna.trial.Trial(study, self.link.trial_id)
         return self._trial
 
-    def should_stop(self, step: int, metrics: Mapping[str, float]) -> bool:
-        decision = False
-        if self.rank == 0:
+    def _decide(self, step: int, metrics: Mapping[str, float]) -> int | bool:
+        """Rank 0's answer: whether to prune (a bool), or FAILED (its error kept to raise)."""
+        if self._error is not None:
+            return FAILED
+        try:
             value = eval_metric(self.link.objective, metrics)
-            if value is not None:
-                trial = self._optuna_trial()
-                trial.report(value, step)
-                decision = self.link.pruner != "none" and trial.should_prune()
-        return bool(self._broadcast(decision))
+            if value is None:
+                return False
+            trial = self._optuna_trial()
+            trial.report(value, step)
+            return self.link.pruner != "none" and bool(trial.should_prune())
+        except Exception as exc:  # the storage: broadcast first, so that no rank waits for this one
+            self._error = exc
+            return FAILED
+
+    def should_stop(self, step: int, metrics: Mapping[str, float]) -> bool:
+        answer = self._broadcast(self._decide(step, metrics) if self.rank == 0 else False)
+        if answer == FAILED or (self._error is not None and self.rank == 0):
+            if self._error is not None:
+                raise self._error
+            raise StudyUnreachable(
+                f"rank 0 could not report step {step} to the sweep's study {self.link.study!r} "
+                f"({self.link.storage}); its error is in rank 0's output"
+            )
+        return bool(answer)

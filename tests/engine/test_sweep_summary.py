@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from clorch.engine.interrupts import Interrupted, at_interrupt, interrupts_raise
-from clorch.engine.sweep import NOT_STARTED, collect, planned_jobs, write_summary
+from clorch.sweep.summary import NOT_STARTED, collect, planned_jobs, write_summary
 from tests.clirunner import start_clorch_train
 from tests.engine.test_interrupts import ARGS, _env, _wait_for_a_checkpoint
 

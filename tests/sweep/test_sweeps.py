@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from clorch.sweep.directory import SweepLock
 from clorch.train.trial import TrialLink, TrialReporter
 from tests.clirunner import run_clorch_train, run_clorch_train_batch, start_clorch_train
 
@@ -194,3 +195,35 @@ def test_the_rank_reports_each_eval_and_the_median_pruner_stops_a_trial_behind_t
     assert optuna.load_study(study_name="s", storage=storage).trials[2].intermediate_values == {2: 0.9}
     assert TrialLink.from_env({"CLORCH_TRIAL": slow.link.to_env()}) == slow.link
     assert TrialLink.from_env({}) is None
+
+
+def test_a_misspelt_objective_fails_the_sweep_and_a_sweep_in_use_or_changed_is_refused(tmp_path):
+    sweep_dir = tmp_path / "objective"
+
+    def sweep(steps: int) -> list[str]:
+        return [
+            "-m",
+            *TINY,
+            f"max_steps={steps}",
+            "hydra/sweeper=optuna",
+            "optim.lr=interval(1e-4, 1e-1)",
+            "hydra.sweeper.n_trials=1",
+            "hydra.sweeper.objective=eval_los",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+
+    done = run_clorch_train(sweep(2), tmp_path, env=_env(), timeout=200)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "trial 0: hydra.sweeper.objective=eval_los is not in its final metrics (it has: " in done.stdout
+    assert "no trial reported the objective eval_los" in done.stdout and "best trial" not in done.stdout
+    lock = SweepLock(sweep_dir)  # another sweep runs there
+    lock.acquire()
+    try:
+        (in_use,) = run_clorch_train_batch([(sweep(2), tmp_path)], env=_env(), timeout=120)
+    finally:
+        lock.release()
+    (changed,) = run_clorch_train_batch([(sweep(3), tmp_path)], env=_env(), timeout=120)
+    assert in_use.returncode == 2 and f"hydra.sweep.dir={sweep_dir} is in use by another sweep" in in_use.stderr
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert "max_steps=2 before, max_steps=3 now" in changed.stderr
+    assert [r["status"] for r in _rows(sweep_dir)] == ["succeeded"], "the refused sweeps ran nothing"

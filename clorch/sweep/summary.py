@@ -1,4 +1,4 @@
-"""The sweep summary: one row per job of a `clorch-train -m` multirun.
+"""The sweep summary: one row per job of a `clorch-train -m` multirun (written by clorch.sweep.report).
 
 Hydra runs each combination as its own job (each a multi-rank launch with a
 fresh port) in `multirun/DATE/TIME/N/`; at the end `SweepSummaryCallback`
@@ -18,32 +18,26 @@ failed job: the sweep exits 1.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import logging
-import shlex
-import sys
-import warnings
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from clorch.engine.interrupts import Interrupted, at_interrupt
-from clorch.engine.outputs import command_line
 from clorch.engine.results import RunSummary
 from clorch.status import Status
+from clorch.sweep._private_apis import BASIC_SWEEPER, grid_combinations
 
 METRICS = ("loss", "eval_loss", "eval_exact")
 RESULTS = ("status", "objective", "steps", "pruned_at", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
 RUN_DIR = "run_dir"  # the last column: where the trial's outputs are
 NOT_STARTED = Status.NOT_STARTED  # a job an interrupted sweep did not reach
 # The grid sweepers whose jobs are known before they run: clorch's (hydra/sweeper=basic) and Hydra's.
-GRID_SWEEPERS = ("hydra_plugins.clorch_sweepers.GridSweeper", f"{BasicSweeper.__module__}.{BasicSweeper.__name__}")
+GRID_SWEEPERS = ("hydra_plugins.clorch_sweepers.GridSweeper", BASIC_SWEEPER)
+OPTUNA_SWEEPER = "hydra_plugins.clorch_sweepers.OptunaSweeper"  # its trials must report the objective
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
@@ -73,7 +67,7 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     try:
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        return grid_combinations(overrides)
     except Exception:  # e.g. a glob over a config group, which needs Hydra's config loader
         return None
 
@@ -152,19 +146,32 @@ class Objective:
 
     name: str | None = None
     direction: str = "minimize"
+    required: bool = False  # a search (the Optuna sweeper): a trial without it failed, as its study says
 
     @classmethod
     def of(cls, sweeper: Any) -> "Objective":
         """The objective a sweeper's config names (Hydra's basic sweeper names none)."""
-        return cls(sweeper.get("objective"), sweeper.get("direction") or "minimize")
+        required = sweeper.get("_target_") == OPTUNA_SWEEPER
+        return cls(sweeper.get("objective"), sweeper.get("direction") or "minimize", required)
 
     @property
     def label(self) -> str:
         return self.name or "eval_loss"
 
     def value(self, final: dict[str, Any]) -> float | None:
+        """The objective in a job's final metrics; None without one, or when it is not a finite number
+        (a NaN loss ranks nothing)."""
         value = final.get(self.name) if self.name else final.get("eval_loss", final.get("loss"))
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    def counted_status(self, row: "SweepRow") -> Status:
+        """The row's status as the sweep counts it: a search's trial that succeeded without a
+        finite objective failed (its study recorded it so)."""
+        if self.required and row.status is Status.SUCCEEDED and row.objective is None:
+            return Status.FAILED
+        return row.status
 
     def best(self, rows: list["SweepRow"]) -> "SweepRow | None":
         """The succeeded row with the best objective (None: no such row)."""
@@ -244,100 +251,3 @@ def write_summary(
     lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in flat]
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
-
-
-# The statuses of the last sweep's jobs, read by `clorch-train` for its exit status: with
-# hydra/launcher=submitit_* the jobs run in other processes, which report only through their
-# summary.json files.
-last_statuses: list[Status] = []
-
-
-class SweepSummaryCallback(Callback):
-    """Hydra callback (configured in conf/config.yaml): summarize the sweep when it ends,
-    also when a signal interrupts it (Hydra then skips `on_multirun_end`)."""
-
-    def __init__(self) -> None:
-        self._cancel: Callable[[], None] | None = None
-        self._planned: list[list[str]] | None = None
-        self._objective = Objective()
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        self._planned = planned_jobs(config)
-        self._objective = Objective.of(config.hydra.sweeper)
-        self._cancel = at_interrupt(lambda exc: self._summarize(sweep_dir, exc))
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self._cancel is not None:
-            self._cancel()
-        self._summarize(Path(config.hydra.sweep.dir))
-
-    def _summarize(self, sweep_dir: Path, interrupt: Interrupted | None = None) -> None:
-        if not sweep_dir.is_dir():
-            return  # interrupted before the sweep made its directory: no job ran
-        planned = self._planned if interrupt is not None else None
-        rows = collect(sweep_dir, planned, interrupt is not None, self._objective)
-        last_statuses[:] = [row.status for row in rows]
-        _, md_path = write_summary(sweep_dir, planned, interrupt is not None, self._objective)
-        if interrupt is None:
-            print(f"clorch-train: sweep summary in {md_path} (and .csv)")
-        else:
-            print(
-                f"clorch-train: sweep interrupted by {interrupt.signal_name}; its summary (every job's "
-                f"status) in {md_path} (and .csv)"
-            )
-        print(md_path.read_text())
-        for line in best_lines(rows, self._objective):
-            print(line)
-        plot_sweep(sweep_dir)
-        if interrupt is not None:
-            print(f"clorch-train: continue the sweep with: {continue_command(sweep_dir)}", file=sys.stderr)
-
-
-def best_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
-    """The console's word on the best trial: its objective, its overrides and the command that reruns it."""
-    best = objective.best(rows)
-    if best is None:
-        return []
-    overrides = [f"{k}={v}" if k != "recipe" else f"+recipe={v}" for k, v in best.overrides.items()]
-    return [
-        f"clorch-train: best trial {best.job}: {objective.label} {best.objective:.6g} "
-        f"({objective.direction}d) with {' '.join(overrides)}; outputs in {best.run_dir}",
-        f"clorch-train: rerun it with: clorch-train {' '.join(shlex.quote(o) for o in overrides)}",
-    ]
-
-
-def continue_command(sweep_dir: Path) -> str:
-    """The command that continues this sweep: the one typed, in the same sweep directory."""
-    typed = [a for a in command_line()[1:] if not a.startswith("hydra.sweep.dir=")]
-    return " ".join(shlex.quote(a) for a in ["clorch-train", *typed, f"hydra.sweep.dir={sweep_dir}"])
-
-
-def plot_sweep(sweep_dir: Path) -> None:
-    """With matplotlib and an Optuna study in the sweep directory: the objective per trial
-    (sweep_history.png) and per parameter (sweep_params.png), by Optuna's matplotlib plots."""
-    study_file = sweep_dir / "optuna.db"
-    if not study_file.exists() or importlib.util.find_spec("matplotlib") is None:
-        return
-    try:
-        import matplotlib  # lazy: optional (clorch[plot])
-
-        matplotlib.use("Agg")
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its notes on category axes
-        import optuna  # lazy: a sweep with an Optuna study only
-        import optuna.visualization.matplotlib as plots  # lazy: as optuna
-
-        storage = f"sqlite:///{study_file.resolve()}"
-        for name in optuna.get_all_study_names(storage):
-            study = optuna.load_study(study_name=name, storage=storage)
-            if not any(t.state.is_finished() and t.value is not None for t in study.trials):
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-                plots.plot_optimization_history(study).figure.savefig(sweep_dir / "sweep_history.png")
-                axes = plots.plot_slice(study)
-                figure = axes.flat[0].figure if hasattr(axes, "flat") else axes.figure
-                figure.savefig(sweep_dir / "sweep_params.png")
-            print(f"clorch-train: plots in {sweep_dir / 'sweep_history.png'} and sweep_params.png")
-    except Exception as exc:  # a plot is a convenience: the sweep's results are in the summary
-        print(f"clorch-train: no sweep plots ({type(exc).__name__}: {exc})", file=sys.stderr)
