@@ -58,7 +58,7 @@ class Outcome:
     def exit_status(self, sweep_statuses: list[Status] = ()) -> int:
         """The command's exit status, from its runs' statuses (and a sweep's jobs' statuses,
         which a job in another process, hydra/launcher=submitit_*, reports only through
-        its summary.json: clorch.engine.sweep.last_statuses):
+        its summary.json: clorch.sweep.report.last_statuses):
 
         128 + the signal when one interrupted a run (as a shell reports it); else 1 when
         any failed (Status.failed: a failed preflight too); else 2 when config errors
