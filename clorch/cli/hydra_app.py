@@ -41,6 +41,7 @@ from clorch.engine.summary import record_interrupted_start, show, summary_lines
 from clorch.sweep.report import last_statuses
 from clorch.launch.external import detect as detect_external
 from clorch.status import Status
+from clorch.plan.where import Machine
 
 
 def report(result: RunResult) -> None:
@@ -75,10 +76,12 @@ CHECKED: dict[str, Any] = {}
 """Plans a sweep checked before it started, by `clorch.plan.plan.config_key` of their config."""
 
 
-def remember_plan(cfg: DictConfig) -> list[str]:
-    """Check one config of a sweep (every error), keeping its plan for the job that runs it."""
-    plan, errors = plan_or_errors(cfg)
-    if plan is not None:  # the job may run elsewhere (hydra.job.chdir): its paths made absolute
+def remember_plan(cfg: DictConfig, machine: Machine | None = None) -> list[str]:
+    """Check one config of a sweep (every error) for the machine its jobs run on (None: this
+    one), keeping a plan made for this machine for the job that runs it."""
+    plan, errors = plan_or_errors(cfg, machine=machine)
+    if plan is not None and (machine is None or machine.is_here):
+        # the job may run elsewhere (hydra.job.chdir): its paths made absolute
         CHECKED[config_key(cfg)] = absolute(plan, os.getcwd())
     return errors
 

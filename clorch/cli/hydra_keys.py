@@ -18,6 +18,7 @@ from typing import Iterable
 from clorch._files import unwritable
 from clorch.cli.hydra_flags import MULTIRUN
 from clorch.sweep.settings import SAMPLERS
+from clorch.sweep.directory import IDENTITY_FILE, IDENTITY_FILE_TMP, LOCK_FILE
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = (
@@ -85,6 +86,9 @@ RUN_FILES = {
     "optuna.db",  # the sweep's Optuna study (clorch.sweep.study)
     "sweep_history.png",
     "sweep_params.png",
+    LOCK_FILE,  # the sweep's lock and identity (clorch.sweep.directory)
+    IDENTITY_FILE,
+    IDENTITY_FILE_TMP,
 }
 
 

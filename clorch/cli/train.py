@@ -47,6 +47,7 @@ from clorch.launch.external import detect as detect_external
 from clorch.launch.torchrun import quiet_cpp_warnings
 from clorch.status import Status
 from clorch.sweep.checks import as_hydra_overrides, sweep_errors
+from clorch.plan.where import Machine, job_machine
 
 EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
 
@@ -191,8 +192,10 @@ def _errors_before_hydra(overrides: list[str], names: set[str], multirun: bool) 
     (clorch.plan.plan): a typo is reported in a fraction of a second.
     """
     CHECKED.clear()
-    if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks)
-        return sweep_errors(overrides, _planned, _composed)
+    if multirun:  # the sweep's keys, its search space and each trial's config (clorch.sweep.checks),
+        # for the machine its jobs run on: a launcher plugin's nodes are checked by their ranks
+        machine = job_machine(overrides)
+        return sweep_errors(overrides, lambda trial: _planned(trial, machine), _composed)
     if names & set(PRINT_CONFIG) or split_errors(overrides):
         # A printed config gets the checks that import no torch (clorch.plan.plan.config_errors); a
         # bad group choice, which Hydra would not compose, every error in-process.
@@ -200,9 +203,10 @@ def _errors_before_hydra(overrides: list[str], names: set[str], multirun: bool) 
     return []
 
 
-def _planned(overrides: list[str]) -> list[str]:
-    """A trial's errors: every combination planned in-process (its jobs take the plans made here)."""
-    return check_overrides(overrides, remember_plan)
+def _planned(overrides: list[str], machine: Machine) -> list[str]:
+    """A trial's errors: every combination planned in-process for `machine` (its jobs on this
+    machine take the plans made here)."""
+    return check_overrides(overrides, lambda cfg: remember_plan(cfg, machine))
 
 
 def split_errors(overrides: list[str]) -> list[str]:

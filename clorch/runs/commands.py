@@ -56,13 +56,14 @@ def _own(typed: list[str], run: Run) -> bool:
     return any(Path(cwd, d.strip("'\"")).resolve() == run.path.resolve() for d in dirs)
 
 
-def rerun_command(run: Run) -> str:
+def rerun_command(run: Run, cd: bool = True) -> str:
     """`cd CWD && [CLORCH_TRUSTED_MODULES=...] clorch-train ARGS` (a new run with the same config,
     its paths absolute: it works pasted anywhere), or why there is none.
 
     A re-run starts from scratch: of a run that resumed, the resume and its checkpoint
     directory are left out (the re-run keeps its checkpoints in its own run directory) and
-    `checkpoint.resume=none` is added, in case a recipe sets it.
+    `checkpoint.resume=none` is added, in case a recipe sets it. `cd=False`: no `cd CWD`
+    unless modules are trusted by the variable (for a console in the run's own directory).
     """
     args = train_args(run)
     if args is None:
@@ -71,7 +72,7 @@ def rerun_command(run: Run) -> str:
         return f"not known: the run was not started by clorch-train{how}"
     if _resumes(run):
         args = [a for a in args if _key(a) not in _REPLACED] + ["checkpoint.resume=none"]
-    return pasteable(recipe_files_again(args, _cwd(run)), _cwd(run), _trusted(run))
+    return pasteable(recipe_files_again(args, _cwd(run)), _cwd(run), _trusted(run), cd=cd)
 
 
 def _resumes(run: Run) -> bool:

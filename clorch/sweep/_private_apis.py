@@ -35,8 +35,13 @@ def grid_combinations(overrides: list[Override]) -> list[list[str]]:
 
 
 def runs_in_process(launcher: Any) -> bool:
-    """Whether Hydra's `launcher` runs each job in this process, one after another (Hydra's basic launcher)."""
-    return isinstance(launcher, BasicLauncher)
+    """Whether Hydra's `launcher` runs each job in this process, one after another (Hydra's basic launcher).
+
+    Compared by name: Hydra's plugin scan runs basic_launcher's module again when `Plugins`
+    starts, so a BasicLauncher imported before then is not the class the launcher is made of.
+    """
+    cls, basic = type(launcher), BasicLauncher
+    return (cls.__module__, cls.__qualname__) == (basic.__module__, basic.__qualname__)
 
 
 def trial_id(trial: Any) -> int:

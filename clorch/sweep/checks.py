@@ -162,11 +162,11 @@ def _factors(sizes: list[int]) -> str:
 
 
 def _read_grid(overrides: list[str], given: dict[str, Any], errors: list[str]) -> tuple[Sweep | None, list[str]]:
-    bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params")]
+    bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params", "continue_changed")]
     if "sampler" in given or bad:
         return None, [
             f"{', '.join(bad or ['hydra/sweeper/sampler'])} belongs to hydra/sweeper=optuna; the basic (grid) "
-            "sweeper takes hydra.sweeper.n_jobs, max_batch_size and params"
+            "sweeper takes hydra.sweeper.n_jobs, max_batch_size, params and continue_changed"
         ]
     settings, unknown = from_mapping(GridSettings, given)
     errors = errors + unknown + grid_errors(settings)

@@ -29,6 +29,7 @@ from clorch.sweep.errors import SweepRefused
 
 LOCK_FILE = ".sweep.lock"
 IDENTITY_FILE = "sweep.json"
+IDENTITY_FILE_TMP = f".{IDENTITY_FILE}.tmp"  # written, then renamed over IDENTITY_FILE
 
 
 class SweepLock:
@@ -101,7 +102,7 @@ class SweepIdentity:
         path = sweep_dir / IDENTITY_FILE
         if path.is_symlink():
             raise SweepRefused([f"{path} is a symbolic link: a sweep writes only inside its directory"])
-        temporary = path.with_name(f".{IDENTITY_FILE}.tmp")
+        temporary = path.with_name(IDENTITY_FILE_TMP)
         temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
         os.replace(temporary, path)
 

@@ -16,12 +16,14 @@ then ends with `Interrupted`, and running the same command again continues it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import yaml
 
@@ -29,6 +31,7 @@ from clorch.config.composer import format_value
 from clorch.engine.interrupts import Interrupted, raise_if_signalled
 from clorch.engine.results import RunSummary
 from clorch.status import Status
+from clorch.sweep._private_apis import runs_in_process
 from clorch.sweep.pool import Pool
 from clorch.sweep.slots import Slot
 
@@ -98,17 +101,39 @@ class HydraRunner:
         batch, self.queued = self.queued, []
         ended: list[tuple[TrialSpec, Path]] = []
         for group in _consecutive(batch):  # Hydra numbers a batch's jobs from its first one on
-            # hydra.job.env_set: the environment of the job wherever Hydra's launcher runs it
-            lists = [
-                [*s.overrides, *(f"++hydra.job.env_set.{k}={format_value(v)}" for k, v in s.env.items())] for s in group
-            ]
-            self.launcher.launch(lists, initial_job_idx=group[0].number)
+            if len(group) == 1 and runs_in_process(self.launcher):
+                # The job runs here: its environment is this process's while it runs, and the
+                # console's line of its overrides shows the user's keys only.
+                with _environment(group[0].env):
+                    self.launcher.launch([group[0].overrides], initial_job_idx=group[0].number)
+            else:
+                # hydra.job.env_set: the environment of the job wherever Hydra's launcher runs it
+                lists = [
+                    [*s.overrides, *(f"++hydra.job.env_set.{k}={format_value(v)}" for k, v in s.env.items())]
+                    for s in group
+                ]
+                self.launcher.launch(lists, initial_job_idx=group[0].number)
             ended += [(s, self.sweep_dir / str(s.number)) for s in group]
         return ended
 
     def interrupt(self, signum: int) -> list[tuple[TrialSpec, Path]]:
         self.queued = []  # the job that was running has ended as an interrupted run already
         return []
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """`env` in os.environ while the block runs; what was there before, after it."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _consecutive(specs: list[TrialSpec]) -> list[list[TrialSpec]]:

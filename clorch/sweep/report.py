@@ -29,7 +29,10 @@ from clorch.config.checks import print_config_errors
 from clorch.engine.outputs import command_line
 from clorch.status import Status
 from clorch.sweep.directory import SweepLock
+from clorch.sweep.driver import RESUME
 from clorch.sweep.summary import Objective, SweepRow, collect, planned_jobs, write_summary
+from clorch.runs.commands import rerun_command
+from clorch.runs.records import Run
 
 # The statuses of the last sweep's jobs, read by `clorch-train` for its exit status: with
 # hydra/launcher=submitit_* the jobs run in other processes, which report only through their
@@ -137,11 +140,14 @@ def best_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
     best = objective.best(rows)
     if best is None:
         return []
-    overrides = [f"{k}={v}" if k != "recipe" else f"+recipe={v}" for k, v in best.overrides.items()]
+    overrides = [
+        f"{k}={v}" if k != "recipe" else f"+recipe={v}" for k, v in best.overrides.items() if f"{k}={v}" != RESUME
+    ]
     return [
         f"clorch-train: best trial {best.job}: {objective.label} {best.objective:.6g} "
         f"({objective.direction}d) with {' '.join(overrides)}; outputs in {best.run_dir}",
-        f"clorch-train: rerun it with: clorch-train {' '.join(shlex.quote(o) for o in overrides)}",
+        # clorch-runs show's command: recipe files by path, CLORCH_TRUSTED_MODULES, from scratch
+        f"clorch-train: rerun it with: {rerun_command(Run(Path(best.run_dir)), cd=False)}",
     ]
 
 

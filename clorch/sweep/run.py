@@ -96,26 +96,6 @@ def _runner(config: DictConfig, launcher: Any, n_jobs: int, sweep_dir: Path) -> 
     return HydraRunner(launcher, sweep_dir, n_jobs)
 
 
-def _with_ranks(spec: TrialSpec, runner: PoolRunner) -> TrialSpec:
-    """On CPU, a side-by-side trial's `auto` ranks are its slot's (clorch.sweep.slots)."""
-    slot = runner.pool.slots[0]
-    if slot.gpus or any(o.partition("=")[0].lstrip("+") == "launcher.nproc_per_node" for o in spec.overrides):
-        return spec
-    return TrialSpec(spec.number, [*spec.overrides, f"launcher.nproc_per_node={slot.ranks}"], spec.env, spec.label)
-
-
-class _RankedSource:
-    def __init__(self, source: Any, runner: PoolRunner) -> None:
-        self.source, self.runner = source, runner
-
-    def next(self) -> TrialSpec | None:
-        spec = self.source.next()
-        return None if spec is None else _with_ranks(spec, self.runner)
-
-    def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
-        self.source.ended(spec, summary)
-
-
 class _TrackedSource:
     """Every trial with the environment the sweep's trackers give it (clorch.trackers.sweep_environ)."""
 
@@ -181,8 +161,7 @@ def _start(config: DictConfig, sweep: Sweep, arguments: list[str], sweep_dir: Pa
     """The sweep's source of trials, once its directory is its own (its lock taken, its identity
     checked and recorded). Raises SweepRefused, or StorageError (the study's storage)."""
     identity = identity_of(sweep, arguments, sweep_dir)
-    # hydra.sweeper.continue_changed: clorch.sweep.settings holds the key of both sweepers
-    changes = check_identity(sweep_dir, identity, getattr(sweep.settings, "continue_changed", False))
+    changes = check_identity(sweep_dir, identity, sweep.settings.continue_changed)
     if changes:
         say(
             f"continuing the sweep in {sweep_dir} with changes, as hydra.sweeper.continue_changed asks: "
@@ -225,8 +204,8 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
     try:
         runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
         if isinstance(runner, PoolRunner):
+            # Each trial's ranks and accumulation are its slot's (clorch.sweep.pool: the global batch kept).
             say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
-            source = _RankedSource(source, runner)
         _run_tracked(config, source, runner, sweep_dir)
     except (StorageError, SweepRefused) as exc:
         report.failed(str(exc))

@@ -51,6 +51,7 @@ class GridSettings:
     n_jobs: int = 1  # trials at once: each gets its own devices (GPUs) or cores (CPU)
     max_batch_size: int | None = None  # Hydra's basic sweeper key: jobs handed over at once
     params: dict[str, str] | None = None  # {key: "a,b,c"}: more sweep overrides
+    continue_changed: bool = False  # continue a sweep directory that holds another sweep (sweep.json)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class OptunaSettings:
     pruner: str = "none"  # none, median (Optuna's MedianPruner) or hyperband
     min_trials: int = 5  # median: trials that finish before any is pruned (n_startup_trials)
     params: dict[str, str] | None = None  # {key: grammar}, as Hydra's Optuna sweeper takes them
+    continue_changed: bool = False  # continue a sweep directory that holds another sweep (sweep.json)
     space: str | None = None  # a search-space file (YAML; FILE_KEYS), read before the sweep starts
 
 
@@ -84,7 +86,13 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str | None:
 
 def grid_errors(settings: GridSettings) -> list[str]:
     """Every error in the grid sweeper's keys."""
-    return [e for e in [_int_error("n_jobs", settings.n_jobs, 1)] if e]
+    return [e for e in [_int_error("n_jobs", settings.n_jobs, 1), _bool_error(settings.continue_changed)] if e]
+
+
+def _bool_error(value: Any, key: str = "continue_changed") -> str | None:
+    if not isinstance(value, bool):
+        return f"hydra.sweeper.{key} must be true or false, got {value!r}"
+    return None
 
 
 def optuna_errors(settings: OptunaSettings) -> list[str]:
@@ -102,7 +110,7 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
-    return [e for e in found if e] + storage_errors(s.storage)
+    return [e for e in [*found, _bool_error(s.continue_changed)] if e] + storage_errors(s.storage)
 
 
 STORAGE_EXAMPLES = "e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db"
