@@ -173,15 +173,43 @@ def _exact_rules(cfg: Any) -> list[str]:
     if not cfg.exact:
         return []
     errors = []
-    if complete(cfg, "parallel") and cfg.parallel.name != "ddp":
+    if complete(cfg, "parallel") and cfg.parallel.name not in ("ddp", "fsdp"):
         errors.append(
-            f"exact=true runs with parallel=ddp only, got parallel={cfg.parallel.name}: its sharded "
-            "reduce-scatter is not summed in a fixed order yet; use parallel=ddp, or exact=false"
+            f"exact=true runs with parallel=ddp or parallel=fsdp, got parallel={cfg.parallel.name}: its "
+            "gradients are not summed in a fixed order; use parallel=ddp, or exact=false"
         )
+    if complete(cfg, "parallel", "precision") and cfg.parallel.name == "fsdp":
+        errors += _exact_fsdp_rules(cfg.parallel, cfg.precision)
     if complete(cfg, "ddp") and cfg.ddp.step_in_backward:
         errors.append(
             "exact=true sums the step's gradients after the last backward, so backward cannot step "
             "the optimizer: drop ddp.step_in_backward=true, or exact=false"
+        )
+    return errors
+
+
+def _exact_fsdp_rules(parallel: Any, precision: Any) -> list[str]:
+    """The parallel=fsdp settings whose numerics are not parallel=ddp's under exact=true."""
+    errors = []
+    runs_as = precision.runs_as or precision.name
+    if runs_as != "fp32" and parallel.param_dtype == "auto":
+        errors.append(
+            f"exact=true with parallel=fsdp and precision={precision.name} needs parallel.param_dtype=fp32, "
+            "got parallel.param_dtype=auto: auto gathers the parameters in the precision's dtype, so "
+            "layers autocast leaves in fp32 (LayerNorm, the loss) would compute with rounded weights, "
+            "unlike parallel=ddp; add parallel.param_dtype=fp32, or exact=false"
+        )
+    if getattr(precision, "fsdp_float8_all_gather", False):
+        errors.append(
+            "exact=true with parallel=fsdp cannot keep precision.fsdp_float8_all_gather=true (float8 "
+            "weights gathered from their shards are not shown to be parallel=ddp's): add "
+            "precision.fsdp_float8_all_gather=false, or exact=false"
+        )
+    if parallel.cpu_offload:
+        errors.append(
+            "exact=true with parallel=fsdp cannot keep parallel.cpu_offload=true (the optimizer would "
+            "step in host memory, with other kernels than parallel=ddp's): drop parallel.cpu_offload, "
+            "or exact=false"
         )
     return errors
 

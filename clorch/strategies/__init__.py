@@ -1,7 +1,8 @@
 """One class per `parallel` mode: what a rank's loop asks of the mode (`clorch.strategies.base.Strategy`).
 
 `DDPStrategy` (clorch.strategies.ddp), `ExactDDPStrategy` (its exact=true form,
-clorch.strategies.exact) and `FSDPStrategy` (clorch.strategies.fsdp); a
+clorch.strategies.exact), `FSDPStrategy` (clorch.strategies.fsdp) and
+`ExactFSDPStrategy` (its exact=true form, clorch.strategies.exact_fsdp); a
 `parallel` option names its class as a string (`strategy`), so a mode of your own is
 one class plus its option (docs/extending.md, "A parallel mode").
 """
@@ -15,11 +16,13 @@ from clorch.nn.parallel.fsdp import ShardedTrainer
 from clorch.strategies.base import ModelSource, Strategy, strategy_class, weights_digest
 from clorch.strategies.ddp import DDPStrategy
 from clorch.strategies.exact import ExactDDPStrategy
+from clorch.strategies.exact_fsdp import ExactFSDPStrategy
 from clorch.strategies.fsdp import FSDPStrategy
 
 __all__ = [
     "DDPStrategy",
     "ExactDDPStrategy",
+    "ExactFSDPStrategy",
     "FSDPStrategy",
     "ModelSource",
     "Strategy",

@@ -18,8 +18,10 @@ how many ranks there are or which one trained what:
 - clipping and the optimizer step then run on identical gradients on every rank.
 
 Checkpoints are `DDPStrategy`'s files. What this cannot make exact is refused
-before launch (clorch.config.options and the plan's checks): BatchNorm's running
-statistics, a sharded model, an optimizer stepped in backward.
+before launch (clorch.config.checks and the plan's checks): BatchNorm's running
+statistics, an optimizer stepped in backward. `ExactSteps` is what both exact
+strategies do around each micro-batch; the sharded one is
+`clorch.strategies.exact_fsdp.ExactFSDPStrategy`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def refuse_inexact_modules(model: nn.Module) -> None:
             )
 
 
-def _deterministic_kernels(device: torch.device) -> None:
+def deterministic_kernels(device: torch.device) -> None:
     """Kernels whose bits depend on the data alone. Local; once per rank, before the first kernel."""
     if device.type == "cpu":
         # CPU kernels split their sums by thread: one thread a rank, on any world size.
@@ -67,15 +69,36 @@ def _deterministic_kernels(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-class ExactDDPStrategy(DDPStrategy):
+class ExactSteps:
+    """What exact=true does around each micro-batch, whatever places the model on the ranks.
+
+    Mixed in before a strategy class (`ExactDDPStrategy`, `ExactFSDPStrategy`), which sets
+    `seed`, `rank` and `world_size` and sums the step in `finish_gradients`.
+    """
+
+    loss_is_global = True
+    seed: int
+    rank: int
+    world_size: int
+
+    def loss_divisor(self, count: int) -> int:
+        """Every micro-batch's loss is divided by the step's micro-batches on all ranks."""
+        return count * self.world_size
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int, count: int, step: int) -> Iterator[None]:
+        """Seed the draws from the micro-batch's place in the run; no communication in backward."""
+        torch.manual_seed(micro_batch_seed(self.seed, step, self.rank * count + index))
+        yield
+
+
+class ExactDDPStrategy(ExactSteps, DDPStrategy):
     """parallel=ddp, exact=true: whole model on every rank, gradients summed in a fixed tree.
 
     Args:
         seed: the run's seed (the micro-batches' draws are keyed to it).
         compile_mode: torch.compile's mode for the model; False: not compiled.
     """
-
-    loss_is_global = True
 
     def __init__(
         self,
@@ -98,7 +121,7 @@ class ExactDDPStrategy(DDPStrategy):
     def setup(self, source: ModelSource, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> None:
         """Build the whole model and start every rank from rank 0's weights (collective: one
         broadcast per tensor where world_size > 1), then the optimizer over it."""
-        _deterministic_kernels(self.device)
+        deterministic_kernels(self.device)
         raw = source.whole().to(self.device)
         refuse_inexact_modules(raw)
         if self.world_size > 1:
@@ -108,16 +131,6 @@ class ExactDDPStrategy(DDPStrategy):
         self.raw_model, self.model = raw, compiled(raw, self.compile_mode)
         self.optimizer = build_optimizer(raw)
         self.tree = TreeGradients(raw.parameters(), self.rank, self.world_size, self.device)
-
-    def loss_divisor(self, count: int) -> int:
-        """Every micro-batch's loss is divided by the step's micro-batches on all ranks."""
-        return count * self.world_size
-
-    @contextlib.contextmanager
-    def micro_batch(self, index: int, count: int, step: int) -> Iterator[None]:
-        """Seed the draws from the micro-batch's place in the run; no communication in backward."""
-        torch.manual_seed(micro_batch_seed(self.seed, step, self.rank * count + index))
-        yield
 
     def after_backward(self, loss: torch.Tensor) -> None:
         self.tree.add(loss)

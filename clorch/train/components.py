@@ -25,7 +25,7 @@ from clorch.data.fused_loss import FusedLossTask
 from clorch.data.placement import place_task
 from clorch.distributed import device, is_initialized
 from clorch.optim import build_scheduler
-from clorch.strategies import ExactDDPStrategy, Strategy, adopt, strategy_class
+from clorch.strategies import ExactDDPStrategy, ExactFSDPStrategy, Strategy, adopt, strategy_class
 from clorch.strategies.base import compile_mode_arg  # noqa: F401  (clorch-bench runner reads it here)
 
 
@@ -159,8 +159,10 @@ def _sampler(cfg: TrainConfig, size: int, rank: int, world: int) -> DistributedS
 
 
 def _strategy_class(cfg: TrainConfig) -> type:
-    """The strategy `parallel` names; under exact=true its exact counterpart (ddp only, the checks say)."""
-    return ExactDDPStrategy if cfg.exact else strategy_class(cfg.parallel)
+    """The strategy `parallel` names; under exact=true its exact counterpart (ddp or fsdp, the checks say)."""
+    if cfg.exact:
+        return ExactFSDPStrategy if cfg.parallel.name == "fsdp" else ExactDDPStrategy
+    return strategy_class(cfg.parallel)
 
 
 def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:

@@ -16,6 +16,11 @@ tree. The backend's own reduction order (NCCL's rings, gloo's algorithms)
 decides no bit, and neither does the world size: one rank computes every node
 itself, in the same tree.
 
+A sharded model (parallel=fsdp) sums the same tree: each micro-batch's whole
+gradient is a leaf (`add` takes it from the unsharded parameters), `summed`
+gives the whole sum on every rank, and each rank keeps its shard of it
+(`views`, then `clorch.strategies.exact_fsdp`).
+
 The price against an all-reduce: each rank keeps its micro-batches' gradients
 until the step's end (one flat float32 copy each) and receives every other
 rank's nodes (a few model-sized buffers per rank) instead of a reduced sum.
@@ -91,16 +96,31 @@ class TreeGradients:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.leaves: list[torch.Tensor] = []
 
-    def add(self, loss: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor, holders: Iterable[torch.Tensor] | None = None) -> None:
         """Take the gradients the last backward left in `.grad` (and its loss) as the next leaf,
-        and clear `.grad` for the next micro-batch. Local."""
-        self.leaves.append(_flatten(self.params, loss, self.device))
-        for p in self.params:
-            p.grad = None
+        and clear `.grad` for the next micro-batch. Local.
 
-    def finish(self) -> torch.Tensor:
-        """Sum the step's micro-batches in the tree, write the sum into `.grad` on every rank,
-        and return the step's summed loss (a 0-d float32 tensor, the same on every rank).
+        Args:
+            holders: the tensors whose `.grad` hold the micro-batch's gradients, one per
+                parameter in `params`' order and shapes (a sharded model's unsharded
+                parameters); default: `params` themselves.
+
+        Raises:
+            ValueError: `holders` do not match `params` in number or shapes.
+        """
+        held = self.params if holders is None else [h for h in holders if h.requires_grad]
+        if [tuple(h.shape) for h in held] != [tuple(p.shape) for p in self.params]:
+            raise ValueError(
+                f"TreeGradients.add(): the gradient holders' shapes {[tuple(h.shape) for h in held]} "
+                f"are not the parameters' {[tuple(p.shape) for p in self.params]}"
+            )
+        self.leaves.append(_flatten(held, loss, self.device))
+        for h in held:
+            h.grad = None
+
+    def summed(self) -> torch.Tensor:
+        """The step's micro-batches summed in the tree: one float32 vector, the gradients in
+        `params`' order and then the loss, bit for bit the same on every rank and world size.
 
         Every rank must call it once per step with the same number of leaves: one
         all-gather where world_size > 1 (blocking with gloo; ordered on the current
@@ -111,7 +131,7 @@ class TreeGradients:
         """
         count = len(self.leaves)
         if count == 0:
-            raise ValueError("TreeGradients.finish(): no micro-batch gradient was added this step")
+            raise ValueError("TreeGradients.summed(): no micro-batch gradient was added this step")
         total_count = count * self.world_size
         first = self.rank * count
         local = {(first + i, first + i + 1): leaf for i, leaf in enumerate(self.leaves)}
@@ -119,10 +139,31 @@ class TreeGradients:
         nodes = {node: tree_sum(local, *node) for node in mine}
         if self.world_size > 1:
             nodes = self._exchange(nodes, count)
-        total = tree_sum(nodes, 0, total_count)
         self.leaves = []
-        self._write(total)
+        return tree_sum(nodes, 0, total_count)
+
+    def finish(self) -> torch.Tensor:
+        """Sum the step's micro-batches in the tree (`summed`: collective), write the sum into
+        `.grad` on every rank, and return the step's summed loss (a 0-d float32 tensor, the
+        same on every rank).
+
+        Raises:
+            ValueError: no leaf was added this step.
+        """
+        total = self.summed()
+        for p, view in zip(self.params, self.views(total)):
+            p.grad = view.to(p.dtype)
         return total[-1]
+
+    def views(self, total: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's gradient in `total` (from `summed`), as a view in the parameter's
+        whole shape (a sharded parameter's global shape). Local."""
+        views, offset = [], 0
+        for p in self.params:
+            n = p.numel()
+            views.append(total[offset : offset + n].view(p.shape))
+            offset += n
+        return views
 
     def _exchange(self, mine: dict[tuple[int, int], torch.Tensor], count: int) -> dict[tuple[int, int], torch.Tensor]:
         """Every rank's nodes, gathered (collective: every rank calls it, with the same `count`)."""
@@ -136,10 +177,3 @@ class TreeGradients:
         received = torch.empty(width * self.world_size, size, device=self.device)
         cdist.all_gather_into(received, sent)
         return {node: received[r * width + row] for r, c in enumerate(covers) for row, node in enumerate(c)}
-
-    def _write(self, total: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = total[offset : offset + n].view_as(p).to(p.dtype)
-            offset += n
