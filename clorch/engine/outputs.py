@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from clorch._files import write_json_atomic
+from clorch._version import __version__
 from clorch.train.metrics import read_metrics
 
 
@@ -93,7 +94,7 @@ def typed_command(argv: Sequence[str]) -> Iterator[None]:
 
 
 def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
-    """Python, torch, CUDA and NCCL versions, GPU names, git commit, host and command line.
+    """Python, clorch, torch, CUDA and NCCL versions, GPU names, git commits, host and command line.
 
     Args:
         argv: the command line to record; None: the one `typed_command` holds, else `sys.argv`.
@@ -110,6 +111,7 @@ def env_record(argv: Iterable[str] | None = None) -> dict[str, Any]:
             nccl = None
     return {
         "python": sys.version.split()[0],
+        "clorch": __version__,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cuda_available": cuda,

@@ -18,6 +18,7 @@ import yaml
 from clorch._files import write_text_atomic
 from clorch.plan.plan import Plan
 from clorch.plan.resume import nothing_to_resume
+from clorch.engine.data_files import data_files
 from clorch.engine.outputs import env_record, plot_loss, write_json
 from clorch.train.metrics import announce, read_metrics
 from clorch.engine.results import JobEnd, JobError, PreflightVerdict, RunSummary, step_of
@@ -185,9 +186,9 @@ def record_interrupted_start(run_dir: str | Path, signal_name: str) -> None:
 
 
 def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
-    """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, plan, `extra`);
-    a `checkpoint.resume=latest` that finds nothing to resume says so in events.jsonl (the console
-    showed it in the plan's description)."""
+    """Create `run_dir` and write config.yaml (the checked config) and env.json (machine, the data
+    files' digests, plan, `extra`); a `checkpoint.resume=latest` that finds nothing to resume says
+    so in events.jsonl (the console showed it in the plan's description)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     nothing = nothing_to_resume(plan.config, run_dir)
     if nothing is not None:  # the line as the console showed it (the directory may exist by now)
@@ -198,4 +199,6 @@ def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
         trusted_comment(plan.trusted_modules) + yaml.safe_dump(plan.config.to_dict(), sort_keys=False),
     )
     shown = {k: v for k, v in plan.to_dict().items() if k != "config"}
-    write_json(run_dir / "env.json", {**env_record(), **extra, "plan": shown})
+    # The data files' digests: `clorch-runs verify` names a file that changed since (clorch.engine.data_files).
+    record = {**env_record(), "data_files": data_files(plan.config), **extra, "plan": shown}
+    write_json(run_dir / "env.json", record)

@@ -6,13 +6,15 @@
     clorch-runs show RUN                             config, environment, metrics, checkpoints, commands
     clorch-runs diff RUN_A RUN_B                     the config keys that differ, metrics side by side
     clorch-runs plot RUN... --metric eval_loss --out plot.png
+    clorch-runs verify RUN [--steps K]               rerun it: are the weights bit-identical?
 
 RUN is a run directory, a run id (the `id` column, or its first 4+ characters)
 or the end of a run's path (`06-13-41`, `06-13-55/1`). `--root DIR` (repeatable)
 looks under DIR instead of ./outputs and ./multirun. Nothing is ever written into
 a run directory. Exit status: 0; 2 for a bad argument (the message names it, the
 value and what is allowed); 1 when something else stops the command (plot's
-matplotlib is missing). Imports no torch.
+matplotlib is missing), and for verify, when the weights differ or the rerun failed.
+Imports no torch (verify --steps reads checkpoints with it).
 """
 
 from __future__ import annotations
@@ -27,9 +29,22 @@ from clorch.runs.plot import MissingExtra, plot
 from clorch.runs.query import pick, sort_runs, split_list
 from clorch.runs.records import STATUSES
 from clorch.runs.table import format_table, list_rows, to_csv, to_json
+from clorch.runs.verify import verdict_text, verify
 from clorch.runs.views import diff_data, diff_text, show_data, show_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_VERIFY_HELP = """Rerun a run from its recorded command (clorch-train, into a temporary directory) and say
+whether the weights come out bit-identical: to its end against summary.json's weights_sha256,
+or with --steps K until its checkpoint of step K, against the run's own checkpoint of step K
+(same config and schedule; the rerun is stopped there). When they differ, it names what
+differs: torch, CUDA, GPU models, clorch's version and commit, Python, world size, the data
+files' digests; and whether the run was exact=true.
+
+The rerun imports what the run's config names: CLORCH_TRUSTED_MODULES is yours to set, as for
+clorch-train, and is never taken from the run directory. Exit status: 0 identical, 1 not (or
+the rerun failed), 2 a bad argument.
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,plot}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,plot,verify}")
     ls = sub.add_parser("ls", parents=[roots], help="one row per run")
     ls.add_argument(
         "--where",
@@ -77,6 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     plt.add_argument("runs", metavar="RUN", nargs="+")
     plt.add_argument("--metric", default="loss", help="a metrics.jsonl key (default: loss; eval_loss, lr, ...)")
     plt.add_argument("--out", default="plot.png", type=Path, help="the PNG to write (default: ./plot.png)")
+    verify = sub.add_parser(
+        "verify",
+        parents=[roots],
+        help="rerun a run: are the weights bit-identical?",
+        description=_VERIFY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify.add_argument("run", metavar="RUN")
+    verify.add_argument("--steps", type=int, metavar="K", help="compare at the run's own checkpoint of step K")
+    verify.add_argument("--keep", action="store_true", help="keep the rerun's directory (and say where)")
+    _formats(verify)
     return parser
 
 
@@ -142,7 +168,15 @@ def _plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"ls": _ls, "show": _show, "diff": _diff, "plot": _plot}
+def _verify(args: argparse.Namespace) -> int:
+    roots = _roots(args)
+    run = select(args.run, find_runs(roots), roots)
+    verdict = verify(run, args.steps, args.keep, lambda line: print(f"clorch-runs verify: {line}", file=sys.stderr))
+    print(to_json(verdict.to_dict()) if args.json else verdict_text(verdict))
+    return EXIT_OK if verdict.identical else EXIT_FAILED
+
+
+_COMMANDS = {"ls": _ls, "show": _show, "diff": _diff, "plot": _plot, "verify": _verify}
 
 
 def run_cli(argv: Sequence[str] | None = None) -> int:
