@@ -8,9 +8,13 @@
     views.py     what `show` and `diff` print
     commands.py  the commands that re-run or resume a run; its checkpoints
     plot.py      several runs' curves of one metric (matplotlib, the `plot` extra)
+    rerun.py     a run's recorded command run again into a directory of its own (verify's rerun)
+    environment.py  what differs between two runs' env.json (versions, GPUs, data files' digests)
+    verify.py    `verify`: rerun a run, compare the weights' digests, name what differs
     cli.py       the `clorch-runs` console script
 
-Nothing here imports torch (the command line stays fast) or writes into a run directory.
+Nothing here imports torch (the command line stays fast; `verify --steps` reads checkpoints
+with it) or writes into a run directory.
 """
 
 from __future__ import annotations

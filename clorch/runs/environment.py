@@ -68,9 +68,7 @@ def data_differences(run_env: dict[str, Any], rerun_env: dict[str, Any]) -> list
         if old.get("path") != new.get("path"):
             found.append(Difference(f"{key} (data file)", old.get("path", "none"), new.get("path", "none")))
         elif old.get("sha256") != new.get("sha256"):
-            found.append(
-                Difference(f"{key} {path} (data file changed)", _sha(old), _sha(new))
-            )
+            found.append(Difference(f"{key} {path} (data file changed)", _sha(old), _sha(new)))
     return found
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from clorch._checkpoint_names import SHARDED_STEP_NAME, step_checkpoint_path
+from clorch._checkpoint_names import step_checkpoint_path
 from clorch.runs.commands import checkpoint_dir, checkpoints
 from clorch.runs.discover import UsageError
 from clorch.runs.environment import Difference, differences
@@ -95,8 +95,10 @@ def _original_sha256(run: Run, steps: int | None) -> str:
         raise UsageError(f"--steps must be >= 1 (a checkpoint's step), got {steps}")
     path = step_checkpoint_path(checkpoint_dir(run), steps)
     if not path.is_file():
-        sharded = SHARDED_STEP_NAME.fullmatch(path.with_suffix(".dcp").name) and path.with_suffix(".dcp").is_dir()
-        why = "is sharded (parallel=fsdp), which verify does not read: verify the run whole" if sharded else "is missing"
+        sharded = path.with_suffix(".dcp").is_dir()  # step_K.dcp/, parallel=fsdp's
+        why = (
+            "is sharded (parallel=fsdp), which verify does not read: verify the run whole" if sharded else "is missing"
+        )
         raise UsageError(f"--steps {steps}: the run's checkpoint {path} {why} ({_steps_held(run)})")
     try:
         return checkpoint_weights_sha256(path)
@@ -149,7 +151,9 @@ def verdict_text(verdict: Verdict) -> str:
     if verdict.failure:
         lines = [f"not verified: {verdict.failure}"]
     elif verdict.identical:
-        lines = [f"identical: {at} the rerun's weights are the run's, bit for bit (weights_sha256 {verdict.run_sha256})"]
+        lines = [
+            f"identical: {at} the rerun's weights are the run's, bit for bit (weights_sha256 {verdict.run_sha256})"
+        ]
     else:
         lines = [f"differs: {at} the run's weights_sha256 is {verdict.run_sha256}, the rerun's {verdict.rerun_sha256}"]
     if verdict.differences:
