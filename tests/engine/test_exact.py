@@ -4,6 +4,8 @@ A tiny GPT with dropout and gradient clipping, fp32, 6 optimizer steps of 16 sam
 (micro-batches of 4): 1 rank with accumulation 4, 2 ranks with 2, 4 ranks with 1.
 Then the 2-rank run resumed on 1 rank from its step-4 checkpoint, and the 1-rank
 run resumed on 2 ranks: each ends on the same bits, and logs the same losses.
+parallel=fsdp on 2 ranks and on 1, and its 2-rank run resumed on 1 rank, end on
+parallel=ddp's bits too.
 Without exact=true the same runs differ (another order of the gradient's sum,
 other dropout masks): tests/engine/test_reshard_resume.py holds what they keep then.
 """
@@ -56,14 +58,17 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "train"]
 
 
-def test_one_digest_on_1_2_and_4_ranks_and_after_resuming_on_another_world_size(tmp_path):
+def test_one_digest_on_1_2_and_4_ranks_ddp_or_fsdp_and_after_resuming_on_another_world_size(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    runs = {name: tmp_path / name for name in ("w1", "w2", "w4", "w2_to_1", "w1_to_2")}
+    names = ("w1", "w2", "w4", "w2_to_1", "w1_to_2", "fsdp_w2", "fsdp_w1", "fsdp_w2_to_1")
+    runs = {name: tmp_path / name for name in names}
     first = run_clorch_train_batch(
         [
             (_args(runs["w1"], 1, 4), tmp_path),
             (_args(runs["w2"], 2, 2), tmp_path),
             (_args(runs["w4"], 4, 1), tmp_path),
+            (_args(runs["fsdp_w2"], 2, 2, "parallel=fsdp"), tmp_path),
+            (_args(runs["fsdp_w1"], 1, 4, "parallel=fsdp"), tmp_path),
         ],
         env=env,
         timeout=300,
@@ -71,10 +76,12 @@ def test_one_digest_on_1_2_and_4_ranks_and_after_resuming_on_another_world_size(
     for done in first:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     step4 = "checkpoints/step_00000004.ckpt"
+    fsdp_step4 = runs["fsdp_w2"] / "checkpoints/step_00000004.dcp"
     second = run_clorch_train_batch(
         [
             (_args(runs["w2_to_1"], 1, 4, f"checkpoint.resume={runs['w2'] / step4}"), tmp_path),
             (_args(runs["w1_to_2"], 2, 2, f"checkpoint.resume={runs['w1'] / step4}"), tmp_path),
+            (_args(runs["fsdp_w2_to_1"], 1, 4, "parallel=fsdp", f"checkpoint.resume={fsdp_step4}"), tmp_path),
         ],
         env=env,
         timeout=200,
@@ -83,14 +90,21 @@ def test_one_digest_on_1_2_and_4_ranks_and_after_resuming_on_another_world_size(
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     digests = {name: _digest(run) for name, run in runs.items()}
     assert len(set(digests.values())) == 1, digests
-    assert _losses(runs["w1"]) == _losses(runs["w2"]) == _losses(runs["w4"])
+    assert _losses(runs["w1"]) == _losses(runs["w2"]) == _losses(runs["w4"]) == _losses(runs["fsdp_w2"])
+    assert _losses(runs["fsdp_w1"]) == _losses(runs["w1"])
     assert len(_losses(runs["w1"])) == 6
 
 
 def test_what_exact_cannot_hold_is_refused_by_name(tmp_path):
-    sharded = run_clorch_train(_args(tmp_path / "fsdp", 1, 1, "parallel=fsdp"), tmp_path, timeout=120)
+    sharded = run_clorch_train(
+        _args(tmp_path / "fsdp", 1, 1, "parallel=fsdp", "precision=bf16", "parallel.cpu_offload=true"),
+        tmp_path,
+        timeout=120,
+    )
     assert sharded.returncode == 2, sharded.stdout + sharded.stderr
-    assert "exact=true runs with parallel=ddp only, got parallel=fsdp" in sharded.stdout + sharded.stderr
+    said = sharded.stdout + sharded.stderr
+    assert "precision=bf16 needs parallel.param_dtype=fp32, got parallel.param_dtype=auto" in said
+    assert "cannot keep parallel.cpu_offload=true" in said
     stepping = run_clorch_train(
         _args(tmp_path / "sib", 1, 1, "ddp.step_in_backward=true", "optim.grad_clip=null"), tmp_path, timeout=120
     )

@@ -74,3 +74,65 @@ def test_one_two_and_four_gloo_ranks_sum_to_the_same_bits():
     for world, per_rank in results.items():
         assert all(r == per_rank[0] for r in per_rank), world  # every rank holds the same sum
     assert results[1][0] == results[2][0] == results[4][0]
+
+
+def test_gradients_held_by_other_tensors_are_summed_as_the_parameters_own():
+    torch.manual_seed(0)
+    model, twin = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    tree = TreeGradients(model.parameters(), 0, 1, torch.device("cpu"))
+    leaves = []
+    for j in range(3):
+        twin(torch.randn(2, 5) * 10.0 ** (j - 1)).square().sum().backward()
+        leaves.append([p.grad.clone() for p in twin.parameters()])
+        tree.add(torch.tensor(float(j)), twin.parameters())
+        assert all(p.grad is None for p in twin.parameters())  # cleared for the next micro-batch
+    total = tree.summed()
+    assert total[-1].item() == 3.0  # the losses, after the gradients
+    for i, view in enumerate(tree.views(total)):  # [0, 3) = [0, 1) + ([1, 2) + [2, 3))
+        assert torch.equal(view, leaves[0][i] + (leaves[1][i] + leaves[2][i]))
+    with pytest.raises(ValueError, match=r"gradient holders' shapes \[\(5, 3\), \(3,\)\] are not the parameters'"):
+        tree.add(torch.tensor(0.0), [torch.zeros(5, 3, requires_grad=True), torch.zeros(3, requires_grad=True)])
+
+
+def _fsdp_keeps_whole_gradients(rank: int, world: int) -> list[bool]:
+    """What ExactFSDPStrategy assumes of torch's FSDP2, checked against the same model unsharded."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+
+    from clorch.nn.parallel.fsdp import shard_model
+    from clorch.strategies.exact_fsdp import keep_gradients_unsharded, reshard, shard_of, unsharded_parameters
+
+    torch.manual_seed(0)
+    whole = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
+    sharded = shard_model(copy.deepcopy(whole), shard_modules=["Linear"], policy=None)
+    keep_gradients_unsharded(sharded)
+    data = torch.Generator().manual_seed(1)
+    checks = []
+    for _ in range(2):  # the second micro-batch starts from the state the first one left
+        x = torch.randn(4, 6, generator=data)
+        whole.zero_grad(set_to_none=True)
+        whole(x).square().sum().backward()
+        sharded(x).square().sum().backward()
+        held = unsharded_parameters(sharded)  # plain tensors, whole shapes, the micro-batch's gradient
+        checks.append(all(torch.equal(h.grad, p.grad) for h, p in zip(held, whole.parameters())))
+        grads = [h.grad for h in held]
+        for h in held:
+            h.grad = None
+        reshard(sharded)
+        shards = list(sharded.parameters())
+        checks.append(all(isinstance(p, DTensor) for p in shards))
+        pieces = [shard_of(g, p) for g, p in zip(grads, shards)]
+        checks.append(all(torch.equal(piece.full_tensor(), g) for piece, g in zip(pieces, grads)))
+        checks.append(
+            all(
+                piece.to_local().untyped_storage().data_ptr() == g.untyped_storage().data_ptr()
+                for piece, g in zip(pieces, grads)
+            )
+        )
+    return checks
+
+
+def test_fsdp_leaves_each_micro_batchs_whole_gradient_unreduced_and_shard_of_views_its_rows():
+    for checks in run_ranks(_fsdp_keeps_whole_gradients, 2):
+        assert checks == [True] * 8, checks
