@@ -129,17 +129,16 @@ def checkpoint_weights_sha256(path: Path) -> str:
 
 def _judge(run: Run, rerun: Run, end: RerunEnd, original: str, steps: int | None) -> Verdict:
     verdict = Verdict(run.id, steps or run.steps, run.config.get("exact") is True, original)
-    verdict.differences = differences(run.env, rerun.env)
+    if rerun.env:  # a rerun refused before it started records no environment to compare
+        verdict.differences = differences(run.env, rerun.env)
     if steps is None:
-        digest = rerun.summary.get("weights_sha256")
-        ended = rerun.status == "succeeded" and isinstance(digest, str)
+        digest = rerun.summary.get("weights_sha256") if rerun.status == "succeeded" else None
     else:
         path = step_checkpoint_path(rerun.path / "checkpoints", steps)
         digest = checkpoint_weights_sha256(path) if path.is_file() else None
-        ended = digest is not None
-    if not ended:
-        reached = f"before its step {steps} checkpoint" if steps else f"{rerun.status}"
-        verdict.failure = f"the rerun ended {reached} (exit status {end.returncode}); its last lines:\n{end.tail()}"
+    if not isinstance(digest, str):
+        missed = f"reach its step {steps} checkpoint" if steps else "finish"
+        verdict.failure = f"the rerun did not {missed} (exit status {end.returncode}); its last lines:\n{end.tail()}"
         return verdict
     verdict.rerun_sha256, verdict.identical = digest, digest == original
     return verdict
