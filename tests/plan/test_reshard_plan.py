@@ -157,7 +157,10 @@ def test_an_elastic_restart_on_another_world_size_keeps_the_jobs_global_batch(tm
 def test_sharded_latest_is_the_newest_committed_directory(tmp_path):
     run_dir = tmp_path / "run"
     _checkpoint(sharded_step_path(run_dir / "checkpoints", 2), 2, "accumulation=2")
-    (sharded_step_path(run_dir / "checkpoints", 6)).mkdir()  # a save that never committed
+    # A save that never committed: save_sharded writes beside the checkpoint and renames at the end,
+    # so a kill leaves its hidden temporary directory (a step_N.dcp without clorch.json is refused).
+    newer = sharded_step_path(run_dir / "checkpoints", 6)
+    (newer.parent / f".{newer.name}.0123abcd.tmp").mkdir()
     plan, errors = _plan("parallel=fsdp", "launcher.nproc_per_node=1", "checkpoint.resume=latest", run_dir=run_dir)
     assert errors == [] and plan.config.accumulation == 4
 
