@@ -133,6 +133,30 @@ def _fsdp_keeps_whole_gradients(rank: int, world: int) -> list[bool]:
     return checks
 
 
+class _WithUnusedUnit(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _fsdp_unit_left_out(rank: int, world: int) -> list[tuple[str, bool, bool]]:
+    """A unit whose forward did not run stays sharded: zeros of its whole shape stand in."""
+    from clorch.nn.parallel.fsdp import shard_model
+    from clorch.strategies.exact_fsdp import keep_gradients_unsharded, unsharded_parameters
+
+    torch.manual_seed(0)
+    model = shard_model(_WithUnusedUnit(), shard_modules=["Linear"], policy=None)
+    keep_gradients_unsharded(model)
+    model(torch.randn(4, 6)).sum().backward()
+    held = unsharded_parameters(model)
+    return [(tuple(h.shape), h.grad is not None, bool(h.grad is None and not h.any())) for h in held]
+
+
 def test_fsdp_leaves_each_micro_batchs_whole_gradient_unreduced_and_shard_of_views_its_rows():
     for checks in run_ranks(_fsdp_keeps_whole_gradients, 2):
         assert checks == [True] * 8, checks
+    for held in run_ranks(_fsdp_unit_left_out, 2):
+        assert held == [((5, 6), True, False), ((5,), True, False), ((3, 5), False, True), ((3,), False, True)]
