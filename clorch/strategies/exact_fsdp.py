@@ -35,7 +35,7 @@ from clorch.strategies.base import ModelSource, compile_mode_of
 from clorch.strategies.exact import ExactSteps, deterministic_kernels, refuse_inexact_modules
 from clorch.strategies.fsdp import FSDPStrategy
 
-__all__ = ["ExactFSDPStrategy", "keep_gradients_unsharded", "shard_of", "unsharded_parameters"]
+__all__ = ["ExactFSDPStrategy", "keep_gradients_unsharded", "reshard", "shard_of", "unsharded_parameters"]
 
 
 def keep_gradients_unsharded(model: nn.Module) -> None:
