@@ -4,7 +4,8 @@ The model, its parameters and the optimizer's state are sharded as `FSDPStrategy
 shards them, and every bit of the result is `ExactDDPStrategy`'s, on any world size:
 
 - the start: a built-in model draws its seeded values module by module on every rank
-  (`clorch.nn.parallel.fsdp_init.materialize`), the values parallel=ddp starts from;
+  (`clorch.nn.parallel.fsdp_init.materialize`), and a model of yours is built whole from
+  the seed (`clorch.builders.rank_model`): the values parallel=ddp starts from;
 - each micro-batch's backward runs without FSDP's reduce-scatter (`requires_gradient_sync`
   off) and leaves the parameters unsharded (`reshard_after_backward` off), so its whole
   gradient is read from the unsharded parameters as one leaf of the tree
