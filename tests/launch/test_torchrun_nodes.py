@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["+recipe=cpu_smoke", "data.sample_count=64", "log_every=1"]  # two nodes: the preflight runs first, by default
 
 
-def _agent(port: int, run_id: str, entry: list[str], args: list[str], cwd: Path) -> subprocess.Popen:
+def _agent(
+    port: int, run_id: str, entry: list[str], args: list[str], cwd: Path, local_addr: str | None = None
+) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
@@ -39,6 +42,7 @@ def _agent(port: int, run_id: str, entry: list[str], args: list[str], cwd: Path)
         run_id,
         "--rdzv-conf",
         "join_timeout=60",
+        *(["--local-addr", local_addr] if local_addr else []),
         *entry,
         *args,
     ]
@@ -144,3 +148,48 @@ def test_a_node_whose_rank_is_killed_ends_the_job_within_30_s(tmp_path, killed):
                     os.kill(int(pid), signal.SIGKILL)
                 agent.kill()
         _finish(agents)
+
+
+def _wait_for_listener(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port} after {timeout} s")
+
+
+def test_a_node_lost_during_start_up_ends_the_job_within_60_s(tmp_path):
+    """Rank 0's node dies before the other node's rank has joined: its agent, which hosts the ranks'
+    store, is gone when that rank connects. The surviving node's agent (the rendezvous endpoint's
+    host, so its own rendezvous never fails) waits for its rank alone: the rank must give up on the
+    store within seconds, not retry its connection for the collective timeout (200 s here). The
+    60 s also cover the rank's own start (composing, checking) after the loss."""
+    port, run_dir = free_port(), tmp_path / "run"
+    args = [*TINY, f"hydra.run.dir={run_dir}", "epochs=3000", "launcher.collective_timeout=200"]
+    entry = [str(ROOT / "tests" / "launch" / "late_rank.py")]
+    # The first agent hosts the rendezvous endpoint; group rank 0 (the ranks' store host) is the
+    # node whose address sorts first: 127.0.0.1 before localhost.
+    survivor = _agent(port, "lost", entry, args, tmp_path, local_addr="localhost")
+    agents = [survivor]
+    try:
+        _wait_for_listener(port)
+        victim = _agent(port, "lost", entry, args, tmp_path, local_addr="127.0.0.1")
+        agents.append(victim)
+        victim.wait(timeout=120)
+        lost_at = time.monotonic()
+        survivor.wait(timeout=90)
+        assert time.monotonic() - lost_at < 60, "the surviving node's agent took 60 s or more to exit"
+        assert survivor.returncode != 0
+    finally:
+        for agent in agents:  # a hung job: its ranks first, then the agent
+            if agent.poll() is None:
+                for pid in Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split():
+                    os.kill(int(pid), signal.SIGKILL)
+                agent.kill()
+        outputs = _finish(agents)
+    assert "that node has gone" in outputs[0][1], outputs[0][1][-3000:]
+    victim_out = outputs[1][1]
+    assert "exitcode  : -9" in victim_out and "rank      : 0" in victim_out, victim_out[-3000:]  # rank 0 was lost
