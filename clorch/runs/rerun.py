@@ -67,10 +67,12 @@ def rerun_args(run: Run, directory: Path, keep_all: bool = False) -> list[str]:
     cwd = started_in(run)
     args = recipe_files_again([a for a in args if _key(a) not in _OWN_KEYS], cwd)
     args = absolute_args(args, cwd) if cwd else args
+    section = run.config.get("checkpoint") if isinstance(run.config.get("checkpoint"), dict) else {}
+    # A run without checkpoints gets no checkpoint keys: the checks refuse keys that do nothing.
+    where = [f"checkpoint.dir={directory / 'checkpoints'}", "checkpoint.path=null"]
     own = [
         f"hydra.run.dir={directory}",
-        f"checkpoint.dir={directory / 'checkpoints'}",
-        "checkpoint.path=null",
+        *(where if section.get("policy", "none") != "none" else []),
         "checkpoint.resume=none",
         "logger.trackers=[]",
         "logger.tensorboard=false",

@@ -131,3 +131,17 @@ def test_differences_name_versions_gpus_world_size_and_data_files():
         f"data.path /d/a.txt (data file changed): sha256 {'a' * 16}..., 3 bytes (run)"
         f" -> sha256 {'b' * 16}..., 3 bytes (rerun)",
     ]
+
+
+def test_the_rerun_of_a_run_without_checkpoints_gets_no_checkpoint_keys(exact_run, tmp_path):
+    # checkpoint=none refuses checkpoint.dir as a key that does nothing: the rerun must not add it.
+    from clorch.runs.records import Run
+    from clorch.runs.rerun import rerun_args
+
+    copy = tmp_path / "run"
+    shutil.copytree(exact_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    config = (copy / "config.yaml").read_text().replace("policy: periodic", "policy: none")
+    (copy / "config.yaml").write_text(config)
+    args = rerun_args(Run(copy), tmp_path / "again")
+    assert not [a for a in args if a.startswith(("checkpoint.dir=", "checkpoint.path="))], args
+    assert "checkpoint.path=null" in rerun_args(Run(exact_run), tmp_path / "again")  # with checkpoints: its own
