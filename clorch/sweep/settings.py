@@ -32,7 +32,17 @@ DIRECTIONS = ("minimize", "maximize")
 SWEEPERS = ("basic", "optuna")
 STUDY_FILE = "optuna.db"  # the study's SQLite file in the sweep directory (no `storage` given)
 # What a search-space file may hold: the space and how to search it, never where results go.
-FILE_KEYS = ("params", "n_trials", "direction", "objective", "sampler", "pruner", "min_trials", "study_name")
+FILE_KEYS = (
+    "params",
+    "n_trials",
+    "direction",
+    "objective",
+    "sampler",
+    "pruner",
+    "min_trials",
+    "study_name",
+    "repeatable",
+)
 MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
 
 
@@ -41,7 +51,7 @@ class SamplerSettings:
     """`hydra/sweeper/sampler=NAME` (Hydra's convention) and `hydra.sweeper.sampler.seed`."""
 
     name: str = "tpe"  # tpe, random, grid, cmaes or qmc (Optuna's samplers of those names)
-    seed: int | None = None  # the same seed gives the same trials (with n_jobs=1); null: random
+    seed: int | None = None  # the same seed gives the same trials, whatever n_jobs (`repeatable`); null: random
 
 
 @dataclass
@@ -70,6 +80,14 @@ class OptunaSettings:
     params: dict[str, str] | None = None  # {key: grammar}, as Hydra's Optuna sweeper takes them
     continue_changed: bool = False  # continue a sweep directory that holds another sweep (sweep.json)
     space: str | None = None  # a search-space file (YAML; FILE_KEYS), read before the sweep starts
+    # Trial k is asked, and pruned, against the trials numbered k - n_jobs and below, once they have
+    # ended (clorch.sweep.study): a seeded sweep then repeats itself whatever order its trials end in.
+    # null: true when sampler.seed is given; false: against whatever has ended (Optuna's way).
+    repeatable: bool | None = None
+
+    def repeats(self) -> bool:
+        """Whether this sweep's trials are asked and pruned by the fixed rule (`repeatable`)."""
+        return self.sampler.seed is not None if self.repeatable is None else bool(self.repeatable)
 
 
 def _int_error(key: str, value: Any, low: int) -> str | None:
@@ -110,7 +128,19 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
-    return [e for e in [*found, _bool_error(s.continue_changed)] if e] + storage_errors(s.storage)
+    return [e for e in [*found, _bool_error(s.continue_changed), _repeatable_error(s)] if e] + storage_errors(s.storage)
+
+
+def _repeatable_error(settings: OptunaSettings) -> str | None:
+    value = settings.repeatable
+    if value is not None and not isinstance(value, bool):
+        return f"hydra.sweeper.repeatable must be true, false or null (true when sampler.seed is given), got {value!r}"
+    if value is True and settings.sampler.seed is None:
+        return (
+            "hydra.sweeper.repeatable=true needs hydra.sweeper.sampler.seed: an unseeded sampler asks other "
+            "trials each run; set sampler.seed=INT"
+        )
+    return None
 
 
 STORAGE_EXAMPLES = "e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db"

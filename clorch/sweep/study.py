@@ -9,8 +9,17 @@ holds `n_trials` (or the grid sampler has tried its whole grid).
 
 The same seed gives the same trials: each trial's sampler is seeded with the
 sampler's seed plus the trial's number (the QMC sampler, whose sequence is the
-seed's, with the seed), so a sweep that was stopped and continued asks, with
-n_jobs=1, what the uninterrupted sweep would have asked.
+seed's, with the seed), so a sweep that was stopped and continued asks what the
+uninterrupted sweep would have asked.
+
+With trials side by side (n_jobs=N), which trial ends first is chance. A repeatable
+sweep (`hydra.sweeper.repeatable`, true when the sampler is seeded) takes it out of
+the results by a fixed rule: trial k starts once every trial numbered k - N or below
+has ended (it waits for them if need be); a sampler that learns from results (TPE,
+CMA-ES) asks it on a view of the study that holds only those trials (trials_up_to),
+and its pruner compares it with those same trials (clorch.train.trial). The random,
+grid and QMC samplers choose by the trial's number, whatever has ended, and ask on
+the study itself. Without a pruner or a learning sampler no trial waits.
 
 A trial that succeeded is told to the study with its objective, a finite number from
 its summary's final metrics; without one (a misspelt `objective`, a NaN loss) the study
@@ -21,6 +30,7 @@ finished trial is never given to a new one.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +40,17 @@ from clorch.engine.results import RunSummary
 from clorch.status import Status
 from clorch.sweep._private_apis import trial_id
 from clorch.sweep.errors import SweepRefused
+from clorch.engine.interrupts import raise_if_signalled
 from clorch.sweep.driver import RESUME, UNFINISHED, TrialSpec, say, writes_checkpoints
 from clorch.sweep.heartbeat import Heartbeats, cut_off
 from clorch.sweep.settings import OptunaSettings
 from clorch.sweep.space import SearchSpace
 from clorch.sweep.storage import open_study, storage_errors, where
-from clorch.train.trial import ENV, TrialLink, make_pruner
+from clorch.train.trial import ENV, TrialLink, make_pruner, trials_up_to
 
 DEFAULT_OBJECTIVE = "eval_loss"  # else the final train loss, for a trial whose summary lacks it
+LEARNING = ("tpe", "cmaes")  # the samplers whose choice depends on the trials that have ended
+POLL_S = 1.0  # how often a repeatable sweep looks whether another sweep's trial has ended
 
 
 def read_objective(summary: RunSummary, objective: str | None) -> tuple[float | None, str | None]:
@@ -75,7 +88,9 @@ def make_sampler(settings: OptunaSettings, space: SearchSpace, number: int) -> A
         return optuna.samplers.CmaEsSampler(seed=trial_seed)
     if name == "qmc":
         return optuna.samplers.QMCSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=trial_seed, constant_liar=settings.n_jobs > 1)
+    # Constant liar: running trials count as bad ones, so that trials side by side differ; a
+    # repeatable sweep asks where no trial is running (trials_up_to).
+    return optuna.samplers.TPESampler(seed=trial_seed, constant_liar=settings.n_jobs > 1 and not settings.repeats())
 
 
 def _grid_values(param: Any) -> list[Any]:
@@ -100,6 +115,12 @@ class StudySource:
         self.where = where(settings, sweep_dir)
         self.study, self.storage, self.storage_url, self.name = open_study(settings, sweep_dir, uid)
         self._fixed: Any = None  # without a seed: one study object, one sampler for every trial
+        self.repeats = settings.repeats()
+        # A repeatable sweep's trial waits for trials k - n_jobs and below only where they decide something.
+        self.waits = self.repeats and (settings.sampler.name in LEARNING or settings.pruner != "none")
+        self.running: set[int] = set()  # the numbers of the trials this sweep runs now
+        self.lost: set[int] = set()  # trials cut off while this sweep runs: continuing the sweep runs them
+        self._said: set[int] = set()  # the trials this sweep said it waits for
         with storage_errors(self.where):
             self.heartbeats = Heartbeats(self.storage, uid)
             self.cut_off = cut_off(self.study.trials, uid, own_file=not settings.storage)
@@ -126,6 +147,7 @@ class StudySource:
             objective=self.settings.objective or DEFAULT_OBJECTIVE,
             pruner=self.settings.pruner,
             min_trials=self.settings.min_trials,
+            compared_up_to=number - self.settings.n_jobs if self.repeats else None,
         )
         overrides = self.space.trial_overrides(values) + ([RESUME] if resume else [])
         label = " ".join(p.override(values[p.key]) for p in self.space.params)
@@ -135,9 +157,10 @@ class StudySource:
         """The study object that asks trial `number`, with that trial's sampler."""
         if self.settings.sampler.seed is None and self._fixed is not None:
             return self._fixed
+        learns = self.repeats and self.settings.sampler.name in LEARNING
         study = optuna.load_study(
             study_name=self.name,
-            storage=self.storage,
+            storage=trials_up_to(self.storage, number - self.settings.n_jobs) if learns else self.storage,
             sampler=make_sampler(self.settings, self.space, number),
             pruner=make_pruner(self.settings.pruner, self.settings.min_trials),
         )
@@ -148,12 +171,14 @@ class StudySource:
     def next(self) -> TrialSpec | None:
         with storage_errors(self.where):
             if self.cut_off:
+                if not self._ready(self.cut_off[0].number):
+                    return None
                 trial = self.cut_off.pop(0)
                 self.heartbeats.mark(trial_id(trial))
                 resume = writes_checkpoints(self.sweep_dir / str(trial.number))
-                return self._spec(trial_id(trial), trial.number, trial.params, resume)
+                return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume))
             number = len(self.study.trials)
-            if number >= self.settings.n_trials:
+            if number >= self.settings.n_trials or not self._ready(number):
                 return None
             asking = self._asking(number)
             if isinstance(asking.sampler, optuna.samplers.GridSampler) and asking.sampler.is_exhausted(asking):
@@ -161,7 +186,45 @@ class StudySource:
             trial = asking.ask({p.key: p.distribution() for p in self.space.params})
             self._refuse_finished_dir(trial)
             self.heartbeats.mark(trial_id(trial))
-            return self._spec(trial_id(trial), trial.number, trial.params, resume=False)
+            return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=False))
+
+    def _started(self, spec: TrialSpec) -> TrialSpec:
+        self.running.add(spec.number)
+        return spec
+
+    def _ready(self, number: int) -> bool:
+        """Whether trial `number` may start now: in a repeatable sweep that waits, once every trial
+        numbered `number - n_jobs` or below has ended. False: one of this sweep's own has not (the
+        driver asks again when one ends), or one was cut off (continuing the sweep runs it). A
+        trial of another sweep sharing the storage is waited for here."""
+        if not self.waits:
+            return True
+        last = number - self.settings.n_jobs
+        while True:
+            state = optuna.trial.TrialState.RUNNING
+            pending = [t.number for t in self.study.get_trials(deepcopy=False, states=(state,)) if t.number <= last]
+            if not pending:
+                return True
+            if self.running.intersection(pending):
+                return False
+            self._say_waiting(number, pending)
+            if self.lost.intersection(pending):
+                return False
+            raise_if_signalled()
+            time.sleep(POLL_S)
+
+    def _say_waiting(self, number: int, pending: list[int]) -> None:
+        if number in self._said:
+            return
+        self._said.add(number)
+        lost = sorted(self.lost.intersection(pending))
+        if lost:
+            say(
+                f"trial {number} waits for trial {lost[0]}, which was cut off; run the sweep's command again "
+                "to run it and continue"
+            )
+        else:
+            say(f"trial {number} waits for trial {pending[0]}, running in another sweep of study {self.name!r}")
 
     def _refuse_finished_dir(self, trial: Any) -> None:
         run_dir = self.sweep_dir / str(trial.number)
@@ -177,9 +240,11 @@ class StudySource:
     def ended(self, spec: TrialSpec, summary: RunSummary) -> None:
         state = optuna.trial.TrialState
         tid = TrialLink.from_env(spec.env).trial_id
+        self.running.discard(spec.number)
         with storage_errors(self.where):
             if summary.status in UNFINISHED:
                 self.heartbeats.release(tid)  # cut off: continuing the sweep runs it again
+                self.lost.add(spec.number)
                 return
             self.heartbeats.ended(tid)
             if summary.status is Status.PRUNED:

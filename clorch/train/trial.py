@@ -11,6 +11,11 @@ the same way, so every rank raises together and none waits in a collective for a
 rank that has failed (as optuna-integration's TorchDistributedTrial does). A run
 started without CLORCH_TRIAL (every run outside a sweep) reports nothing and is
 never pruned.
+
+In a repeatable sweep (`hydra.sweeper.repeatable`) the link also names `compared_up_to`:
+the pruner then sees the study through `trials_up_to`, holding only the trials numbered
+that or below, which had all ended before this trial started. Its decision at each
+step is then the same whichever other trials end, or report, while this one trains.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any, Mapping
 
 ENV = "CLORCH_TRIAL"
@@ -41,6 +47,7 @@ class TrialLink:
     objective: str  # a metric name as summary.json's `final` has it: loss, eval_loss, eval_accuracy...
     pruner: str = "none"
     min_trials: int = 5
+    compared_up_to: int | None = None  # the pruner sees the trials numbered this or below; None: every trial
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -76,6 +83,44 @@ def open_storage(url: str) -> Any:
     if url.startswith("sqlite:"):
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
     return optuna.storages.RDBStorage(url)
+
+
+def trials_up_to(storage: Any, last: int) -> Any:
+    """A view of the Optuna storage `storage` in which a study holds only its trials numbered `last` or below.
+
+    Optuna's samplers and pruners read a study's trials through its storage's `get_all_trials`
+    (tests/sweep/test_repeatable_source.py holds them to it); that alone is filtered. Everything
+    else reaches `storage` itself: a trial read by its id (the trial being asked or pruned), and
+    every write (a new trial, its parameters, a reported value, a sampler's or pruner's attributes),
+    so the study in `storage` records all that happens through the view.
+    """
+    return _view_class()(storage, last)
+
+
+@cache
+def _view_class() -> type:
+    import optuna  # lazy: only a sweep's processes need Optuna
+
+    base = optuna.storages.BaseStorage
+
+    def delegate(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.storage, name)(*args, **kwargs)
+
+        method.__name__ = name
+        return method
+
+    def __init__(self: Any, storage: Any, last: int) -> None:
+        self.storage, self.last = storage, last
+
+    def get_all_trials(self: Any, study_id: int, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        trials = self.storage.get_all_trials(study_id, deepcopy=deepcopy, states=states)
+        return [t for t in trials if t.number <= self.last]
+
+    # Every method a storage must have goes to `storage`, but the listing of a study's trials.
+    namespace = {name: delegate(name) for name in base.__abstractmethods__}
+    namespace.update(__init__=__init__, get_all_trials=get_all_trials, __doc__=trials_up_to.__doc__)
+    return type("TrialsUpTo", (base,), namespace)
 
 
 def eval_metric(objective: str, metrics: Mapping[str, float]) -> float | None:
@@ -121,9 +166,10 @@ class TrialReporter:
         if self._trial is None:
             import optuna  # lazy: only a sweep's processes need Optuna
 
+            storage, last = open_storage(self.link.storage), self.link.compared_up_to
             study = optuna.load_study(
                 study_name=self.link.study,
-                storage=open_storage(self.link.storage),
+                storage=storage if last is None else trials_up_to(storage, last),
                 pruner=make_pruner(self.link.pruner, self.link.min_trials),
             )
             self._trial = optuna.trial.Trial(study, self.link.trial_id)
