@@ -14,6 +14,7 @@ from typing import Any
 
 from clorch._files import unwritable
 from clorch.config.checks import complete, reused_dir_errors
+from clorch.config.layout import ParallelLayout
 from clorch.builders.data import model_sizes_of
 from clorch.plan.memory import RankMemory, bytes_per_parameter, config_memory, human_bytes
 from clorch.builders.model import build_model_for
@@ -77,30 +78,35 @@ def drop_last(cfg: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def plan_steps(cfg: TrainConfig, size: int, world: int) -> tuple[int, int, int]:
+def plan_steps(cfg: TrainConfig, size: int, layout: ParallelLayout) -> tuple[int, int, int]:
     """(samples per rank per epoch, optimizer steps per epoch, steps in the run).
 
-    A step takes batch_size * accumulation of the rank's samples; the epoch's last
-    step takes what is left, so an epoch is ceil(shard / (batch_size * accumulation)) steps.
+    The `size` samples are split over the layout's data-parallel ranks (`dp_size`). A step
+    takes batch_size * accumulation of the rank's samples; the epoch's last step takes what
+    is left, so an epoch is ceil(shard / (batch_size * accumulation)) steps.
     """
-    shard = size // world if drop_last(cfg) else math.ceil(size / world)
+    readers = layout.dp_size
+    shard = size // readers if drop_last(cfg) else math.ceil(size / readers)
     steps_per_epoch = max(1, math.ceil(shard / (cfg.batch_size * cfg.accumulation)))
     return shard, steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch
 
 
-def data_errors(cfg: TrainConfig, train: int, held_out: int, world: int) -> list[str]:
+def data_errors(cfg: TrainConfig, train: int, held_out: int, layout: ParallelLayout) -> list[str]:
+    """A rank's share of the training data smaller than a batch; an eval split smaller than the
+    data-parallel ranks (each evaluates its own share)."""
     errors = []
-    shard = plan_steps(cfg, train, world)[0]
+    readers = layout.dp_size
+    shard = plan_steps(cfg, train, layout)[0]
     if cfg.batch_size > shard:
         errors.append(
             f"batch_size={cfg.batch_size} is larger than a rank's shard: "
-            f"{train} training samples over {world} ranks give {shard} per rank "
+            f"{train} training samples over {readers} ranks give {shard} per rank "
             f"(use batch_size <= {shard}, more data, or fewer ranks)"
         )
-    if held_out < world:
+    if held_out < readers:
         errors.append(
             f"data={cfg.data.name}: the eval split has {held_out} sample(s), fewer than "
-            f"the job's {world} ranks (every rank evaluates at least one): raise "
+            f"the job's {readers} ranks (every rank evaluates at least one): raise "
             f"data.sample_count or data.eval_fraction, or use fewer ranks"
         )
     return errors
@@ -224,10 +230,10 @@ def too_large(memory: RankMemory, ranks_here: int, gpu: int | None, host: int | 
 
 
 def _alternative(
-    cfg: TrainConfig, model: Any, world: int, cpu: bool, ranks_here: int, gpu: int | None, host: int | None
+    cfg: TrainConfig, model: Any, layout: ParallelLayout, cpu: bool, ranks_here: int, gpu: int | None, host: int | None
 ) -> str:
     """What parallel=fsdp (and its cpu_offload) would need per rank, and whether it fits."""
-    sharded = cfg.parallel.shards
+    sharded, world = layout.sharded, layout.world_size
     plain = config_memory(cfg, model, world, sharded=True, cpu_offload=False, cpu_ranks=cpu)
     offload = config_memory(cfg, model, world, sharded=True, cpu_offload=True, cpu_ranks=cpu)
     fsdp = f"parallel=fsdp over the job's {world} rank(s)"
@@ -257,8 +263,8 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     # lazy: keeps torch out of clorch-train's start
     import torch
 
-    world = ranks_here * min_nodes(cfg.launcher.nnodes)
-    sharded = cfg.parallel.shards
+    layout = cfg.parallel.layout(ranks_here * min_nodes(cfg.launcher.nnodes))
+    sharded = layout.sharded
     try:
         sizes = model_sizes_of(cfg)  # on the host: a task may draw samples
         with torch.device("meta"):
@@ -271,7 +277,7 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
         memory = config_memory(
             cfg,
             model,
-            world,
+            layout.shard_size,  # each rank holds 1/shard_size of its replica's state
             sharded=sharded,
             cpu_offload=sharded and cfg.parallel.cpu_offload,
             cpu_ranks=backend != "nccl",
@@ -290,7 +296,7 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
     return [
         f"model={cfg.model.name}: {memory.params:,} parameters need about {' and '.join(found)} under "
         f"parallel={cfg.parallel.name}{offload} ({_bytes_each(cfg, memory)}; {memory.describe()})"
-        + _alternative(cfg, model, world, memory.cpu_ranks, ranks_here, gpu, host)
+        + _alternative(cfg, model, layout, memory.cpu_ranks, ranks_here, gpu, host)
     ]
 
 

@@ -44,6 +44,7 @@ from omegaconf import DictConfig
 from clorch._files import write_bytes_atomic
 from clorch._gc import import_long_lived
 from clorch.config.checks import ConfigError, checked_partial, complete
+from clorch.config.layout import ParallelLayout
 from clorch.builders.data import is_user_data, split_sizes
 from clorch.config.overrides import compose_once
 from clorch.config.paths import with_absolute_paths
@@ -83,6 +84,9 @@ class Plan:
     nproc_per_node: int  # ranks on this node
     devices: list[int] | None  # CUDA device indices, None for CPU ranks
     world_size: int  # ranks in the whole job
+    # how the ranks are arranged (replicas, shard groups, the data-parallel ranks): what every part
+    # that means "the data-parallel size" or "sharded" asks (`cfg.parallel.layout(world_size)`)
+    layout: ParallelLayout
     device_type: str  # "cuda" or "cpu"
     train_size: int  # samples in the training split
     eval_size: int  # samples in the held-out split
@@ -132,7 +136,8 @@ class Plan:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "Plan":
         """The plan `to_dict` wrote (trusted: it was checked when it was made)."""
-        return cls(**{**values, "config": TrainConfig.from_dict(dict(values["config"]))})
+        config = TrainConfig.from_dict(dict(values["config"]))
+        return cls(**{**values, "config": config, "layout": ParallelLayout(**values["layout"])})
 
     def digest(self) -> str:
         """sha256 of the plan's plain values: equal plans, equal digests."""
@@ -270,7 +275,19 @@ def _machine(
     return world, nproc, devices, backend
 
 
-def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backend: Any) -> tuple[int, int] | None:
+def _layout(cfg: Any, world: int, problems: list[str]) -> ParallelLayout | None:
+    """The `parallel` option's arrangement of `world` ranks, or None, adding why it cannot be made
+    (a replicate degree that does not divide them, ...) to `problems`."""
+    if not complete(cfg, "parallel"):
+        return None
+    errors = cfg.parallel.layout_errors(world)
+    problems += errors
+    return None if errors else cfg.parallel.layout(world)
+
+
+def _sized_checks(
+    cfg: Any, problems: list[str], layout: ParallelLayout, memory_nproc: int | None, backend: Any
+) -> tuple[int, int] | None:
     """The train and eval split sizes (None where the data cannot be sized), adding the data's,
     the model's and, with `memory_nproc` ranks a node, the memory's errors to `problems`."""
     if not complete(cfg, "top", "data"):
@@ -282,7 +299,7 @@ def _sized_checks(cfg: Any, problems: list[str], memory_nproc: int | None, backe
         if complete(cfg, "model"):
             problems += model_errors(cfg) + token_file_errors(cfg) + init_from_errors(cfg)
             if complete(cfg, "loss", "step"):
-                problems += user_data_errors(cfg) + user_model_errors(cfg) + liger_errors(cfg)
+                problems += user_data_errors(cfg, layout) + user_model_errors(cfg, layout) + liger_errors(cfg)
             if memory_nproc is not None and not problems:
                 problems += memory_errors(cfg, memory_nproc, backend)
     except (ValueError, TypeError, OSError) as exc:  # the task rejects its arguments
@@ -314,21 +331,24 @@ def _build(
     world, nproc, devices, backend = _machine(cfg, run_dir, problems, external, machine)
     if problems or not sized:
         return None
+    layout = _layout(cfg, world, problems)
+    if layout is None:
+        return None
     # The memory is checked against this machine's, for clorch's own launcher's ranks only
     # (another launcher's ranks: free memory differs from rank to rank, and a check that stops
     # some ranks only leaves the others waiting).
     here = world is not None and external is None and machine.hardware_here and machine.tasks_per_node == 1
-    sizes = _sized_checks(cfg, problems, nproc if here else None, backend)
+    sizes = _sized_checks(cfg, problems, layout, nproc if here else None, backend)
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
     fit = ResumeFit()
     if complete(cfg, "checkpoint", "model", "data", "optim"):
-        fit = resume_fit(cfg, world, run_dir)
+        fit = resume_fit(cfg, layout, run_dir)
         problems += fit.errors
         if fit.accumulation is not None:  # a checkpoint to resume: keep its global batch
             cfg = fit.applied(cfg)
-    problems += data_errors(cfg, *sizes, world)
-    shard, per_epoch, total = plan_steps(cfg, sizes[0], world)
+    problems += data_errors(cfg, *sizes, layout)
+    shard, per_epoch, total = plan_steps(cfg, sizes[0], layout)
     if complete(cfg, "schedule"):
         problems += schedule_errors(cfg, total)
     if problems:
@@ -339,6 +359,7 @@ def _build(
         nproc_per_node=nproc,
         devices=devices,
         world_size=world,
+        layout=layout,
         device_type="cuda" if backend == "nccl" else "cpu",
         train_size=sizes[0],
         eval_size=sizes[1],
@@ -427,16 +448,21 @@ def for_world_size(plan: Plan, world_size: int, run_dir: Path | None = None) -> 
     the ranks, the checkpoint to resume and the accumulation that keeps its global batch,
     clorch.plan.resume) again. The same plan when neither the size nor the accumulation changes.
     """
-    fit = resume_fit(plan.config, world_size, run_dir)
+    errors: list[str] = []
+    layout = _layout(plan.config, world_size, errors)
+    if layout is None:
+        return plan, errors
+    fit = resume_fit(plan.config, layout, run_dir)
     cfg = fit.applied(plan.config)
     if world_size == plan.world_size and cfg is plan.config:
         return plan, fit.errors
-    errors = data_errors(cfg, plan.train_size, plan.eval_size, world_size) + fit.errors
-    shard, per_epoch, total = plan_steps(cfg, plan.train_size, world_size)
+    errors = data_errors(cfg, plan.train_size, plan.eval_size, layout) + fit.errors
+    shard, per_epoch, total = plan_steps(cfg, plan.train_size, layout)
     return replace(
         plan,
         config=cfg,
         world_size=world_size,
+        layout=layout,
         shard_size=shard,
         steps_per_epoch=per_epoch,
         total_steps=total,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clorch._checkpoint_names import SHARDED_MARKER, SHARDED_STEP_NAME, step_checkpoints
+from clorch.config.layout import ParallelLayout
 from clorch.config.schema import CUDA_GRAPH_MODES, TargetModelConfig, TrainConfig
 from clorch.env import restart_count
 from clorch.plan.interrupted import reraise_interrupt
@@ -64,6 +65,9 @@ class ResumeFit:
         return replace(cfg, accumulation=self.accumulation)
 
 
+_KINDS = {True: "sharded checkpoint (.dcp)", False: "step checkpoint"}
+
+
 def _step_checkpoints(directory: Path | None, sharded: bool) -> list[Path]:
     """The step checkpoints of the kind this run writes, newest first, by name (their metadata is
     all this check reads; the ranks verify each and fall back to an older one when it is damaged)."""
@@ -87,9 +91,12 @@ def _resume_dir(cfg: Any, run_dir: Path | None) -> Path | None:
     return Path(ckpt.dir).expanduser() if ckpt.dir else (run_dir / "checkpoints" if run_dir else None)
 
 
-def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
+def nothing_to_resume(cfg: Any, run_dir: Path | None, layout: ParallelLayout | None = None) -> str | None:
     """The line that says `checkpoint.resume=latest` found no checkpoint (the run starts from
     step 0, as the first run of a `latest` command line does), or None.
+
+    `layout` (the plan's) says which kind of checkpoint the run resumes (sharded or files);
+    None counts either kind.
 
     A directory that does not exist is not refused (the first run of the command that
     resumes itself has none yet: it is created for the run's checkpoints), but it is
@@ -98,9 +105,10 @@ def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
     if cfg.checkpoint.resume != "latest" or restart_count() > 0:
         return None
     directory = _resume_dir(cfg, run_dir)
-    if directory is None or _newest(directory, cfg.parallel.shards) is not None:
+    kinds = (True, False) if layout is None else (layout.sharded,)
+    if directory is None or any(_newest(directory, sharded) is not None for sharded in kinds):
         return None
-    kind = "sharded checkpoint (.dcp)" if cfg.parallel.shards else "step checkpoint"
+    kind = "step checkpoint" if layout is None else _KINDS[layout.sharded]
     where = (
         f"{directory.absolute()} does not exist (it is created for this run's checkpoints)"
         if not directory.exists()
@@ -109,7 +117,7 @@ def nothing_to_resume(cfg: Any, run_dir: Path | None) -> str | None:
     return f"checkpoint.resume=latest: nothing to resume: {where}; training starts from step 0"
 
 
-def unmarked_errors(cfg: Any, run_dir: Path | None) -> list[str]:
+def unmarked_errors(cfg: Any, run_dir: Path | None, layout: ParallelLayout) -> list[str]:
     """Directories named as sharded step checkpoints (step_N.dcp) without clorch.json, in the
     directory a parallel=fsdp run resumes `latest` from or writes its step checkpoints to.
 
@@ -118,7 +126,7 @@ def unmarked_errors(cfg: Any, run_dir: Path | None) -> list[str]:
     step would refuse to replace it mid-run (clorch.checkpoint.sharded).
     """
     ckpt = cfg.checkpoint
-    if not cfg.parallel.shards or (ckpt.resume != "latest" and ckpt.policy != "periodic") or restart_count() > 0:
+    if not layout.sharded or (ckpt.resume != "latest" and ckpt.policy != "periodic") or restart_count() > 0:
         return []
     directory = _resume_dir(cfg, run_dir)
     if directory is None or not directory.is_dir():
@@ -137,7 +145,7 @@ def unmarked_errors(cfg: Any, run_dir: Path | None) -> list[str]:
     ]
 
 
-def _candidates(cfg: Any, run_dir: Path | None) -> list[Path]:
+def _candidates(cfg: Any, run_dir: Path | None, layout: ParallelLayout) -> list[Path]:
     """The checkpoints the ranks may start from, in the order they try them, as the launching
     process sees them now.
 
@@ -149,7 +157,7 @@ def _candidates(cfg: Any, run_dir: Path | None) -> list[Path]:
     if ckpt.resume == "none" and restart_count() == 0:
         return []
     if restart_count() > 0 or ckpt.resume == "latest":
-        found = _step_checkpoints(_resume_dir(cfg, run_dir), cfg.parallel.shards)
+        found = _step_checkpoints(_resume_dir(cfg, run_dir), layout.sharded)
         if found or ckpt.resume in ("latest", "none"):
             return found
     return [Path(ckpt.resume).expanduser()]
@@ -181,16 +189,17 @@ def _read(path: Path) -> dict[str, Any]:
     return read(path)
 
 
-def _kind_error(cfg: Any, path: Path, key: str) -> str | None:
-    """A checkpoint of the other `parallel` option: its format cannot be loaded by this one."""
-    if path.is_dir() and not cfg.parallel.shards:
+def _kind_error(cfg: Any, path: Path, key: str, layout: ParallelLayout) -> str | None:
+    """A checkpoint of the other format: a sharded one (parallel=fsdp, hsdp) under a mode that
+    resumes files (parallel=ddp), or the other way round."""
+    if path.is_dir() and not layout.sharded:
         return (
-            f"{key}: a sharded checkpoint (a directory parallel=fsdp writes), and "
+            f"{key}: a sharded checkpoint (a directory parallel=fsdp or hsdp writes), and "
             f"parallel={cfg.parallel.name} resumes checkpoint files: resume it with parallel=fsdp"
         )
-    if path.is_file() and cfg.parallel.shards:
+    if path.is_file() and layout.sharded:
         return (
-            f"{key}: a checkpoint file (parallel=ddp writes them), and parallel=fsdp resumes "
+            f"{key}: a checkpoint file (parallel=ddp writes them), and parallel={cfg.parallel.name} resumes "
             "sharded checkpoints (.dcp directories): resume it with parallel=ddp"
         )
     return None
@@ -206,8 +215,11 @@ def _world_key(cfg: Any) -> str:
     return "launcher.nproc_per_node" + ("" if str(nnodes) == "1" else " x launcher.nnodes")
 
 
-def _batch_fit(cfg: Any, world_size: int, saved: dict[str, Any], key: str) -> ResumeFit:
-    """The accumulation that keeps the saved run's global batch on `world_size` ranks, or why none does."""
+def _batch_fit(cfg: Any, layout: ParallelLayout, saved: dict[str, Any], key: str) -> ResumeFit:
+    """The accumulation that keeps the saved run's global batch on the layout's data-parallel ranks,
+    or why none does. The saved run's data-parallel size is its world size (each rank of a ddp,
+    fsdp or hsdp run reads its own data)."""
+    world_size = layout.dp_size
     batch, ranks, accumulation = saved["batch_size"], saved["world_size"], saved["accumulation"]
     global_batch = batch * ranks * accumulation
     shape = f"the global batch {global_batch} = batch_size {batch} x {_ranks(ranks)} x accumulation {accumulation}"
@@ -264,7 +276,7 @@ def batch_counts(record: Any) -> dict[str, int] | None:
     return None
 
 
-def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
+def resume_fit(cfg: Any, layout: ParallelLayout, run_dir: Path | None) -> ResumeFit:
     """What the checkpoint a run will resume asks of it: errors, accumulation and a note.
 
     Errors: a checkpoint of another model or data, another batch_size, a world size that
@@ -274,18 +286,18 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
     damaged. After a restart by a launcher only the global batch is computed (the job resumes
     its own checkpoints; an elastic restart may have another world size).
     """
-    unmarked = unmarked_errors(cfg, run_dir)
+    unmarked = unmarked_errors(cfg, run_dir, layout)
     if unmarked:
         return ResumeFit(errors=unmarked)
-    paths = _candidates(cfg, run_dir)
+    paths = _candidates(cfg, run_dir, layout)
     if not paths or not paths[0].exists():
-        return ResumeFit(note=nothing_to_resume(cfg, run_dir))
+        return ResumeFit(note=nothing_to_resume(cfg, run_dir, layout))
     restarted = restart_count() > 0
     for path in paths:
         key = f"checkpoint.resume={cfg.checkpoint.resume}"
         if Path(cfg.checkpoint.resume).expanduser() != path:  # latest, or a restart's newest: name it
             key += f" ({path})"
-        kind = _kind_error(cfg, path, key)
+        kind = _kind_error(cfg, path, key, layout)
         if kind is not None:
             return ResumeFit(errors=[] if restarted else [kind])
         try:
@@ -295,14 +307,15 @@ def resume_fit(cfg: Any, world_size: int, run_dir: Path | None) -> ResumeFit:
             if cfg.checkpoint.resume == "latest" or restarted:
                 continue  # the ranks skip a damaged checkpoint for the one before it
             return ResumeFit(errors=[f"{key}: {path} cannot be resumed: {exc}"])
-        return _fit(cfg, world_size, body, key, restarted)
+        return _fit(cfg, layout, body, key, restarted)
     return ResumeFit()  # none reads: the ranks' own verification decides (with `latest`, a fresh start)
 
 
-def _fit(cfg: Any, world_size: int, body: dict[str, Any], key: str, restarted: bool) -> ResumeFit:
+def _fit(cfg: Any, layout: ParallelLayout, body: dict[str, Any], key: str, restarted: bool) -> ResumeFit:
     """`resume_fit` for one readable checkpoint (`body`: its metadata; `key`: how errors name it)."""
     saved = (body.get("state") or {}).get(RECORD_KEY) if isinstance(body.get("state"), dict) else None
     counts = batch_counts(saved)
+    world_size = layout.dp_size  # the ranks that read data: a checkpoint's batch was read by its world size
     if counts is None:  # written by user code or an older clorch: no batch to keep
         if body.get("world_size") == world_size or restarted:
             return ResumeFit()
@@ -314,11 +327,11 @@ def _fit(cfg: Any, world_size: int, body: dict[str, Any], key: str, restarted: b
                 f"{body.get('world_size')} ranks ({_world_key(cfg)}) or start afresh"
             ]
         )
-    fit = _batch_fit(cfg, world_size, counts, key)
+    fit = _batch_fit(cfg, layout, counts, key)
     if restarted:
         return fit
     errors = list(fit.errors)
-    now = run_record(cfg, world_size)
+    now = run_record(cfg, layout.world_size)
     for name in ("model", "data"):
         recorded = saved.get(name)
         diff = _differences(recorded if isinstance(recorded, dict) else {}, now[name], f"{name}.")

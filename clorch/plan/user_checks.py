@@ -25,6 +25,7 @@ from clorch.builders.data import build_splits, is_user_data, model_sizes_of, use
 from clorch.builders.model import build_model_for, data_sized_defaults
 from clorch.config.schema import FromModelLossConfig, TargetFunctionConfig, TargetModelConfig, TrainConfig
 from clorch.config.targets import TargetBuildError, has_target
+from clorch.config.layout import ParallelLayout
 from clorch.plan.interrupted import reraise_interrupt
 
 TRIAL_ITEMS = 2  # items collated for the trial batch (two, so that stacking is exercised)
@@ -100,10 +101,10 @@ def _step_name(cfg: TrainConfig) -> str:
     return "model(input) and the loss"
 
 
-def user_data_errors(cfg: TrainConfig) -> list[str]:
+def user_data_errors(cfg: TrainConfig, layout: ParallelLayout) -> list[str]:
     """A dataset of yours whose first items do not collate, or whose batch does not fit the model
-    and loss (one forward on the CPU; under parallel=ddp a backward too, `_trial_step`). Empty
-    for the built-in data."""
+    and loss (one forward on the CPU; where the `layout` keeps the whole model on every rank, as
+    parallel=ddp does, a backward too, `_trial_step`). Empty for the built-in data."""
     if not is_user_data(cfg):
         return []
     data = cfg.data
@@ -127,7 +128,7 @@ def user_data_errors(cfg: TrainConfig) -> list[str]:
             f"{_dict_hint(cfg)}{_rejected_hint(cfg, exc)}{_sizes_hint(cfg, sizes)}"
         ]
     try:
-        ungraded = _trial_step(cfg, train, model, batch)
+        ungraded = _trial_step(cfg, train, model, batch, not layout.sharded)
     except Exception as exc:
         reraise_interrupt(exc)
         return [
@@ -197,7 +198,7 @@ def _is_meta_gap(exc: BaseException) -> bool:
     return isinstance(_root(exc), NotImplementedError) or "meta" in text
 
 
-def user_model_errors(cfg: TrainConfig) -> list[str]:
+def user_model_errors(cfg: TrainConfig, layout: ParallelLayout) -> list[str]:
     """A model of yours (or a step, or the model's own loss) on the built-in data that cannot be
     built, or whose forward does not run on one batch of the data's shape (or, under
     parallel=ddp, whose backward leaves a trainable parameter without a gradient).
@@ -205,12 +206,14 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
     The model is built on the meta device (no memory, no initialization time) and runs one
     batch of the data's shapes there. Where the meta device cannot serve (a factory that
     refuses it, as Hugging Face's from_pretrained does, or a forward that reads values) the
-    model is built and run once on the CPU instead.
+    model is built and run once on the CPU instead. `layout` is the plan's: a mode that keeps
+    the whole model on every rank (clorch's reducer) needs every trainable parameter's gradient.
     """
     if not _needs_model_check(cfg):
         return []
     import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
+    every = not layout.sharded
     sizes = model_sizes_of(cfg)
     train, _ = build_splits(cfg, "cpu")
     indices = list(range(min(TRIAL_ITEMS, len(train))))
@@ -221,18 +224,18 @@ def user_model_errors(cfg: TrainConfig) -> list[str]:
         reraise_interrupt(exc)
         if not _is_meta_gap(exc):
             return [_build_error(cfg, exc)]
-        return _on_the_cpu(cfg, sizes, train, indices)
+        return _on_the_cpu(cfg, sizes, train, indices, every)
     try:
-        ungraded = _trial_step(cfg, train, model, _meta_batch(train, indices))
+        ungraded = _trial_step(cfg, train, model, _meta_batch(train, indices), every)
     except Exception as exc:
         reraise_interrupt(exc)
         if not _is_meta_gap(exc):
             return [_forward_error(cfg, exc)]
-        return _on_the_cpu(cfg, sizes, train, indices)
+        return _on_the_cpu(cfg, sizes, train, indices, every)
     return _ungraded_errors(cfg, ungraded, f"a batch of data={cfg.data.name}")
 
 
-def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -> list[str]:
+def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int], every: bool) -> list[str]:
     """The model built and one real batch run on the CPU (where the meta device cannot serve)."""
 
     try:
@@ -241,16 +244,18 @@ def _on_the_cpu(cfg: TrainConfig, sizes: dict, train: Any, indices: list[int]) -
         reraise_interrupt(exc)
         return [_build_error(cfg, exc)]
     try:
-        ungraded = _trial_step(cfg, train, model, train.batch(indices))
+        ungraded = _trial_step(cfg, train, model, train.batch(indices), every)
     except Exception as exc:
         reraise_interrupt(exc)
         return [_forward_error(cfg, exc)]
     return _ungraded_errors(cfg, ungraded, f"a batch of data={cfg.data.name}")
 
 
-def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[str]:
-    """One batch's loss and, under parallel=ddp, its backward: the names of the trainable
-    parameters that got no gradient (none without a backward). Raises what your code raised.
+def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any, every: bool) -> list[str]:
+    """One batch's loss and, where `every` trainable parameter needs a gradient (parallel=ddp:
+    clorch's reducer refuses a step in which one got none, so every rank would stop at its first
+    step; a sharded mode steps without it), its backward: the names of the trainable parameters
+    that got no gradient (none without a backward). Raises what your code raised.
 
     In train mode, as the ranks train, whatever mode the factory returned: a model whose
     forward differs by mode (torchvision's Inception adds auxiliary logits in train mode) is
@@ -259,7 +264,7 @@ def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[st
     import torch  # lazy: clorch-train --help and --cfg job import clorch.plan without torch
 
     model.train()
-    if not _needs_every_gradient(cfg):
+    if not every:
         with torch.no_grad():
             train.loss(model, batch)
         return []
@@ -274,13 +279,6 @@ def _trial_step(cfg: TrainConfig, train: Any, model: Any, batch: Any) -> list[st
                 return []
             raise
     return [name for name, p in trainable if p.grad is None]
-
-
-def _needs_every_gradient(cfg: TrainConfig) -> bool:
-    """parallel=ddp: clorch's reducer refuses a step in which a trainable parameter got no gradient
-    (every rank would stop at its first step); parallel=fsdp steps without it."""
-    parallel = getattr(cfg, "parallel", None)
-    return parallel is not None and not parallel.shards
 
 
 def _ungraded_errors(cfg: TrainConfig, ungraded: list[str], batch: str) -> list[str]:

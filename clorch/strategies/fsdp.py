@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -86,7 +87,7 @@ class FSDPStrategy(Strategy):
         # parallel.param_dtype=fp32 gathers fp32 and leaves the casts to autocast, as under ddp.
         shard_model(
             raw,
-            mesh=device_mesh(self.device.type),
+            mesh=self.device_mesh(),
             shard_modules=parallel.shard,
             min_params=parallel.min_params,
             reshard_after_forward=parallel.reshard_after_forward,
@@ -99,6 +100,11 @@ class FSDPStrategy(Strategy):
         forward = compiled(raw, self.compile_mode)
         self.raw_model, self.optimizer = raw, build_optimizer(raw)
         self.model = ShardedTrainer(raw, None if forward is raw else forward)
+
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh `setup` shards over: every rank of the job, one dimension (collective: every rank
+        calls it). A mode that arranges the ranks otherwise (`HSDPStrategy`) overrides it."""
+        return device_mesh(self.device.type)
 
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
         """Collective: the partial norms of the shards are all-reduced over the mesh. The precision
@@ -140,9 +146,9 @@ class FSDPStrategy(Strategy):
 
     @classmethod
     def parameters_held(cls, parallel: Any, params: int, world_size: int, device_type: str) -> int:
-        """Each rank's share; none on the GPU with cpu_offload."""
+        """Each rank's share of its shard group's replica (`parallel.layout`); none on the GPU with cpu_offload."""
         offloaded = getattr(parallel, "cpu_offload", False) and device_type == "cuda"
-        return 0 if offloaded else -(-params // world_size)
+        return 0 if offloaded else -(-params // parallel.layout(world_size).shard_size)
 
     def save(self, path: Path, sampler: Any, state: dict[str, Any]) -> None:
         """fp16's loss scale travels in the state (a checkpoint file holds it apart)."""

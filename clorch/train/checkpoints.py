@@ -31,6 +31,7 @@ import torch.distributed as dist
 from clorch.checkpoint import CheckpointError
 from clorch.checkpoint.policy import Latest
 from clorch.checkpoint.sharded import WorldSizeChangedWarning
+from clorch.config.layout import ParallelLayout
 from clorch.plan.resume import RECORD_KEY, batch_counts, run_record
 from clorch.config.schema import TrainConfig
 from clorch.data.base import derive_seed
@@ -153,13 +154,14 @@ def save(cfg: TrainConfig, parts: Components, path: Path, state: LoopState, run_
     parts.strategy.save(path, parts.sampler, training)
 
 
-def restore(parts: Components, path: Path, seed: int) -> LoopState:
+def restore(parts: Components, path: Path, seed: int, layout: ParallelLayout) -> LoopState:
     """Load a checkpoint into the components and return the loop state to continue from.
 
     Every rank must call it (collective: the strategy's `load`, clorch.checkpoint's load_checkpoint
     or load_sharded).
     A checkpoint of another world size loads too (module docstring) when this run keeps
-    its global batch; each rank's generators are then seeded by `reseed_for(seed, ...)`.
+    its global batch (over the `layout`'s data-parallel ranks, the plan's); each rank's
+    generators are then seeded by `reseed_for(seed, ...)`.
 
     Raises:
         ValueError: the checkpoint does not match the model or is not a clorch checkpoint.
@@ -173,7 +175,7 @@ def restore(parts: Components, path: Path, seed: int) -> LoopState:
     saved_world = record.get("world_size") if isinstance(record, dict) else None
     saved_world = saved_world if type(saved_world) is int and saved_world >= 1 else parts.world_size
     _check_training_state(path, saved, saved_world)
-    note = _check_global_batch(path, record, parts)
+    note = _check_global_batch(path, record, parts, layout)
     warning = None
     if saved_world != parts.world_size:
         reseed_for(seed, parts.rank, saved["step"])
@@ -197,8 +199,9 @@ def restore(parts: Components, path: Path, seed: int) -> LoopState:
         window_norm=None if norms is None else norms[0],
         window_norms=None if norms is None else norms[1],
         window_steps=int(saved.get("window_steps", 0)),
-        # per rank: the job's samples shared by this run's ranks (only throughput reads it)
-        window_samples=int(saved.get("window_samples", 0)) * saved_world // parts.world_size,
+        # per rank: the job's samples shared by this run's data-parallel ranks (only throughput
+        # reads it); the saved run's every rank read data
+        window_samples=int(saved.get("window_samples", 0)) * saved_world // layout.dp_size,
         resumed_run_dir=saved.get("run_dir") or _run_dir_of(path),
         resume_note=note,
         resume_warning=warning,
@@ -224,7 +227,7 @@ def _load(parts: Components, path: Path) -> Any:
     return parts.strategy.load(path, parts.sampler)
 
 
-def _check_global_batch(path: Path, record: Any, parts: Components) -> str | None:
+def _check_global_batch(path: Path, record: Any, parts: Components, layout: ParallelLayout) -> str | None:
     """Refuse a run that does not keep the checkpoint's batch_size and global batch (the same
     on every rank); return the line saying what a resume onto another world size kept, or None.
 
@@ -237,26 +240,28 @@ def _check_global_batch(path: Path, record: Any, parts: Components) -> str | Non
     counts = batch_counts(record)
     if counts is None:
         return None
+    # the saved run's data-parallel size is its world size (each rank of ddp, fsdp, hsdp reads data)
     batch, ranks, accumulation = counts["batch_size"], counts["world_size"], counts["accumulation"]
+    readers = layout.dp_size
     global_batch = batch * ranks * accumulation
-    ours = parts.batch_size * parts.world_size * parts.accumulation
+    ours = parts.batch_size * readers * parts.accumulation
     if parts.batch_size == batch and ours == global_batch:
-        if ranks == parts.world_size:
+        if ranks == readers:
             return None
         return (
-            f"world size {ranks} -> {parts.world_size}, accumulation {accumulation} -> "
+            f"world size {ranks} -> {readers}, accumulation {accumulation} -> "
             f"{parts.accumulation} keeps the global batch of {global_batch}"
         )
-    per_step = batch * parts.world_size
+    per_step = batch * readers
     hint = (
         f"use batch_size={batch} and accumulation={global_batch // per_step}"
         if global_batch % per_step == 0
-        else f"{parts.world_size} ranks cannot keep it with batch_size={batch}"
+        else f"{readers} ranks cannot keep it with batch_size={batch}"
     )
     raise CheckpointError(
         f"checkpoint {path} was trained with a global batch of {global_batch} (batch_size {batch} x "
         f"{ranks} ranks x accumulation {accumulation}), this run has {ours} (batch_size "
-        f"{parts.batch_size} x {parts.world_size} ranks x accumulation {parts.accumulation}): a resume "
+        f"{parts.batch_size} x {readers} ranks x accumulation {parts.accumulation}): a resume "
         f"keeps batch_size and the global batch, so that each optimizer step averages the samples "
         f"the uninterrupted run's would (clorch-train sets accumulation so); {hint}"
     )

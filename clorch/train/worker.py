@@ -18,6 +18,7 @@ import torch
 
 from clorch.checkpoint.weights import save_safetensors
 from clorch.plan.plan import Plan, read_plan
+from clorch.config.layout import ParallelLayout
 from clorch.config.schema import TrainConfig
 from clorch.distributed import all_reduce, broadcast, is_initialized
 from clorch.train import checkpoints, preflight
@@ -42,10 +43,22 @@ EXPORT_FILE = "model.safetensors"  # checkpoint.export=safetensors, in the run d
 
 
 class StepHooks:
-    """What happens after each optimizer step: log, evaluate, checkpoint."""
+    """What happens after each optimizer step: log, evaluate, checkpoint. `layout` is the plan's
+    (the data-parallel ranks whose losses and samples the log counts, and evaluation splits over);
+    None (a loop of components built without a plan, as clorch-bench's) arranges parts' ranks as
+    `cfg.parallel` does."""
 
-    def __init__(self, cfg: TrainConfig, parts: Components, run_dir: Path, total: int, writer: MetricsWriter | None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        parts: Components,
+        run_dir: Path,
+        total: int,
+        writer: MetricsWriter | None,
+        layout: ParallelLayout | None = None,
+    ):
         self.cfg, self.parts, self.run_dir, self.total, self.writer = cfg, parts, run_dir, total, writer
+        self.layout = cfg.parallel.layout(parts.world_size) if layout is None else layout
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
         link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.train.trial)
@@ -83,12 +96,13 @@ class StepHooks:
         """
         parts = self.parts
         window = state.window_loss.detach().clone().float()
-        ranks = 1 if parts.strategy.loss_is_global else parts.world_size  # a job's loss on every rank already
+        # every data-parallel rank's own loss, or (exact=true) the job's loss on every rank already
+        ranks = 1 if parts.strategy.loss_is_global else self.layout.dp_size
         if is_initialized() and ranks > 1:
             all_reduce(window, op="sum")
         loss = window.item() / (ranks * state.window_steps)
         elapsed = max(time.perf_counter() - state.window_start, 1e-9)
-        samples_per_s = state.window_samples * parts.world_size / elapsed
+        samples_per_s = state.window_samples * self.layout.dp_size / elapsed
         record = {
             "kind": "train",
             "step": state.step,
@@ -117,7 +131,7 @@ class StepHooks:
     def eval(self, state: LoopState) -> dict[str, float]:
         """Evaluate on the held-out split (collective: every rank calls it) and log it."""
         start = time.perf_counter()
-        metrics = evaluate(self.parts)
+        metrics = evaluate(self.parts, self.layout)
         self.last_eval = metrics
         record = {
             "kind": "eval",
@@ -135,15 +149,14 @@ class StepHooks:
         return metrics
 
 
-def _start(
-    cfg: TrainConfig, parts: Components, run_dir: Path, total: int
-) -> tuple[LoopState, str | None, list[dict[str, Any]] | None]:
+def _start(plan: Plan, parts: Components, run_dir: Path) -> tuple[LoopState, str | None, list[dict[str, Any]] | None]:
     """The loop state to start from, the checkpoint resumed (or None) and, on rank 0 of a
     resumed run, the metrics records its metrics.jsonl starts with."""
+    cfg, total = plan.config, plan.total_steps
     path = checkpoints.agreed_resume_path(cfg, run_dir)
     if path is None:
         return LoopState(), None, None
-    state = checkpoints.restore(parts, path, seed=cfg.seed)
+    state = checkpoints.restore(parts, path, seed=cfg.seed, layout=plan.layout)
     history = None
     if parts.rank == 0:
         resharded = f"; {state.resume_note}" if state.resume_note else ""
@@ -264,9 +277,9 @@ def train(
     if preflight.stops_here(plan, checked):  # failed, or preflight=only: nothing is built
         return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
     parts = build_components(cfg, ctx, total)
-    state, resumed_from, history = _start(cfg, parts, run_dir, total)
+    state, resumed_from, history = _start(plan, parts, run_dir)
     writer = _writer(cfg, run_dir, history) if parts.rank == 0 else None
-    hooks = hooks_class(cfg, parts, run_dir, total, writer)
+    hooks = hooks_class(cfg, parts, run_dir, total, writer, plan.layout)
     start, first_step, pruned_at = time.perf_counter(), state.step, None
     try:
         try:
@@ -281,7 +294,7 @@ def train(
     if parts.rank != 0:
         return None
     steps_run = state.step - first_step
-    samples = steps_run * parts.batch_size * parts.accumulation * parts.world_size  # planned, tail aside
+    samples = steps_run * parts.batch_size * parts.accumulation * plan.layout.dp_size  # planned, tail aside
     return {
         "steps": state.step,
         "epoch": state.epoch,

@@ -1,4 +1,5 @@
-"""The `parallel` group: whole model on every rank (ddp) or sharded (fsdp)."""
+"""The `parallel` group: whole model on every rank (ddp), sharded over every rank (fsdp), or
+replicas each sharded over a group of ranks (hsdp)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Union
 
+from clorch.config.layout import ParallelLayout
 from clorch.config.registry import Option, constant_of, declare, option, rule
 
-declare("parallel", "data parallel (ddp) or sharded data parallel (fsdp)")
+declare("parallel", "data parallel (ddp), sharded data parallel (fsdp) or hybrid sharded (hsdp)")
 
 
 class ParallelOption(Option):
@@ -17,7 +19,21 @@ class ParallelOption(Option):
     # "module:Class" of the mode's strategy (clorch.strategies.base.Strategy): what a rank's loop,
     # evaluation, checkpoints and export ask of the mode; built by `from_config` on every rank
     strategy: ClassVar[str] = ""
-    shards: ClassVar[bool] = False  # each rank holds a shard of the state (sharded checkpoints, memory per rank)
+    # each rank holds a shard of the state (sharded checkpoints, memory per rank): read through
+    # `layout()`, which the plan builds once and every other part asks
+    shards: ClassVar[bool] = False
+
+    def layout(self, world_size: int) -> ParallelLayout:
+        """How this mode arranges `world_size` ranks: replicas of the whole model (ddp's, one a
+        rank), or one replica sharded over every rank where the mode `shards`."""
+        if self.shards:
+            return ParallelLayout.fully_sharded(world_size)
+        return ParallelLayout.data_parallel(world_size)
+
+    def layout_errors(self, world_size: int) -> list[str]:
+        """Why this mode cannot arrange `world_size` ranks (each error names the key and the fix);
+        none by default. The plan asks before it builds `layout(world_size)`."""
+        return []
 
     def float8_all_gather(self, precision: Any) -> bool:
         """Whether float8 layers all-gather their weights in float8 (a mode that shards them, when
@@ -70,8 +86,61 @@ class FSDPParallelConfig(ParallelOption):
             return []
         default = type(cfg.ddp)()
         return [
-            f"ddp.{f.name}={getattr(cfg.ddp, f.name)!r} does nothing with parallel=fsdp (the ddp group "
+            f"ddp.{f.name}={getattr(cfg.ddp, f.name)!r} does nothing with parallel={self.name} (the ddp group "
             "configures clorch's reducer under parallel=ddp): drop it, or use parallel=ddp"
             for f in dataclasses.fields(cfg.ddp)
             if getattr(cfg.ddp, f.name) != getattr(default, f.name)
         ]
+
+
+@option("parallel", "hsdp")
+@dataclass
+class HSDPParallelConfig(FSDPParallelConfig):
+    """Hybrid sharding: `replicate` replicas of the model, each sharded over world_size / replicate ranks.
+
+    torch's fully_shard on a 2-D device mesh (replicate, shard): parameters are all-gathered
+    and gradients reduce-scattered within a shard group (one node, say), then the gradient
+    shards are all-reduced across the replicas. Every rank reads its own data, as under ddp
+    and fsdp. The fsdp option's keys apply to each shard group.
+    """
+
+    name: Literal["hsdp"] = "hsdp"
+    strategy: ClassVar[str] = "clorch.strategies.hsdp:HSDPStrategy"
+    # replicas of the model's state; each is sharded over world_size / replicate ranks (e.g. the
+    # number of nodes, so that the all-gathers stay inside a node). Divides the world size; 2 or more
+    replicate: int = 2
+
+    def layout(self, world_size: int) -> ParallelLayout:
+        return ParallelLayout(world_size, self.replicate, sharded=True)
+
+    def layout_errors(self, world_size: int) -> list[str]:
+        """A replicate degree that leaves no shard group of two or more ranks, or does not divide the ranks."""
+        key = f"parallel.replicate={self.replicate}"
+        if self.replicate <= 1:
+            return []  # `rules` says it, with no world size needed
+        if world_size % self.replicate:
+            fits = [r for r in range(2, world_size) if world_size % r == 0]
+            hint = (
+                f"use parallel.replicate={' or '.join(map(str, fits))}"
+                if fits
+                else f"no replicate degree splits {world_size} ranks into groups of 2 or more: "
+                "use parallel=fsdp or parallel=ddp"
+            )
+            return [f"{key} must divide the job's {world_size} ranks into equal shard groups: {hint}"]
+        if self.replicate == world_size:
+            return [
+                f"{key} leaves one rank per shard group on the job's {world_size} ranks (nothing is sharded): "
+                "that is parallel=ddp; use it, or a parallel.replicate that leaves 2 or more ranks a group"
+            ]
+        return []
+
+    def rules(self, cfg: Any) -> list[str]:
+        errors = super().rules(cfg)
+        if self.replicate < 1:
+            errors.append(f"parallel.replicate must be >= 2, got {self.replicate}")
+        elif self.replicate == 1:
+            errors.append(
+                "parallel.replicate=1 is one replica sharded over every rank: that is parallel=fsdp; "
+                "use it, or parallel.replicate >= 2"
+            )
+        return errors
