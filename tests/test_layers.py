@@ -168,3 +168,24 @@ def test_the_sweep_lives_in_one_package_and_its_library_internals_in_one_module(
             continue
         found = private.search(path.read_text())
         assert not found, (path, found.group(0))
+
+
+def test_only_config_reads_the_parallel_options_shards_flag_and_the_layout_needs_only_the_standard_library():
+    """How the ranks are arranged is one object, `clorch.config.layout.ParallelLayout`, which the
+    plan builds from the `parallel` option: outside clorch/config/ nothing reads the option's
+    `shards` flag (`parallel.shards`, `cfg.parallel.shards`, ...); they ask the layout's `sharded`,
+    `dp_size`, `shard_size`. The layout itself imports the standard library only."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "clorch").rglob("*.py")):
+        if path.relative_to(ROOT / "clorch").parts[0] == "config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "shards" and "parallel" in ast.unparse(node.value):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+    tree = ast.parse((ROOT / "clorch" / "config" / "layout.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__", "dataclasses"}, imported
