@@ -24,6 +24,8 @@ from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, DistEnv, 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for NCCL; a hung rank is found within 10 minutes
 DEBUG_VARIABLE = "CLORCH_DEBUG_COLLECTIVES"
+# Seconds a rank tries to reach a store that torch's elastic agent hosts (see _rendezvous_store).
+AGENT_STORE_CONNECT_S = 10.0
 
 
 @dataclass
@@ -166,9 +168,12 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
     port between the launcher's choice and rank 0's start (`_handed_socket`).
     """
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    hosts = env.rank == 0 and not agent_hosts
+    if agent_hosts:
+        store = _agent_store(env, timeout)
+        return dist.PrefixStore(f"clorch/start_{restart_count()}", store)
+    hosts = env.rank == 0
     listen_fd = _handed_socket(env.master_port) if hosts else None
-    store = dist.TCPStore(
+    return dist.TCPStore(
         env.master_addr,
         env.master_port,
         env.world_size,
@@ -177,7 +182,29 @@ def _rendezvous_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
         multi_tenant=True,
         master_listen_fd=listen_fd,
     )
-    return dist.PrefixStore(f"clorch/start_{restart_count()}", store) if agent_hosts else store
+
+
+def _agent_store(env: DistEnv, timeout: _dt.timedelta) -> dist.Store:
+    """A connection to the store torch's agent of group rank 0 hosts, with `timeout` for its calls.
+
+    That store listens before the agent starts any rank, so one that cannot be reached has
+    gone with its node (lost while this rank started). The connection is given up after
+    AGENT_STORE_CONNECT_S rather than retried for the collective timeout: the other nodes'
+    agents watch their own ranks alone, and would wait that long for this rank to end.
+    """
+    connect = min(timeout, _dt.timedelta(seconds=AGENT_STORE_CONNECT_S))
+    try:
+        store = dist.TCPStore(
+            env.master_addr, env.master_port, env.world_size, is_master=False, timeout=connect, multi_tenant=True
+        )
+    except dist.DistNetworkError as exc:
+        raise RuntimeError(
+            f"the job's store at {env.master_addr}:{env.master_port}, hosted by torchrun's agent on the node "
+            f"of rank 0, gave no connection within {connect.total_seconds():g} s (connection refused or no "
+            "answer): that node has gone"
+        ) from exc
+    store.set_timeout(timeout)
+    return store
 
 
 def _handed_socket(port: int) -> int | None:
