@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,18 @@ def test_hsdp_trains_as_ddp_and_fsdp_saves_sharded_and_resumes_under_fsdp_on_2_r
     assert "parallel.replicate=4 leaves one rank per shard group" in r4.stderr and "that is parallel=ddp" in r4.stderr
     assert "parallel.replicate=1 is one replica sharded over every rank: that is parallel=fsdp" in r1.stderr
     assert not any((tmp_path / name).exists() for name in ("r3", "r4", "r1"))
+
+
+def test_the_extending_pages_worked_example_is_the_shipped_code():
+    """docs/extending.md shows parallel=hsdp's strategy and option as clorch ships them: each line
+    of its two excerpts is a line of the file it names (docstrings and imports left out)."""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "extending.md").read_text()
+    blocks = re.findall(
+        r"^```python\n# (clorch/\S+\.py), (?:as clorch ships it|in part)[^\n]*\n(.*?)^```", page, re.S | re.M
+    )
+    assert [path for path, _ in blocks] == ["clorch/strategies/hsdp.py", "clorch/config/options/parallel.py"]
+    for path, code in blocks:
+        shipped = {line.strip() for line in (root / path).read_text().splitlines()}
+        shown = [line.strip() for line in code.splitlines() if line.strip() and not line.strip().startswith("...")]
+        assert [line for line in shown if line not in shipped] == [], path
