@@ -27,6 +27,7 @@ import yaml
 from clorch._checkpoint_names import any_step_checkpoints
 from clorch._commands import TRUST_VARIABLE, pasteable
 from clorch.config.composer import recipe_file
+from clorch.plan.interrupted import interrupt_behind
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Overrides a resumed run must not repeat: it names its directory and resumes from latest.
@@ -157,13 +158,7 @@ def _interrupt_behind(exc: BaseException) -> Interrupted | None:
     there into another error: Python 3.11 wraps it in a RuntimeError when it lands in a
     class's creation (a module being imported), and cleanup code may fail while it passes.
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, Interrupted):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return interrupt_behind(exc, Interrupted)
 
 
 def resume_hint(cfg: Any, run_dir: Path, argv: Sequence[str], base: str | None = None) -> str:

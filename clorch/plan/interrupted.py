@@ -14,11 +14,11 @@ Standard library only: the engine (which owns the signals) sits above the plan.
 from __future__ import annotations
 
 
-def interrupt_behind(exc: BaseException | None) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt `exc` is, was raised from, or was raised while handling; None if none."""
+def interrupt_behind(exc: BaseException | None, kind: type[BaseException] = KeyboardInterrupt) -> BaseException | None:
+    """The `kind` (a KeyboardInterrupt) `exc` is, was raised from, or was raised while handling; None if none."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, kind):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
