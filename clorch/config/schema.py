@@ -119,8 +119,9 @@ class TopConfig:
     # compiling first); reduce-overhead and max-autotune replay CUDA graphs (accumulation 1 only)
     compile_mode: Literal[COMPILE_MODES] = "default"
     # The same weights, bit for bit, on any world size with the same global batch (batch_size x
-    # accumulation x ranks): micro-batches, draws and the gradient's sum fixed by the data, not the
-    # ranks (clorch.strategies.exact; docs/reproducibility.md)
+    # accumulation x ranks), under parallel=ddp and parallel=fsdp alike: micro-batches, draws and the
+    # gradient's sum fixed by the data, not the ranks (clorch.strategies.exact, exact_fsdp;
+    # docs/reproducibility.md)
     exact: bool = False
 
 

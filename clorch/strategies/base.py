@@ -146,7 +146,8 @@ class Strategy:
             yield
 
     # What the loop asks around each micro-batch (`clorch.train.loop.train_step`). The defaults
-    # accumulate under `no_sync` and reduce in the last backward; `ExactDDPStrategy` sums in a tree.
+    # accumulate under `no_sync` and reduce in the last backward; the exact strategies
+    # (`ExactDDPStrategy`, `ExactFSDPStrategy`) sum in a tree.
     loss_is_global: ClassVar[bool] = False  # the step's loss is already the job's mean on every rank
 
     def loss_divisor(self, count: int) -> int:
