@@ -15,7 +15,9 @@ clorch imports `hydra._internal` or reads `_trial_id` (tests/test_layers.py hold
                           which a trial's ranks and the heartbeats address it by
 
 Public APIs do the rest: each trial's seeded sampler comes with a study object of its own
-(optuna.load_study), not by rebinding `study.sampler`.
+(optuna.load_study), not by rebinding `study.sampler`; a repeatable sweep's view of a study
+(the trials a trial is asked and pruned on) is a storage of its own, a subclass of Optuna's
+BaseStorage (clorch.train.trial.trials_up_to), not a patched study.
 """
 
 from __future__ import annotations
