@@ -8,7 +8,10 @@ every precision mode:
     with precision.autocast():
         loss = loss_fn(model(x), y)
     precision.backward(loss)
-    stepped = precision.optimizer_step(optimizer, model=ddp)
+    stepped = precision.optimizer_step(optimizer)     # then optimizer.zero_grad()
+
+A parallel strategy (`clorch.strategies`) drives it: `DDPStrategy.optimizer_step` hands it
+DDP's flat buckets (`flats`) and zeroes the gradients after.
 
 What each mode runs (the modes and their names are `clorch.precision`'s table):
 
@@ -77,8 +80,8 @@ def _checked_scaler(mode: Precision, device: torch.device, scaler: object) -> Gr
 
 
 def step_scaler(optimizer: object, scaler: object) -> Any:
-    """The loss scaler an `optimizer_step(optimizer, scaler)` steps through: `scaler` itself, a
-    MixedPrecision's scaler, or None. Local.
+    """The loss scaler a step of `optimizer` goes through, checked: `scaler` itself, a
+    MixedPrecision's `scaler`, or None. Local.
 
     Raises:
         TypeError: optimizer has no step(), or scaler has no step().
@@ -196,20 +199,16 @@ class MixedPrecision:
     # -- the step ------------------------------------------------------------------------------
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, model: Any = None, flats: Sequence[torch.Tensor] | None = None
+        self, optimizer: torch.optim.Optimizer, flats: Sequence[torch.Tensor] | None = None
     ) -> bool | torch.Tensor:
         """Step `optimizer`: with a scaler, unscale, skip if any rank overflowed, and update the scale.
 
         The gradients are unscaled here unless they were this step
         (`unscale_gradients`): through `flats` where given (flat buffers
-        every gradient views, as a parallel strategy hands over DDP's
-        buckets), else each gradient. Without `model` the gradients are then
-        left as they are (zero them before the next backward, as after
-        torch's `scaler.step`). With `model` (a clorch
-        `DistributedDataParallel`) the model hands over its buckets where
-        they hold every gradient of the optimizer, the step an optimizer took
-        in backward (`step_in_backward`) is left out, and the model zeroes
-        the gradients after (`begin_step`, `flat_gradients`, `end_step`).
+        every gradient views, as `DDPStrategy` hands over DDP's buckets),
+        else each gradient. The gradients are then left as they are: the
+        caller zeroes them before the next backward (as after torch's
+        `scaler.step`; a strategy's `optimizer_step` does).
 
         With a scaler this is a synchronization point: every rank of the
         initialized process group must call it once per step, in the same
@@ -225,8 +224,6 @@ class MixedPrecision:
 
         Args:
             optimizer: the optimizer to step.
-            model: None, or a clorch `DistributedDataParallel` (anything with
-                its `begin_step`, `flat_gradients` and `end_step`).
             flats: flat buffers that every gradient of `optimizer` views (unscaled
                 at once); None: each gradient.
 
@@ -237,28 +234,13 @@ class MixedPrecision:
             synchronizes). Without a scaler always True.
 
         Raises:
-            TypeError: optimizer has no step(), or model lacks begin_step, flat_gradients or end_step.
-            ValueError: (with model) no synchronized backward ran since the
-                last step, or a scaler with an optimizer that steps in backward.
+            TypeError: optimizer has no step().
             ScalerStateError: the scaler already stepped this optimizer since
                 its last update.
             RuntimeError: the found-inf all-reduce failed (a rank died or the
                 group timed out; the backend's RuntimeError or DistBackendError).
         """
-        if not callable(getattr(optimizer, "step", None)):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if model is not None:
-            if not all(callable(getattr(model, name, None)) for name in ("begin_step", "flat_gradients", "end_step")):
-                raise TypeError(
-                    "model must be None or a clorch DistributedDataParallel (with "
-                    f"begin_step, flat_gradients and end_step), got {type(model).__name__}"
-                )
-            if model.begin_step(optimizer, scaled=self._scaler is not None):
-                stepped: bool | torch.Tensor = True  # backward stepped this optimizer already
-            else:
-                stepped = self.optimizer_step(optimizer, flats=model.flat_gradients(optimizer))
-            model.end_step(optimizer)
-            return stepped
+        step_scaler(optimizer, self)  # TypeError for an optimizer (or scaler) that cannot step
         if self._scaler is not None and flats is not None and not self._scaler.is_unscaled(optimizer):
             self._scaler.unscale_flat_(optimizer, flats)
         return step_then_update(self._scaler, optimizer)

@@ -13,9 +13,9 @@ decides per rank); sharded (DTensor) gradients, as `parallel=fsdp` has them,
 are unscaled shard by shard on each rank, which with that all-reduce is what
 torch's `ShardedGradScaler` does; unscaling uses the fused multi-tensor kernel, and
 `unscale_flat_` unscales gradients through the flat buffers that hold them
-(DDP's buckets: `DistributedDataParallel.optimizer_step` calls it);
+(DDP's buckets, which `DDPStrategy` hands to `MixedPrecision.optimizer_step`);
 `skipped_steps` and `last_step_skipped` count overflows. `clorch.amp.step`
-(and `optimizer_step`) is the short path: step then update.
+is the short path: step then update.
 `clorch.amp.MixedPrecision` holds a scaler together with autocast, backward
 and the step, for a training loop that should not wire them by hand.
 
@@ -171,8 +171,8 @@ class GradScaler:
         """`unscale_(optimizer)` over the flat buffers that hold its gradients, one kernel per buffer.
 
         For gradients that are views of a few large buffers, as DDP's buckets
-        are (`DistributedDataParallel.optimizer_step` calls it when every
-        gradient of the optimizer views a bucket): the gradients are read and
+        are (`MixedPrecision.optimizer_step` calls it when `DDPStrategy` hands
+        it the buckets every gradient of the optimizer views): the gradients are read and
         divided through `flats`, never one by one. Every element of `flats`
         is divided by the scale and checked for inf/nan, so the caller must
         make sure that `flats` covers every gradient of `optimizer` (a

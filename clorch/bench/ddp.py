@@ -55,7 +55,9 @@ from clorch.bench import ddp_models
 from clorch.bench.gpuclock import GpuMonitor, describe
 from clorch.bench.stats import format_table, interleave, median, ratio
 from clorch.bench.trace import profile_step
+from clorch.amp import MixedPrecision
 from clorch.nn.parallel import DistributedDataParallel
+from clorch.strategies import adopt
 
 DEFAULTS = {
     "width": 2048,
@@ -199,7 +201,9 @@ def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
         optimizer = work.optimizer(model.module)
         if stepping:
             model.step_in_backward(optimizer)
-        add(name, model, optimizer, model.optimizer_step)
+        # fp32 to the precision object: a workload's bf16 is its loss's autocast, no loss scaler.
+        strategy = adopt(model, model.module, optimizer, MixedPrecision("fp32", device), device)
+        add(name, model, optimizer, lambda _: strategy.optimizer_step())
 
     def add_torch(name: str, hook=None, **options) -> None:
         model = torch.nn.parallel.DistributedDataParallel(

@@ -71,25 +71,51 @@ class DDPStrategy(Strategy):
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
         """Local: the gradients are the all-reduced average, the same on every rank. The precision
         object unscales them through DDP's flat buckets where those hold every gradient."""
-        model, optimizer = self.model, self.optimizer
+        model, optimizer = self._wrapper(), self.optimizer
         # Under ddp.step_in_backward backward stepped already (no scaler can be in play): the
         # averages are still in .grad, to be measured; `optim.grad_clip` is refused with it by the
         # ddp option's rules (clorch.config.options.ddp).
-        if not model.steps_in_backward:
+        if model.optimizer_in_backward is not optimizer:
             self.precision.unscale_gradients(optimizer, flats=model.flat_gradients(optimizer))
         return norm_and_clip(self.raw_model.parameters(), max_norm)
 
     def optimizer_step(self) -> bool | torch.Tensor:
         """The precision object unscales (DDP's flat buckets, where they hold every gradient),
-        checks for infs, steps and updates the scale; DDP then zeroes the gradients. Backward
-        stepped already under `step_in_backward`: only the zeroing is left."""
-        model, optimizer = self.model, self.optimizer
-        if model.begin_step(optimizer, scaled=self.precision.scaler is not None):
-            stepped: bool | torch.Tensor = True
-        else:
+        checks for infs, steps and updates the scale; then the gradients are zeroed. Backward
+        stepped already under `step_in_backward`: only the zeroing is left.
+
+        Raises:
+            TypeError: the model is not a clorch DistributedDataParallel, the optimizer or the
+                precision's scaler cannot step.
+            ValueError: no synchronized backward ran since the last step, or a loss scaler with
+                an optimizer that backward steps (its skip would come too late).
+        """
+        model, optimizer = self._wrapper(), self.optimizer
+        model.begin_step()
+        if model.optimizer_in_backward is not optimizer:
             stepped = self.precision.optimizer_step(optimizer, flats=model.flat_gradients(optimizer))
-        model.end_step(optimizer)
+        elif self.precision.scaler is not None:
+            raise ValueError(
+                f"{type(self).__name__}.optimizer_step(): a scaler cannot skip a step that backward "
+                "already took (step_in_backward); use bf16 or fp32 without a scaler"
+            )
+        else:
+            stepped = True
+        model.end_step()
+        optimizer.zero_grad(set_to_none=True)
         return stepped
+
+    def _wrapper(self) -> DistributedDataParallel:
+        """The model the step goes through: clorch's DistributedDataParallel (`setup` wraps it;
+        `clorch.strategies.adopt` takes one wrapped by hand)."""
+        if not isinstance(self.model, DistributedDataParallel):
+            raise TypeError(
+                "model must be None or a clorch DistributedDataParallel, got "
+                f"{type(self.model).__name__}: {type(self).__name__} steps through clorch's wrapper "
+                "(None until setup() wraps the model; wrap a model of yours in "
+                "clorch.nn.parallel.DistributedDataParallel before adopt())"
+            )
+        return self.model
 
     # -- checkpoints: one file archive, written by rank 0 with every rank's own state ---------------
 

@@ -9,6 +9,7 @@ import torch
 from clorch.amp import GradScaler, MixedPrecision, ScalerStateError
 from clorch.nn.parallel import DistributedDataParallel
 from clorch.precision import PRECISIONS
+from clorch.strategies import adopt
 from tests.harness import run_ranks
 from tests.nn import models as m
 
@@ -152,22 +153,28 @@ def test_unscale_gradients_before_clipping_then_step():
 # -- the step through a model, state, readouts ----------------------------------------------------
 
 
+def _strategy(model, opt, precision):
+    """The `DDPStrategy` that steps `model` through `precision` (clorch's one step path)."""
+    raw = getattr(model, "module", model)
+    return adopt(model, raw, opt, precision, torch.device("cpu"))
+
+
 def test_optimizer_step_through_a_ddp_model_zeroes_the_gradients():
     precision = MixedPrecision("fp16", "cpu", scaler={"init_scale": 32.0})
     with DistributedDataParallel(m.mlp()) as ddp:
         opt = m.make_optimizer(ddp.module)
         x, y = m.batches(1, 4, seed=3)[0]
         precision.backward(m.loss_fn(ddp(x), y))
-        assert precision.optimizer_step(opt, model=ddp) is True
+        assert _strategy(ddp, opt, precision).optimizer_step() is True
         assert all(p.grad is None for p in ddp.parameters())
-        # DDP takes the precision object in place of a scaler too.
+        # Twice through the same precision object, and through another mode's.
         precision.backward(m.loss_fn(ddp(x), y))
-        assert ddp.optimizer_step(opt, precision) is True
+        assert _strategy(ddp, opt, precision).optimizer_step() is True
         bf16 = MixedPrecision("bf16", "cpu")
         bf16.backward(m.loss_fn(ddp(x), y))
-        assert ddp.optimizer_step(opt, bf16) is True
+        assert _strategy(ddp, opt, bf16).optimizer_step() is True
     with pytest.raises(TypeError, match="model must be None or a clorch DistributedDataParallel"):
-        precision.optimizer_step(opt, model=torch.nn.Linear(2, 2))
+        _strategy(torch.nn.Linear(2, 2), opt, precision).optimizer_step()
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, got str"):
         MixedPrecision("fp32", "cpu").optimizer_step("sgd")
 
@@ -339,9 +346,9 @@ def test_unscale_flat_arguments_and_disabled_scaler():
 
 
 def _ddp_with_precision(rank, world_size, through):
-    """The engine's path (MixedPrecision.optimizer_step(model=ddp)) == GradScaler with
-    ddp.optimizer_step, step by step, an overflow on one rank skipped everywhere; records
-    whether the flat-bucket unscale ran."""
+    """The engine's path (DDPStrategy.optimizer_step through MixedPrecision) == the GradScaler
+    driven by hand over DDP's buckets (unscale_flat_, step, update), step by step, an overflow on
+    one rank skipped everywhere; records whether the flat-bucket unscale ran."""
     data = m.batches(4, 2 * world_size, seed=23)
     precision = MixedPrecision("fp16", "cpu", scaler={"init_scale": 2.0**10})
     flat_calls = []
@@ -350,6 +357,7 @@ def _ddp_with_precision(rank, world_size, through):
     results = []
     with DistributedDataParallel(m.mlp(), first_bucket_cap_mb=1e-4) as ddp:
         opt = m.make_optimizer(ddp.module)
+        strategy = adopt(ddp, ddp.module, opt, precision, torch.device("cpu"), rank, world_size)
         for step, batch in enumerate(data):
             x, y = m.shard(batch, rank, world_size)
             if step == 1 and rank == 0:
@@ -359,9 +367,13 @@ def _ddp_with_precision(rank, world_size, through):
                 loss = m.loss_fn(ddp(x), y)
             precision.backward(loss)
             if through == "precision":
-                results.append(precision.optimizer_step(opt, model=ddp))
+                results.append(strategy.optimizer_step())
             else:
-                results.append(ddp.optimizer_step(opt, precision.scaler))
+                scaler = precision.scaler
+                scaler.unscale_flat_(opt, [bucket.flat for bucket in ddp.buckets])
+                results.append(scaler.step(opt))
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
         weights = m.weights(ddp.module)
     return results, precision.state_dict(), weights, len(flat_calls), len(ddp.buckets)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clorch.amp import GradScaler
+from clorch.amp import GradScaler, MixedPrecision
 from clorch.nn.parallel import DistributedDataParallel
+from clorch.strategies import adopt
 from tests.harness import run_ranks
 from tests.nn import models as m
 
@@ -40,13 +41,15 @@ def _ddp_with_scaler(rank, world_size):
     results = []
     with DistributedDataParallel(m.mlp(seed=rank), first_bucket_cap_mb=1e-4) as ddp:
         opt = m.make_optimizer(ddp.module)
+        precision = MixedPrecision("fp16", "cpu", scaler=scaler)
+        strategy = adopt(ddp, ddp.module, opt, precision, torch.device("cpu"), rank, world_size)
         for step, batch in enumerate(data):
             x, y = m.shard(batch, rank, world_size)
             if step == 1 and rank == 0:
                 x = x.clone()
                 x[0, 0] = float("inf")
             scaler.scale(m.loss_fn(ddp(x), y)).backward()
-            results.append(ddp.optimizer_step(opt, scaler))
+            results.append(strategy.optimizer_step())
         for key, value in m.weights(ref).items():
             torch.testing.assert_close(ddp.module.state_dict()[key], value, msg=key)
     return results, scaler.state_dict()

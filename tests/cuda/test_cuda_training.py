@@ -29,7 +29,15 @@ def _data(world_size: int, steps: int, per_rank: int = 4):
     ]
 
 
+def _strategy(model, opt, precision, rank: int, world_size: int):
+    """The `DDPStrategy` that steps clorch's DDP `model` through `precision` (clorch's one step path)."""
+    from clorch.strategies import adopt
+
+    return adopt(model, model.module, opt, precision, cd.device(), rank, world_size)
+
+
 def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
+    from clorch.amp import MixedPrecision
     from clorch.nn.parallel import DistributedDataParallel
 
     dev = cd.device()
@@ -42,6 +50,7 @@ def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
     )
     assert (len(model.buckets) > 1) == (world_size > 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = _strategy(model, opt, MixedPrecision("fp32", dev), rank, world_size)
     for x, y in data:
         x, y = x.to(dev), y.to(dev)
         nn.functional.mse_loss(reference(x), y).backward()
@@ -49,7 +58,7 @@ def _ddp_matches_reference(rank: int, world_size: int, reduce_dtype) -> float:
         ref_opt.zero_grad()
         shard = slice(rank * 4, rank * 4 + 4)
         nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-        assert model.optimizer_step(opt) is True
+        assert strategy.optimizer_step() is True
     worst = max((a - b).abs().max().item() for a, b in zip(model.module.parameters(), reference.parameters()))
     return worst
 
@@ -63,13 +72,14 @@ def test_ddp_on_cuda_matches_one_process_on_the_whole_batch(world_size, reduce_d
 
 
 def _scaler_overflow(rank: int, world_size: int) -> dict:
-    from clorch.amp import GradScaler, autocast, backward
+    from clorch.amp import GradScaler, MixedPrecision, autocast, backward
     from clorch.nn.parallel import DistributedDataParallel
 
     dev = cd.device()
     model = DistributedDataParallel(_model().to(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=3)
+    strategy = _strategy(model, opt, MixedPrecision("fp16", dev, scaler=scaler), rank, world_size)
     x, y = (t.to(dev) for t in _data(world_size, 1)[0])
     before = copy.deepcopy(model.module.state_dict())
     with autocast("cuda", dtype=torch.float16):
@@ -79,7 +89,7 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
     backward(scaler, loss)
     if rank == world_size - 1:  # one rank overflows: every rank must skip
         next(model.module.parameters()).grad[0, 0] = float("inf")
-    stepped = model.optimizer_step(opt, scaler)
+    stepped = strategy.optimizer_step()
     unchanged = all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
     result = {
         "stepped": stepped,
@@ -92,7 +102,7 @@ def _scaler_overflow(rank: int, world_size: int) -> dict:
         with autocast("cuda", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(x[rank * 4 : rank * 4 + 4]).float(), y[rank * 4 : rank * 4 + 4])
         backward(scaler, loss)
-        model.optimizer_step(opt, scaler)
+        strategy.optimizer_step()
     result["grown_scale"] = scaler.get_scale()
     with autocast("cuda", dtype=torch.bfloat16):
         result["bf16_dtype"] = str(model(x[:4]).dtype)

@@ -12,16 +12,24 @@ import traceback
 import torch
 
 import clorch.distributed as cd
-from clorch.amp import GradScaler
+from clorch.amp import GradScaler, MixedPrecision
 from clorch.nn.parallel import DistributedDataParallel, no_sync
 from clorch.precision import DTYPE_NAMES, torch_dtype
+from clorch.strategies import adopt
 from tests.nn import models as m
 
 STEPS = 3
 
 
+def strategy_for(ddp, optimizer, precision=None, rank=0, world_size=1):
+    """The `DDPStrategy` that steps `ddp` (clorch's one step path): fp32 unless told otherwise."""
+    precision = MixedPrecision("fp32", "cpu") if precision is None else precision
+    return adopt(ddp, ddp.module, optimizer, precision, torch.device("cpu"), rank, world_size)
+
+
 def _train(ddp, data, rank, world_size, micro=1, kind="sgd", use_function_form=False):
     opt = m.make_optimizer(ddp.module, kind)
+    strategy = strategy_for(ddp, opt, rank=rank, world_size=world_size)
     for start in range(0, len(data), micro):
         group = data[start : start + micro]
         for i, batch in enumerate(group):
@@ -32,7 +40,7 @@ def _train(ddp, data, rank, world_size, micro=1, kind="sgd", use_function_form=F
                     m.loss_fn(ddp(x), y).backward()
             else:
                 m.loss_fn(ddp(x), y).backward()
-        assert ddp.optimizer_step(opt) is True
+        assert strategy.optimizer_step() is True
     return ddp
 
 
@@ -130,6 +138,7 @@ def check_bucket_views_accumulation_and_state_dict(rank, world_size):
     ) as ddp:
         assert len(ddp.buckets) > 1
         opt = m.make_optimizer(ddp.module)
+        strategy = strategy_for(ddp, opt)
         for i, batch in enumerate(data):
             x, y = m.shard(batch, rank, world_size)
             if i % 2 == 0:
@@ -140,7 +149,7 @@ def check_bucket_views_accumulation_and_state_dict(rank, world_size):
             # .grad now views the bucket: the commit needs no copy back.
             flats = {b.flat.data_ptr() for b in ddp.buckets}
             assert all(p.grad._base is not None and p.grad._base.data_ptr() in flats for p in ddp.module.parameters())
-            assert ddp.optimizer_step(opt) is True
+            assert strategy.optimizer_step() is True
             assert all(p.grad is None for p in ddp.module.parameters())
         _close(ddp.module, ref, rtol=1e-5, atol=1e-6)  # float64 gradients travel as float32
         # torch DDP's keys, matching named_parameters(); the model's own keys load too.
@@ -181,13 +190,13 @@ def check_every_reduce_dtype(rank, world_size):
 
 
 def check_step_without_synchronized_backward(rank, world_size):
-    """Only no_sync backwards since the last step: optimizer_step raises ValueError."""
+    """Only no_sync backwards since the last step: the strategy's optimizer_step raises ValueError."""
     ddp = DistributedDataParallel(m.mlp())
     x, y = m.shard(m.batches(1, 2 * world_size)[0], rank, world_size)
     with ddp.no_sync():
         m.loss_fn(ddp(x), y).backward()
     try:
-        ddp.optimizer_step(m.make_optimizer(ddp.module))
+        strategy_for(ddp, m.make_optimizer(ddp.module)).optimizer_step()
     except ValueError as exc:
         return str(exc)
     finally:
@@ -202,6 +211,7 @@ def check_reduce_gradients_then_clip_with_scaler(rank, world_size):
     plain_opt, plain_scaler = m.make_optimizer(plain), GradScaler("cpu", init_scale=64.0)
     ddp = DistributedDataParallel(m.mlp(), first_bucket_cap_mb=1e-4)
     opt, scaler = m.make_optimizer(ddp.module), GradScaler("cpu", init_scale=64.0)
+    strategy = strategy_for(ddp, opt, MixedPrecision("fp16", "cpu", scaler=scaler), rank, world_size)
     for batch in data:
         x, y = batch
         plain_scaler.scale(m.loss_fn(plain(x), y)).backward()
@@ -216,7 +226,7 @@ def check_reduce_gradients_then_clip_with_scaler(rank, world_size):
         ddp.reduce_gradients()  # averaged .grad now, for clipping
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-        assert ddp.optimizer_step(opt, scaler) is True
+        assert strategy.optimizer_step() is True
     _close(ddp.module, plain)
     ddp.close()
     return True
@@ -397,6 +407,7 @@ def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
     if overlap:
         ddp.step_in_backward(opt)
+    strategy = strategy_for(ddp, opt, rank=rank, world_size=world_size)
     for step, start in enumerate(range(0, len(data), 2)):
         if step == reload_at:  # a checkpoint round trip replaces the optimizer's state dict
             opt.load_state_dict(copy.deepcopy(opt.state_dict()))
@@ -405,7 +416,7 @@ def _overlap_run(rank, world_size, overlap, build, reduce_dtype=None, reload_at=
             m.loss_fn(ddp(x), y).backward()
         x, y = m.shard(data[start + 1], rank, world_size)
         m.loss_fn(ddp(x), y).backward()
-        assert ddp.optimizer_step(opt) is True
+        assert strategy.optimizer_step() is True
         schedule.step()
     buckets = len(ddp.buckets)
     ddp.close()
@@ -444,7 +455,8 @@ def check_step_in_backward_refuses_a_second_step(rank, world_size):
     m.loss_fn(ddp(x), y).backward()
     moved = any(not torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
     messages = []
-    for call in (opt.step, lambda: ddp.optimizer_step(opt, GradScaler("cpu"))):
+    fp16 = strategy_for(ddp, opt, MixedPrecision("fp16", "cpu"), rank, world_size)
+    for call in (opt.step, fp16.optimizer_step):
         try:
             call()
         except ValueError as error:

@@ -37,13 +37,22 @@ def _host_syncs(fn) -> int:
     return sum("synchronizing" in str(w.message).lower() for w in caught)
 
 
+def _strategy(ddp, opt, precision=None):
+    """The `DDPStrategy` that steps clorch's DDP through `precision` (fp32 unless given): clorch's one step path."""
+    from clorch.amp import MixedPrecision
+    from clorch.strategies import adopt
+
+    precision = MixedPrecision("fp32", "cuda") if precision is None else precision
+    return adopt(ddp, ddp.module, opt, precision, torch.device("cuda"))
+
+
 def _nccl_checks(rank, world_size):
     """DDP with the scaler on NCCL ranks that all train on the same batches.
 
     The average of identical gradients is the plain gradient, so the bucket
     path must match one plain model, step by step.
     """
-    from clorch.amp import GradScaler, autocast
+    from clorch.amp import GradScaler, MixedPrecision, autocast
     from clorch.nn.parallel import DistributedDataParallel
 
     out = {}
@@ -55,6 +64,7 @@ def _nccl_checks(rank, world_size):
     assert len(ddp.buckets) > 1
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     scaler = GradScaler("cuda", init_scale=1024.0)
+    strategy = _strategy(ddp, opt, MixedPrecision("fp16", "cuda", scaler=scaler))
     syncs = []
     for x, y in data:
         with autocast("cuda", dtype=torch.float16):
@@ -68,7 +78,7 @@ def _nccl_checks(rank, world_size):
             with autocast("cuda", dtype=torch.float16):
                 loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
             scaler.scale(loss).backward()
-            return ddp.optimizer_step(opt, scaler)
+            return strategy.optimizer_step()
 
         syncs.append(_host_syncs(ddp_step))
     for p, q in zip(ddp.module.parameters(), plain.parameters()):
@@ -78,11 +88,12 @@ def _nccl_checks(rank, world_size):
     bf16 = DistributedDataParallel(_model(), reduce_dtype="bf16")
     assert all(b.comm.dtype == torch.bfloat16 for b in bf16.buckets)
     opt = torch.optim.SGD(bf16.parameters(), lr=0.05)
+    bf16_strategy = _strategy(bf16, opt)
     x, y = data[0]
 
     def bf16_step():
         torch.nn.functional.mse_loss(bf16(x), y).backward()
-        bf16.optimizer_step(opt)
+        bf16_strategy.optimizer_step()
 
     bf16_step()
     out["syncs_without_scaler"] = _host_syncs(bf16_step)
@@ -150,6 +161,7 @@ def _step_in_backward_checks(rank, world_size, overlap_grad_copies):
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, fused=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
     ddp.step_in_backward(opt)
+    strategy = _strategy(ddp, opt)
     syncs = []
     for x, y in _data(4):  # every rank trains on the same batches: the average is the plain gradient
         torch.nn.functional.mse_loss(plain(x), y).backward()
@@ -158,7 +170,7 @@ def _step_in_backward_checks(rank, world_size, overlap_grad_copies):
 
         def step():
             torch.nn.functional.mse_loss(ddp(x), y).backward()
-            ddp.optimizer_step(opt)
+            strategy.optimizer_step()
 
         syncs.append(_host_syncs(step))
     same = all(torch.equal(p, q) for p, q in zip(ddp.module.parameters(), plain.parameters()))
@@ -226,17 +238,21 @@ def test_fp16_step_with_a_fused_optimizer_never_syncs_and_matches_torch_gradscal
 
 def _fp16_ddp_checks(rank, world_size):
     """DDP + fused AdamW + the scaler: rank 1 alone overflows at step 2, every rank skips it, no sync."""
-    from clorch.amp import GradScaler
+    from clorch.amp import GradScaler, MixedPrecision
     from clorch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.1, first_bucket_cap_mb=0.01)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True)
+
+    def strategy_step(model, optimizer, scaler):
+        _strategy(model, optimizer, MixedPrecision("fp16", "cuda", scaler=scaler)).optimizer_step()
+
     _, scaler, syncs = _fp16_steps(
         lambda: GradScaler("cuda", init_scale=1024.0),
         (ddp, opt),
         _data(4),
         2 if rank == 1 else -1,
-        lambda m, o, s: m.optimizer_step(o, s),
+        strategy_step,
     )
     weights = torch.cat([p.detach().flatten() for p in ddp.parameters()]).cpu()
     return {"syncs": syncs, "skipped": scaler.skipped_steps, "scale": scaler.get_scale(), "weights": weights}
@@ -282,6 +298,7 @@ def _bucket_path_checks(rank, world_size):
         if kwargs["overlap_grad_copies"]:
             _delay_copies(ddp._reducer)  # whatever reads a bucket before its copies land fails below
         plain_opt, opt = torch.optim.SGD(plain.parameters(), lr=0.05), torch.optim.SGD(ddp.parameters(), lr=0.05)
+        strategy = _strategy(ddp, opt)
         tol = {"rtol": 2e-2, "atol": 1e-3} if name.startswith("bf16") else {"rtol": 0, "atol": 0}
         syncs = []
         for step, (x, y) in enumerate(data):
@@ -300,7 +317,7 @@ def _bucket_path_checks(rank, world_size):
             syncs.append(_host_syncs(ddp_step))
             for p, q in zip(ddp.module.parameters(), plain.parameters()):
                 torch.testing.assert_close(p.grad, q.grad, **tol)
-            ddp.optimizer_step(opt)
+            strategy.optimizer_step()
             plain_opt.step()
             plain_opt.zero_grad(set_to_none=True)
         out[name] = {"buckets": len(ddp.buckets), "syncs": syncs}

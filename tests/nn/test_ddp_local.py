@@ -5,6 +5,7 @@ The bucket path needs a process group of two or more ranks: `ddp_checks` runs it
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import typing
@@ -12,12 +13,14 @@ import typing
 import pytest
 import torch
 
+from clorch.amp import MixedPrecision
 from clorch.config.schema import DDPConfig
 from clorch.nn.parallel import DistributedDataParallel, no_sync
 from clorch.nn.parallel.buckets import MIB, plan_buckets
 from clorch.nn.parallel.ddp import resolve_reduce_dtype
 from clorch.precision import DTYPE_NAMES
 from tests.nn import models as m
+from tests.nn.ddp_checks import strategy_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,11 +81,12 @@ def test_model_must_be_a_module():
             pass
 
 
-def _train(model_or_ddp, module, data):
-    opt = m.make_optimizer(module)
+def _train(ddp, data):
+    opt = m.make_optimizer(ddp.module)
+    strategy = strategy_for(ddp, opt)
     for x, y in data:
-        m.loss_fn(model_or_ddp(x), y).backward()
-        model_or_ddp.optimizer_step(opt)
+        m.loss_fn(ddp(x), y).backward()
+        strategy.optimizer_step()
 
 
 def test_world_size_one_skips_hooks_and_keeps_autograd_grads():
@@ -94,7 +98,7 @@ def test_world_size_one_skips_hooks_and_keeps_autograd_grads():
     assert all(g is not None and g._base is None for g in grads)  # autograd's own tensors
     ref = m.reference(m.mlp, m.batches(3, 4))
     ddp = DistributedDataParallel(m.mlp())
-    _train(ddp, ddp.module, m.batches(3, 4))
+    _train(ddp, m.batches(3, 4))
     for key, value in m.weights(ref).items():
         torch.testing.assert_close(ddp.module.state_dict()[key], value)
 
@@ -117,13 +121,41 @@ def test_every_config_reduce_dtype_resolves(name, comm_dtype):
     assert resolve_reduce_dtype(name) == comm_dtype
 
 
+class _ScalerThatCannotStep(MixedPrecision):
+    """A precision object whose loss scaler is not one."""
+
+    scaler = "scaler"
+
+
 def test_optimizer_step_checks_its_arguments():
     # Without a synchronized backward it raises ValueError: ddp_checks (real ranks, hooks registered).
     ddp = DistributedDataParallel(m.mlp())
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, got str"):
-        ddp.optimizer_step("sgd")
+        strategy_for(ddp, "sgd").optimizer_step()
     with pytest.raises(TypeError, match="scaler must be a clorch.amp.GradScaler or None, got str"):
-        ddp.optimizer_step(m.make_optimizer(ddp.module), "scaler")
+        strategy_for(ddp, m.make_optimizer(ddp.module), _ScalerThatCannotStep("fp32", "cpu")).optimizer_step()
+
+
+def test_the_wrapper_wraps_and_the_strategy_steps():
+    """clorch's DDP has no step, scaler or clipping path of its own beside DDPStrategy's; the
+    precision object takes the buckets (flats), not the wrapper, so clorch.amp never calls into it."""
+    from clorch.nn.parallel import grad_norm
+
+    for name in ("optimizer_step", "unscale_gradients"):
+        assert not hasattr(DistributedDataParallel, name), name
+    assert not hasattr(grad_norm, "clip_grad_norm")
+    assert list(inspect.signature(MixedPrecision.optimizer_step).parameters) == ["self", "optimizer", "flats"]
+    # What a strategy reads or marks is all the wrapper offers it: no optimizer is stepped there.
+    ddp = DistributedDataParallel(m.mlp())
+    opt = m.make_optimizer(ddp.module)
+    x, y = m.batches(1, 4)[0]
+    m.loss_fn(ddp(x), y).backward()
+    before = m.weights(ddp.module)
+    ddp.begin_step()
+    assert ddp.flat_gradients(opt) is None and ddp.optimizer_in_backward is None  # one rank: no reducer
+    ddp.end_step()
+    assert all(torch.equal(before[k], v) for k, v in m.weights(ddp.module).items())
+    assert all(p.grad is not None for p in ddp.module.parameters())  # zeroing is the strategy's
 
 
 def test_clorch_nn_imports_no_config_code():
@@ -174,12 +206,13 @@ def test_step_in_backward_at_world_size_one_matches_a_plain_loop():
     opt = torch.optim.AdamW(ddp.parameters(), lr=0.01)
     ddp.step_in_backward(opt)
     assert len(ddp.buckets) == 6  # the bucket path runs, with nothing to communicate
+    strategy = strategy_for(ddp, opt)
     for x, y in data:
         m.loss_fn(plain(x), y).backward()
         plain_opt.step()
         plain_opt.zero_grad()
         m.loss_fn(ddp(x), y).backward()
-        assert ddp.optimizer_step(opt) is True
+        assert strategy.optimizer_step() is True
     for key, want in m.weights(plain).items():
         assert torch.equal(m.weights(ddp.module)[key], want), key
 
@@ -230,6 +263,7 @@ def test_step_in_backward_follows_a_cleared_or_reloaded_adam_state():
     plain, ddp = m.mlp(), DistributedDataParallel(m.mlp(), bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
     plain_opt, opt = torch.optim.Adam(plain.parameters(), lr=0.01), torch.optim.Adam(ddp.parameters(), lr=0.01)
     ddp.step_in_backward(opt)
+    strategy = strategy_for(ddp, opt)
     for index, (x, y) in enumerate(data):
         if index == 2:  # both forget their moments (as a fresh optimizer state would)
             plain_opt.state.clear()
@@ -238,7 +272,7 @@ def test_step_in_backward_follows_a_cleared_or_reloaded_adam_state():
         plain_opt.step()
         plain_opt.zero_grad()
         m.loss_fn(ddp(x), y).backward()
-        ddp.optimizer_step(opt)
+        strategy.optimizer_step()
     assert len(opt.state) == len(plain_opt.state) == 6
     for key, want in m.weights(plain).items():
         assert torch.equal(m.weights(ddp.module)[key], want), key

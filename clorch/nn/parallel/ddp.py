@@ -21,7 +21,6 @@ from clorch.nn.parallel.options import (
     check_arguments,
     check_cap,
     check_device_ids,
-    check_step_arguments,
     resolve_reduce_dtype,
 )
 from clorch.nn.parallel.overlap import BucketStepper
@@ -74,7 +73,10 @@ class DistributedDataParallel(TorchDDPInterface):
     torch's `__init__` and reducer never run, and torch's internals that would
     need them (`join`, `_register_fused_optim`, ...) raise NotImplementedError. As with torch's DDP,
     `.grad` holds the average
-    over ranks when a synchronized `backward()` returns; forwards inside
+    over ranks when a synchronized `backward()` returns (step with
+    `optimizer.step()`, or through `clorch.strategies.DDPStrategy`, which
+    also unscales, clips and skips with the precision object; the wrapper
+    itself never steps); forwards inside
     `no_sync()` (or with `require_backward_grad_sync = False`) make their
     backward accumulate locally instead. Construction is a synchronization
     point: every rank must wrap the same model. It checks the parameter
@@ -227,8 +229,8 @@ class DistributedDataParallel(TorchDDPInterface):
         step overlaps the communication of later buckets (on CUDA, on a side
         stream; see `clorch.nn.parallel.overlap`). The numerics are those of
         `optimizer.step()` after backward. Do not call `optimizer.step()`
-        any more (it raises ValueError); zero the gradients as before, or
-        call `optimizer_step(optimizer)`, which then only zeroes them.
+        any more (it raises ValueError); zero the gradients as before (a
+        `DDPStrategy`'s `optimizer_step` then only zeroes them).
         Forwards under `no_sync()` still accumulate without stepping.
 
         Step hooks registered on the optimizer (`register_step_pre_hook`,
@@ -305,122 +307,48 @@ class DistributedDataParallel(TorchDDPInterface):
         finally:
             self.require_backward_grad_sync = previous
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool | torch.Tensor:
-        """Step the optimizer (through `scaler`: step and update) and zero the gradients.
+    # -- hooks for the strategy that steps -----------------------------------------------------
+    # The wrapper never steps, unscales or clips: `clorch.strategies.DDPStrategy` does, through
+    # its precision object (`MixedPrecision.optimizer_step`). These say what the wrapper holds
+    # (the flat buckets, the optimizer backward steps) and mark where an optimizer step starts
+    # and ends, so that a step without a synchronized backward before it is refused.
 
-        Call it on every rank after each synchronized backward; the averages
-        are already in `.grad`. With a scaler it is a collective: the
-        scaler's found-inf all-reduce, which every rank must reach once per
-        step (with gloo it blocks until every rank has; with NCCL it is
-        ordered on the current stream), then, unless the optimizer is fused
-        Adam or AdamW on CUDA (the skip then stays on the device), one host
-        read of the flag, which waits for the all-reduce. Without a scaler it
-        is local. For the optimizer handed to `step_in_backward`, backward
-        already stepped: this only zeroes the gradients.
-
-        With a clorch `GradScaler` and an optimizer that holds exactly this
-        model's trainable parameters, the gradients are unscaled through the
-        buckets they view (`GradScaler.unscale_flat_`), unless they were
-        already unscaled this step (`scaler.unscale_(optimizer)` before
-        clipping, say).
-
-        Args:
-            optimizer: the optimizer to step.
-            scaler: None; a `clorch.amp.GradScaler` (or any scaler with
-                torch.amp.GradScaler's `step` and `update`); or a
-                `clorch.amp.MixedPrecision`, whose scaler is used (none for
-                fp32 and bf16).
-
-        Returns:
-            True when the optimizer stepped, False when the scaler skipped it
-            (a 0-d bool tensor when the scaler decided on the device).
+    def begin_step(self) -> None:
+        """Mark the start of an optimizer step: a synchronized backward must have run since the
+        last one (`end_step`). Local; a strategy calls it before stepping.
 
         Raises:
-            TypeError: optimizer has no step(), or scaler has no step().
-            ValueError: no synchronized backward ran since the last step, or
-                a scaler with an optimizer that steps in backward.
-            ScalerStateError: the scaler already stepped this optimizer since its last update().
-            RuntimeError: the found-inf all-reduce failed (a rank died, the group timed
-                out: the backend's RuntimeError or DistBackendError).
+            ValueError: every backward since the last step ran under `no_sync()` (or with
+                `require_backward_grad_sync=False`), so `.grad` holds this rank's sum alone.
         """
-        if callable(getattr(scaler, "optimizer_step", None)):  # a MixedPrecision: it drives its scaler
-            return scaler.optimizer_step(optimizer, model=self)
-        check_step_arguments(optimizer, scaler)
-        if self.begin_step(optimizer, scaled=scaler is not None):
-            stepped: bool | torch.Tensor = True
-        elif scaler is None:
-            optimizer.step()
-            stepped = True
-        else:
-            flats = self.flat_gradients(optimizer)
-            if flats is not None and hasattr(scaler, "unscale_flat_") and not scaler.is_unscaled(optimizer):
-                scaler.unscale_flat_(optimizer, flats)  # a few flat buffers, not each parameter
-            stepped = scaler.step(optimizer)  # a device tensor when the scaler decided on the device
-            scaler.update()
-        self.end_step(optimizer)
-        return stepped
+        if self._reducer is not None and not self._reducer.committed:
+            raise ValueError(
+                "DistributedDataParallel: no synchronized backward since the last step (every "
+                "forward ran under no_sync() or with require_backward_grad_sync=False?); run the "
+                "last micro-batch's forward and backward outside no_sync()"
+            )
 
-    def begin_step(self, optimizer: torch.optim.Optimizer, scaled: bool = False) -> bool:
-        """Check that a synchronized backward ran since the last step; whether backward already
-        stepped `optimizer` (`step_in_backward`: the step is then left out). Local.
-
-        Raises:
-            ValueError: no synchronized backward ran since the last step, or `scaled` (a loss
-                scaler in play) with an optimizer that steps in backward.
-        """
-        reducer = self._reducer
-        if reducer is not None and not reducer.committed:
-            raise reducer.no_synchronized_backward()
-        if reducer is not None and reducer.stepper is not None and reducer.stepper.optimizer is optimizer:
-            if scaled:
-                raise ValueError(
-                    "optimizer_step(): a scaler cannot skip a step that backward already "
-                    "took (step_in_backward); use bf16 or fp32 without a scaler"
-                )
-            return True
-        return False
+    def end_step(self) -> None:
+        """Mark the end of an optimizer step: the next one needs a new synchronized backward.
+        Local; a strategy calls it after stepping (and zeroes the gradients itself)."""
+        if self._reducer is not None:
+            self._reducer.committed = False
 
     def flat_gradients(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor] | None:
         """The flat bucket buffers every gradient of `optimizer` views, or None: the optimizer
         holds other parameters than the reducer's, or there is no reducer (one rank). A loss
-        scaler unscales these few buffers instead of each gradient. Local."""
+        scaler unscales these few buffers instead of each gradient
+        (`MixedPrecision.optimizer_step(optimizer, flats=...)`). Local."""
         if self._reducer is not None and self._optimizer_covers(optimizer):
             return [bucket.flat for bucket in self._reducer.buckets]
         return None
 
-    def end_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """After the step: the next one needs a new synchronized backward; the gradients are zeroed. Local."""
-        if self._reducer is not None:
-            self._reducer.committed = False
-        optimizer.zero_grad(set_to_none=True)
-
-    def unscale_gradients(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
-        """Divide this step's gradients by the loss scale now, e.g. before clipping them.
-
-        Local (no collective, no host sync); at most once per step, after the
-        synchronized backward and before `optimizer_step` (which then does not
-        unscale again). Through the buckets where they hold every gradient of
-        `optimizer`, else `scaler.unscale_(optimizer)`. A no-op without a
-        scaler (`scaler` None, or a MixedPrecision without one).
-
-        Raises:
-            ScalerStateError: the gradients were already unscaled this step.
-        """
-        if callable(getattr(scaler, "unscale_gradients", None)):  # a MixedPrecision: it unscales
-            scaler.unscale_gradients(optimizer, flats=self.flat_gradients(optimizer))
-            return
-        if scaler is None:
-            return
-        flats = self.flat_gradients(optimizer)
-        if flats is not None and hasattr(scaler, "unscale_flat_") and not scaler.is_unscaled(optimizer):
-            scaler.unscale_flat_(optimizer, flats)
-        else:
-            scaler.unscale_(optimizer)
-
     @property
-    def steps_in_backward(self) -> bool:
-        """Whether backward steps an optimizer (`step_in_backward`): `.grad` is then stepped already."""
-        return self._reducer is not None and self._reducer.stepper is not None
+    def optimizer_in_backward(self) -> torch.optim.Optimizer | None:
+        """The optimizer that backward steps (`step_in_backward`), or None. Its step is then
+        taken already when a synchronized backward returns: a strategy only zeroes the gradients."""
+        stepper = None if self._reducer is None else self._reducer.stepper
+        return None if stepper is None else stepper.optimizer
 
     def reduce_gradients(self) -> None:
         """Make sure `.grad` holds the average (kept for older code: backward already does it).
