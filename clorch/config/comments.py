@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import io
 import tokenize
@@ -19,7 +20,17 @@ def scalar(value: Any) -> str:
 
 @lru_cache(maxsize=None)
 def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment written beside it (or on the lines just above) in the source."""
+    """Field name -> the comment written beside it (or on the lines just above) in the source,
+    an inherited field's from the class that declares it (a subclass's own comment wins)."""
+    found: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base) and "__dataclass_fields__" in vars(base):
+            found.update(_own_field_comments(base))
+    return found
+
+
+def _own_field_comments(cls: type) -> dict[str, str]:
+    """The comments of the fields `cls`'s own source declares."""
     source = inspect.getsource(cls)
     comments = {
         tok.start[0]: tok.string.lstrip("#").strip()

@@ -190,7 +190,7 @@ def write_start(plan: Plan, run_dir: Path, **extra: Any) -> None:
     files' digests, plan, `extra`); a `checkpoint.resume=latest` that finds nothing to resume says
     so in events.jsonl (the console showed it in the plan's description)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    nothing = nothing_to_resume(plan.config, run_dir)
+    nothing = nothing_to_resume(plan.config, run_dir, plan.layout)
     if nothing is not None:  # the line as the console showed it (the directory may exist by now)
         announce(run_dir, plan.resume_note or nothing, resumed_from=None)
     # Atomic: under launcher=torchrun every node writes it, while other nodes' ranks may read it.

@@ -18,6 +18,7 @@ from clorch.builders.data import build_splits
 from clorch.builders.optimizer import build_optimizer
 from clorch.builders.rank_model import ModelBuilder
 from clorch.config.options.chunked_loss import ChunkedCrossEntropyConfig
+from clorch.config.layout import ParallelLayout
 from clorch.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from clorch.data import DistributedSampler
 from clorch.data.base import derive_seed
@@ -165,7 +166,9 @@ def _strategy_class(cfg: TrainConfig) -> type:
     return strategy_class(cfg.parallel)
 
 
-def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int) -> Components:
+def build_components(
+    cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int, layout: ParallelLayout | None = None
+) -> Components:
     """Build task, model (on the rank's device, compiled if asked, placed on the ranks by the
     strategy `parallel` names), optimizer, schedule, precision (autocast and scaler) and sampler from a
     checked config. `total_steps` is the plan's (the cosine schedule's length).
@@ -178,6 +181,7 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         ValueError, TypeError: the builders reject a setting (the checks catch most first).
     """
     rank, world = int(ctx.get("rank", 0)), int(ctx.get("world_size", 1))
+    layout = cfg.parallel.layout(world) if layout is None else layout  # the plan's, where there is one
     device = _device(ctx)
     task, eval_task = _placed_tasks(cfg, device)
     # fp16's scaler from `precision.scaler`; one object, which the strategy steps through
@@ -198,7 +202,8 @@ def build_components(cfg: TrainConfig, ctx: Mapping[str, Any], total_steps: int)
         precision=precision,
         task=task,
         eval_task=eval_task,
-        sampler=_sampler(cfg, len(task), rank, world),
+        # which share of the data this rank reads: its place among the data-parallel ranks
+        sampler=_sampler(cfg, len(task), layout.dp_rank(rank), layout.dp_size),
         device=device,
         batch_size=cfg.batch_size,
         accumulation=cfg.accumulation,

@@ -276,7 +276,7 @@ def train(
     checked = _preflight(plan, run_dir, rank)
     if preflight.stops_here(plan, checked):  # failed, or preflight=only: nothing is built
         return {"steps": 0, "preflight": preflight.summary_of(checked)} if rank == 0 else None
-    parts = build_components(cfg, ctx, total)
+    parts = build_components(cfg, ctx, total, plan.layout)
     state, resumed_from, history = _start(plan, parts, run_dir)
     writer = _writer(cfg, run_dir, history) if parts.rank == 0 else None
     hooks = hooks_class(cfg, parts, run_dir, total, writer, plan.layout)
