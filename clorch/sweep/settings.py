@@ -17,6 +17,7 @@ Neither torch nor Optuna is imported: the command line checks a sweep without th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,15 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
-    return [e for e in [*found, _bool_error(s.continue_changed), _repeatable_error(s)] if e] + storage_errors(s.storage)
+    found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
+    return [e for e in found if e] + storage_errors(s.storage)
+
+
+def _sampler_package_error(name: str) -> str | None:
+    """A sampler whose package is optional in Optuna and missing here (found now, not at the first trial)."""
+    if name == "cmaes" and importlib.util.find_spec("cmaes") is None:
+        return "hydra.sweeper.sampler=cmaes needs the cmaes package, which is not installed: pip install cmaes"
+    return None
 
 
 def _repeatable_error(settings: OptunaSettings) -> str | None:

@@ -137,3 +137,13 @@ def test_repeatable_follows_the_seed_and_a_repeatable_sweep_needs_one():
     assert optuna_errors(_settings(repeatable="yes")) == [
         "hydra.sweeper.repeatable must be true, false or null (true when sampler.seed is given), got 'yes'"
     ]
+
+
+def test_the_cmaes_sampler_without_its_package_is_a_config_error():
+    import importlib.util
+
+    from clorch.sweep.settings import OptunaSettings, SamplerSettings, optuna_errors
+
+    errors = optuna_errors(OptunaSettings(sampler=SamplerSettings(name="cmaes")))
+    missing = importlib.util.find_spec("cmaes") is None
+    assert any("needs the cmaes package" in e for e in errors) == missing, errors
