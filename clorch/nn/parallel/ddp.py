@@ -72,11 +72,8 @@ class DistributedDataParallel(TorchDDPInterface):
     `register_comm_hook` (torch's elementwise hooks) and `_set_static_graph()`;
     torch's `__init__` and reducer never run, and torch's internals that would
     need them (`join`, `_register_fused_optim`, ...) raise NotImplementedError. As with torch's DDP,
-    `.grad` holds the average
-    over ranks when a synchronized `backward()` returns (step with
-    `optimizer.step()`, or through `clorch.strategies.DDPStrategy`, which
-    also unscales, clips and skips with the precision object; the wrapper
-    itself never steps); forwards inside
+    `.grad` holds the average over ranks when a synchronized `backward()` returns (step with
+    `optimizer.step()` or `clorch.strategies.DDPStrategy`; the wrapper never steps); forwards inside
     `no_sync()` (or with `require_backward_grad_sync = False`) make their
     backward accumulate locally instead. Construction is a synchronization
     point: every rank must wrap the same model. It checks the parameter
@@ -213,8 +210,7 @@ class DistributedDataParallel(TorchDDPInterface):
         Local; call it before the first forward, on a model without a reducer.
 
         Raises:
-            ValueError: the model already has a reducer (world size > 1, or
-                step_in_backward was called first).
+            ValueError: the model has a reducer already (world size > 1, or step_in_backward).
         """
         if self._reducer is not None:
             raise ValueError("_run_bucket_path(): this model already has a reducer; call it first")
@@ -307,19 +303,15 @@ class DistributedDataParallel(TorchDDPInterface):
         finally:
             self.require_backward_grad_sync = previous
 
-    # -- hooks for the strategy that steps -----------------------------------------------------
-    # The wrapper never steps, unscales or clips: `clorch.strategies.DDPStrategy` does, through
-    # its precision object (`MixedPrecision.optimizer_step`). These say what the wrapper holds
-    # (the flat buckets, the optimizer backward steps) and mark where an optimizer step starts
-    # and ends, so that a step without a synchronized backward before it is refused.
+    # -- hooks for the strategy that steps (`clorch.strategies.DDPStrategy`, through its precision
+    # object): what the wrapper holds, and where a step starts and ends. The wrapper never steps.
 
     def begin_step(self) -> None:
-        """Mark the start of an optimizer step: a synchronized backward must have run since the
-        last one (`end_step`). Local; a strategy calls it before stepping.
+        """Mark the start of an optimizer step. Local.
 
         Raises:
-            ValueError: every backward since the last step ran under `no_sync()` (or with
-                `require_backward_grad_sync=False`), so `.grad` holds this rank's sum alone.
+            ValueError: no synchronized backward since the last `end_step` (every one ran under
+                `no_sync()`): `.grad` holds this rank's sum alone.
         """
         if self._reducer is not None and not self._reducer.committed:
             raise ValueError(
@@ -351,10 +343,8 @@ class DistributedDataParallel(TorchDDPInterface):
         return None if stepper is None else stepper.optimizer
 
     def reduce_gradients(self) -> None:
-        """Make sure `.grad` holds the average (kept for older code: backward already does it).
-
-        Local: the reduction ran when the synchronized backward ended.
-        """
+        """Make sure `.grad` holds the average (kept for older code: the synchronized backward
+        did it when it ended). Local."""
         if self._reducer is not None:
             self._reducer.finish()
 
