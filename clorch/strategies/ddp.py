@@ -87,8 +87,8 @@ class DDPStrategy(Strategy):
         Raises:
             TypeError: the model is not a clorch DistributedDataParallel, the optimizer or the
                 precision's scaler cannot step.
-            ValueError: no synchronized backward ran since the last step, or a loss scaler with
-                an optimizer that backward steps (its skip would come too late).
+            ValueError: no model (before setup), no synchronized backward since the last step,
+                or a loss scaler with an optimizer that backward steps (its skip would come too late).
         """
         model, optimizer = self._wrapper(), self.optimizer
         model.begin_step()
@@ -108,6 +108,8 @@ class DDPStrategy(Strategy):
     def _wrapper(self) -> DistributedDataParallel:
         """The model the step goes through: clorch's DistributedDataParallel (`setup` wraps it;
         `clorch.strategies.adopt` takes one wrapped by hand)."""
+        if self.model is None:
+            raise ValueError(f"{type(self).__name__} has no model to step yet: call setup() first")
         if not isinstance(self.model, DistributedDataParallel):
             raise TypeError(
                 "model must be None or a clorch DistributedDataParallel, got "
