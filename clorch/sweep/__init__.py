@@ -13,6 +13,7 @@
     run.py           what the sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`
     summary.py       sweep_summary.csv/.md: one row per trial
     report.py        the sweep's end: its summary, its best trial, its plots, its exit status
+    best.py          the best trial as a recipe (SWEEP_DIR/best.yaml)
     errors.py        SweepRefused, StorageError
     _private_apis.py every private API of Hydra and Optuna the sweep leans on, in one room
 

@@ -28,6 +28,7 @@ from clorch.engine.interrupts import Interrupted, at_interrupt
 from clorch.config.checks import print_config_errors
 from clorch.engine.outputs import command_line
 from clorch.status import Status
+from clorch.sweep.best import BEST_FILE, trial_overrides, write_best
 from clorch.sweep.directory import SweepLock
 from clorch.sweep.driver import RESUME
 from clorch.sweep.summary import Objective, SweepRow, collect, planned_jobs, write_summary
@@ -90,6 +91,7 @@ class SweepSummaryCallback(Callback):
         self._cancel: Callable[[], None] | None = None
         self._planned: list[list[str]] | None = None
         self._objective = Objective()
+        self._overrides: list[str] = []  # the sweep's command line (task and hydra overrides)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SWEEP_END.release()
@@ -97,6 +99,7 @@ class SweepSummaryCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         self._planned = planned_jobs(config)
         self._objective = Objective.of(config.hydra.sweeper)
+        self._overrides = [*config.hydra.overrides.task, *config.hydra.overrides.hydra]
         self._cancel = at_interrupt(lambda exc: self._summarize(sweep_dir, exc))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -130,6 +133,9 @@ class SweepSummaryCallback(Callback):
         print(md_path.read_text())
         for line in best_lines(rows, self._objective) or no_objective_lines(rows, self._objective):
             print(line)
+        best = self._objective.best(rows)
+        if best is not None:
+            print(best_file_line(sweep_dir, best, self._objective, self._overrides))
         plot_sweep(sweep_dir)
         if interrupt is not None:
             print(f"clorch-train: continue the sweep with: {continue_command(sweep_dir)}", file=sys.stderr)
@@ -149,6 +155,19 @@ def best_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
         # clorch-runs show's command: recipe files by path, CLORCH_TRUSTED_MODULES, from scratch
         f"clorch-train: rerun it with: {rerun_command(Run(Path(best.run_dir)), cd=False)}",
     ]
+
+
+def best_file_line(sweep_dir: Path, best: SweepRow, objective: Objective, sweep_overrides: list[str]) -> str:
+    """Write the best trial's recipe (clorch.sweep.best) and say where it is, or why there is none."""
+    overrides = trial_overrides(sweep_overrides, best.overrides)
+    about = f"The best trial ({best.job}) of the sweep in {sweep_dir}: {objective.label} {best.objective:.6g}"
+    try:
+        if overrides is None:
+            raise ValueError("the sweep's command line cannot be read again")
+        path = write_best(sweep_dir, overrides, f"{about} ({objective.direction}d)")
+    except Exception as exc:  # a convenience, as the plots are: the sweep's results are in the summary
+        return f"clorch-train: no {BEST_FILE} for the best trial ({type(exc).__name__}: {exc})"
+    return f"clorch-train: the best trial's config as a recipe: {path}; rerun it with: clorch-train +recipe={path}"
 
 
 def no_objective_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
