@@ -40,7 +40,7 @@ _GROUP_BLOCK = re.compile(r"(?:\w+\.)*process_group\([^)]*\)")
 
 def ddp_amp_block() -> str:
     """The DDP + AMP example: the python block that wraps a model in DistributedDataParallel."""
-    found = [b for b in doc_blocks() if "DistributedDataParallel(model" in b.code and "amp.autocast" in b.code]
+    found = [b for b in doc_blocks() if "DistributedDataParallel(model" in b.code and "adopt(ddp" in b.code]
     assert len(found) == 1, (
         f"expected one DDP + AMP example in README.md and docs/*.md, found {[b.where for b in found]}"
     )

@@ -39,7 +39,7 @@ def _refuse_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object)
     raise ValueError(
         f"{type(optimizer).__name__}.step() was called, but this optimizer already steps inside "
         "backward (DistributedDataParallel.step_in_backward): each synchronized backward updates "
-        "the parameters; call only optimizer.zero_grad() (or model.optimizer_step(optimizer)) after it"
+        "the parameters; call only optimizer.zero_grad() (or the strategy's optimizer_step()) after it"
     )
 
 

@@ -324,14 +324,6 @@ class Reducer:
             self.stepper.join()
         self._reset(committed=False)
 
-    def no_synchronized_backward(self) -> ValueError:
-        """The error for a step with no synchronized backward since the last one."""
-        return ValueError(
-            "DistributedDataParallel.optimizer_step(): no synchronized backward since the last "
-            "step (every forward ran under no_sync() or with require_backward_grad_sync=False?); "
-            "run the last micro-batch's forward and backward outside no_sync()"
-        )
-
     def _raise_missing(self, missing: list[str]) -> None:
         raise ValueError(
             f"DistributedDataParallel: the synchronized backward produced no gradient for trainable "
