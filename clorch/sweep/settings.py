@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ FILE_KEYS = (
     "min_trials",
     "study_name",
     "repeatable",
+    "timeout",
 )
 MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
 
@@ -85,6 +87,9 @@ class OptunaSettings:
     # ended (clorch.sweep.study): a seeded sweep then repeats itself whatever order its trials end in.
     # null: true when sampler.seed is given; false: against whatever has ended (Optuna's way).
     repeatable: bool | None = None
+    # Seconds from the sweep's start (Optuna's optimize(timeout=)): no new trial starts after them, the
+    # running ones finish. A continued sweep has a budget of its own. null: no budget.
+    timeout: float | None = None
 
     def repeats(self) -> bool:
         """Whether this sweep's trials are asked and pruned by the fixed rule (`repeatable`)."""
@@ -130,7 +135,16 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
     found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
+    found.append(_timeout_error(s.timeout))
     return [e for e in found if e] + storage_errors(s.storage)
+
+
+def _timeout_error(value: Any) -> str | None:
+    if value is None or (not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf):
+        return None
+    return (
+        f"hydra.sweeper.timeout must be a number of seconds > 0 (no new trial starts after it) or null, got {value!r}"
+    )
 
 
 def _sampler_package_error(name: str) -> str | None:

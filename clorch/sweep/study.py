@@ -25,6 +25,10 @@ A trial that succeeded is told to the study with its objective, a finite number 
 its summary's final metrics; without one (a misspelt `objective`, a NaN loss) the study
 records it failed and the console says why. A trial's directory that already holds a
 finished trial is never given to a new one.
+
+With a time budget (`hydra.sweeper.timeout`, seconds from this sweep's start, as Optuna's
+`optimize(timeout=)`) no trial starts once it is spent, a cut-off one included; the running
+trials finish, and the sweep ends as it would at `n_trials`.
 """
 
 from __future__ import annotations
@@ -121,6 +125,9 @@ class StudySource:
         self.running: set[int] = set()  # the numbers of the trials this sweep runs now
         self.lost: set[int] = set()  # trials cut off while this sweep runs: continuing the sweep runs them
         self._said: set[int] = set()  # the trials this sweep said it waits for
+        # hydra.sweeper.timeout: no trial starts past this time.monotonic(); None: no budget
+        self.deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+        self.out_of_time = False  # the budget has ended the sweep (said once)
         with storage_errors(self.where):
             self.heartbeats = Heartbeats(self.storage, uid)
             self.cut_off = cut_off(self.study.trials, uid, own_file=not settings.storage)
@@ -169,6 +176,8 @@ class StudySource:
         return study
 
     def next(self) -> TrialSpec | None:
+        if self._past_deadline():
+            return None
         with storage_errors(self.where):
             if self.cut_off:
                 if not self._ready(self.cut_off[0].number):
@@ -187,6 +196,18 @@ class StudySource:
             self._refuse_finished_dir(trial)
             self.heartbeats.mark(trial_id(trial))
             return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=False))
+
+    def _past_deadline(self) -> bool:
+        """Whether the time budget (hydra.sweeper.timeout) is spent; the console hears it once."""
+        if self.deadline is None or time.monotonic() < self.deadline:
+            return False
+        if not self.out_of_time:
+            self.out_of_time = True
+            say(
+                f"the time budget (hydra.sweeper.timeout={self.settings.timeout:g} s) ended the sweep: no new trial "
+                f"starts; {len(self.running)} running trial(s) finish"
+            )
+        return True
 
     def _started(self, spec: TrialSpec) -> TrialSpec:
         self.running.add(spec.number)

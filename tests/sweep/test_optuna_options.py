@@ -75,3 +75,47 @@ def test_a_sweep_writes_its_best_trial_as_a_recipe_that_reruns_it(tmp_path):
     trial, rerun = sweep_dir / best, tmp_path / "rerun"
     assert (trial / "config.yaml").read_text() == (rerun / "config.yaml").read_text()
     assert _summary(trial)["weights_sha256"] == _summary(rerun)["weights_sha256"]
+
+
+# -- a time budget ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "true", "soon"])
+def test_a_time_budget_is_a_positive_number_of_seconds(value):
+    assert _errors(f"hydra.sweeper.timeout={value}") == [
+        "hydra.sweeper.timeout must be a number of seconds > 0 (no new trial starts after it) or null, "
+        f"got {yaml.safe_load(value)!r}"
+    ]
+    assert _errors("hydra.sweeper.timeout=90") == _errors("hydra.sweeper.timeout=0.5") == []
+
+
+def test_no_trial_starts_once_the_time_budget_is_spent_and_the_running_ones_finish(tmp_path, monkeypatch, capsys):
+    from clorch.engine.results import RunSummary
+    from clorch.status import Status
+    from clorch.sweep import study
+    from clorch.sweep.settings import OptunaSettings, SamplerSettings
+    from clorch.sweep.space import parse_space
+
+    now = [100.0]
+    monkeypatch.setattr(study.time, "monotonic", lambda: now[0])
+    space, _ = parse_space(["seed=choice(1,2,3)"])
+    settings = OptunaSettings(n_trials=5, n_jobs=2, timeout=60, sampler=SamplerSettings(name="random", seed=0))
+    source = study.StudySource(settings, space, tmp_path, uid="u")
+    first, second = source.next(), source.next()
+    now[0] += 61
+    assert source.next() is None and source.next() is None  # spent: none starts, the running finish
+    source.ended(first, RunSummary(status=Status.SUCCEEDED, final={"eval_loss": 0.5}))
+    source.ended(second, RunSummary(status=Status.SUCCEEDED, final={"eval_loss": 0.4}))
+    source.close()
+    assert [t.state.name for t in source.study.trials] == ["COMPLETE", "COMPLETE"]
+    out = capsys.readouterr().out
+    assert out.count("the time budget (hydra.sweeper.timeout=60 s) ended the sweep: no new trial starts; 2 run") == 1
+
+
+def test_a_sweep_whose_time_budget_is_spent_ends_after_its_running_trial_and_exits_0(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *TINY, "hydra/sweeper=optuna", "optim.lr=interval(1e-4, 1e-1)", "hydra.sweeper.n_trials=4"]
+    done = run_clorch_train([*args, "hydra.sweeper.timeout=1", f"hydra.sweep.dir={sweep_dir}"], tmp_path, _env(), 60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the time budget (hydra.sweeper.timeout=1 s) ended the sweep: no new trial starts" in done.stdout
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.name.isdigit()) == ["0"]
