@@ -9,6 +9,7 @@
     directory.py     the sweep directory: its lock (one sweep at a time), its identity (sweep.json)
     storage.py       where the Optuna study lives, checked to be this sweep's; storage errors in a line
     heartbeat.py     which running trials are cut off, and which run live in another sweep
+    enqueue.py       known-good trials asked first (hydra.sweeper.enqueue), checked against the space
     study.py         the Optuna study a sweep asks for trials and tells of their ends
     run.py           what the sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`
     summary.py       sweep_summary.csv/.md: one row per trial

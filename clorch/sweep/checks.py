@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from clorch.sweep.enqueue import enqueued_overrides, read_enqueue
 from clorch.sweep.settings import (
     SWEEPERS,
     GridSettings,
@@ -214,6 +215,10 @@ def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
     errors += unknown + optuna_errors(settings)
     space, space_errors = _space_of(overrides, settings, file, given)
     errors += space_errors
+    if space is not None:
+        where = "hydra.sweeper.enqueue" if "enqueue" in given else f"{given.get('space')}: enqueue"
+        settings.enqueue, enqueue_errors = read_enqueue(settings.enqueue, space, settings.n_trials, where)
+        errors += enqueue_errors
     if space is not None and not space.params and not file_errors:  # a file's wrong params: named above
         errors.append(
             "hydra/sweeper=optuna found nothing to search: give a search space, e.g. "
@@ -247,8 +252,8 @@ def sweep_errors(
         return errors
     if sweep.sweeper == "basic":  # the grid's own lists: check_overrides composes up to its limit of them
         trial_lists = [grid_lines(overrides, sweep.settings.params)]
-    else:
-        trial_lists = sweep.space.representative_overrides()
+    else:  # the space's representative values, then each enqueued trial
+        trial_lists = sweep.space.representative_overrides() + enqueued_overrides(sweep.space, sweep.settings.enqueue)
     for trial in trial_lists:
         errors += [e for e in check(trial) if e not in errors]
     if errors:

@@ -45,6 +45,7 @@ FILE_KEYS = (
     "study_name",
     "repeatable",
     "timeout",
+    "enqueue",
 )
 MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
 
@@ -90,6 +91,9 @@ class OptunaSettings:
     # Seconds from the sweep's start (Optuna's optimize(timeout=)): no new trial starts after them, the
     # running ones finish. A continued sweep has a budget of its own. null: no budget.
     timeout: float | None = None
+    # Trials the study asks first, in order ({key: value} of searched keys; Optuna's enqueue_trial), once:
+    # a continued sweep's study holds them already (clorch.sweep.enqueue). null: none.
+    enqueue: list[dict[str, Any]] | None = None
 
     def repeats(self) -> bool:
         """Whether this sweep's trials are asked and pruned by the fixed rule (`repeatable`)."""

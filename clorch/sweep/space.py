@@ -100,6 +100,12 @@ class Param:
             return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
         return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
 
+    def encode(self, value: Any) -> Any:
+        """This parameter's `value` as Optuna's distribution holds it (`decode` reads it back)."""
+        if self.kind == "choice":
+            return _encode(value)
+        return int(value) if self.kind == "int" else float(value)
+
     def decode(self, value: Any) -> Any:
         """A value Optuna suggested, back as this parameter's value (choices are stored as strings
         where Optuna could not store them as they are)."""

@@ -45,6 +45,7 @@ from clorch.status import Status
 from clorch.sweep._private_apis import trial_id
 from clorch.sweep.errors import SweepRefused
 from clorch.engine.interrupts import raise_if_signalled
+from clorch.sweep.enqueue import optuna_params
 from clorch.sweep.driver import RESUME, UNFINISHED, TrialSpec, say, writes_checkpoints
 from clorch.sweep.heartbeat import Heartbeats, cut_off
 from clorch.sweep.settings import OptunaSettings
@@ -192,7 +193,7 @@ class StudySource:
             asking = self._asking(number)
             if isinstance(asking.sampler, optuna.samplers.GridSampler) and asking.sampler.is_exhausted(asking):
                 return None  # every point of the grid tried: the sweep ends, as Optuna's optimize would
-            trial = asking.ask({p.key: p.distribution() for p in self.space.params})
+            trial = self._ask(asking, number)
             self._refuse_finished_dir(trial)
             self.heartbeats.mark(trial_id(trial))
             return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=False))
@@ -208,6 +209,21 @@ class StudySource:
                 f"starts; {len(self.running)} running trial(s) finish"
             )
         return True
+
+    def _ask(self, asking: Any, number: int) -> Any:
+        """Trial `number`: the enqueued trial of that index (clorch.sweep.enqueue), else `asking`'s choice."""
+        distributions = {p.key: p.distribution() for p in self.space.params}
+        enqueued = self.settings.enqueue or []
+        if number >= len(enqueued):
+            return asking.ask(distributions)
+        # Enqueued and asked at once on the study's own storage (a repeatable sweep's view lists only
+        # older trials, so its ask would not find the waiting one); the keys the entry leaves out
+        # are sampled by this trial's sampler.
+        study = optuna.load_study(
+            study_name=self.name, storage=self.storage, sampler=make_sampler(self.settings, self.space, number)
+        )
+        study.enqueue_trial(optuna_params(self.space, enqueued[number]))
+        return study.ask(distributions)
 
     def _started(self, spec: TrialSpec) -> TrialSpec:
         self.running.add(spec.number)

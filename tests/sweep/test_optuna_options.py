@@ -50,20 +50,19 @@ def test_a_trials_recipe_puts_its_group_choices_before_its_values_on_the_sweeps_
 # -- tiny sweeps ------------------------------------------------------------------------------
 
 
-def test_a_sweep_writes_its_best_trial_as_a_recipe_that_reruns_it(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    args = [
-        "-m",
-        *TINY,
-        "hydra/sweeper=optuna",
-        "optim.lr=tag(log, interval(1e-4, 1e-1))",
-        "optim=choice(adamw, sgd)",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.sampler.seed=0",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
+def test_a_space_files_enqueued_trial_runs_first_and_the_best_trial_is_a_recipe_that_reruns_it(tmp_path):
+    sweep_dir, space = tmp_path / "sweep", tmp_path / "space.yaml"
+    space.write_text(
+        "params:\n  optim.lr: tag(log, interval(1e-4, 1e-1))\n  optim: [adamw, sgd]\n"
+        "n_trials: 2\nsampler: {name: tpe, seed: 0}\nenqueue:\n  - {optim.lr: 3e-3, optim: sgd}\n"
+    )
+    args = ["-m", *TINY, "hydra/sweeper=optuna", f"hydra.sweeper.space={space}", f"hydra.sweep.dir={sweep_dir}"]
     done = run_clorch_train(args, tmp_path, env=_env(), timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert yaml.safe_load((sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text())[-2:] == [
+        "optim.lr=0.003",
+        "optim=sgd",
+    ]
     best = re.search(r"best trial (\d)", done.stdout).group(1)
     path = sweep_dir / "best.yaml"
     assert f"the best trial's config as a recipe: {path}; rerun it with: clorch-train +recipe={path}" in done.stdout
@@ -119,3 +118,112 @@ def test_a_sweep_whose_time_budget_is_spent_ends_after_its_running_trial_and_exi
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the time budget (hydra.sweeper.timeout=1 s) ended the sweep: no new trial starts" in done.stdout
     assert sorted(p.name for p in sweep_dir.iterdir() if p.name.isdigit()) == ["0"]
+
+
+# -- known-good trials first ------------------------------------------------------------------
+
+SPACE = ["optim.lr=tag(log, interval(1e-4, 1e-1))", "optim=choice(adamw, sgd)", "batch_size=range(8, 33, 8)"]
+
+
+def _enqueue_errors(value: str) -> list[str]:
+    return read_sweep(["hydra/sweeper=optuna", *SPACE, f"hydra.sweeper.enqueue={value}"])[1]
+
+
+def test_enqueued_trials_are_read_from_the_command_line_as_hydras_grammar_types_them():
+    sweep, errors = read_sweep(["hydra/sweeper=optuna", *SPACE, "hydra.sweeper.enqueue=[{optim.lr: 1e-3, optim: sgd}]"])
+    assert errors == [] and sweep.settings.enqueue == [{"optim.lr": 0.001, "optim": "sgd"}]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (
+            "{optim.lr: 1e-3}",
+            "hydra.sweeper.enqueue must be a list of {key: value} mappings of searched keys, e.g. "
+            "'hydra.sweeper.enqueue=[{optim.lr: 1e-3}]', got {'optim.lr': 0.001}",
+        ),
+        ("[1e-3]", "hydra.sweeper.enqueue[0] must be a {key: value} mapping of searched keys, got 0.001"),
+        (
+            "[{seed: 3}]",
+            "hydra.sweeper.enqueue[0].seed is not a searched key; an enqueued trial sets searched keys: "
+            "optim.lr, optim, batch_size",
+        ),
+        ("[{optim: adam}]", "hydra.sweeper.enqueue[0].optim='adam' is not one of its choices: adamw, sgd"),
+        ("[{optim.lr: 0.5}]", "hydra.sweeper.enqueue[0].optim.lr=0.5 is outside its interval [0.0001, 0.1]"),
+        ("[{optim.lr: fast}]", "hydra.sweeper.enqueue[0].optim.lr must be a number in [0.0001, 0.1], got 'fast'"),
+        ("[{batch_size: 12}]", "hydra.sweeper.enqueue[0].batch_size=12 is not on its range's step: 8, 16, ... [8, 32]"),
+        ("[{},{},{}]", "hydra.sweeper.enqueue[0] must be a {key: value} mapping of searched keys, got {}"),
+    ],
+)
+def test_an_enqueued_trial_is_checked_against_the_space_naming_its_key_and_value(value, expected):
+    assert expected in _enqueue_errors(value), _enqueue_errors(value)
+
+
+def test_more_enqueued_trials_than_the_sweep_runs_is_an_error():
+    assert _enqueue_errors("[{optim: sgd},{optim: adamw}]") == []
+    more = read_sweep(
+        [
+            "hydra/sweeper=optuna",
+            *SPACE,
+            "hydra.sweeper.n_trials=1",
+            "hydra.sweeper.enqueue=[{optim: sgd},{optim: sgd}]",
+        ]
+    )[1]
+    assert more == ["hydra.sweeper.enqueue holds 2 trials, more than hydra.sweeper.n_trials=1"]
+
+
+def test_a_space_files_enqueued_trials_are_read_as_the_command_line_reads_them_and_named_with_the_file(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "params:\n  optim.lr: tag(log, interval(1e-4, 1e-1))\nenqueue:\n  - {optim.lr: 1e-3}\n  - {lr: 1}\n"
+    )
+    sweep, errors = read_sweep(["hydra/sweeper=optuna", f"hydra.sweeper.space={path}"])
+    assert errors == [f"{path}: enqueue[1].lr is not a searched key; an enqueued trial sets searched keys: optim.lr"]
+    path.write_text("params:\n  optim.lr: tag(log, interval(1e-4, 1e-1))\nenqueue:\n  - {optim.lr: 1e-3}\n")
+    sweep, errors = read_sweep(["hydra/sweeper=optuna", f"hydra.sweeper.space={path}"])
+    assert errors == [] and sweep.settings.enqueue == [{"optim.lr": 0.001}]  # YAML's text 1e-3, read as Hydra does
+
+
+def test_each_enqueued_trials_config_is_checked_before_the_first_trial():
+    from clorch.sweep.checks import sweep_errors
+
+    checked: list[list[str]] = []
+    overrides = [
+        "hydra/sweeper=optuna",
+        "max_steps=2",
+        *SPACE,
+        "hydra.sweeper.enqueue=[{optim.lr: 3e-3, batch_size: 24}]",
+    ]
+    sweep_errors(overrides, lambda trial: checked.append(trial) or [], lambda trial: None)
+    assert ["max_steps=2", "optim.lr=0.003", "optim=adamw", "batch_size=24"] in checked
+
+
+def test_enqueued_trials_are_asked_first_in_order_and_once(tmp_path):
+    from clorch.engine.results import RunSummary
+    from clorch.status import Status
+    from clorch.sweep.study import StudySource
+
+    sweep, errors = read_sweep(
+        [
+            "hydra/sweeper=optuna",
+            *SPACE,
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.sampler.seed=1",
+            "hydra.sweeper.enqueue=[{optim.lr: 1e-3, optim: sgd, batch_size: 16}, {optim: adamw}]",
+        ]
+    )
+    assert errors == []
+    source = StudySource(sweep.settings, sweep.space, tmp_path, uid="u")
+    labels = []
+    for _ in range(2):  # one at a time (n_jobs=1): a seeded TPE trial is asked once the one before has ended
+        spec = source.next()
+        labels.append(spec.label)
+        source.ended(spec, RunSummary(status=Status.SUCCEEDED, final={"eval_loss": 1.0}))
+    source.close()
+    assert labels[0] == "optim.lr=0.001 optim=sgd batch_size=16"
+    assert "optim=adamw" in labels[1].split()  # its other keys sampled
+    again = StudySource(sweep.settings, sweep.space, tmp_path, uid="u")  # the sweep continued
+    third = again.next()
+    again.close()
+    assert third.number == 2 and [t.number for t in again.study.trials] == [0, 1, 2]
+    assert [t.params for t in again.study.trials[:2]] == [source.study.trials[0].params, source.study.trials[1].params]
