@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from clorch.checkpoint.policy import Latest
 from clorch.checkpoint.sharded import (
@@ -24,7 +23,7 @@ from clorch.checkpoint.sharded import (
     save_sharded,
     sharded_step_path,
 )
-from clorch.nn.parallel.fsdp import ShardedTrainer, clip_grad_norm_, device_mesh, shard_model
+from clorch.nn.parallel.fsdp import ShardedTrainer, device_mesh, shard_model, sharded_norm_and_clip
 from clorch.strategies.base import ModelSource, Strategy, compile_mode_of, compiled, weights_digest
 
 
@@ -109,14 +108,10 @@ class FSDPStrategy(Strategy):
     def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
         """Collective: the partial norms of the shards are all-reduced over the mesh. The precision
         object unscales the sharded gradients first (each rank its own shard)."""
-        params = [p for p in self.raw_model.parameters() if p.grad is not None]
-        if not params:
+        if not any(p.grad is not None for p in self.raw_model.parameters()):
             return None
         self.precision.unscale_gradients(self.optimizer)
-        if max_norm is not None:
-            return clip_grad_norm_(params, max_norm)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return sharded_norm_and_clip(self.raw_model.parameters(), max_norm)
 
     def optimizer_step(self) -> bool | torch.Tensor:
         """The precision object steps on the sharded gradients (its found-inf flag all-reduced over

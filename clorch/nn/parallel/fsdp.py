@@ -37,7 +37,6 @@ from torch.utils.checkpoint import checkpoint
 
 import clorch.distributed as cdist
 from clorch._args import int_arg as _int_arg
-from clorch.nn.parallel.options import check_step_arguments
 from clorch.nn.parallel.fsdp_init import _class_name, allocate, gpt_init_fn, init_fn_of, materialize, parameters_on_meta
 from clorch.precision import get_precision
 
@@ -91,7 +90,8 @@ def mixed_precision_policy(precision: str = "fp32", reduce_dtype: str = "fp32") 
     and computes in bf16, and reduce-scatters gradients in fp32 (the default
     `reduce_dtype`), so summing many ranks' gradients loses no bits to bf16.
     "fp16" likewise, in fp16: it needs a loss scaler that sees sharded gradients
-    (`clorch.amp.GradScaler`, see `ShardedTrainer`, or torch's `ShardedGradScaler`);
+    (`clorch.amp.GradScaler`, which the strategy's precision object drives, or torch's
+    `ShardedGradScaler`);
     this policy only sets the dtypes.
 
     Raises:
@@ -281,45 +281,25 @@ def clip_grad_norm_(
 
 
 class ShardedTrainer:
-    """A sharded model (`shard_model`) with the training calls clorch's DDP wrapper offers.
+    """A sharded model (`shard_model`) as a training loop calls it: forward, `no_sync()`, `parameters()`.
 
-    For a training loop of your own: call the model, accumulate under `no_sync()`,
-    measure and clip with `clip_gradients`, step with `optimizer_step` (the engine's
-    `clorch.strategies.fsdp.FSDPStrategy` uses its call and `no_sync()`, and clips and
-    steps through its precision object). Here `no_sync()` is FSDP2's
-    `set_requires_gradient_sync(False)` (gradients stay unsharded-unreduced until
-    the last micro-batch's backward, which reduce-scatters them).
+    It only wraps. What steps, unscales and clips is the strategy
+    (`clorch.strategies.FSDPStrategy`, or `clorch.strategies.adopt(trainer, ...)` for a loop of
+    your own), through its precision object: nothing here drives an optimizer or a scaler.
+    `no_sync()` is FSDP2's `set_requires_gradient_sync(False)` (gradients stay
+    unsharded-unreduced until the last micro-batch's backward, which reduce-scatters them).
 
-    fp16: give the loss scaler (a `clorch.amp.GradScaler`) and the optimizer it
-    steps. `clip_gradients` then unscales the sharded gradients first (each rank
-    its own shard: `GradScaler.unscale_` works on DTensor gradients), and
-    `optimizer_step` steps through the scaler, whose found-inf flag is
-    all-reduced (max) over the job's ranks, so every rank skips the same steps:
-    torch's `ShardedGradScaler` agrees the same way.
-
-    Collectives: each call (forward), each synchronized backward and
-    `clip_gradients` are collective over the mesh; every rank calls them in the
-    same order. `optimizer_step` is local without a scaler; with one it is
-    collective (the found-inf all-reduce, every rank once a step).
+    Collectives: each call (forward) and each synchronized backward are collective over the
+    mesh; every rank calls them in the same order.
     """
 
     sharded = True
 
-    def __init__(
-        self,
-        module: nn.Module,
-        forward: Callable[..., Any] | None = None,
-        *,
-        optimizer: torch.optim.Optimizer | None = None,
-        scaler: Any = None,
-    ):
+    def __init__(self, module: nn.Module, forward: Callable[..., Any] | None = None):
         if not isinstance(module, FSDPModule):
             raise TypeError(f"ShardedTrainer takes a model sharded by shard_model, got {type(module).__name__}")
-        if scaler is not None and optimizer is None:
-            raise ValueError("ShardedTrainer(scaler=...) needs the optimizer it steps: pass optimizer= too")
         self.module = module
         self._forward = module if forward is None else forward  # e.g. torch.compile(module)
-        self._optimizer, self._scaler = optimizer, scaler
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -336,53 +316,15 @@ class ShardedTrainer:
         finally:
             self.module.set_requires_gradient_sync(True)
 
-    def clip_gradients(self, max_norm: float | None) -> torch.Tensor | None:
-        """The total 2-norm of the model's (sharded, unscaled) gradients, clipped to `max_norm` when given.
 
-        With a loss scaler the gradients are unscaled first (once a step; `optimizer_step`
-        then does not unscale again). An fp16 overflow gives an inf or nan norm, and the
-        step is skipped.
-
-        Collective: all-reduces the partial norms over the mesh (every rank calls it).
-        Returns None when no parameter has a gradient.
-        """
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        if not params:
-            return None
-        scaler, optimizer = self._scaler, self._optimizer
-        if scaler is not None and not scaler.is_unscaled(optimizer):
-            scaler.unscale_(optimizer)
-        if max_norm is not None:
-            return clip_grad_norm_(params, max_norm)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> bool | torch.Tensor:
-        """Step the optimizer on the sharded gradients (through `scaler`: step, then update), then zero them.
-
-        Args:
-            scaler: None, a `clorch.amp.GradScaler` (or one with torch's `step` and
-                `update`), or a `clorch.amp.MixedPrecision` (its scaler).
-
-        Returns:
-            True when the optimizer stepped, False when the scaler skipped the step
-            (some rank's gradients overflowed).
-
-        Local without a scaler; with one, collective (see the class docstring).
-
-        Raises:
-            TypeError: optimizer has no step(), or scaler has no step().
-        """
-        if callable(getattr(scaler, "optimizer_step", None)):  # a MixedPrecision: it drives its scaler
-            stepped = scaler.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-            return stepped
-        check_step_arguments(optimizer, scaler)
-        stepped: bool | torch.Tensor = True
-        if scaler is None:
-            optimizer.step()
-        else:
-            stepped = scaler.step(optimizer)
-            scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return stepped
+def sharded_norm_and_clip(parameters: Iterable[torch.Tensor], max_norm: float | None) -> torch.Tensor | None:
+    """The total 2-norm of (sharded, unscaled) gradients, clipped to `max_norm` when given; None
+    when no parameter has a gradient. Collective over the mesh: the shards' partial norms are
+    all-reduced (every rank calls it), and the norm comes back as a plain tensor."""
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return None
+    if max_norm is not None:
+        return clip_grad_norm_(params, max_norm)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -105,14 +105,6 @@ def check_device_ids(module: nn.Module, device_ids: Any, output_device: Any) -> 
     return device
 
 
-def check_step_arguments(optimizer: object, scaler: object) -> None:
-    """`optimizer_step`'s arguments: an optimizer, and None or a scaler (anything with `step`)."""
-    if not callable(getattr(optimizer, "step", None)):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if scaler is not None and not callable(getattr(scaler, "step", None)):
-        raise TypeError(f"scaler must be a clorch.amp.GradScaler or None, got {type(scaler).__name__}")
-
-
 def resolve_reduce_dtype(value: object) -> torch.dtype | None:
     """The dtype buckets travel in, for `DistributedDataParallel(reduce_dtype=value)`.
 
