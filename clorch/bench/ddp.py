@@ -86,54 +86,69 @@ TRACED = (
 )  # those present are traced
 
 
+# The command line, one row per flag: (flag, argparse keywords).
+_FLAGS = (
+    (
+        "--model",
+        dict(
+            choices=ddp_models.MODELS,
+            default=DEFAULTS["model"],
+            help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs",
+        ),
+    ),
+    (
+        "--device",
+        dict(
+            choices=("cpu", "cuda"),
+            default=DEFAULTS["device"],
+            help="cpu: gloo ranks; cuda: nccl ranks, one GPU each",
+        ),
+    ),
+    ("--width", dict(type=int, default=DEFAULTS["width"], help="hidden width of the MLP")),
+    ("--features", dict(type=int, default=DEFAULTS["features"], help="input/output width of the MLP")),
+    (
+        "--batch",
+        dict(
+            type=int,
+            default=None,
+            help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)",
+        ),
+    ),
+    ("--rounds", dict(type=int, default=DEFAULTS["rounds"], help="interleaved rounds")),
+    ("--steps", dict(type=int, default=DEFAULTS["steps"], help="steps per timed sample")),
+    ("--warmup", dict(type=int, default=DEFAULTS["warmup"], help="untimed rounds first")),
+    (
+        "--bucket-cap-mb",
+        dict(type=float, default=DEFAULTS["bucket_cap_mb"], help="bucket cap (MiB) for clorch's and torch's DDP"),
+    ),
+    (
+        "--gpu-sample-ms",
+        dict(
+            type=int,
+            default=DEFAULTS["gpu_sample_ms"],
+            help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
+            "default: off; a second process that wakes often speeds up the host-bound "
+            "candidates on some machines, so these figures are taken without it)",
+        ),
+    ),
+    ("--threads", dict(type=int, default=DEFAULTS["threads"], help="torch threads per rank")),
+    ("--nproc", dict(type=int, default=2, help="ranks to start when not under a launcher")),
+    (
+        "--trace",
+        dict(
+            default=None,
+            metavar="DIR",
+            help="after timing, profile one step of each DDP candidate on every rank: Chrome "
+            "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step",
+        ),
+    ),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench ddp", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--model",
-        choices=ddp_models.MODELS,
-        default=DEFAULTS["model"],
-        help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs",
-    )
-    p.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=DEFAULTS["device"],
-        help="cpu: gloo ranks; cuda: nccl ranks, one GPU each",
-    )
-    p.add_argument("--width", type=int, default=DEFAULTS["width"], help="hidden width of the MLP")
-    p.add_argument("--features", type=int, default=DEFAULTS["features"], help="input/output width of the MLP")
-    p.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)",
-    )
-    p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"], help="interleaved rounds")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="steps per timed sample")
-    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="untimed rounds first")
-    p.add_argument(
-        "--bucket-cap-mb",
-        type=float,
-        default=DEFAULTS["bucket_cap_mb"],
-        help="bucket cap (MiB) for clorch's and torch's DDP",
-    )
-    p.add_argument(
-        "--gpu-sample-ms",
-        type=int,
-        default=DEFAULTS["gpu_sample_ms"],
-        help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
-        "default: off; a second process that wakes often speeds up the host-bound "
-        "candidates on some machines, so these figures are taken without it)",
-    )
-    p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads per rank")
-    p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
-    p.add_argument(
-        "--trace",
-        default=None,
-        metavar="DIR",
-        help="after timing, profile one step of each DDP candidate on every rank: Chrome "
-        "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step",
-    )
+    for flag, options in _FLAGS:
+        p.add_argument(flag, **options)
     return p
 
 
@@ -183,64 +198,89 @@ def _register_hook(model: torch.nn.parallel.DistributedDataParallel, hook) -> No
         model.register_comm_hook(None, bf16_compress_on_gloo)
 
 
+def _clorch_variants(one_rank: bool, cuda: bool) -> list[tuple[str, dict]]:
+    """Which settings of clorch's DDP are measured here: (candidate name, `_clorch_ddp` keywords)."""
+    rows = [("clorch DDP", {})]
+    if one_rank:  # clorch's DDP skips the reducer there: measure the bucket path too
+        rows += [
+            ("clorch DDP bucket path", dict(bucket_path=True)),
+            ("clorch DDP bucket path grad views", dict(bucket_path=True, gradient_as_bucket_view=True)),
+        ]
+    if cuda:
+        name = "clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies"
+        rows.append((name, dict(bucket_path=one_rank, overlap_grad_copies=True)))
+    rows += [
+        ("clorch DDP bf16", dict(reduce_dtype="bf16")),
+        ("clorch DDP grad views", dict(gradient_as_bucket_view=True)),
+        ("clorch DDP step_in_backward", dict(stepping=True)),
+    ]
+    if cuda:
+        rows.append(("clorch DDP step_in_backward overlapped copies", dict(stepping=True, overlap_grad_copies=True)))
+    return rows
+
+
+# Which settings of torch's DDP are measured: (candidate name, `_torch_ddp` keywords).
+_TORCH_VARIANTS = (
+    ("torch DDP", {}),
+    # torch's DDP in its fastest documented settings: gradients live in the buckets, graph reused.
+    ("torch DDP best", dict(gradient_as_bucket_view=True, static_graph=True)),
+    # The peer of clorch's bf16 buckets: torch's DDP with its bf16 compression hook.
+    (TORCH_BF16, dict(hook=default_hooks.bf16_compress_hook)),
+)
+
+
+def _clorch_ddp(work, cap, device, bucket_path: bool = False, stepping: bool = False, **options):
+    """clorch's DDP around a copy of the workload's model, stepped by its strategy: (model, optimizer, step)."""
+    model = DistributedDataParallel(copy.deepcopy(work.model), bucket_cap_mb=cap, **options)
+    if bucket_path:
+        model._run_bucket_path()
+    optimizer = work.optimizer(model.module)
+    if stepping:
+        model.step_in_backward(optimizer)
+    # fp32 to the precision object: a workload's bf16 is its loss's autocast, no loss scaler.
+    strategy = adopt(model, model.module, optimizer, MixedPrecision("fp32", device), device)
+    return model, optimizer, lambda _: strategy.optimizer_step()
+
+
+def _torch_ddp(work, cap, device, hook=None, **options):
+    """torch's DDP around a copy of the workload's model: (model, optimizer, step)."""
+    ids = [device.index] if device.type == "cuda" else None
+    model = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(work.model), device_ids=ids, bucket_cap_mb=cap, **options
+    )
+    if hook is not None:
+        _register_hook(model, hook)
+    return model, work.optimizer(model.module), _plain_step
+
+
+def _no_communication(work, one_rank: bool) -> list[tuple]:
+    """The floors no reducer goes under: one process, and at world size 1 the same model with an
+    empty Python hook on every parameter (the floor for any reducer built on Python gradient hooks)."""
+    single = copy.deepcopy(work.model)
+    rows = [("one process", single, work.optimizer(single), _plain_step)]
+    if one_rank:
+        hooked = copy.deepcopy(work.model)
+        for param in hooked.parameters():
+            param.register_post_accumulate_grad_hook(_empty_hook)
+        rows.append((EMPTY_HOOKS, hooked, work.optimizer(hooked), _plain_step))
+    return rows
+
+
 def _candidates(args: dict, rank: int) -> tuple[dict, ddp_models.Workload]:
     device = cd.device()
     work = ddp_models.build(args, rank, device)
-    base, cap, steps = work.model, args["bucket_cap_mb"], args["steps"]
+    cap, one_rank = args["bucket_cap_mb"], cd.world_size() == 1
+    built = [
+        (name, *_clorch_ddp(work, cap, device, **options))
+        for name, options in _clorch_variants(one_rank, device.type == "cuda")
+    ]
+    built += [(name, *_torch_ddp(work, cap, device, **options)) for name, options in _TORCH_VARIANTS]
+    built += _no_communication(work, one_rank)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    ids = [device.index] if device.type == "cuda" else None
-    candidates = {}
-
-    def add(name, model, optimizer, step) -> None:
-        candidates[name] = _candidate(model, optimizer, step, work.loss, steps, sync)
-
-    def add_clorch(name: str, bucket_path: bool = False, stepping: bool = False, **options) -> None:
-        model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, **options)
-        if bucket_path:
-            model._run_bucket_path()
-        optimizer = work.optimizer(model.module)
-        if stepping:
-            model.step_in_backward(optimizer)
-        # fp32 to the precision object: a workload's bf16 is its loss's autocast, no loss scaler.
-        strategy = adopt(model, model.module, optimizer, MixedPrecision("fp32", device), device)
-        add(name, model, optimizer, lambda _: strategy.optimizer_step())
-
-    def add_torch(name: str, hook=None, **options) -> None:
-        model = torch.nn.parallel.DistributedDataParallel(
-            copy.deepcopy(base), device_ids=ids, bucket_cap_mb=cap, **options
-        )
-        if hook is not None:
-            _register_hook(model, hook)
-        add(name, model, work.optimizer(model.module), _plain_step)
-
-    one_rank, cuda = cd.world_size() == 1, device.type == "cuda"
-    add_clorch("clorch DDP")
-    if one_rank:  # clorch's DDP skips the reducer there: measure the bucket path too
-        add_clorch("clorch DDP bucket path", bucket_path=True)
-        add_clorch("clorch DDP bucket path grad views", bucket_path=True, gradient_as_bucket_view=True)
-    if cuda:
-        add_clorch(
-            "clorch DDP bucket path overlapped copies" if one_rank else "clorch DDP overlapped copies",
-            bucket_path=one_rank,
-            overlap_grad_copies=True,
-        )
-    add_clorch("clorch DDP bf16", reduce_dtype="bf16")
-    add_clorch("clorch DDP grad views", gradient_as_bucket_view=True)
-    add_clorch("clorch DDP step_in_backward", stepping=True)
-    if cuda:
-        add_clorch("clorch DDP step_in_backward overlapped copies", stepping=True, overlap_grad_copies=True)
-    add_torch("torch DDP")
-    # torch's DDP in its fastest documented settings: gradients live in the buckets, graph reused.
-    add_torch("torch DDP best", gradient_as_bucket_view=True, static_graph=True)
-    # The peer of clorch's bf16 buckets: torch's DDP with its bf16 compression hook.
-    add_torch(TORCH_BF16, hook=default_hooks.bf16_compress_hook)
-    single = copy.deepcopy(base)
-    add("one process", single, work.optimizer(single), _plain_step)
-    if one_rank:  # the floor for any reducer built on Python gradient hooks
-        hooked = copy.deepcopy(base)
-        for param in hooked.parameters():
-            param.register_post_accumulate_grad_hook(_empty_hook)
-        add(EMPTY_HOOKS, hooked, work.optimizer(hooked), _plain_step)
+    candidates = {
+        name: _candidate(model, optimizer, step, work.loss, args["steps"], sync)
+        for name, model, optimizer, step in built
+    }
     return candidates, work
 
 
