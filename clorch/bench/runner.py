@@ -68,62 +68,63 @@ PRESETS = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clorch-bench runner", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="gpt2-small")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
-    p.add_argument("--rounds", type=int, default=5, help="alternating blocks per loop")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps per loop first")
-    p.add_argument("--log-every", type=int, default=10, help="clorch metrics line every N steps")
-    p.add_argument("--compile", action="store_true", help="torch.compile both models")
-    p.add_argument(
+# The command line, one row per flag: (flag, argparse keywords, help).
+_FLAGS = (
+    ("--preset", dict(choices=sorted(PRESETS), default="gpt2-small"), None),
+    ("--batch-size", dict(type=int, default=16), "sequences per step"),
+    ("--steps", dict(type=int, default=10), "steps per timed block"),
+    ("--rounds", dict(type=int, default=5), "alternating blocks per loop"),
+    ("--warmup", dict(type=int, default=5), "untimed steps per loop first"),
+    ("--log-every", dict(type=int, default=10), "clorch metrics line every N steps"),
+    ("--compile", dict(action="store_true"), "torch.compile both models"),
+    (
         "--compile-mode",
-        choices=COMPILE_MODES,
-        default="default",
-        help="torch.compile mode for both loops (the engine's compile_mode)",
-    )
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument(
+        dict(choices=COMPILE_MODES, default="default"),
+        "torch.compile mode for both loops (the engine's compile_mode)",
+    ),
+    ("--device", dict(choices=("cuda", "cpu"), default="cuda"), None),
+    (
         "--data",
-        choices=("tensor", "dataset"),
-        default="tensor",
-        help="tensor: one fixed token tensor; dataset: the same tokens in a token file (uint16, "
+        dict(choices=("tensor", "dataset"), default="tensor"),
+        "tensor: one fixed token tensor; dataset: the same tokens in a token file (uint16, "
         "as nanoGPT writes one), read by a map-style torch Dataset through a DataLoader on "
         "both sides (data._target_'s path)",
-    )
-    p.add_argument("--num-workers", type=int, default=0, help="--data dataset: DataLoader workers")
-    p.add_argument(
+    ),
+    ("--num-workers", dict(type=int, default=0), "--data dataset: DataLoader workers"),
+    (
         "--tokens",
-        choices=("random", "markov"),
-        default="random",
-        help="random: uniform tokens ('loss after': on training samples); markov: walks of a fixed "
+        dict(choices=("random", "markov"), default="random"),
+        "random: uniform tokens ('loss after': on training samples); markov: walks of a fixed "
         "Markov chain, learnable ('loss after': on held-out walks), to compare what loops learn",
-    )
-    p.add_argument(
+    ),
+    (
         "--nproc",
-        type=int,
-        default=1,
-        help="ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP",
-    )
-    p.add_argument(
+        dict(type=int, default=1),
+        "ranks (GPUs, or CPU processes with --device cpu); the plain loop uses torch DDP",
+    ),
+    (
         "--gpu-sample-ms",
-        type=int,
-        default=200,
-        help="sample the GPU's clock and power with nvidia-smi every N ms (0: off)",
-    )
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak for MFU")
-    p.add_argument(
+        dict(type=int, default=200),
+        "sample the GPU's clock and power with nvidia-smi every N ms (0: off)",
+    ),
+    ("--peak-tflops", dict(type=float, default=989.0), "bf16 dense peak for MFU"),
+    (
         "--variants",
-        type=lambda text: [v for v in text.split(",") if v],
-        default=[],
-        help="more clorch loops in the same rounds (runner_variants): fused, fp8, fp8-fused; hf, liger "
+        dict(type=lambda text: [v for v in text.split(",") if v], default=[]),
+        "more clorch loops in the same rounds (runner_variants): fused, fp8, fp8-fused; hf, liger "
         "with --preset llama-tiny",
-    )
-    p.add_argument("--chunk-size", type=int, default=4096, help="fused variants: tokens per chunk (loss.chunk_size)")
-    p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise")
-    p.add_argument("--fp8-min-features", type=int, default=1024, help="fp8 variants: precision.min_features")
-    p.add_argument("--no-plain", action="store_true", help="leave out the plain loop (memory for large models)")
+    ),
+    ("--chunk-size", dict(type=int, default=4096), "fused variants: tokens per chunk (loss.chunk_size)"),
+    ("--fp8-recipe", dict(choices=("tensorwise", "rowwise"), default="tensorwise"), None),
+    ("--fp8-min-features", dict(type=int, default=1024), "fp8 variants: precision.min_features"),
+    ("--no-plain", dict(action="store_true"), "leave out the plain loop (memory for large models)"),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clorch-bench runner", description=__doc__.splitlines()[0])
+    for flag, options, text in _FLAGS:
+        p.add_argument(flag, **options, help=text)
     return p
 
 
