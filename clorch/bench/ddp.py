@@ -86,69 +86,55 @@ TRACED = (
 )  # those present are traced
 
 
-# The command line, one row per flag: (flag, argparse keywords).
+# The command line, one row per flag: (flag, argparse keywords, help).
 _FLAGS = (
     (
         "--model",
-        dict(
-            choices=ddp_models.MODELS,
-            default=DEFAULTS["model"],
-            help="workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs",
-        ),
+        dict(choices=ddp_models.MODELS, default=DEFAULTS["model"]),
+        "workload: the MLP, GPT-2 small, or a tiny GPT for smoke runs",
     ),
     (
         "--device",
-        dict(
-            choices=("cpu", "cuda"),
-            default=DEFAULTS["device"],
-            help="cpu: gloo ranks; cuda: nccl ranks, one GPU each",
-        ),
+        dict(choices=("cpu", "cuda"), default=DEFAULTS["device"]),
+        "cpu: gloo ranks; cuda: nccl ranks, one GPU each",
     ),
-    ("--width", dict(type=int, default=DEFAULTS["width"], help="hidden width of the MLP")),
-    ("--features", dict(type=int, default=DEFAULTS["features"], help="input/output width of the MLP")),
+    ("--width", dict(type=int, default=DEFAULTS["width"]), "hidden width of the MLP"),
+    ("--features", dict(type=int, default=DEFAULTS["features"]), "input/output width of the MLP"),
     (
         "--batch",
-        dict(
-            type=int,
-            default=None,
-            help="per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)",
-        ),
+        dict(type=int, default=None),
+        "per rank per step: rows for the MLP (default 64), sequences for a GPT (default 8)",
     ),
-    ("--rounds", dict(type=int, default=DEFAULTS["rounds"], help="interleaved rounds")),
-    ("--steps", dict(type=int, default=DEFAULTS["steps"], help="steps per timed sample")),
-    ("--warmup", dict(type=int, default=DEFAULTS["warmup"], help="untimed rounds first")),
+    ("--rounds", dict(type=int, default=DEFAULTS["rounds"]), "interleaved rounds"),
+    ("--steps", dict(type=int, default=DEFAULTS["steps"]), "steps per timed sample"),
+    ("--warmup", dict(type=int, default=DEFAULTS["warmup"]), "untimed rounds first"),
     (
         "--bucket-cap-mb",
-        dict(type=float, default=DEFAULTS["bucket_cap_mb"], help="bucket cap (MiB) for clorch's and torch's DDP"),
+        dict(type=float, default=DEFAULTS["bucket_cap_mb"]),
+        "bucket cap (MiB) for clorch's and torch's DDP",
     ),
     (
         "--gpu-sample-ms",
-        dict(
-            type=int,
-            default=DEFAULTS["gpu_sample_ms"],
-            help="CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
-            "default: off; a second process that wakes often speeds up the host-bound "
-            "candidates on some machines, so these figures are taken without it)",
-        ),
+        dict(type=int, default=DEFAULTS["gpu_sample_ms"]),
+        "CUDA: sample the GPU's clock and power with nvidia-smi every N ms (0, the "
+        "default: off; a second process that wakes often speeds up the host-bound "
+        "candidates on some machines, so these figures are taken without it)",
     ),
-    ("--threads", dict(type=int, default=DEFAULTS["threads"], help="torch threads per rank")),
-    ("--nproc", dict(type=int, default=2, help="ranks to start when not under a launcher")),
+    ("--threads", dict(type=int, default=DEFAULTS["threads"]), "torch threads per rank"),
+    ("--nproc", dict(type=int, default=2), "ranks to start when not under a launcher"),
     (
         "--trace",
-        dict(
-            default=None,
-            metavar="DIR",
-            help="after timing, profile one step of each DDP candidate on every rank: Chrome "
-            "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step",
-        ),
+        dict(default=None, metavar="DIR"),
+        "after timing, profile one step of each DDP candidate on every rank: Chrome "
+        "traces DIR/rank<R>-<candidate>.json.gz and the exposed communication per step",
     ),
 )
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clorch-bench ddp", description=__doc__.splitlines()[0])
-    for flag, options in _FLAGS:
-        p.add_argument(flag, **options)
+    for flag, options, text in _FLAGS:
+        p.add_argument(flag, **options, help=text)
     return p
 
 
