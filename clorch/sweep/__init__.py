@@ -1,6 +1,7 @@
 """Sweeps: `clorch-train -m` with clorch's grid and Optuna sweepers (docs/sweeps.md).
 
     settings.py      the sweepers' keys (hydra.sweeper.*), typed, with their defaults
+    algorithms.py    samplers and pruners by name, with their arguments by name, checked
     space.py         a search space in Hydra's grammar, read into Optuna's distributions
     checks.py        a sweep read from its command line and checked before any trial
     slots.py         which GPUs or cores each side-by-side trial gets

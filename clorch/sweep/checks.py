@@ -60,9 +60,10 @@ def chosen_sweeper(overrides: list[str]) -> str:
 def as_hydra_overrides(overrides: list[str]) -> list[str]:
     """The command line's sweeper choices as clorch's config files name them: `hydra/sweeper=optuna`
     becomes `hydra/sweeper=clorch_optuna`, `hydra/sweeper/sampler=random` the key
-    `hydra.sweeper.sampler.name=random`. Everything else is left as typed."""
+    `hydra.sweeper.sampler.name=random`; a pruner's name and arguments one mapping
+    (`_named_as_mapping`). Everything else is left as typed."""
     out = []
-    for arg in overrides:
+    for arg in _named_as_mapping(overrides, "pruner"):
         key, _, value = arg.partition("=")
         if key.lstrip("+") == "hydra/sweeper" and value in CONFIG_NAMES:
             out.append(f"hydra/sweeper={CONFIG_NAMES[value]}")
@@ -71,6 +72,25 @@ def as_hydra_overrides(overrides: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+def _named_as_mapping(overrides: list[str], name: str) -> list[str]:
+    """`hydra.sweeper.NAME=median hydra.sweeper.NAME.n_warmup_steps=10` as the one override
+    `hydra.sweeper.NAME={name: median, n_warmup_steps: 10}` (in place of the first), which Hydra
+    composes over the config file's `NAME: none` (a string, which takes no keys of its own)."""
+    key = f"hydra.sweeper.{name}"
+    mine = [a for a in overrides if a.partition("=")[0].lstrip("+~") == key or a.lstrip("+~").startswith(f"{key}.")]
+    plain = [a.partition("=")[2] for a in mine if a.partition("=")[0].lstrip("+~") == key]
+    if not any(a.lstrip("+~").startswith(f"{key}.") for a in mine) or any(v.lstrip().startswith("{") for v in plain):
+        return overrides
+    items = {"name": plain[-1]} if plain else {}
+    for arg in mine:
+        head, _, value = arg.partition("=")
+        if head.lstrip("+~") != key:
+            items[head.lstrip("+~").removeprefix(f"{key}.")] = value
+    merged = f"{key}={{{', '.join(f'{k}: {v}' for k, v in items.items())}}}"
+    first = overrides.index(mine[0])
+    return [*(a for a in overrides[:first]), merged, *(a for a in overrides[first:] if a not in mine)]
 
 
 def _typed(arg: str) -> Any:
@@ -86,7 +106,7 @@ def _mapping(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
     for arg in overrides:
         key = arg.partition("=")[0].lstrip("+~")
         if key == "hydra/sweeper/sampler":
-            values.setdefault("sampler", {})["name"] = arg.partition("=")[2]
+            _put(values, ["sampler", "name"], arg.partition("=")[2])
             continue
         if not key.startswith("hydra.sweeper."):
             continue
@@ -104,17 +124,33 @@ def _mapping(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
             text = value if isinstance(value, str) else arg.partition("=")[2]
             values.setdefault("params", {})[".".join(path[1:])] = text
             continue
-        node = values
-        for part in path[:-1]:
-            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
-        node[path[-1]] = value
+        _put(values, path, value)
     return values, errors
 
 
+NAMED = ("sampler", "pruner")  # a name, or a mapping of its name and arguments
+
+
+def _put(values: dict[str, Any], path: list[str], value: Any) -> None:
+    """`value` at `path` in the nested `values`. A sampler's or pruner's name and its arguments
+    meet in one mapping, in either order (`pruner=median pruner.n_warmup_steps=5`)."""
+    if len(path) == 1 and path[0] in NAMED and isinstance(value, str) and isinstance(values.get(path[0]), dict):
+        values[path[0]]["name"] = value
+        return
+    node = values
+    for part in path[:-1]:
+        if part in NAMED and node is values and isinstance(node.get(part), str):
+            node[part] = {"name": node[part]}
+        node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+    node[path[-1]] = value
+
+
 def _merged(file: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    out = dict(file)
+    out = {k: {"name": v} if k in NAMED and isinstance(v, str) else v for k, v in file.items()}
     for key, value in given.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if key in NAMED and isinstance(value, str) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], "name": value}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         else:
             out[key] = value
@@ -261,25 +297,28 @@ def sweep_errors(
     base = compose_base([a for a in trial_lists[0] if not a.partition("=")[0].lstrip("+").startswith("hydra")])
     if base is None:
         return errors
-    objective = sweep.settings.objective if sweep.sweeper == "optuna" else None
-    if (
-        sweep.sweeper == "optuna"
-        and sweep.settings.pruner != "none"
-        and objective
-        and not objective.startswith("eval_")
-    ):
-        errors.append(
-            f"hydra.sweeper.pruner={sweep.settings.pruner} prunes on an eval metric, but hydra.sweeper.objective="
-            f"{objective} is not one (eval_loss, eval_accuracy, ...): choose an eval_ metric or pruner=none"
-        )
-    if sweep.sweeper == "optuna" and sweep.settings.pruner != "none" and not base.get("eval_every"):
-        errors.append(
-            f"hydra.sweeper.pruner={sweep.settings.pruner} stops trials at their evals, but they evaluate only at "
-            "the end (eval_every=0): set eval_every, e.g. eval_every=20"
-        )
+    if sweep.sweeper == "optuna":
+        errors += _pruning_errors(sweep.settings, base)
     if any(a.partition("=")[0].lstrip("+") == "hydra/launcher" and not a.endswith("=basic") for a in overrides):
         return errors  # submitit: each trial is a job of its own, on the resources it asks for
     return errors + slot_errors(sweep.settings.n_jobs, base)
+
+
+def _pruning_errors(settings: OptunaSettings, base: Any) -> list[str]:
+    """A pruner needs an eval metric as the objective, and trials that evaluate before their end."""
+    pruner, objective = settings.pruning().name, settings.objective
+    errors = []
+    if pruner != "none" and objective and not objective.startswith("eval_"):
+        errors.append(
+            f"hydra.sweeper.pruner={pruner} prunes on an eval metric, but hydra.sweeper.objective="
+            f"{objective} is not one (eval_loss, eval_accuracy, ...): choose an eval_ metric or pruner=none"
+        )
+    if pruner != "none" and not base.get("eval_every"):
+        errors.append(
+            f"hydra.sweeper.pruner={pruner} stops trials at their evals, but they evaluate only at "
+            "the end (eval_every=0): set eval_every, e.g. eval_every=20"
+        )
+    return errors
 
 
 def slot_errors(n_jobs: int, base: Any) -> list[str]:

@@ -26,10 +26,16 @@ from typing import Any
 
 import yaml
 
+from clorch.sweep.algorithms import (
+    PRUNERS,
+    SAMPLERS,
+    PrunerSettings,
+    SamplerSettings,
+    choice_errors,
+    pruner_of,
+)
 from clorch.sweep.space import param_key_error
 
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
-PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("minimize", "maximize")
 SWEEPERS = ("basic", "optuna")
 STUDY_FILE = "optuna.db"  # the study's SQLite file in the sweep directory (no `storage` given)
@@ -48,14 +54,6 @@ FILE_KEYS = (
     "enqueue",
 )
 MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
-
-
-@dataclass
-class SamplerSettings:
-    """`hydra/sweeper/sampler=NAME` (Hydra's convention) and `hydra.sweeper.sampler.seed`."""
-
-    name: str = "tpe"  # tpe, random, grid, cmaes or qmc (Optuna's samplers of those names)
-    seed: int | None = None  # the same seed gives the same trials, whatever n_jobs (`repeatable`); null: random
 
 
 @dataclass
@@ -79,8 +77,10 @@ class OptunaSettings:
     study_name: str | None = None  # null: the sweep directory's name
     storage: str | None = None  # an Optuna storage URL; null: SQLite in the sweep directory
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
-    pruner: str = "none"  # none, median (Optuna's MedianPruner) or hyperband
-    min_trials: int = 5  # median: trials that finish before any is pruned (n_startup_trials)
+    # none, median (Optuna's MedianPruner) or hyperband; or a mapping of its name and arguments,
+    # {name: median, n_warmup_steps: 10} (clorch.sweep.algorithms): read it through `pruning()`
+    pruner: str | PrunerSettings = "none"
+    min_trials: int = 5  # median: trials that finish before any is pruned (pruner.n_startup_trials wins)
     params: dict[str, str] | None = None  # {key: grammar}, as Hydra's Optuna sweeper takes them
     continue_changed: bool = False  # continue a sweep directory that holds another sweep (sweep.json)
     space: str | None = None  # a search-space file (YAML; FILE_KEYS), read before the sweep starts
@@ -94,6 +94,10 @@ class OptunaSettings:
     # Trials the study asks first, in order ({key: value} of searched keys; Optuna's enqueue_trial), once:
     # a continued sweep's study holds them already (clorch.sweep.enqueue). null: none.
     enqueue: list[dict[str, Any]] | None = None
+
+    def pruning(self) -> PrunerSettings:
+        """The pruner and its arguments, `min_trials` as the median pruner's n_startup_trials unless given."""
+        return pruner_of(self.pruner, self.min_trials)
 
     def repeats(self) -> bool:
         """Whether this sweep's trials are asked and pruned by the fixed rule (`repeatable`)."""
@@ -133,13 +137,13 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
         _int_error("min_trials", s.min_trials, 0),
         _one_of("direction", s.direction, DIRECTIONS),
         _one_of("sampler", s.sampler.name, SAMPLERS),
-        _one_of("pruner", s.pruner, PRUNERS),
         None if seed is None or _int_error("sampler.seed", seed, 0) is None else _int_error("sampler.seed", seed, 0),
     ]
     if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
         found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
     found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
     found.append(_timeout_error(s.timeout))
+    found += choice_errors(s.sampler, s.pruner, repeats=_repeatable_error(s) is None and s.repeats())
     return [e for e in found if e] + storage_errors(s.storage)
 
 
@@ -225,10 +229,12 @@ def from_mapping(cls: type, values: dict[str, Any], where: str = "hydra.sweeper"
     The sweeper's own `_target_` (its class, which Hydra's config names) is passed over; one
     within it (`sampler._target_`) is an error: samplers are chosen by name."""
     names = {f.name for f in dataclasses.fields(cls)}
+    kind, choices = ("pruner", PRUNERS) if cls is PrunerSettings else ("sampler", SAMPLERS)
+    of = "this sweeper" if cls in (OptunaSettings, GridSettings) else f"the {kind}"
     errors = [
-        f"{where}.{key} is not allowed: samplers are chosen by name, {where}.name=NAME (one of: {', '.join(SAMPLERS)})"
+        f"{where}.{key} is not allowed: {kind}s are chosen by name, {where}.name=NAME (one of: {', '.join(choices)})"
         if key == "_target_"
-        else f"{where}.{key} is not a key of this sweeper; it takes: {', '.join(sorted(names))}"
+        else f"{where}.{key} is not a key of {of}; it takes: {', '.join(sorted(names))}"
         for key in values
         if key not in names and not (key == "_target_" and where == "hydra.sweeper")
     ]
@@ -238,6 +244,9 @@ def from_mapping(cls: type, values: dict[str, Any], where: str = "hydra.sweeper"
         kwargs["sampler"], errors = sampler, errors + more
     elif cls is OptunaSettings and isinstance(kwargs.get("sampler"), str):  # hydra.sweeper.sampler=random
         kwargs["sampler"] = SamplerSettings(name=kwargs["sampler"])
+    if cls is OptunaSettings and isinstance(kwargs.get("pruner"), dict):  # {name: median, n_warmup_steps: 10}
+        pruner, more = from_mapping(PrunerSettings, kwargs["pruner"], f"{where}.pruner")
+        kwargs["pruner"], errors = pruner, errors + more
     return cls(**kwargs), errors
 
 

@@ -139,7 +139,7 @@ def open_study(settings: OptunaSettings, sweep_dir: Path, uid: str) -> tuple[Any
             storage=storage,
             sampler=optuna.samplers.RandomSampler(),  # tells only: each trial is asked with its own sampler
             direction=settings.direction,
-            pruner=make_pruner(settings.pruner, settings.min_trials),
+            pruner=make_pruner(settings.pruning().name, settings.min_trials, settings.pruning().arguments()),
             load_if_exists=True,
         )
         _check_owner(study, settings, uid, label)

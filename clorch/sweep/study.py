@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,17 @@ def make_sampler(settings: OptunaSettings, space: SearchSpace, number: int) -> A
     if name == "grid":  # the seed orders the grid: every trial's sampler must see one order
         grid = {p.key: _grid_values(p) for p in space.params}
         return optuna.samplers.GridSampler(grid, seed=seed)
+    args = settings.sampler.arguments()  # by Optuna's keywords, checked before the sweep (clorch.sweep.algorithms)
     if name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=trial_seed)
+        return optuna.samplers.CmaEsSampler(seed=trial_seed, **args)
     if name == "qmc":
         return optuna.samplers.QMCSampler(seed=seed)
     # Constant liar: running trials count as bad ones, so that trials side by side differ; a
     # repeatable sweep asks where no trial is running (trials_up_to).
-    return optuna.samplers.TPESampler(seed=trial_seed, constant_liar=settings.n_jobs > 1 and not settings.repeats())
+    args.setdefault("constant_liar", settings.n_jobs > 1 and not settings.repeats())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate, group, constant_liar
+        return optuna.samplers.TPESampler(seed=trial_seed, **args)
 
 
 def _grid_values(param: Any) -> list[Any]:
@@ -122,7 +127,7 @@ class StudySource:
         self._fixed: Any = None  # without a seed: one study object, one sampler for every trial
         self.repeats = settings.repeats()
         # A repeatable sweep's trial waits for trials k - n_jobs and below only where they decide something.
-        self.waits = self.repeats and (settings.sampler.name in LEARNING or settings.pruner != "none")
+        self.waits = self.repeats and (settings.sampler.name in LEARNING or settings.pruning().name != "none")
         self.running: set[int] = set()  # the numbers of the trials this sweep runs now
         self.lost: set[int] = set()  # trials cut off while this sweep runs: continuing the sweep runs them
         self._said: set[int] = set()  # the trials this sweep said it waits for
@@ -153,8 +158,9 @@ class StudySource:
             study=self.name,
             trial_id=trial_id_,
             objective=self.settings.objective or DEFAULT_OBJECTIVE,
-            pruner=self.settings.pruner,
+            pruner=self.settings.pruning().name,
             min_trials=self.settings.min_trials,
+            pruner_args=self.settings.pruning().arguments(),
             compared_up_to=number - self.settings.n_jobs if self.repeats else None,
         )
         overrides = self.space.trial_overrides(values) + ([RESUME] if resume else [])
@@ -170,7 +176,9 @@ class StudySource:
             study_name=self.name,
             storage=trials_up_to(self.storage, number - self.settings.n_jobs) if learns else self.storage,
             sampler=make_sampler(self.settings, self.space, number),
-            pruner=make_pruner(self.settings.pruner, self.settings.min_trials),
+            pruner=make_pruner(
+                self.settings.pruning().name, self.settings.min_trials, self.settings.pruning().arguments()
+            ),
         )
         if self.settings.sampler.seed is None:
             self._fixed = study

@@ -3,7 +3,7 @@
 The Optuna sweeper (clorch.sweep.study) starts each trial with the
 environment variable CLORCH_TRIAL: a JSON object naming the study (`storage`,
 `study`), the trial (`trial_id`), the metric to report (`objective`) and the
-pruner (`pruner`, `min_trials`). It is inherited by the trial's ranks. At every
+pruner (`pruner`, `min_trials`, `pruner_args`). It is inherited by the trial's ranks. At every
 eval (`eval_every`), rank 0 reports the metric to the study and asks the pruner;
 the answer is broadcast, so every rank stops at that same eval. What rank 0 learns
 from the study, an answer or an error (the storage cannot be reached), is broadcast
@@ -48,6 +48,7 @@ class TrialLink:
     pruner: str = "none"
     min_trials: int = 5
     compared_up_to: int | None = None  # the pruner sees the trials numbered this or below; None: every trial
+    pruner_args: dict[str, Any] | None = None  # the pruner's arguments by Optuna's keyword (n_warmup_steps, ...)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -64,14 +65,16 @@ class TrialLink:
             raise ValueError(f"{ENV} is not a trial link clorch's sweeper wrote: {exc}") from None
 
 
-def make_pruner(name: str, min_trials: int) -> Any:
-    """Optuna's pruner of that name: none, median (MedianPruner) or hyperband (HyperbandPruner)."""
+def make_pruner(name: str, min_trials: int, args: Mapping[str, Any] | None = None) -> Any:
+    """Optuna's pruner of that name: none, median (MedianPruner) or hyperband (HyperbandPruner),
+    with `args` by Optuna's keywords (checked before the sweep: clorch.sweep.algorithms). A step
+    is a training step: a trial reports its objective at each eval."""
     import optuna  # lazy: only a sweep's processes need Optuna
 
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=min_trials, n_warmup_steps=0)
+        return optuna.pruners.MedianPruner(**{"n_startup_trials": min_trials, "n_warmup_steps": 0, **(args or {})})
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+        return optuna.pruners.HyperbandPruner(**(args or {}))
     return optuna.pruners.NopPruner()
 
 
@@ -170,7 +173,7 @@ class TrialReporter:
             study = optuna.load_study(
                 study_name=self.link.study,
                 storage=storage if last is None else trials_up_to(storage, last),
-                pruner=make_pruner(self.link.pruner, self.link.min_trials),
+                pruner=make_pruner(self.link.pruner, self.link.min_trials, self.link.pruner_args),
             )
             self._trial = optuna.trial.Trial(study, self.link.trial_id)
         return self._trial

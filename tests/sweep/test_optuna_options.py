@@ -50,13 +50,25 @@ def test_a_trials_recipe_puts_its_group_choices_before_its_values_on_the_sweeps_
 # -- tiny sweeps ------------------------------------------------------------------------------
 
 
-def test_a_space_files_enqueued_trial_runs_first_and_the_best_trial_is_a_recipe_that_reruns_it(tmp_path):
+def test_a_space_files_enqueued_trial_and_sampler_arguments_run_and_the_best_trial_is_a_recipe_that_reruns_it(
+    tmp_path,
+):
     sweep_dir, space = tmp_path / "sweep", tmp_path / "space.yaml"
     space.write_text(
         "params:\n  optim.lr: tag(log, interval(1e-4, 1e-1))\n  optim: [adamw, sgd]\n"
-        "n_trials: 2\nsampler: {name: tpe, seed: 0}\nenqueue:\n  - {optim.lr: 3e-3, optim: sgd}\n"
+        "n_trials: 2\nsampler: {name: tpe, seed: 0, n_startup_trials: 1, multivariate: true}\n"
+        "enqueue:\n  - {optim.lr: 3e-3, optim: sgd}\n"
     )
-    args = ["-m", *TINY, "hydra/sweeper=optuna", f"hydra.sweeper.space={space}", f"hydra.sweep.dir={sweep_dir}"]
+    args = [
+        "-m",
+        *TINY,
+        "eval_every=1",
+        "hydra/sweeper=optuna",
+        f"hydra.sweeper.space={space}",
+        "hydra.sweeper.pruner=median",  # a name, then its argument: Hydra composes both
+        "hydra.sweeper.pruner.n_warmup_steps=1",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     done = run_clorch_train(args, tmp_path, env=_env(), timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     assert yaml.safe_load((sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text())[-2:] == [
@@ -227,3 +239,165 @@ def test_enqueued_trials_are_asked_first_in_order_and_once(tmp_path):
     again.close()
     assert third.number == 2 and [t.number for t in again.study.trials] == [0, 1, 2]
     assert [t.params for t in again.study.trials[:2]] == [source.study.trials[0].params, source.study.trials[1].params]
+
+
+# -- sampler and pruner arguments -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["hydra.sweeper.pruner=median", "hydra.sweeper.pruner.n_warmup_steps=10"],
+        ["hydra.sweeper.pruner.n_warmup_steps=10", "hydra.sweeper.pruner=median"],
+        ["hydra.sweeper.pruner={name: median, n_warmup_steps: 10}"],
+    ],
+)
+def test_a_pruner_is_a_name_or_a_mapping_of_its_name_and_arguments_and_min_trials_still_counts(overrides):
+    from clorch.sweep.algorithms import PrunerSettings
+
+    sweep, errors = read_sweep(["hydra/sweeper=optuna", "seed=1,2", "hydra.sweeper.min_trials=2", *overrides])
+    assert errors == []
+    assert sweep.settings.pruning() == PrunerSettings("median", n_startup_trials=2, n_warmup_steps=10)
+    assert sweep.settings.pruning().arguments() == {"n_startup_trials": 2, "n_warmup_steps": 10}
+
+
+def test_a_space_files_sampler_and_pruner_arguments_meet_the_command_lines(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "params:\n  seed: [1, 2]\nsampler: {name: tpe, n_startup_trials: 3, multivariate: true}\npruner: hyperband\n"
+    )
+    sweep, errors = read_sweep(
+        ["hydra/sweeper=optuna", f"hydra.sweeper.space={path}", "hydra.sweeper.pruner.reduction_factor=4"]
+    )
+    assert errors == []
+    assert sweep.settings.sampler.arguments() == {"n_startup_trials": 3, "multivariate": True}
+    assert sweep.settings.pruning().name == "hyperband" and sweep.settings.pruning().arguments() == {
+        "reduction_factor": 4
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["hydra/sweeper/sampler=random", "hydra.sweeper.sampler.multivariate=true"],
+            "hydra.sweeper.sampler.multivariate=true belongs to the tpe sampler; hydra.sweeper.sampler=random takes "
+            "no arguments",
+        ),
+        (
+            ["hydra.sweeper.sampler.name=cmaes", "hydra.sweeper.sampler.constant_liar=false"],
+            "hydra.sweeper.sampler.constant_liar=false belongs to the tpe sampler; hydra.sweeper.sampler=cmaes takes "
+            "n_startup_trials",
+        ),
+        (
+            ["hydra.sweeper.pruner=hyperband", "hydra.sweeper.pruner.n_warmup_steps=3"],
+            "hydra.sweeper.pruner.n_warmup_steps=3 belongs to the median pruner; hydra.sweeper.pruner=hyperband "
+            "takes min_resource, reduction_factor",
+        ),
+        (
+            ["hydra.sweeper.pruner.min_resource=3"],
+            "hydra.sweeper.pruner.min_resource=3 belongs to the hyperband pruner; hydra.sweeper.pruner=none takes "
+            "no arguments",
+        ),
+        (
+            ["hydra.sweeper.sampler.n_startup_trials=-1"],
+            "hydra.sweeper.sampler.n_startup_trials must be an integer >= 0",
+        ),
+        (
+            ["hydra.sweeper.sampler.multivariate=yes"],
+            "hydra.sweeper.sampler.multivariate must be true or false, got 'yes'",
+        ),
+        (
+            ["hydra.sweeper.pruner=median", "hydra.sweeper.pruner.interval_steps=0"],
+            "hydra.sweeper.pruner.interval_steps must be an integer >= 1, got 0",
+        ),
+        (
+            ["hydra.sweeper.pruner=hyperband", "hydra.sweeper.pruner.reduction_factor=1"],
+            "hydra.sweeper.pruner.reduction_factor must be an integer >= 2, got 1",
+        ),
+        (
+            ["hydra.sweeper.sampler.group=true"],
+            "hydra.sweeper.sampler.group=true needs hydra.sweeper.sampler.multivariate=true",
+        ),
+        (
+            ["hydra.sweeper.pruner=median", "hydra.sweeper.pruner.patience=3"],
+            "hydra.sweeper.pruner.patience is not a key of the pruner; it takes: interval_steps, min_resource, "
+            "n_startup_trials, n_warmup_steps, name, reduction_factor",
+        ),
+        (["hydra.sweeper.pruner={name: asha}"], "hydra.sweeper.pruner.name=asha is not allowed; choose one of: none"),
+        (["hydra.sweeper.pruner=[median]"], "hydra.sweeper.pruner must be a name (none, median, hyperband) or a"),
+        (
+            ["hydra.sweeper.pruner._target_=os.system"],
+            "hydra.sweeper.pruner._target_ is not allowed: pruners are chosen by name, hydra.sweeper.pruner.name=NAME",
+        ),
+        (
+            ["hydra.sweeper.sampler.seed=0", "hydra.sweeper.sampler.constant_liar=true"],
+            "hydra.sweeper.sampler.constant_liar=true counts running trials as bad ones, but a repeatable sweep",
+        ),
+    ],
+)
+def test_a_sampler_or_pruner_argument_is_checked_naming_its_key_value_and_who_takes_it(overrides, expected):
+    errors = _errors(*overrides)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_constant_liar_is_the_users_choice_where_the_sweep_is_not_repeatable(monkeypatch):
+    import optuna
+
+    from clorch.sweep.study import make_sampler
+
+    assert (
+        _errors(
+            "hydra.sweeper.sampler.seed=0", "hydra.sweeper.repeatable=false", "hydra.sweeper.sampler.constant_liar=true"
+        )
+        == []
+    )
+    given = []
+    monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **kwargs: given.append(kwargs))
+    for extra in ([], ["hydra.sweeper.sampler.n_startup_trials=2", "hydra.sweeper.sampler.multivariate=true"]):
+        sweep, _ = read_sweep(["hydra/sweeper=optuna", "seed=1,2", "hydra.sweeper.n_jobs=2", *extra])
+        make_sampler(sweep.settings, sweep.space, 0)
+    assert given == [
+        {"seed": None, "constant_liar": True},  # side by side, not repeatable: clorch's default
+        {"seed": None, "n_startup_trials": 2, "multivariate": True, "constant_liar": True},
+    ]
+
+
+def test_the_median_pruners_warmup_steps_keep_an_early_bad_trial_running(tmp_path):
+    import optuna
+
+    from clorch.train.trial import make_pruner
+
+    def pruned_at_step_5(args):
+        study = optuna.create_study(
+            storage=f"sqlite:///{tmp_path}/{len(args)}.db", pruner=make_pruner("median", 0, args)
+        )
+        good = study.ask()
+        good.report(0.1, 5)
+        study.tell(good, 0.1)
+        bad = study.ask()
+        bad.report(9.0, 5)
+        return bad.should_prune()
+
+    assert pruned_at_step_5({}) and not pruned_at_step_5({"n_warmup_steps": 10})
+
+
+def test_a_trial_carries_its_pruners_arguments_to_its_ranks(tmp_path):
+    from clorch.sweep.study import StudySource
+    from clorch.train.trial import TrialLink
+
+    sweep, _ = read_sweep(
+        ["hydra/sweeper=optuna", "seed=1,2", "hydra.sweeper.pruner={name: median, interval_steps: 2}"]
+    )
+    source = StudySource(sweep.settings, sweep.space, tmp_path, uid="u")
+    link = TrialLink.from_env(source.next().env)
+    source.close()
+    assert (link.pruner, link.pruner_args) == ("median", {"n_startup_trials": 5, "interval_steps": 2})
+
+
+def test_hydra_composes_a_pruners_name_and_arguments_as_one_mapping():
+    from clorch.sweep.checks import as_hydra_overrides
+
+    overrides = ["hydra.sweeper.pruner=median", "x=1", "hydra.sweeper.pruner.n_warmup_steps=10"]
+    assert as_hydra_overrides(overrides) == ["hydra.sweeper.pruner={name: median, n_warmup_steps: 10}", "x=1"]
+    assert as_hydra_overrides(["hydra.sweeper.pruner=median"]) == ["hydra.sweeper.pruner=median"]
