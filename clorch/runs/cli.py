@@ -47,72 +47,6 @@ the rerun failed), 2 a bad argument.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="clorch-runs",
-        description="Find, compare and plot clorch runs.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n")[1],
-    )
-    roots = argparse.ArgumentParser(add_help=False)
-    roots.add_argument(
-        "--root",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,plot,verify}")
-    ls = sub.add_parser("ls", parents=[roots], help="one row per run")
-    ls.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="COND",
-        help="KEY OP VALUE, e.g. 'eval_loss<0.1' or 'optim.lr==3e-4' (repeatable: all must hold)",
-    )
-    ls.add_argument(
-        "--status",
-        action="append",
-        metavar="STATUS",
-        help=f"one of {', '.join(STATUSES)} (comma-separated or repeated)",
-    )
-    ls.add_argument("--recipe", action="append", metavar="NAME", help="runs of this recipe (repeatable)")
-    ls.add_argument("--since", metavar="DATE", help="runs started at or after DATE (2026-12-01[T14:30])")
-    ls.add_argument("--sort", metavar="KEY", help="order by KEY (a --where key; --sort=-KEY: descending)")
-    ls.add_argument("--reverse", action="store_true", help="reverse the order")
-    _formats(ls, csv=True)
-    show = sub.add_parser("show", parents=[roots], help="one run in full")
-    show.add_argument("run", metavar="RUN")
-    _formats(show)
-    diff = sub.add_parser("diff", parents=[roots], help="two runs side by side")
-    diff.add_argument("runs", metavar="RUN", nargs=2)
-    _formats(diff)
-    plt = sub.add_parser("plot", parents=[roots], help="runs' curves of one metric in one PNG")
-    plt.add_argument("runs", metavar="RUN", nargs="+")
-    plt.add_argument("--metric", default="loss", help="a metrics.jsonl key (default: loss; eval_loss, lr, ...)")
-    plt.add_argument("--out", default="plot.png", type=Path, help="the PNG to write (default: ./plot.png)")
-    verify = sub.add_parser(
-        "verify",
-        parents=[roots],
-        help="rerun a run: are the weights bit-identical?",
-        description=_VERIFY_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verify.add_argument("run", metavar="RUN")
-    verify.add_argument("--steps", type=int, metavar="K", help="compare at the run's own checkpoint of step K")
-    verify.add_argument("--keep", action="store_true", help="keep the rerun's directory (and say where)")
-    _formats(verify)
-    return parser
-
-
-def _formats(parser: argparse.ArgumentParser, csv: bool = False) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--json", action="store_true", help="JSON for scripts")
-    if csv:
-        group.add_argument("--csv", action="store_true", help="CSV for scripts")
-
-
 def _roots(args: argparse.Namespace) -> list[Path]:
     return check_roots(args.root) if args.root else default_roots()
 
@@ -176,14 +110,88 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if verdict.identical else EXIT_FAILED
 
 
-_COMMANDS = {"ls": _ls, "show": _show, "diff": _diff, "plot": _plot, "verify": _verify}
+_RUN = (("run", dict(metavar="RUN"), None),)
+_LS = (
+    (
+        "--where",
+        dict(action="append", default=[], metavar="COND"),
+        "KEY OP VALUE, e.g. 'eval_loss<0.1' or 'optim.lr==3e-4' (repeatable: all must hold)",
+    ),
+    (
+        "--status",
+        dict(action="append", metavar="STATUS"),
+        f"one of {', '.join(STATUSES)} (comma-separated or repeated)",
+    ),
+    ("--recipe", dict(action="append", metavar="NAME"), "runs of this recipe (repeatable)"),
+    ("--since", dict(metavar="DATE"), "runs started at or after DATE (2026-12-01[T14:30])"),
+    ("--sort", dict(metavar="KEY"), "order by KEY (a --where key; --sort=-KEY: descending)"),
+    ("--reverse", dict(action="store_true"), "reverse the order"),
+)
+_PLOT = (
+    ("runs", dict(metavar="RUN", nargs="+"), None),
+    ("--metric", dict(default="loss"), "a metrics.jsonl key (default: loss; eval_loss, lr, ...)"),
+    ("--out", dict(default="plot.png", type=Path), "the PNG to write (default: ./plot.png)"),
+)
+_VERIFY = _RUN + (
+    ("--steps", dict(type=int, metavar="K"), "compare at the run's own checkpoint of step K"),
+    ("--keep", dict(action="store_true"), "keep the rerun's directory (and say where)"),
+)
+# One row per subcommand: (name, what runs it, add_parser keywords, its arguments as (flag,
+# argparse keywords, help) rows, the mutually exclusive output formats it offers).
+_COMMANDS = (
+    ("ls", _ls, dict(help="one row per run"), _LS, ("--json", "--csv")),
+    ("show", _show, dict(help="one run in full"), _RUN, ("--json",)),
+    ("diff", _diff, dict(help="two runs side by side"), (("runs", dict(metavar="RUN", nargs=2), None),), ("--json",)),
+    ("plot", _plot, dict(help="runs' curves of one metric in one PNG"), _PLOT, ()),
+    (
+        "verify",
+        _verify,
+        dict(
+            help="rerun a run: are the weights bit-identical?",
+            description=_VERIFY_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        _VERIFY,
+        ("--json",),
+    ),
+)
+_FORMATS = {"--json": "JSON for scripts", "--csv": "CSV for scripts"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clorch-runs",
+        description="Find, compare and plot clorch runs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n")[1],
+    )
+    roots = argparse.ArgumentParser(add_help=False)
+    roots.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder holding run directories (repeatable; default: ./outputs and ./multirun)",
+    )
+    names = "{" + ",".join(name for name, *_ in _COMMANDS) + "}"
+    sub = parser.add_subparsers(dest="command", required=True, metavar=names)
+    for name, handler, options, arguments, formats in _COMMANDS:
+        command = sub.add_parser(name, parents=[roots], **options)
+        command.set_defaults(handler=handler)
+        for flag, keywords, text in arguments:
+            command.add_argument(flag, **keywords, help=text)
+        if formats:
+            group = command.add_mutually_exclusive_group()
+            for flag in formats:
+                group.add_argument(flag, action="store_true", help=_FORMATS[flag])
+    return parser
 
 
 def run_cli(argv: Sequence[str] | None = None) -> int:
     """Run `clorch-runs ARGV`; return the exit status (argparse exits 2 itself on its own errors)."""
     args = _parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        return args.handler(args)
     except UsageError as exc:
         print(f"clorch-runs {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
