@@ -34,9 +34,15 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Keys that say where a run kept or found its checkpoints, not what it trained: a sweep's
+# continued trial (checkpoint.resume=latest) trains what its first start would have.
+NOT_TRAINING = ("checkpoint.resume", "checkpoint.dir", "checkpoint.path")
+
+
 def differing(runs: Sequence[Run]) -> list[str]:
-    """The config keys whose values differ between `runs`: those given as overrides first."""
-    configs = [flatten(r.config) for r in runs]
+    """The config keys whose values differ between `runs` (where they keep checkpoints aside):
+    those given as overrides first."""
+    configs = [{k: v for k, v in flatten(r.config).items() if k not in NOT_TRAINING} for r in runs]
     keys: dict[str, None] = {}
     for config in configs:
         keys.update(dict.fromkeys(config))

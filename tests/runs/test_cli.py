@@ -256,3 +256,19 @@ def test_listing_and_showing_write_nothing_into_run_directories(project, capsys,
     ):
         assert _cli(capsys, *args)[0] == 0
     assert _tree(project["cwd"]) == before
+
+
+def test_a_continued_trials_legend_names_what_it_trained_not_where_it_resumed(tmp_path):
+    # A sweep's cut-off trial runs again with checkpoint.resume=latest: the same training.
+    import yaml
+
+    from clorch.runs.plot import labels
+
+    runs = []
+    for name, lr, resume in (("a", 0.001, "none"), ("b", 0.003, "latest")):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"optim": {"lr": lr}, "checkpoint": {"resume": resume, "dir": str(run / "checkpoints")}}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        runs.append(Run(run))
+    assert labels(runs) == ["optim.lr=0.001", "optim.lr=0.003"]
