@@ -204,6 +204,9 @@ def hydra_key_errors(args: Iterable[str]) -> list[str]:
         if not _is_hydra(key):
             continue  # clorch's own keys: checked against the schema (and its _target_ allow-list)
         error = _key_error(key, value, group)
+        if error is None and key.startswith("hydra.sweeper.params.") and not arg.startswith("+"):
+            # The sweepers' composed params is null: Hydra refuses a new key under it without '+'.
+            error = f"{arg} needs a '+': write '+{key}=\"{value}\"' (quoted for Hydra, inside the shell's quotes)"
         if error is None and key == used_dir:
             error = directory_error(key, value)
         if error is not None:

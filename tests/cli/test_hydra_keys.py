@@ -297,3 +297,13 @@ def test_flags_after_a_double_dash_are_refused_and_the_rest_read_as_overrides(cl
     done, _ = cli["-c before --"]
     assert done.returncode == 0, done.stderr
     assert "backend: gloo" in done.stdout
+
+
+def test_a_grid_param_without_a_plus_is_told_how_to_write_it():
+    # Hydra would refuse it after clorch's checks with its multi-line "Key 'seed' is not in struct".
+    [error] = hydra_key_errors(["-m", "hydra.sweeper.params.seed=1,2"])
+    assert error == (
+        "hydra.sweeper.params.seed=1,2 needs a '+': write '+hydra.sweeper.params.seed=\"1,2\"' "
+        "(quoted for Hydra, inside the shell's quotes)"
+    )
+    assert hydra_key_errors(["-m", '+hydra.sweeper.params.seed="1,2"']) == []
