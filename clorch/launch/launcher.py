@@ -95,7 +95,15 @@ def launch(
         rdzv_timeout=rdzv_timeout,
         collective_timeout=collective_timeout,
     )
-    config = _with_log_dir(config)
+    return _start(_with_log_dir(config))
+
+
+def _start(config: LaunchConfig) -> Job:
+    """Write the job's first record and start the thread that supervises its ranks; return at once.
+
+    The thread is not a daemon: the interpreter waits for the job before exiting. The job is
+    registered with the signal handlers while it runs: a SIGINT or SIGTERM to this process is
+    forwarded to its ranks (see `clorch.launch.signals`)."""
     job = Job(Path(config.log_dir), _initial_record(config), owner=True)
     write_json_atomic(Path(config.log_dir) / RECORD, job._record, indent=1)
     signals.install()

@@ -76,33 +76,16 @@ def run_torchrun(
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.
     """
     # lazy: keeps torch out of clorch-train's start
-    from torch.distributed.elastic.multiprocessing import Std
-
-    # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     # lazy: keeps torch out of clorch-train's start
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     # lazy: keeps torch out of clorch-train's start
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    low, high = _node_range(launcher.nnodes)
-    timeout = int(max(1, round(launcher.rdzv_timeout)))
-    config = LaunchConfig(
-        min_nodes=low,
-        max_nodes=high,
-        nproc_per_node=nproc_per_node,
-        run_id=launcher.rdzv_id,
-        rdzv_endpoint=launcher.rdzv_endpoint,
-        rdzv_backend="c10d",
-        rdzv_configs={"join_timeout": timeout, "timeout": timeout},
-        rdzv_timeout=timeout,
-        max_restarts=launcher.max_restarts,
-        start_method="spawn",
-        logs_specs=run_logs(run_dir / "logs", Std),
-        log_line_prefix_template="[rank${rank}]:",
-    )
+    low = _node_range(launcher.nnodes)[0]
+    config = _elastic_config(launcher, nproc_per_node, run_dir)
     os.environ.update(with_multicast_off(os.environ))  # the ranks inherit this environment
     if cpp_warnings_quieted():  # ... with the user's own C++ log level (torch read this process's at import)
         os.environ.pop(CPP_LOG_VARIABLE, None)
@@ -124,6 +107,34 @@ def run_torchrun(
         ) from None
     finally:
         watcher.stop()
+
+
+def _elastic_config(launcher: Any, nproc_per_node: int, run_dir: Path) -> Any:
+    """torch's LaunchConfig for this node: the c10d rendezvous at launcher.rdzv_endpoint, waiting
+    launcher.rdzv_timeout seconds (at least 1) for the nodes, launcher.max_restarts restarts of the
+    whole group, spawned ranks, and each rank's logs in RUN_DIR/logs."""
+    # lazy: keeps torch out of clorch-train's start
+    from torch.distributed.elastic.multiprocessing import Std
+
+    # lazy: keeps torch out of clorch-train's start
+    from torch.distributed.launcher.api import LaunchConfig
+
+    low, high = _node_range(launcher.nnodes)
+    timeout = int(max(1, round(launcher.rdzv_timeout)))
+    return LaunchConfig(
+        min_nodes=low,
+        max_nodes=high,
+        nproc_per_node=nproc_per_node,
+        run_id=launcher.rdzv_id,
+        rdzv_endpoint=launcher.rdzv_endpoint,
+        rdzv_backend="c10d",
+        rdzv_configs={"join_timeout": timeout, "timeout": timeout},
+        rdzv_timeout=timeout,
+        max_restarts=launcher.max_restarts,
+        start_method="spawn",
+        logs_specs=run_logs(run_dir / "logs", Std),
+        log_line_prefix_template="[rank${rank}]:",
+    )
 
 
 def run_logs(log_dir: Path, std: Any) -> Any:
