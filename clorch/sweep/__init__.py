@@ -13,6 +13,7 @@
     enqueue.py       known-good trials asked first (hydra.sweeper.enqueue), checked against the space
     study.py         the Optuna study a sweep asks for trials and tells of their ends
     run.py           what the sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`
+    objectives.py    one objective or several (hydra.sweeper.objective, direction); the Pareto front
     summary.py       sweep_summary.csv/.md: one row per trial
     report.py        the sweep's end: its summary, its best trial, its plots, its exit status
     best.py          the best trial as a recipe (SWEEP_DIR/best.yaml)

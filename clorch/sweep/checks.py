@@ -306,7 +306,8 @@ def sweep_errors(
 
 def _pruning_errors(settings: OptunaSettings, base: Any) -> list[str]:
     """A pruner needs an eval metric as the objective, and trials that evaluate before their end."""
-    pruner, objective = settings.pruning().name, settings.objective
+    pruner = settings.pruning().name
+    objective = settings.objective if isinstance(settings.objective, str) else None  # several: never pruned
     errors = []
     if pruner != "none" and objective and not objective.startswith("eval_"):
         errors.append(

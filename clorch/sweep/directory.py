@@ -79,8 +79,8 @@ class SweepIdentity:
 
     sweeper: str  # basic or optuna
     overrides: dict[str, str]  # {key: value as typed, or a searched key's space}, in the command's order
-    objective: str | None = None  # the Optuna sweeper's; null for the grid (it only ranks)
-    direction: str | None = None
+    objective: str | list[str] | None = None  # the Optuna sweeper's (a list: several); null for the grid
+    direction: str | list[str] | None = None
     study: dict[str, Any] = field(default_factory=dict)  # the Optuna sweeper's study: name, storage
     uid: str = ""  # this sweep's own id, also in its study (a study copied in from another sweep has another)
 

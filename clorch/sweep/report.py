@@ -131,7 +131,8 @@ class SweepSummaryCallback(Callback):
                 f"status) in {md_path} (and .csv)"
             )
         print(md_path.read_text())
-        for line in best_lines(rows, self._objective) or no_objective_lines(rows, self._objective):
+        found = front_lines(rows, self._objective) if self._objective.several else best_lines(rows, self._objective)
+        for line in found or no_objective_lines(rows, self._objective):
             print(line)
         best = self._objective.best(rows)
         if best is not None:
@@ -155,6 +156,25 @@ def best_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
         # clorch-runs show's command: recipe files by path, CLORCH_TRUSTED_MODULES, from scratch
         f"clorch-train: rerun it with: {rerun_command(Run(Path(best.run_dir)), cd=False)}",
     ]
+
+
+def front_lines(rows: list[SweepRow], objective: Objective) -> list[str]:
+    """The console's word on a sweep of several objectives: its Pareto front, each trial with its
+    values and the command that reruns it (no trial is best alone: no best.yaml)."""
+    front = objective.front(rows)
+    if not front:
+        return []
+    ways = [objective.direction, *(d for _, d in objective.others)]
+    names = [objective.name, *(n for n, _ in objective.others)]
+    lines = [
+        f"clorch-train: the Pareto front of {' and '.join(f'{n} ({w}d)' for n, w in zip(names, ways, strict=True))}: "
+        f"{len(front)} trial(s), none beaten on every objective by another (Optuna's study.best_trials)"
+    ]
+    for row in front:
+        values = ", ".join(f"{n} {v:.6g}" for n, v in zip(names, row.objective, strict=True))
+        rerun = rerun_command(Run(Path(row.run_dir)), cd=False)
+        lines.append(f"clorch-train:   trial {row.job}: {values}; rerun it with: {rerun}")
+    return lines
 
 
 def best_file_line(sweep_dir: Path, best: SweepRow, objective: Objective, sweep_overrides: list[str]) -> str:
@@ -213,7 +233,13 @@ def plot_sweep(sweep_dir: Path) -> None:
         storage = f"sqlite:///{study_file.resolve()}"
         for name in optuna.get_all_study_names(storage):
             study = optuna.load_study(study_name=name, storage=storage)
-            if not any(t.state.is_finished() and t.value is not None for t in study.trials):
+            if not any(t.state.is_finished() and t.values is not None for t in study.trials):
+                continue
+            if len(study.directions) > 1:  # several objectives: their Pareto front
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                    plots.plot_pareto_front(study).figure.savefig(sweep_dir / "sweep_pareto.png")
+                print(f"clorch-train: plot of the Pareto front in {sweep_dir / 'sweep_pareto.png'}")
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental

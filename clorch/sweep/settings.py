@@ -34,9 +34,9 @@ from clorch.sweep.algorithms import (
     choice_errors,
     pruner_of,
 )
+from clorch.sweep.objectives import as_list, objective_errors
 from clorch.sweep.space import param_key_error
 
-DIRECTIONS = ("minimize", "maximize")
 SWEEPERS = ("basic", "optuna")
 STUDY_FILE = "optuna.db"  # the study's SQLite file in the sweep directory (no `storage` given)
 # What a search-space file may hold: the space and how to search it, never where results go.
@@ -72,8 +72,9 @@ class OptunaSettings:
 
     n_trials: int = 20  # trials in the study, those of an earlier run of the sweep included
     n_jobs: int = 1  # trials at once (asynchronously: a new one starts when one ends)
-    direction: str = "minimize"  # minimize or maximize the objective
-    objective: str | None = None  # the trial's metric: eval_loss when trials evaluate, else loss
+    direction: str | list[str] = "minimize"  # minimize or maximize the objective; a list: one per objective
+    # the trial's metric: eval_loss when trials evaluate, else loss; a list: several (clorch.sweep.objectives)
+    objective: str | list[str] | None = None
     study_name: str | None = None  # null: the sweep directory's name
     storage: str | None = None  # an Optuna storage URL; null: SQLite in the sweep directory
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
@@ -94,6 +95,14 @@ class OptunaSettings:
     # Trials the study asks first, in order ({key: value} of searched keys; Optuna's enqueue_trial), once:
     # a continued sweep's study holds them already (clorch.sweep.enqueue). null: none.
     enqueue: list[dict[str, Any]] | None = None
+
+    def objectives(self) -> list[str | None]:
+        """The objective (None: the default) or the several, as a list."""
+        return as_list(self.objective)
+
+    def directions(self) -> list[str]:
+        """The direction of each objective."""
+        return as_list(self.direction)
 
     def pruning(self) -> PrunerSettings:
         """The pruner and its arguments, `min_trials` as the median pruner's n_startup_trials unless given."""
@@ -135,12 +144,10 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
         _int_error("n_trials", s.n_trials, 1),
         _int_error("n_jobs", s.n_jobs, 1),
         _int_error("min_trials", s.min_trials, 0),
-        _one_of("direction", s.direction, DIRECTIONS),
         _one_of("sampler", s.sampler.name, SAMPLERS),
         None if seed is None or _int_error("sampler.seed", seed, 0) is None else _int_error("sampler.seed", seed, 0),
     ]
-    if s.objective is not None and (not isinstance(s.objective, str) or not s.objective):
-        found.append(f"hydra.sweeper.objective must name a metric (loss, eval_loss, ...), got {s.objective!r}")
+    found += objective_errors(s.objective, s.direction, s.pruning().name, s.sampler.name)
     found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
     found.append(_timeout_error(s.timeout))
     found += choice_errors(s.sampler, s.pruner, repeats=_repeatable_error(s) is None and s.repeats())

@@ -138,7 +138,7 @@ def open_study(settings: OptunaSettings, sweep_dir: Path, uid: str) -> tuple[Any
             study_name=name,
             storage=storage,
             sampler=optuna.samplers.RandomSampler(),  # tells only: each trial is asked with its own sampler
-            direction=settings.direction,
+            directions=settings.directions(),
             pruner=make_pruner(settings.pruning().name, settings.min_trials, settings.pruning().arguments()),
             load_if_exists=True,
         )

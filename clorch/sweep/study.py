@@ -126,6 +126,7 @@ class StudySource:
         self.study, self.storage, self.storage_url, self.name = open_study(settings, sweep_dir, uid)
         self._fixed: Any = None  # without a seed: one study object, one sampler for every trial
         self.repeats = settings.repeats()
+        self.several = len(settings.objectives()) > 1  # a multi-objective study (clorch.sweep.objectives)
         # A repeatable sweep's trial waits for trials k - n_jobs and below only where they decide something.
         self.waits = self.repeats and (settings.sampler.name in LEARNING or settings.pruning().name != "none")
         self.running: set[int] = set()  # the numbers of the trials this sweep runs now
@@ -157,7 +158,8 @@ class StudySource:
             storage=self.storage_url,
             study=self.name,
             trial_id=trial_id_,
-            objective=self.settings.objective or DEFAULT_OBJECTIVE,
+            # Several objectives: nothing to report at an eval (Optuna's trials report one value, to prune)
+            objective="" if self.several else (self.settings.objective or DEFAULT_OBJECTIVE),
             pruner=self.settings.pruning().name,
             min_trials=self.settings.min_trials,
             pruner_args=self.settings.pruning().arguments(),
@@ -295,13 +297,15 @@ class StudySource:
             if summary.status is Status.PRUNED:
                 self.study.tell(spec.number, state=state.PRUNED)
                 return
-            value, why = read_objective(summary, self.settings.objective)
-            if summary.status is Status.SUCCEEDED and value is None:
+            read = [read_objective(summary, name) for name in self.settings.objectives()]
+            why = next((why for value, why in read if value is None), None)
+            if summary.status is Status.SUCCEEDED and why is not None:
                 say(f"trial {spec.number}: {why}; the study records it failed")
-            if value is None or summary.status is not Status.SUCCEEDED:
+            if why is not None or summary.status is not Status.SUCCEEDED:
                 self.study.tell(spec.number, state=state.FAIL)
             else:
-                self.study.tell(spec.number, value)
+                values = [value for value, _ in read]
+                self.study.tell(spec.number, values if self.several else values[0])
 
     def close(self) -> None:
         self.heartbeats.close()

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from clorch.engine.results import RunSummary
 from clorch.status import Status
 from clorch.sweep._private_apis import BASIC_SWEEPER, grid_combinations
+from clorch.sweep.objectives import as_list, pareto_front
 
 METRICS = ("loss", "eval_loss", "eval_exact")
 RESULTS = ("status", "objective", "steps", "pruned_at", *METRICS, "samples_per_s", "tokens_per_s", "wall_time_s")
@@ -88,7 +89,8 @@ class SweepRow:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     wall_time_s: float | None = None
-    objective: float | None = None  # the sweep's objective (Objective) in this job's final metrics
+    objective: float | tuple[float, ...] | None = None  # the sweep's objective (Objective), or its several
+    pareto: bool | None = None  # several objectives: whether the job is on the Pareto front
     pruned_at: int | None = None  # a pruned trial: the step of the eval that stopped it
     run_dir: str | None = None
 
@@ -114,6 +116,7 @@ class SweepRow:
         return {
             "status": str(self.status),
             "objective": self.objective,
+            **({"pareto": self.pareto} if self.pareto is not None else {}),
             "steps": self.steps,
             "pruned_at": self.pruned_at,
             **self.metrics,
@@ -142,29 +145,38 @@ def _summary_of(job_dir: Path, interrupted: bool) -> RunSummary:
 @dataclass(frozen=True)
 class Objective:
     """Which final metric ranks a sweep's trials, and which way (hydra.sweeper.objective,
-    direction): by default eval_loss, or the final train loss for a job that has none, minimized."""
+    direction): by default eval_loss, or the final train loss for a job that has none, minimized.
+    With several objectives (clorch.sweep.objectives) no trial is best alone: `front` names the
+    Pareto front."""
 
     name: str | None = None
     direction: str = "minimize"
     required: bool = False  # a search (the Optuna sweeper): a trial without it failed, as its study says
+    others: tuple[tuple[str, str], ...] = ()  # several objectives: (name, direction) of each after the first
 
     @classmethod
     def of(cls, sweeper: Any) -> "Objective":
         """The objective a sweeper's config names (Hydra's basic sweeper names none)."""
         required = sweeper.get("_target_") == OPTUNA_SWEEPER
-        return cls(sweeper.get("objective"), sweeper.get("direction") or "minimize", required)
+        names = as_list(_plain(sweeper.get("objective")))
+        directions = as_list(_plain(sweeper.get("direction") or "minimize"))
+        return cls(names[0], directions[0], required, tuple(zip(names[1:], directions[1:], strict=False)))
+
+    @property
+    def several(self) -> bool:
+        return bool(self.others)
 
     @property
     def label(self) -> str:
-        return self.name or "eval_loss"
+        return ", ".join([self.name or "eval_loss", *(name for name, _ in self.others)])
 
-    def value(self, final: dict[str, Any]) -> float | None:
+    def value(self, final: dict[str, Any]) -> float | tuple[float, ...] | None:
         """The objective in a job's final metrics; None without one, or when it is not a finite number
-        (a NaN loss ranks nothing)."""
-        value = final.get(self.name) if self.name else final.get("eval_loss", final.get("loss"))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return float(value)
+        (a NaN loss ranks nothing). Several objectives: the value of each, or None without them all."""
+        if self.several:
+            values = [_finite(final.get(name)) for name in [self.name, *(n for n, _ in self.others)]]
+            return None if None in values else tuple(values)
+        return _finite(final.get(self.name) if self.name else final.get("eval_loss", final.get("loss")))
 
     def counted_status(self, row: "SweepRow") -> Status:
         """The row's status as the sweep counts it: a search's trial that succeeded without a
@@ -174,12 +186,30 @@ class Objective:
         return row.status
 
     def best(self, rows: list["SweepRow"]) -> "SweepRow | None":
-        """The succeeded row with the best objective (None: no such row)."""
+        """The succeeded row with the best objective (None: no such row, or several objectives)."""
         scored = [r for r in rows if r.status is Status.SUCCEEDED and r.objective is not None]
-        if not scored:
+        if not scored or self.several:
             return None
         pick = max if self.direction == "maximize" else min
         return pick(scored, key=lambda r: r.objective)
+
+    def front(self, rows: list["SweepRow"]) -> list["SweepRow"]:
+        """Several objectives: the succeeded rows that no other beats on every objective (the
+        Pareto front, Optuna's study.best_trials), in job order."""
+        scored = [r for r in rows if r.status is Status.SUCCEEDED and r.objective is not None]
+        directions = [self.direction, *(d for _, d in self.others)]
+        return [scored[i] for i in pareto_front([r.objective for r in scored], directions)]
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain data (a ListConfig as a list)."""
+    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def collect(
@@ -207,6 +237,10 @@ def collect(
         row = SweepRow.of(job_dir.name, _overrides(job_dir), _summary_of(job_dir, interrupted), objective)
         row.run_dir = str(job_dir)
         rows.append(row)
+    if objective is not None and objective.several:
+        front = {id(r) for r in objective.front(rows)}
+        for row in rows:
+            row.pareto = id(row) in front
     return rows
 
 
@@ -223,6 +257,8 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, tuple):  # several objectives
+        return ", ".join(f"{v:.4g}" for v in value)
     return str(value)
 
 
@@ -240,7 +276,8 @@ def write_summary(
     """
     rows = collect(sweep_dir, planned, interrupted, objective)
     keys = override_columns(rows)
-    columns = ["job", *keys, *RESULTS, RUN_DIR]
+    results = [*RESULTS[:2], "pareto", *RESULTS[2:]] if objective is not None and objective.several else RESULTS
+    columns = ["job", *keys, *results, RUN_DIR]
     flat = [row.cells(keys) for row in rows]
     csv_path, md_path = sweep_dir / "sweep_summary.csv", sweep_dir / "sweep_summary.md"
     with open(csv_path, "w", newline="") as f:

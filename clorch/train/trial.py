@@ -44,7 +44,9 @@ class TrialLink:
     storage: str
     study: str
     trial_id: int
-    objective: str  # a metric name as summary.json's `final` has it: loss, eval_loss, eval_accuracy...
+    # a metric name as summary.json's `final` has it: loss, eval_loss, eval_accuracy...; empty: none to
+    # report (a sweep of several objectives, whose study Optuna's trials cannot report to at an eval)
+    objective: str
     pruner: str = "none"
     min_trials: int = 5
     compared_up_to: int | None = None  # the pruner sees the trials numbered this or below; None: every trial

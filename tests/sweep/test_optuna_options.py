@@ -401,3 +401,115 @@ def test_hydra_composes_a_pruners_name_and_arguments_as_one_mapping():
     overrides = ["hydra.sweeper.pruner=median", "x=1", "hydra.sweeper.pruner.n_warmup_steps=10"]
     assert as_hydra_overrides(overrides) == ["hydra.sweeper.pruner={name: median, n_warmup_steps: 10}", "x=1"]
     assert as_hydra_overrides(["hydra.sweeper.pruner=median"]) == ["hydra.sweeper.pruner=median"]
+
+
+# -- several objectives -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["hydra.sweeper.objective=[eval_loss,loss]"],
+            "hydra.sweeper.direction gives 1 direction(s) for 2 objective(s) (eval_loss, loss): give one each, "
+            "e.g. direction=[minimize,minimize]",
+        ),
+        (
+            ["hydra.sweeper.direction=[minimize,maximize]"],
+            "hydra.sweeper.direction gives 2 direction(s) for 1 objective(s) (the default): give one each",
+        ),
+        (
+            ["hydra.sweeper.objective=[eval_loss,loss]", "hydra.sweeper.direction=[minimize,up]"],
+            "hydra.sweeper.direction=up is not allowed; choose one of: minimize, maximize",
+        ),
+        (
+            [
+                "hydra.sweeper.objective=[eval_loss,loss]",
+                "hydra.sweeper.direction=[minimize,minimize]",
+                "hydra.sweeper.pruner=median",
+            ],
+            "hydra.sweeper.pruner=median cannot prune a sweep of several objectives (hydra.sweeper.objective="
+            "[eval_loss,loss]): Optuna prunes single-objective studies only; set hydra.sweeper.pruner=none",
+        ),
+        (
+            [
+                "hydra.sweeper.objective=[eval_loss,loss]",
+                "hydra.sweeper.direction=[minimize,minimize]",
+                "hydra.sweeper.sampler.name=cmaes",
+            ],
+            "hydra.sweeper.sampler=cmaes searches one objective",
+        ),
+        (
+            ["hydra.sweeper.objective=[loss,loss]", "hydra.sweeper.direction=[minimize,minimize]"],
+            "names a metric twice",
+        ),
+        (["hydra.sweeper.objective=[eval_loss,3]"], "hydra.sweeper.objective must name a metric of the trials'"),
+    ],
+)
+def test_several_objectives_are_checked_before_the_first_trial(overrides, expected):
+    errors = _errors(*overrides)
+    assert any(expected in e for e in errors), errors
+
+
+def test_the_pareto_front_holds_the_trials_no_other_beats_on_every_objective():
+    from clorch.sweep.objectives import pareto_front
+
+    points = [(1.0, 5.0), (2.0, 4.0), (2.0, 6.0), (3.0, 3.0), (1.0, 5.0)]
+    assert pareto_front(points, ["minimize", "minimize"]) == [0, 1, 3, 4]  # (2, 6) is beaten by (1, 5)
+    assert pareto_front(points, ["minimize", "maximize"]) == [0, 2, 4]
+
+
+def test_a_trial_of_several_objectives_is_told_each_and_reports_nothing_at_its_evals(tmp_path):
+    from clorch.engine.results import RunSummary
+    from clorch.status import Status
+    from clorch.sweep.study import StudySource
+    from clorch.train.trial import TrialLink
+
+    sweep, errors = read_sweep(
+        [
+            "hydra/sweeper=optuna",
+            "seed=1,2",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.objective=[eval_loss,loss]",
+            "hydra.sweeper.direction=[minimize,maximize]",
+        ]
+    )
+    assert errors == []
+    source = StudySource(sweep.settings, sweep.space, tmp_path, uid="u")
+    first, second = source.next(), source.next()
+    assert TrialLink.from_env(first.env).objective == ""  # Optuna's trials report one value, to prune
+    source.ended(first, RunSummary(status=Status.SUCCEEDED, final={"eval_loss": 0.5, "loss": 0.7}))
+    source.ended(second, RunSummary(status=Status.SUCCEEDED, final={"eval_loss": 0.5}))
+    source.close()
+    assert [t.values for t in source.study.trials] == [[0.5, 0.7], None]
+    assert [t.state.name for t in source.study.trials] == ["COMPLETE", "FAIL"]
+
+
+def test_a_sweep_of_several_objectives_names_its_pareto_front_as_the_study_does(tmp_path):
+    import csv
+
+    import optuna
+
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        *TINY,
+        "hydra/sweeper=optuna",
+        "optim.lr=tag(log, interval(1e-4, 1e-1))",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.objective=[eval_loss,loss]",
+        "hydra.sweeper.direction=[minimize,maximize]",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    done = run_clorch_train(args, tmp_path, env=_env(), timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="sweep", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    front = {str(t.number) for t in study.best_trials}
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["job"] for r in rows if r["pareto"] == "True"} == front and front
+    assert "the Pareto front of eval_loss (minimized) and loss (maximized): " in done.stdout
+    for number in front:
+        assert re.search(rf"trial {number}: eval_loss [\d.]+, loss [\d.]+; rerun it with: clorch-train ", done.stdout)
+    assert not (sweep_dir / "best.yaml").exists()  # no trial is best alone
