@@ -310,6 +310,39 @@ def _sized_checks(
     return sizes
 
 
+def _memory_nproc(world: int | None, nproc: int | None, external: Any, machine: Machine) -> int | None:
+    """The ranks a node whose memory is checked against this machine's, or None for no check.
+
+    Only for clorch's own launcher's ranks on this machine: another launcher's ranks see free
+    memory that differs from rank to rank, and a check that stops some ranks only leaves the
+    others waiting."""
+    here = world is not None and external is None and machine.hardware_here and machine.tasks_per_node == 1
+    return nproc if here else None
+
+
+def _resumed(cfg: Any, layout: ParallelLayout, run_dir: Path | None, problems: list[str]) -> tuple[Any, ResumeFit]:
+    """The config the run trains with, and how the checkpoint it resumes fits this job (adding
+    why it does not to `problems`): a checkpoint to resume keeps its global batch, so its
+    accumulation is applied to the config."""
+    fit = ResumeFit()
+    if complete(cfg, "checkpoint", "model", "data", "optim"):
+        fit = resume_fit(cfg, layout, run_dir)
+        problems += fit.errors
+        if fit.accumulation is not None:
+            cfg = fit.applied(cfg)
+    return cfg, fit
+
+
+def _steps(cfg: Any, sizes: tuple[int, int], layout: ParallelLayout, problems: list[str]) -> tuple[int, int, int]:
+    """(samples per rank per epoch, optimizer steps per epoch, steps in the run), adding the data's
+    errors at these sizes and the schedule's errors at this length to `problems`."""
+    problems += data_errors(cfg, *sizes, layout)
+    shard, per_epoch, total = plan_steps(cfg, sizes[0], layout)
+    if complete(cfg, "schedule"):
+        problems += schedule_errors(cfg, total)
+    return shard, per_epoch, total
+
+
 def _build(
     cfg: Any,
     run_dir: Path | None,
@@ -334,23 +367,11 @@ def _build(
     layout = _layout(cfg, world, problems)
     if layout is None:
         return None
-    # The memory is checked against this machine's, for clorch's own launcher's ranks only
-    # (another launcher's ranks: free memory differs from rank to rank, and a check that stops
-    # some ranks only leaves the others waiting).
-    here = world is not None and external is None and machine.hardware_here and machine.tasks_per_node == 1
-    sizes = _sized_checks(cfg, problems, layout, nproc if here else None, backend)
+    sizes = _sized_checks(cfg, problems, layout, _memory_nproc(world, nproc, external, machine), backend)
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
-    fit = ResumeFit()
-    if complete(cfg, "checkpoint", "model", "data", "optim"):
-        fit = resume_fit(cfg, layout, run_dir)
-        problems += fit.errors
-        if fit.accumulation is not None:  # a checkpoint to resume: keep its global batch
-            cfg = fit.applied(cfg)
-    problems += data_errors(cfg, *sizes, layout)
-    shard, per_epoch, total = plan_steps(cfg, sizes[0], layout)
-    if complete(cfg, "schedule"):
-        problems += schedule_errors(cfg, total)
+    cfg, fit = _resumed(cfg, layout, run_dir, problems)
+    shard, per_epoch, total = _steps(cfg, sizes, layout, problems)
     if problems:
         return None
     return Plan(
