@@ -185,7 +185,20 @@ def _exact_rules(cfg: Any) -> list[str]:
             "exact=true sums the step's gradients after the last backward, so backward cannot step "
             "the optimizer: drop ddp.step_in_backward=true, or exact=false"
         )
+    elif complete(cfg, "ddp", "parallel") and cfg.parallel.name == "ddp":
+        errors += _unused_ddp_keys(cfg.ddp)
     return errors
+
+
+def _unused_ddp_keys(ddp: Any) -> list[str]:
+    """The `ddp` keys set away from their defaults, which exact=true's tree makes do nothing."""
+    defaults = type(ddp)()
+    return [
+        f"ddp.{f.name}={getattr(ddp, f.name)!r} does nothing with exact=true (the gradients are summed in "
+        "a fixed tree, not in DDP's buckets): drop it, or exact=false"
+        for f in dataclasses.fields(ddp)
+        if f.name != "name" and getattr(ddp, f.name) != getattr(defaults, f.name)
+    ]
 
 
 def _exact_fsdp_rules(parallel: Any, precision: Any) -> list[str]:

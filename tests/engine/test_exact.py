@@ -110,6 +110,9 @@ def test_what_exact_cannot_hold_is_refused_by_name(tmp_path):
     )
     assert stepping.returncode == 2, stepping.stdout + stepping.stderr
     assert "drop ddp.step_in_backward=true" in stepping.stdout + stepping.stderr
+    buckets = run_clorch_train(_args(tmp_path / "buckets", 1, 1, "ddp.bucket_cap_mb=5"), tmp_path, timeout=120)
+    assert buckets.returncode == 2, buckets.stdout + buckets.stderr
+    assert "ddp.bucket_cap_mb=5 does nothing with exact=true" in buckets.stdout + buckets.stderr
 
 
 def test_a_batch_norm_model_is_refused_under_exact():
