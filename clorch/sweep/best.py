@@ -24,8 +24,7 @@ from omegaconf import OmegaConf
 
 from clorch.config.composer import config_groups
 from clorch.sweep.checks import grid_lines, read_sweep
-
-BEST_FILE = "best.yaml"
+from clorch.sweep.directory import BEST_FILE
 
 
 def trial_overrides(sweep_overrides: list[str], trial: dict[str, str]) -> list[str] | None:

@@ -30,6 +30,11 @@ from clorch.sweep.errors import SweepRefused
 LOCK_FILE = ".sweep.lock"
 IDENTITY_FILE = "sweep.json"
 IDENTITY_FILE_TMP = f".{IDENTITY_FILE}.tmp"  # written, then renamed over IDENTITY_FILE
+BEST_FILE = "best.yaml"  # the best trial as a recipe (clorch.sweep.best)
+PARETO_PLOT = "sweep_pareto.png"  # several objectives: their Pareto front (clorch.sweep.report)
+# What a sweep writes into its directory at its end besides the files clorch-train's check of a sweep
+# directory knows already (the summary, the plots of one objective): a continued sweep finds them there.
+SWEEP_END_FILES = (BEST_FILE, PARETO_PLOT)
 
 
 class SweepLock:

@@ -28,8 +28,8 @@ from clorch.engine.interrupts import Interrupted, at_interrupt
 from clorch.config.checks import print_config_errors
 from clorch.engine.outputs import command_line
 from clorch.status import Status
-from clorch.sweep.best import BEST_FILE, trial_overrides, write_best
-from clorch.sweep.directory import SweepLock
+from clorch.sweep.best import trial_overrides, write_best
+from clorch.sweep.directory import BEST_FILE, PARETO_PLOT, SweepLock
 from clorch.sweep.driver import RESUME
 from clorch.sweep.summary import Objective, SweepRow, collect, planned_jobs, write_summary
 from clorch.runs.commands import rerun_command
@@ -238,8 +238,8 @@ def plot_sweep(sweep_dir: Path) -> None:
             if len(study.directions) > 1:  # several objectives: their Pareto front
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-                    plots.plot_pareto_front(study).figure.savefig(sweep_dir / "sweep_pareto.png")
-                print(f"clorch-train: plot of the Pareto front in {sweep_dir / 'sweep_pareto.png'}")
+                    plots.plot_pareto_front(study).figure.savefig(sweep_dir / PARETO_PLOT)
+                print(f"clorch-train: plot of the Pareto front in {sweep_dir / PARETO_PLOT}")
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental

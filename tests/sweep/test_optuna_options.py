@@ -513,3 +513,17 @@ def test_a_sweep_of_several_objectives_names_its_pareto_front_as_the_study_does(
     for number in front:
         assert re.search(rf"trial {number}: eval_loss [\d.]+, loss [\d.]+; rerun it with: clorch-train ", done.stdout)
     assert not (sweep_dir / "best.yaml").exists()  # no trial is best alone
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="clorch/cli/hydra_keys.py's RUN_FILES must hold clorch.sweep.directory.SWEEP_END_FILES "
+    "(best.yaml, sweep_pareto.png), or a sweep is refused its own directory when continued",
+)
+def test_a_sweep_directory_holding_what_a_sweep_writes_at_its_end_can_be_continued(tmp_path):
+    from clorch.cli.hydra_keys import directory_error
+    from clorch.sweep.directory import SWEEP_END_FILES
+
+    for name in ("optuna.db", "sweep_summary.csv", *SWEEP_END_FILES):
+        (tmp_path / name).write_text("")
+    assert directory_error("hydra.sweep.dir", str(tmp_path)) is None
