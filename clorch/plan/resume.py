@@ -215,55 +215,76 @@ def _world_key(cfg: Any) -> str:
     return "launcher.nproc_per_node" + ("" if str(nnodes) == "1" else " x launcher.nnodes")
 
 
+def _global_batch(saved: dict[str, Any]) -> tuple[int, str]:
+    """The saved run's global batch, and the sentence that says what it is made of."""
+    batch, ranks, accumulation = saved["batch_size"], saved["world_size"], saved["accumulation"]
+    global_batch = batch * ranks * accumulation
+    return global_batch, (
+        f"the global batch {global_batch} = batch_size {batch} x {_ranks(ranks)} x accumulation {accumulation}"
+    )
+
+
+def _batch_refusal(cfg: Any, world_size: int, saved: dict[str, Any], key: str) -> str | None:
+    """Why no accumulation keeps the saved run's global batch on `world_size` data-parallel ranks
+    (another batch_size, or a global batch that is not a multiple of batch_size x world_size),
+    naming what would; None when one does."""
+    batch, ranks = saved["batch_size"], saved["world_size"]
+    global_batch, shape = _global_batch(saved)
+    if cfg.batch_size != batch:
+        keep = f"keep batch_size={batch}"
+        if global_batch % (batch * world_size) == 0 and world_size != ranks:
+            keep += f" (on {_ranks(world_size)} accumulation then becomes {global_batch // (batch * world_size)})"
+        return (
+            f"{key}: batch_size={cfg.batch_size} but the checkpoint was trained with batch_size={batch}; "
+            f"a resumed run keeps its batch_size (what each forward sees) and {shape}: {keep}"
+        )
+    if global_batch % (batch * world_size):
+        fits = [w for w in range(1, global_batch // batch + 1) if (global_batch // batch) % w == 0]
+        return (
+            f"{key}: the checkpoint was trained with {shape}, which this job's {_ranks(world_size)} "
+            f"({_world_key(cfg)}) cannot keep: {global_batch} is not a multiple of batch_size {batch} x "
+            f"{world_size} = {batch * world_size}. Resume on a world size that keeps it "
+            f"({', '.join(map(str, fits))} ranks), or start afresh (checkpoint.resume=none)"
+        )
+    return None
+
+
+def _resume_note(cfg: Any, world_size: int, saved: dict[str, Any], kept: int) -> str | None:
+    """The line that says what keeping the global batch changed (the world size and the
+    accumulation, or the configured accumulation); None when nothing did."""
+    ranks, accumulation = saved["world_size"], saved["accumulation"]
+    global_batch = _global_batch(saved)[0]
+    if world_size != ranks:
+        return (
+            f"resume: world size {ranks} -> {world_size}, accumulation {accumulation} -> {kept} "
+            f"keeps the global batch of {global_batch}"
+        )
+    if kept != cfg.accumulation:
+        return (
+            f"resume: accumulation={cfg.accumulation} -> {kept}, the checkpoint's, "
+            f"keeps its global batch of {global_batch}"
+        )
+    return None
+
+
 def _batch_fit(cfg: Any, layout: ParallelLayout, saved: dict[str, Any], key: str) -> ResumeFit:
     """The accumulation that keeps the saved run's global batch on the layout's data-parallel ranks,
     or why none does. The saved run's data-parallel size is its world size (each rank of a ddp,
     fsdp or hsdp run reads its own data)."""
     world_size = layout.dp_size
-    batch, ranks, accumulation = saved["batch_size"], saved["world_size"], saved["accumulation"]
-    global_batch = batch * ranks * accumulation
-    shape = f"the global batch {global_batch} = batch_size {batch} x {_ranks(ranks)} x accumulation {accumulation}"
-    if cfg.batch_size != batch:
-        keep = f"keep batch_size={batch}"
-        if global_batch % (batch * world_size) == 0 and world_size != ranks:
-            keep += f" (on {_ranks(world_size)} accumulation then becomes {global_batch // (batch * world_size)})"
-        return ResumeFit(
-            errors=[
-                f"{key}: batch_size={cfg.batch_size} but the checkpoint was trained with batch_size={batch}; "
-                f"a resumed run keeps its batch_size (what each forward sees) and {shape}: {keep}"
-            ]
-        )
-    if global_batch % (batch * world_size):
-        fits = [w for w in range(1, global_batch // batch + 1) if (global_batch // batch) % w == 0]
-        return ResumeFit(
-            errors=[
-                f"{key}: the checkpoint was trained with {shape}, which this job's {_ranks(world_size)} "
-                f"({_world_key(cfg)}) cannot keep: {global_batch} is not a multiple of batch_size {batch} x "
-                f"{world_size} = {batch * world_size}. Resume on a world size that keeps it "
-                f"({', '.join(map(str, fits))} ranks), or start afresh (checkpoint.resume=none)"
-            ]
-        )
-    kept = global_batch // (batch * world_size)
-    if world_size != ranks:
-        note = (
-            f"resume: world size {ranks} -> {world_size}, accumulation {accumulation} -> {kept} "
-            f"keeps the global batch of {global_batch}"
-        )
-    elif kept != cfg.accumulation:
-        note = (
-            f"resume: accumulation={cfg.accumulation} -> {kept}, the checkpoint's, "
-            f"keeps its global batch of {global_batch}"
-        )
-    else:
-        note = None
+    refusal = _batch_refusal(cfg, world_size, saved, key)
+    if refusal is not None:
+        return ResumeFit(errors=[refusal])
+    global_batch, shape = _global_batch(saved)
+    kept = global_batch // (saved["batch_size"] * world_size)
     errors = []
     if kept > 1 and getattr(cfg, "compile", False) and cfg.compile_mode in CUDA_GRAPH_MODES:
         errors.append(
             f"{key}: keeping {shape} on {_ranks(world_size)} takes accumulation {kept}, but "
             f"compile_mode={cfg.compile_mode} replays CUDA graphs (accumulation 1 only): resume on "
-            f"{_ranks(global_batch // batch)}, or use compile_mode=default"
+            f"{_ranks(global_batch // saved['batch_size'])}, or use compile_mode=default"
         )
-    return ResumeFit(errors=errors, accumulation=kept, note=note)
+    return ResumeFit(errors=errors, accumulation=kept, note=_resume_note(cfg, world_size, saved, kept))
 
 
 def batch_counts(record: Any) -> dict[str, int] | None:
