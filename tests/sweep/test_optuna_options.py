@@ -527,3 +527,19 @@ def test_a_sweep_directory_holding_what_a_sweep_writes_at_its_end_can_be_continu
     for name in ("optuna.db", "sweep_summary.csv", *SWEEP_END_FILES):
         (tmp_path / name).write_text("")
     assert directory_error("hydra.sweep.dir", str(tmp_path)) is None
+
+
+def test_a_trials_recipe_keeps_the_sweeps_typed_values_not_what_a_runner_changed_for_the_trial():
+    from clorch.sweep.best import trial_overrides
+
+    ran = {"recipe": "cpu_smoke", "optim.lr": "0.01", "launcher.nproc_per_node": "1", "accumulation": "2"}
+    ran["checkpoint.resume"] = "latest"  # a cut-off trial, resumed
+    grid = ["+recipe=cpu_smoke", "optim.lr=0.1,0.01", "launcher.nproc_per_node=auto", "hydra.sweep.dir=/x"]
+    assert trial_overrides(grid, ran) == ["+recipe=cpu_smoke", "launcher.nproc_per_node=auto", "optim.lr=0.01"]
+    search = [
+        "hydra/sweeper=optuna",
+        "+recipe=cpu_smoke",
+        "optim.lr=interval(1e-3, 1e-1)",
+        "launcher.nproc_per_node=auto",
+    ]
+    assert trial_overrides(search, ran) == ["+recipe=cpu_smoke", "launcher.nproc_per_node=auto", "optim.lr=0.01"]
