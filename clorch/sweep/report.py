@@ -135,7 +135,7 @@ class SweepSummaryCallback(Callback):
         for line in found or no_objective_lines(rows, self._objective):
             print(line)
         best = self._objective.best(rows)
-        if best is not None:
+        if best is not None and interrupt is None:  # an interrupted sweep's best is not yet its best
             print(best_file_line(sweep_dir, best, self._objective, self._overrides))
         plot_sweep(sweep_dir)
         if interrupt is not None:
