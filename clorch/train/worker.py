@@ -293,21 +293,30 @@ def train(
             writer.close()
     if parts.rank != 0:
         return None
-    steps_run = state.step - first_step
-    samples = steps_run * parts.batch_size * parts.accumulation * plan.layout.dp_size  # planned, tail aside
     return {
         "steps": state.step,
         "epoch": state.epoch,
         "resumed_from": resumed_from,
         "resumed_run_dir": _continued_run_dir(state, resumed_from, run_dir),
         "train_time_s": train_time,
-        "samples_per_s": samples / max(train_time, 1e-9),
-        "tokens_per_s": samples * hooks.tokens / max(train_time, 1e-9) if hooks.tokens else None,
+        **_throughput(parts, plan.layout, hooks.tokens, state.step - first_step, train_time),
         "final_eval": final_eval,
         "weights_sha256": digest,
         "preflight": preflight.summary_of(checked) if checked is not None else None,
         "exported": exported,
         "pruned_at": pruned_at,
+    }
+
+
+def _throughput(
+    parts: Components, layout: ParallelLayout, tokens: int | None, steps: int, seconds: float
+) -> dict[str, float | None]:
+    """Samples and tokens (`tokens` a sample; None: not a token model) per second over the whole
+    job, from the planned global batch of `steps` steps (an epoch's shorter last step aside)."""
+    samples = steps * parts.batch_size * parts.accumulation * layout.dp_size
+    return {
+        "samples_per_s": samples / max(seconds, 1e-9),
+        "tokens_per_s": samples * tokens / max(seconds, 1e-9) if tokens else None,
     }
 
 
