@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 from clorch.config.checks import ConfigError, print_config_errors
 from clorch.config.overrides import compose_once
-from clorch.plan.plan import for_world_size, plan_or_errors, read_plan, run_errors_as_config_errors
+from clorch.plan.plan import for_world_size, plan_or_errors, run_errors_as_config_errors
+from clorch.plan.plan_file import read_plan
 from clorch.engine import rank_end
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted, interrupts_raise
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m clorch.engine.as_rank --plan FILE --run-dir DIR [--worker M:F]`: a rank
     under `launcher=torchrun`.
 
-    The launching process checked the config and wrote its plan (clorch.plan.plan.write_plan);
+    The launching process checked the config and wrote its plan (clorch.plan.plan_file.write_plan);
     each rank reads it, checks its digest, and adapts only the step arithmetic when the
     rendezvous formed another world size (an elastic nnodes range).
     """

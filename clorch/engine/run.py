@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from clorch.plan.plan import Plan, write_plan
+from clorch.plan.plan import Plan
+from clorch.plan.plan_file import write_plan
 from clorch.engine.footprint import using_run_dir
 from clorch.engine.interrupts import Interrupted, raise_if_signalled
 from clorch.engine.outputs import rank0_result_path

@@ -70,7 +70,7 @@ def run_torchrun(
     Every node of the job must call it with the same rdzv_endpoint and rdzv_id. Its
     ranks run `python -m ENTRY --plan PLAN_PATH --run-dir RUN_DIR [--worker WORKER]`
     (the engine passes clorch.engine.as_rank, and the launch plan this node's launching
-    process checked and wrote with clorch.plan.plan.write_plan).
+    process checked and wrote with clorch.plan.plan_file.write_plan).
 
     Raises:
         TorchrunError: the nodes did not meet in time, or a rank failed after the restarts.

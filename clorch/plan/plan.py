@@ -17,7 +17,7 @@ keep it, and the plan's description says so): all of them at once. The
 dataset sizes come from `clorch.data.tasks.split_size`, without building the data.
 
 The ranks receive the plan as a file: the checked objects, pickled, with their digest
-(`write_plan`, `read_plan`, which builds nothing but clorch's config classes;
+(`clorch.plan.plan_file`: `write_plan`, `read_plan`, which builds nothing but clorch's config classes;
 a worker of your own under `launcher=torchrun` gets `Plan.to_dict()` in its launch
 arguments, see `clorch.train.worker.plan_of`) and do not check it again;
 `for_world_size` adapts the step arithmetic (and the accumulation a resume
@@ -28,20 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
-import pickle
 import re
 import sys
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig
 
-from clorch._files import write_bytes_atomic
 from clorch._gc import import_long_lived
 from clorch.config.checks import ConfigError, checked_partial, complete
 from clorch.config.layout import ParallelLayout
@@ -69,7 +65,6 @@ from clorch.plan.machine import liger_errors, machine_errors
 from clorch.plan.resume import ResumeFit, resume_fit
 from clorch.plan.where import ANYWHERE, Machine
 from clorch.plan.interrupted import reraise_interrupt
-from clorch.config import registry
 from clorch.config.schema import TrainConfig
 from clorch.config.targets import trusted_modules
 from clorch.plan.user_checks import init_from_errors, user_data_errors, user_model_errors
@@ -146,98 +141,6 @@ class Plan:
 
 def _digest(values: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
-
-
-PLAN_HEADER = b"clorch launch plan 1, sha256 "  # then the digest of the pickle after the line
-
-
-def write_plan(plan: Plan, path: Path) -> None:
-    """Write the plan for the ranks (clorch's launcher's, or torchrun's agent's) to read.
-
-    The checked objects themselves, pickled, after a line with their sha256 digest: the
-    ranks run exactly what was checked (plain values would turn a `_target_` section's
-    `{0: ...}` into `{"0": ...}`). `read_plan` builds nothing but clorch's config
-    dataclasses from it. The checked config as text is the run's config.yaml.
-    """
-    data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
-    write_bytes_atomic(path, PLAN_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
-
-
-def _dataclasses_within(cls: type, found: dict[tuple[str, str], type]) -> None:
-    """`cls` and every dataclass its fields are typed with or default to, by (module, qualified name)."""
-    key = (cls.__module__, cls.__qualname__)
-    if key in found or not is_dataclass(cls):
-        return
-    found[key] = cls
-    try:
-        hints = list(typing.get_type_hints(cls).values())
-    except Exception as exc:  # a hint that does not resolve here: its defaults below still count
-        reraise_interrupt(exc)
-        hints = []
-    held = [f.default for f in fields(cls) if f.default is not MISSING]
-    held += [f.default_factory() for f in fields(cls) if f.default_factory is not MISSING]
-    for hint in hints:
-        for inner in (hint, *typing.get_args(hint)):
-            if isinstance(inner, type):
-                _dataclasses_within(inner, found)
-    for value in held:
-        if is_dataclass(value):
-            _dataclasses_within(type(value), found)
-
-
-def plan_classes() -> dict[tuple[str, str], type]:
-    """The classes a plan file may name: `Plan`, `TrainConfig`, every registered option's schema and
-    `_target_` schema (clorch.config.registry, options of installed packages included), and the
-    dataclasses those hold as fields (precision's ScalerConfig). Keyed by where each is defined, so a
-    name a module merely imports (torch's StateDictOptions in clorch.train.worker) is not one."""
-    found: dict[tuple[str, str], type] = {}
-    roots = [Plan, TrainConfig, *registry.custom_groups().values()]
-    roots += [cls for group in registry.groups() for cls in registry.schemas(group).values()]
-    for cls in roots:
-        _dataclasses_within(cls, found)
-    return found
-
-
-class _PlanUnpickler(pickle.Unpickler):
-    """Unpickles clorch's config classes (`plan_classes`) and plain values only: a plan file names no
-    function, and no other class, so loading one runs no code (`find_class` refuses).
-
-    Their modules are imported with this one (the schema imports every option), so
-    nothing is imported here either: importing some of clorch's modules runs a command.
-    """
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file)
-        self._classes = plan_classes()
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self._classes.get((module, name))
-        if found is None:
-            raise pickle.UnpicklingError(f"{module}.{name} is not one of clorch's config classes")
-        return found
-
-
-def read_plan(path: Path) -> Plan:
-    """The plan `write_plan` wrote, unchecked but for its digest.
-
-    Raises:
-        ValueError: the file is not a plan, or was changed after it was written.
-    """
-    try:
-        head, _, data = Path(path).read_bytes().partition(b"\n")
-    except OSError as exc:
-        raise ValueError(f"{path} is not a launch plan clorch wrote ({exc})") from None
-    if not head.startswith(PLAN_HEADER):
-        raise ValueError(f"{path} is not a launch plan clorch wrote (it does not start with {PLAN_HEADER!r})")
-    if hashlib.sha256(data).hexdigest().encode() != head[len(PLAN_HEADER) :]:
-        raise ValueError(f"{path}: the launch plan was changed after clorch checked it (its digest differs)")
-    try:
-        plan = _PlanUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # what a pickle that was not clorch's can raise: any of them
-        raise ValueError(f"{path} is not a launch plan clorch wrote ({type(exc).__name__}: {exc})") from None
-    if not isinstance(plan, Plan):
-        raise ValueError(f"{path} is not a launch plan clorch wrote (it holds a {type(plan).__name__})")
-    return plan
 
 
 def _data_error(cfg: Any, exc: Exception, problems: list[str]) -> list[str]:
@@ -320,17 +223,14 @@ def _memory_nproc(world: int | None, nproc: int | None, external: Any, machine: 
     return nproc if here else None
 
 
-def _resumed(cfg: Any, layout: ParallelLayout, run_dir: Path | None, problems: list[str]) -> tuple[Any, ResumeFit]:
-    """The config the run trains with, and how the checkpoint it resumes fits this job (adding
-    why it does not to `problems`): a checkpoint to resume keeps its global batch, so its
-    accumulation is applied to the config."""
+def _resume(cfg: Any, layout: ParallelLayout, run_dir: Path | None, problems: list[str]) -> ResumeFit:
+    """How the checkpoint the run resumes fits this job (nothing to resume: an empty fit), adding
+    why it does not to `problems`."""
     fit = ResumeFit()
     if complete(cfg, "checkpoint", "model", "data", "optim"):
         fit = resume_fit(cfg, layout, run_dir)
         problems += fit.errors
-        if fit.accumulation is not None:
-            cfg = fit.applied(cfg)
-    return cfg, fit
+    return fit
 
 
 def _steps(cfg: Any, sizes: tuple[int, int], layout: ParallelLayout, problems: list[str]) -> tuple[int, int, int]:
@@ -364,13 +264,13 @@ def _build(
     world, nproc, devices, backend = _machine(cfg, run_dir, problems, external, machine)
     if problems or not sized:
         return None
-    layout = _layout(cfg, world, problems)
-    if layout is None:
+    if (layout := _layout(cfg, world, problems)) is None:
         return None
     sizes = _sized_checks(cfg, problems, layout, _memory_nproc(world, nproc, external, machine), backend)
     if world is None or sizes is None or drop_last(cfg) is None:
         return None
-    cfg, fit = _resumed(cfg, layout, run_dir, problems)
+    fit = _resume(cfg, layout, run_dir, problems)
+    cfg = cfg if fit.accumulation is None else fit.applied(cfg)  # a checkpoint to resume keeps its global batch
     shard, per_epoch, total = _steps(cfg, sizes, layout, problems)
     if problems:
         return None

@@ -1,6 +1,6 @@
 """The per-rank entry point: `clorch.train.worker:main(ctx)`, started by the launcher.
 
-`ctx["args"]` names the launch plan's file (`clorch.plan.plan.write_plan`: the
+`ctx["args"]` names the launch plan's file (`clorch.plan.plan_file.write_plan`: the
 checked config, world size, planned steps, and their digest) and the run directory;
 the ranks trust the plan once its digest matches. Each rank builds its components, resumes if asked,
 trains (`clorch.train.loop.fit`) with logging, evaluation and checkpoints
@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import torch
 
 from clorch.checkpoint.weights import save_safetensors
-from clorch.plan.plan import Plan, read_plan
+from clorch.plan.plan import Plan
+from clorch.plan.plan_file import read_plan
 from clorch.config.layout import ParallelLayout
 from clorch.config.schema import TrainConfig
 from clorch.distributed import all_reduce, broadcast, is_initialized

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from clorch.config import compose
-from clorch.plan.plan import PLAN_HEADER, Plan, for_world_size, read_plan, resolve, write_plan
+from clorch.plan.plan import Plan, for_world_size, resolve
+from clorch.plan.plan_file import PLAN_HEADER, read_plan, write_plan
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
