@@ -18,7 +18,7 @@ from typing import Iterable
 from clorch._files import unwritable
 from clorch.cli.hydra_flags import MULTIRUN
 from clorch.sweep.settings import SAMPLERS
-from clorch.sweep.directory import IDENTITY_FILE, IDENTITY_FILE_TMP, LOCK_FILE
+from clorch.sweep.directory import IDENTITY_FILE, IDENTITY_FILE_TMP, LOCK_FILE, SWEEP_END_FILES
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = (
@@ -89,6 +89,7 @@ RUN_FILES = {
     LOCK_FILE,  # the sweep's lock and identity (clorch.sweep.directory)
     IDENTITY_FILE,
     IDENTITY_FILE_TMP,
+    *SWEEP_END_FILES,  # best.yaml, sweep_pareto.png (clorch.sweep.directory)
 }
 
 

@@ -374,11 +374,6 @@ def test_a_sweep_of_several_objectives_names_its_pareto_front_as_the_study_does(
     assert not (sweep_dir / "best.yaml").exists()  # no trial is best alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clorch/cli/hydra_keys.py's RUN_FILES must hold clorch.sweep.directory.SWEEP_END_FILES "
-    "(best.yaml, sweep_pareto.png), or a sweep is refused its own directory when continued",
-)
 def test_a_sweep_directory_holding_what_a_sweep_writes_at_its_end_can_be_continued(tmp_path):
     from clorch.cli.hydra_keys import directory_error
     from clorch.sweep.directory import SWEEP_END_FILES
