@@ -314,6 +314,28 @@ def _traces(candidates: dict, directory: str, rank: int) -> str:
     )
 
 
+def _table(medians: dict, work: ddp_models.Workload, args: dict, ctx: dict) -> str:
+    """Rank 0's table: each candidate's median step time and its ratios to torch's DDP and to one
+    process, under a title that says what ran; a GPT's summary lines after it."""
+    rows = [
+        [
+            name,
+            medians[name] * 1e3,
+            ratio(medians[name], medians["torch DDP"]),
+            ratio(medians[name], medians["one process"]),
+        ]
+        for name in medians
+    ]
+    title = (
+        f"DDP step, {work.description}, {ctx['world_size']} ranks, {ctx['backend']}, bucket_cap_mb "
+        f"{args['bucket_cap_mb']}, {args['rounds']} rounds x {args['steps']} steps (rank 0)"
+    )
+    table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
+    if args["model"] != "mlp":  # the MLP's output stays as it was
+        table += "\n" + _summary(medians, ctx["world_size"], work.tokens_per_step)
+    return table
+
+
 def worker(ctx: dict) -> dict:
     """One rank's benchmark (every rank runs it); returns rank 0's table and medians.
 
@@ -330,23 +352,7 @@ def worker(ctx: dict) -> dict:
     with GpuMonitor(device, interval_ms=args["gpu_sample_ms"]) as monitor:
         samples = interleave(candidates, args["rounds"])
     medians = {name: median(values) for name, values in samples.items()}
-    rows = [
-        [
-            name,
-            medians[name] * 1e3,
-            ratio(medians[name], medians["torch DDP"]),
-            ratio(medians[name], medians["one process"]),
-        ]
-        for name in medians
-    ]
-    n = ctx["world_size"]
-    title = (
-        f"DDP step, {work.description}, {n} ranks, {ctx['backend']}, bucket_cap_mb "
-        f"{args['bucket_cap_mb']}, {args['rounds']} rounds x {args['steps']} steps (rank 0)"
-    )
-    table = title + "\n" + format_table(["candidate", "median ms/step", "/ torch DDP", "/ one process"], rows)
-    if args["model"] != "mlp":  # the MLP's output stays as it was
-        table += "\n" + _summary(medians, n, work.tokens_per_step)
+    table = _table(medians, work, args, ctx)
     if device.type == "cuda" and args["gpu_sample_ms"]:
         table += "\n" + describe(monitor.summary(), monitor.problem)
     if args["trace"]:
