@@ -28,7 +28,6 @@ from clorch.train.evaluate import evaluate
 from clorch.train.loop import LoopState, StepResult, fit
 from clorch.train.metrics import MetricsWriter, announce, read_metrics, resumed_history
 from clorch.train.trial import Pruned, TrialLink, TrialReporter
-from clorch.strategies import weights_digest  # noqa: F401  (the digest summary.json holds, read here before)
 
 
 def _mean_norm(state: LoopState) -> float | None:

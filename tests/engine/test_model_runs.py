@@ -19,7 +19,7 @@ from clorch.train.components import build_components, training_seed
 from clorch.train.evaluate import evaluate
 from clorch.train.loop import train_step
 from clorch.train.metrics import read_metrics, without_timing
-from clorch.train.worker import weights_digest
+from clorch.strategies import weights_digest
 from clorch.optim import build_scheduler
 from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
 from tests.harness import run_ranks

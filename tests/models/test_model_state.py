@@ -8,7 +8,7 @@ import torch
 
 from clorch.checkpoint import load_checkpoint, save_checkpoint
 from clorch.checkpoint.weights import load_weights, read_weights, save_safetensors
-from clorch.train.worker import weights_digest
+from clorch.strategies import weights_digest
 from clorch.models.resnet import ResNet
 from tests.models.state_models import NormDropoutNet
 

@@ -32,7 +32,7 @@ from clorch.config import compose
 from clorch.train.components import build_components
 from clorch.train.loop import train_step
 from tests.pins import check_pinned
-from clorch.train.worker import weights_digest
+from clorch.strategies import weights_digest
 from clorch.plan.plan import resolve
 from tests.harness import run_ranks
 
