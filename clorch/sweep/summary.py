@@ -20,9 +20,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -212,6 +213,16 @@ def _finite(value: Any) -> float | None:
     return float(value)
 
 
+def _one_metric(objective: Objective, summaries: Iterable[RunSummary]) -> Objective:
+    """The default objective made one metric for the whole sweep: eval_loss where any trial
+    evaluated, else the final train loss. A trial cut off before its eval then has no objective,
+    rather than its train loss ranked among the others' eval losses."""
+    if objective.name is not None:
+        return objective
+    evaluated = any("eval_loss" in (summary.final or {}) for summary in summaries)
+    return dataclasses.replace(objective, name="eval_loss" if evaluated else "loss")
+
+
 def collect(
     sweep_dir: Path,
     planned: list[list[str]] | None = None,
@@ -229,12 +240,14 @@ def collect(
     """
     rows = []
     jobs = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()}
+    summaries = {number: _summary_of(job_dir, interrupted) for number, job_dir in jobs.items()}
+    objective = _one_metric(objective or Objective(), summaries.values())
     for number in sorted(set(jobs) | set(range(len(planned or [])))):
         if number not in jobs:
             rows.append(SweepRow(job=str(number), overrides=_as_dict(planned[number]), status=Status.NOT_STARTED))
             continue
         job_dir = jobs[number]
-        row = SweepRow.of(job_dir.name, _overrides(job_dir), _summary_of(job_dir, interrupted), objective)
+        row = SweepRow.of(job_dir.name, _overrides(job_dir), summaries[number], objective)
         row.run_dir = str(job_dir)
         rows.append(row)
     if objective is not None and objective.several:

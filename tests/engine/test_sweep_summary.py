@@ -125,3 +125,18 @@ def test_an_interrupted_sweep_writes_its_summary_with_each_jobs_status(tmp_path)
     ]
     assert table[0]["loss"] and not table[2]["loss"]
     assert "Traceback" not in stderr
+
+
+def test_the_objective_column_holds_one_metric_a_cut_off_trials_train_loss_is_not_ranked(tmp_path):
+    finals = {0: {"loss": 0.9, "eval_loss": 0.7}, 1: {"loss": 0.2}}  # trial 1 cut off before its eval
+    for number, final in finals.items():
+        job_dir = tmp_path / str(number)
+        (job_dir / ".hydra").mkdir(parents=True)
+        (job_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml([f"seed={number}"]))
+        status = "succeeded" if number == 0 else "interrupted"
+        (job_dir / "summary.json").write_text(json.dumps({"status": status, "steps": 4, "final": final}))
+    assert [r["objective"] for r in collect(tmp_path)] == [0.7, None]
+    (tmp_path / "0" / "summary.json").write_text(
+        json.dumps({"status": "succeeded", "steps": 4, "final": {"loss": 0.9}})
+    )
+    assert [r["objective"] for r in collect(tmp_path)] == [0.9, 0.2]  # no trial evaluated: the train loss
