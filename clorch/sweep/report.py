@@ -216,6 +216,29 @@ def continue_command(sweep_dir: Path) -> str:
     return " ".join(shlex.quote(a) for a in ["clorch-train", *typed, f"hydra.sweep.dir={sweep_dir}"])
 
 
+def _readable_ticks(figure: Any) -> None:
+    """Readable x tick labels on the parameters' axes. A log axis over two or three decades had
+    its minor ticks labelled too (2e-3, 3e-3, 4e-3, ...), running into each other: where a decade
+    or more is shown, the minor ticks stay unlabelled; labels are slanted and smaller.
+    The colour bar stands beside the last axis, not over it."""
+    from matplotlib.ticker import NullFormatter  # lazy: as the plots (clorch[plot])
+
+    plots = [ax for ax in figure.axes if ax.get_label() != "<colorbar>"]
+    for ax in plots:
+        low, high = sorted(ax.get_xlim())
+        if ax.get_xscale() == "log" and low > 0 and high / low >= 10:  # a decade or more: majors say it
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        for label in [*ax.get_xticklabels(), *ax.get_xticklabels(minor=True)]:
+            label.set_rotation(45)
+            label.set_horizontalalignment("right")
+            label.set_fontsize("x-small")
+    figure.set_size_inches(3.6 * len(plots) + 1.6, 4.8)
+    figure.subplots_adjust(bottom=0.2, right=0.86)
+    for ax in figure.axes:
+        if ax.get_label() == "<colorbar>":
+            ax.set_position([0.89, 0.2, 0.015, 0.68])
+
+
 def plot_sweep(sweep_dir: Path) -> None:
     """With matplotlib and an Optuna study in the sweep directory: the objective per trial
     (sweep_history.png) and per parameter (sweep_params.png), by Optuna's matplotlib plots."""
@@ -246,6 +269,7 @@ def plot_sweep(sweep_dir: Path) -> None:
                 plots.plot_optimization_history(study).figure.savefig(sweep_dir / "sweep_history.png")
                 axes = plots.plot_slice(study)
                 figure = axes.flat[0].figure if hasattr(axes, "flat") else axes.figure
+                _readable_ticks(figure)
                 figure.savefig(sweep_dir / "sweep_params.png")
             print(f"clorch-train: plots in {sweep_dir / 'sweep_history.png'} and sweep_params.png")
     except Exception as exc:  # a plot is a convenience: the sweep's results are in the summary
