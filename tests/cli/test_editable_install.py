@@ -20,9 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # As setuptools' editable finder (__editable___clorch_*_finder.py) maps the packages: clorch and
-# hydra_plugins.clorch_sweepers by an import hook, hydra_plugins a namespace without clorch's folder.
+# hydra_plugins.clorch_sweepers by an import hook, hydra_plugins a namespace without clorch's folder
+# (other plugins' folders mirrored, so that an ordinary install's copy of the sweepers is unseen too).
 EDITABLE = """
-import importlib.abc, importlib.machinery, importlib.util, os, pkgutil, sys
+import importlib.abc, importlib.machinery, importlib.util, os, pkgutil, sys, tempfile
 
 root = sys.argv[1]
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != root]
@@ -36,10 +37,25 @@ class EditableFinder(importlib.abc.MetaPathFinder):
             return importlib.util.spec_from_file_location(
                 name, folder + "/__init__.py", submodule_search_locations=[folder]
             )
-        if name == "hydra_plugins":  # other plugins' folders (site-packages), or an empty namespace
-            found = importlib.machinery.PathFinder.find_spec(name, sys.path)
-            return found or importlib.machinery.ModuleSpec(name, None, is_package=True)
+        if name == "hydra_plugins":  # other plugins' folders (site-packages) without clorch's
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [other_plugins()]
+            return spec
         return None
+
+
+def other_plugins():
+    # One folder mirroring every installed hydra_plugins folder but clorch_sweepers (which an
+    # ordinary install of clorch, as CI's, puts in site-packages).
+    mirror = tempfile.mkdtemp(prefix="hydra_plugins-")
+    for entry in sys.path:
+        folder = os.path.join(entry or ".", "hydra_plugins")
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                target = os.path.join(mirror, name)
+                if name not in ("clorch_sweepers", "__pycache__", "__init__.py") and not os.path.exists(target):
+                    os.symlink(os.path.join(folder, name), target)
+    return mirror
 
 
 sys.meta_path.insert(0, EditableFinder())
