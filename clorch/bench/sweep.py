@@ -8,11 +8,13 @@ Three measurements, each on tiny 1-rank CPU trials of `+recipe=cpu_smoke` (or
    round; medians of the wall time and their ratio.
 2. **Pruning**: the same seeded sweep with `pruner=median` against `pruner=none`:
    the steps its trials ran over the steps planned, and the wall times.
-3. **A trial's fixed cost**: one `clorch-train` run against a plain PyTorch script
+3. **A trial's cost beyond its training**: one `clorch-train` run against a plain PyTorch script
    training the same model for the same steps in a fresh process, interleaved;
    the run's time split into before launch (imports, config checks, the trial batch
    before launch), launch and the rest (ranks starting, building, the final eval
    and summary) and training (summary.json's wall and train times).
+4. **A sweep's fixed cost** (clorch.bench.sweep_cost): an 8-trial sweep of 1-step trials against
+   one fresh process training one step.
 
     clorch-bench sweep [--rounds 2] [--trials 8] [--steps 40] [--json]
 """
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clorch.bench import sweep_cost
 from clorch.bench.stats import format_table, median, ratio
 
 PLAIN = r"""
@@ -140,10 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=8, help="trials per sweep (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="planned steps per trial (default 40)")
     parser.add_argument("--recipe", default="cpu_smoke", help="the trials' recipe (default cpu_smoke)")
-    parser.add_argument("--only", choices=("side", "prune", "cost"), action="append", help="run only these parts")
+    parser.add_argument(
+        "--only", choices=("side", "prune", "cost", "trials"), action="append", help="run only these parts"
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trials' device (the trials part)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    parts = args.only or ["side", "prune", "cost"]
+    parts = args.only or ["side", "prune", "cost", "trials"]
     results: dict[str, Any] = {"cores": len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory(prefix="clorch-bench-sweep-") as tmp:
         work = Path(tmp)
@@ -153,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             results["pruning"] = pruning(work, args)
         if "cost" in parts:
             results["fixed_cost"] = fixed_cost(work, args)
+        if "trials" in parts:
+            results["trial_cost"] = sweep_cost.trial_cost(
+                work, max(args.rounds, 3), args.trials, args.recipe, args.device
+            )
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -163,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"clorch-bench sweep: {args.trials} trials of {args.steps} steps, 1 CPU rank each, {results['cores']} cores")
     rows = _side_rows(results) + _prune_rows(results) + _cost_rows(results)
+    rows += sweep_cost.rows(results["trial_cost"]) if "trial_cost" in results else []
     print(format_table(["measure", "value", "ratio"], rows))
 
 

@@ -35,6 +35,7 @@ from clorch.plan.plan import (
 from clorch.engine.as_rank import train_as_rank
 from clorch.engine.interrupts import Interrupted, interrupts_raise, resume_hint, step_reached
 from clorch.engine.outputs import write_json
+from clorch.engine import in_process
 from clorch.engine.run import execute
 from clorch.engine.results import RunResult, RunSummary, last_step
 from clorch.engine.summary import record_interrupted_start, show, summary_lines
@@ -113,6 +114,10 @@ def _train(cfg: DictConfig) -> None:
         with interrupts_raise():
             with run_errors_as_config_errors():
                 plan = checked_before(cfg, run_dir, base) or resolve(cfg, run_dir, base=base)
+                if in_process.trains_here(plan):  # a sweep's one-rank trial (clorch.engine.in_process)
+                    OUTCOME.as_rank = True
+                    OUTCOME.ended(in_process.train_here(plan, Path(run_dir)), run_dir)
+                    return
                 result = execute(plan, run_dir)
             report(result)
     except ConfigError as exc:

@@ -47,6 +47,7 @@ from clorch.launch.external import detect as detect_external
 from clorch.launch.torchrun import quiet_cpp_warnings
 from clorch.status import Status
 from clorch.sweep.checks import as_hydra_overrides, sweep_errors
+from clorch.sweep.pool import start_server
 from clorch.plan.where import Machine, job_machine
 
 EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
@@ -150,6 +151,8 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
     """
     names = flag_set(flags)
     multirun = bool(names & set(MULTIRUN))
+    if multirun and not names & set(PRINT_CONFIG) and _trials_run_here(overrides):
+        start_server()  # the trials' imports, while the sweep checks them (clorch.sweep.pool)
     errors = _errors_before_hydra(overrides, names, multirun)
     if errors:
         print_config_errors(errors)
@@ -182,6 +185,13 @@ def _check_and_run(overrides: list[str], flags: list[str]) -> int:
         run_dir.remove_refused(footprint, refused=OUTCOME.refused)
         run_dir.remove_if_empty(created)
         OUTCOME.is_sweep = False
+
+
+def _trials_run_here(overrides: list[str]) -> bool:
+    """Whether a sweep's trials run on this machine, forked by clorch.sweep.pool: Hydra's basic
+    launcher (a launcher plugin, submitit's, starts its jobs elsewhere)."""
+    chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+~") == "hydra/launcher"]
+    return all(value == "basic" for value in chosen)
 
 
 def _errors_before_hydra(overrides: list[str], names: set[str], multirun: bool) -> list[str]:

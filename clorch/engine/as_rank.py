@@ -147,7 +147,7 @@ def train_as_rank(
     cfg: Any, run_dir: Path, rank: Any, errors: list[str] | tuple = (), base: str | None = None
 ) -> Status:
     """Check the composed config and train as this rank; returns the job's status as this
-    rank knows it (its exit code is the same on every rank: `_run_checked`).
+    rank knows it (its exit code is the same on every rank: `run_checked`).
 
     The Hydra job calls it directly when it runs as one task of a submitit job
     (hydra/launcher=submitit_*), with Hydra's output directory as `run_dir` and the
@@ -160,7 +160,7 @@ def train_as_rank(
     errors = [*errors, *(e for e in found if e not in errors)]
     if errors:
         return _report_errors(errors, rank)
-    return _run_checked(plan, run_dir, rank)
+    return run_checked(plan, run_dir, rank)
 
 
 def _rank0_holds(plan: Any, run_dir: Path, rank: Any) -> tuple[Any, Any]:
@@ -185,8 +185,9 @@ def _rank_failed(plan: Any, run_dir: Path, rank: Any, start: float, exc: Excepti
     return Status.FAILED
 
 
-def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
-    """Train as this rank from a checked plan; rank 0 writes the run's outputs.
+def run_checked(plan: Any, run_dir: Path, rank: Any, plot: bool = False) -> Status:
+    """Train as this rank from a checked plan; rank 0 writes the run's outputs (with loss.png
+    when `plot`: the ranks of an outside launcher's job leave it to `clorch-runs plot`).
 
     Returns the job's status as this rank knows it, whose exit code is the same on every
     rank of every node: a failed preflight is preflight_failed everywhere (exit 1), its
@@ -196,9 +197,9 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     if rank.env.rank == 0:
         rank_end.clear(run_dir)
         write_start(plan, run_dir, launcher=rank.launcher, run_id=rank.run_id)
-        print(plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,"), flush=True)
+        print(_described(plan, rank), flush=True)
     start = time.perf_counter()
-    record = functools.partial(_record, plan, run_dir, rank, start)
+    record = functools.partial(_record, plan, run_dir, rank, start, plot)
     try:
         using, holding = _rank0_holds(plan, run_dir, rank)
         with run_errors_as_config_errors(), using, holding, interrupts_raise():
@@ -223,14 +224,21 @@ def _run_checked(plan: Any, run_dir: Path, rank: Any) -> Status:
     return Status.SUCCEEDED
 
 
-def _record(plan: Any, run_dir: Path, rank: Any, start: float, result: RankResult) -> RunSummary:
+def _described(plan: Any, rank: Any) -> str:
+    """The run's one-line description, naming the outside launcher whose rank this is."""
+    if rank.launcher == "clorch":  # clorch.engine.in_process: the job's one rank, as clorch runs it
+        return plan.describe()
+    return plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,")
+
+
+def _record(plan: Any, run_dir: Path, rank: Any, start: float, plot: bool, result: RankResult) -> RunSummary:
     """Rank 0: write summary.json of the job that ran (the launcher's own state is not known
     here: a failing rank ends the job before rank 0 could record it)."""
     end = JobEnd.from_launcher({"state": Status.SUCCEEDED, "attempts": [None] * (restart_count() + 1)})
     end.results = [result]
     summary = summarize(end, run_dir, plan, time.perf_counter() - start)
-    summary.launcher = rank.launcher
-    write_summary(run_dir, summary, plot=False)
+    summary.launcher = None if rank.launcher == "clorch" else rank.launcher  # as a launched run's
+    write_summary(run_dir, summary, plot=plot)
     return summary
 
 

@@ -18,6 +18,7 @@ and waits for them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing as mp
 import os
@@ -32,10 +33,24 @@ from typing import Any
 
 from clorch.config.composer import format_value, recipe_file
 from clorch.config.overrides import compose_once
+from clorch.engine import in_process
 from clorch.sweep.slots import ALONE_CPU_RANKS, Slot
 
 CONSOLE = "console.log"  # a side-by-side trial's console output, in its run directory
 POLL_S = 0.2
+# What the trials' server imports once, so that no trial imports it again (seconds in all): the
+# command line, a rank's worker (torch.distributed.tensor), torch._dynamo (every optimizer's
+# constructor imports it), the study a trial reports to, and matplotlib for each loss.png. The
+# server skips a module that does not import (an extra not installed).
+PRELOADED = (
+    "torch",
+    "torch._dynamo",
+    "clorch.cli.train",
+    "clorch.engine.as_rank",
+    "clorch.train.worker",
+    "optuna",
+    "matplotlib.pyplot",
+)
 
 
 @dataclass
@@ -87,7 +102,9 @@ def sized_to_slot(overrides: list[str], slot: Slot) -> tuple[list[str], str | No
     checkpoint's global batch). A trial whose config does not compose is left as it is: it
     reports its own errors.
     """
-    config, _ = compose_once([o for o in overrides if not _key(o).startswith("hydra")])
+    if slot.alone == slot.ranks and not slot.gpus:  # CPU, one trial at a time: a run alone's ranks
+        return overrides, None
+    config = _sizing_config(tuple(o for o in overrides if _sizes(o)))
     launcher = (config.get("launcher") if config is not None else None) or {}
     if launcher.get("name") != "local" or launcher.get("nproc_per_node") != "auto" or launcher.get("devices"):
         return overrides, None
@@ -106,34 +123,57 @@ def sized_to_slot(overrides: list[str], slot: Slot) -> tuple[list[str], str | No
     return [*kept, f"launcher.nproc_per_node={ranks}", f"accumulation={accumulation}"], change
 
 
-def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:
+def _sizes(override: str) -> bool:
+    """Whether an override may change what sized_to_slot reads: a group choice or recipe (no dot in
+    its key), or a key of the launcher, the backend or accumulation. A searched key such as
+    optim.lr does not, so a sweep composes its trials' sizing once."""
+    key = _key(override)
+    return not key.startswith("hydra") and ("." not in key or key.split(".")[0] in _SIZING_KEYS)
+
+
+_SIZING_KEYS = ("launcher", "backend", "accumulation")
+
+
+@functools.lru_cache(maxsize=64)
+def _sizing_config(overrides: tuple[str, ...]) -> Any:
+    """The config `overrides` compose to (None: they do not), composed once per distinct set."""
+    return compose_once(list(overrides))[0]
+
+
+def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str | None) -> None:
     """A trial's process (forked from the server): its own session, cores, environment and
-    console, then clorch-train's own main."""
+    console (None: the sweep's terminal), then clorch-train's own main."""
     os.setsid()  # the terminal's Ctrl-C reaches the sweep, which passes it on
     gc.freeze()  # what the server imported lives as long as the trial: never rescanned (clorch._gc)
     if cores:
         os.sched_setaffinity(0, cores)
     os.environ.update(env)
-    fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for stream in (1, 2):
-        os.dup2(fd, stream)
-    os.close(fd)
+    if console is not None:
+        fd = os.open(console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream in (1, 2):
+            os.dup2(fd, stream)
+        os.close(fd)
     sys.argv = ["clorch-train", *args]
+    in_process.allow()  # a one-rank trial trains in this process, torch already imported
     # As `python -m clorch.cli ARGS` runs it (the server imported it already), exit status included.
     runpy.run_module("clorch.cli", run_name="__main__", alter_sys=True)
 
 
+# `python -m clorch.cli ARGS`, its one-rank job trained in that process (clorch.engine.in_process)
+_TRIAL_IN_INTERPRETER = "from clorch.engine import in_process; in_process.allow(); from clorch.cli import main; main()"
+
+
 class _Interpreter:
-    """A trial in a fresh interpreter (`python -m clorch.cli`), where the sweep itself runs in a
+    """A trial in a fresh interpreter (as `python -m clorch.cli`), where the sweep itself runs in a
     daemonic process (a multiprocessing worker's), which may start no process of its own kind."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cores: set[int], console: str) -> None:
-        with open(console, "ab") as out:
+    def __init__(self, args: list[str], env: dict[str, str], cores: set[int], console: str | None) -> None:
+        with open(console or os.devnull, "ab") as out:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "clorch.cli", *args],
+                [sys.executable, "-c", _TRIAL_IN_INTERPRETER, *args],
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                stdout=out if console else None,
+                stderr=subprocess.STDOUT if console else None,
                 env={**os.environ, **env},
                 start_new_session=True,
                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
@@ -150,10 +190,20 @@ class _Interpreter:
 
 def _context() -> mp.context.BaseContext:
     context = mp.get_context("forkserver")
-    # matplotlib draws each trial's loss.png (a third of a second to import); the server skips
-    # a module that does not import (the plot extra not installed).
-    context.set_forkserver_preload(["torch", "clorch.cli.train", "matplotlib.pyplot"])
+    context.set_forkserver_preload(list(PRELOADED))
     return context
+
+
+def start_server() -> None:
+    """Start the trials' server now, so that its imports run while the sweep checks its trials.
+
+    Returns at once: the server imports PRELOADED in a process of its own (a fresh interpreter),
+    and the first trial waits for it only if it is not ready by then. It ends with this process.
+    """
+    _context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
 
 class Pool:
@@ -161,6 +211,9 @@ class Pool:
 
     def __init__(self, slots: list[Slot], hydra_args: list[str]) -> None:
         self.slots, self.hydra_args = slots, hydra_args
+        # One trial at a time writes to the terminal, as a lone run does; side by side, each to
+        # its own console.log.
+        self.own_consoles = len(slots) > 1
         self.running: dict[int, Running] = {}
         self.said: set[str] = set()  # what sized_to_slot changed, said once a sweep
 
@@ -177,7 +230,7 @@ class Pool:
             self.said.add(change)
             print(f"clorch-train: {change}", flush=True)
         args = (trial_args(overrides, run_dir, self.hydra_args), {**slot.environ(), **env}, set(slot.cores))
-        console = str(run_dir / CONSOLE)
+        console = str(run_dir / CONSOLE) if self.own_consoles else None
         if mp.current_process().daemon:  # multiprocessing lets a daemonic process start none of its own
             process: Any = _Interpreter(*args, console)
         else:  # a trial starts its ranks: it is no daemon either

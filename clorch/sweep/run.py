@@ -91,7 +91,10 @@ def _pool(config: DictConfig, n_jobs: int, sweep_dir: Path) -> PoolRunner:
 
 
 def _runner(config: DictConfig, launcher: Any, n_jobs: int, sweep_dir: Path) -> HydraRunner | PoolRunner:
-    if n_jobs > 1 and runs_in_process(launcher):
+    """Trials forked from the pool's warm server wherever Hydra's launcher would run them in this
+    process (one at a time, too: a trial then pays no interpreter start and no torch import);
+    a launcher plugin's jobs (submitit) through that launcher."""
+    if runs_in_process(launcher):
         return _pool(config, n_jobs, sweep_dir)
     return HydraRunner(launcher, sweep_dir, n_jobs)
 
@@ -116,7 +119,9 @@ def _run_tracked(config: DictConfig, source: Any, runner: HydraRunner | PoolRunn
     env, close = sweep_environ(OmegaConf.to_container(logger, resolve=True) if logger else {}, sweep_dir)
     status = "failed"
     try:
-        run_trials(_TrackedSource(source, env), runner, show_ends=isinstance(runner, PoolRunner))
+        # Side by side, the trials' own lines are in their console.log: the sweep says how each ended.
+        show_ends = isinstance(runner, PoolRunner) and runner.pool.own_consoles
+        run_trials(_TrackedSource(source, env), runner, show_ends=show_ends)
         status = "completed"
     except KeyboardInterrupt:  # Ctrl-C, or clorch's Interrupted (SIGTERM, SIGHUP)
         status = "interrupted"
@@ -203,7 +208,7 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
         raise
     try:
         runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
-        if isinstance(runner, PoolRunner):
+        if isinstance(runner, PoolRunner) and sweep.settings.n_jobs > 1:
             # Each trial's ranks and accumulation are its slot's (clorch.sweep.pool: the global batch kept).
             say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
         _run_tracked(config, source, runner, sweep_dir)
