@@ -106,20 +106,25 @@ def test_the_best_trials_rerun_command_straight_through_ends_on_its_weights(swep
     assert _summary(straight)["weights_sha256"] == paused_once["weights_sha256"]
 
 
+def _resuming(run_dir: Path) -> bool:
+    events = run_dir / "events.jsonl"
+    return events.exists() and "resuming from" in events.read_text()
+
+
 def test_a_sweep_killed_mid_run_and_continued_makes_the_same_promotions(swept):
     tmp, _ = swept
     parts = tmp / "parts"
     args = ["-m", *SWEEP, f"hydra.sweep.dir={parts}"]
     proc = start_clorch_train(args, tmp, env=_env())
     deadline = time.monotonic() + 150
-    while not (parts / "1" / "metrics.jsonl").exists():  # trial 0 paused; trial 1 trains
+    while not _resuming(parts / "0"):  # trials 0 and 1 paused; trial 0, promoted, trains on from step 2
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)  # its trial's rank dies with it (PR_SET_PDEATHSIG)
     proc.communicate(timeout=60)
     again = run_clorch_train(args, tmp, env=_env(), timeout=200)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "paused by ASHA, kept for promotion" in again.stdout
+    assert "paused by ASHA, kept for promotion; 1 cut off, run again" in again.stdout
     assert _record(parts) == _record(tmp / "whole")
 
 
