@@ -9,6 +9,8 @@ how a node's console starts to say it. Nothing else in clorch spells these out.
     status            exit  console line
     succeeded         0     clorch-train: succeeded
     pruned            3     clorch-train: pruned at step S by the sweep's pruner (a sweep's trial)
+    paused            0     clorch-train: paused at step S by the sweep's ASHA pruner (a sweep's trial;
+                            its checkpoint at S lets the sweep promote it: clorch.sweep.asha)
     failed            1     clorch-train: job failed
     preflight_failed  1     clorch-train: preflight failed, nothing was trained
     interrupted       130   clorch-train: interrupted  (128 + the signal: 143 for SIGTERM)
@@ -35,6 +37,7 @@ class Status(str, Enum):
 
     SUCCEEDED = "succeeded"
     PRUNED = "pruned"  # a sweep's trial that its pruner stopped at an eval (clorch.sweep)
+    PAUSED = "paused"  # a sweep's trial that ASHA stopped at a rung, with a checkpoint to continue from
     FAILED = "failed"
     PREFLIGHT_FAILED = "preflight_failed"
     INTERRUPTED = "interrupted"
@@ -77,8 +80,9 @@ class Status(str, Enum):
     @property
     def failed(self) -> bool:
         """Counts as a failure (in a sweep's exit code and in `clorch-runs ls --status failed`):
-        anything that ended without succeeding, a config error, a pruned trial and a live run aside."""
-        return self not in (Status.SUCCEEDED, Status.PRUNED, Status.CONFIG_ERROR, Status.RUNNING)
+        anything that ended without succeeding, a config error, a pruned or paused trial and a live
+        run aside."""
+        return self not in (Status.SUCCEEDED, Status.PRUNED, Status.PAUSED, Status.CONFIG_ERROR, Status.RUNNING)
 
     @property
     def phrase(self) -> str:
@@ -94,12 +98,14 @@ class Status(str, Enum):
 _EXIT = {
     Status.SUCCEEDED: EXIT_OK,
     Status.PRUNED: EXIT_PRUNED,
+    Status.PAUSED: EXIT_OK,  # not an end: a paused trial may be promoted and continue
     Status.CONFIG_ERROR: EXIT_CONFIG,
     Status.INTERRUPTED: 128 + int(signal.SIGINT),
 }
 _PHRASE = {
     Status.SUCCEEDED: "succeeded",
     Status.PRUNED: "pruned",
+    Status.PAUSED: "paused",
     Status.PREFLIGHT_FAILED: "preflight failed, nothing was trained",
     Status.INTERRUPTED: "interrupted",
     Status.CONFIG_ERROR: "config error(s); nothing was launched",

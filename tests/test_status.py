@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 DOCUMENTED = {
     "succeeded": 0,
     "pruned": 3,
+    "paused": 0,
     "failed": 1,
     "preflight_failed": 1,
     "interrupted": 130,
@@ -52,7 +53,7 @@ def test_each_status_derives_its_exit_code_and_its_console_line(status):
         assert outcome.exit_status() == (status.exit_code if status is not Status.RUNNING else 0)
     # ... and a sweep whose job (in another process) recorded it, beside a job that succeeded.
     # A pruned trial is a sweep's trial that ended as its sweep wanted: the sweep exits 0.
-    if status is Status.PRUNED:
+    if status in (Status.PRUNED, Status.PAUSED):
         assert Outcome().exit_status([Status.SUCCEEDED, status.value]) == 0
     elif status not in (Status.INTERRUPTED, Status.RUNNING):
         assert Outcome().exit_status([Status.SUCCEEDED, status.value]) == status.exit_code

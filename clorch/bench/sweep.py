@@ -1,6 +1,6 @@
 """`clorch-bench sweep`: what side-by-side trials and pruning buy a sweep, and a trial's fixed cost.
 
-Three measurements, each on tiny 1-rank CPU trials of `+recipe=cpu_smoke` (or
+Four measurements, each on tiny 1-rank CPU trials of `+recipe=cpu_smoke` (or
 `--recipe`), every sweep a real `clorch-train -m` process:
 
 1. **Side by side**: the same seeded 8-trial Optuna sweep (random sampler: the
@@ -8,15 +8,19 @@ Three measurements, each on tiny 1-rank CPU trials of `+recipe=cpu_smoke` (or
    round; medians of the wall time and their ratio.
 2. **Pruning**: the same seeded sweep with `pruner=median` against `pruner=none`:
    the steps its trials ran over the steps planned, and the wall times.
-3. **A trial's cost beyond its training**: one `clorch-train` run against a plain PyTorch script
+3. **ASHA** (`--only asha`): the same seeded sweep with `pruner=asha` (its defaults) against
+   `pruner=none`, the same trials run to their end: the steps run over the steps planned
+   (a paused trial's steps stop at its pause; a promoted one trains on from there), the
+   best objective (ASHA's among the trials that finished) and the wall times.
+4. **A trial's fixed cost**: one `clorch-train` run against a plain PyTorch script
    training the same model for the same steps in a fresh process, interleaved;
    the run's time split into before launch (imports, config checks, the trial batch
    before launch), launch and the rest (ranks starting, building, the final eval
    and summary) and training (summary.json's wall and train times).
-4. **A sweep's fixed cost** (clorch.bench.sweep_cost): an 8-trial sweep of 1-step trials against
+5. **A sweep's fixed cost** (`--only trials`, clorch.bench.sweep_cost): an 8-trial sweep of 1-step trials against
    one fresh process training one step.
 
-    clorch-bench sweep [--rounds 2] [--trials 8] [--steps 40] [--json]
+    clorch-bench sweep [--rounds 2] [--trials 8] [--steps 40] [--only side|prune|asha|cost|trials] [--json]
 """
 
 from __future__ import annotations
@@ -110,6 +114,36 @@ def pruning(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _best_objective(sweep_dir: Path) -> float | None:
+    """The lowest final eval_loss among the sweep's trials that succeeded (None: none did)."""
+    values = [
+        record["final"]["eval_loss"]
+        for record in (json.loads(p.read_text()) for p in sweep_dir.glob("[0-9]*/summary.json"))
+        if record.get("status") == "succeeded" and "eval_loss" in (record.get("final") or {})
+    ]
+    return min(values) if values else None
+
+
+def asha(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pruner in ("none", "asha"):
+        sweep_dir = work / f"asha_{pruner}"
+        extra = [f"hydra.sweeper.pruner={pruner}", f"hydra.sweep.dir={sweep_dir}"]
+        wall = _clorch_train(_sweep_args(args.recipe, args.trials, args.steps, extra), work)
+        ran, planned = _steps_run(sweep_dir)
+        out[pruner] = {
+            "wall_s": wall,
+            "steps_run": ran,
+            "steps_planned": planned,
+            "fraction": ratio(ran, planned),
+            "best_eval_loss": _best_objective(sweep_dir),
+            "finished": sum(
+                json.loads(p.read_text()).get("status") == "succeeded" for p in sweep_dir.glob("[0-9]*/summary.json")
+            ),
+        }
+    return out
+
+
 def fixed_cost(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, list[float]] = {"clorch total": [], "before launch": [], "launch and rest": [], "training": []}
     rows.update({"plain total": [], "plain training": []})
@@ -144,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="planned steps per trial (default 40)")
     parser.add_argument("--recipe", default="cpu_smoke", help="the trials' recipe (default cpu_smoke)")
     parser.add_argument(
-        "--only", choices=("side", "prune", "cost", "trials"), action="append", help="run only these parts"
+        "--only", choices=("side", "prune", "asha", "cost", "trials"), action="append", help="run only these parts"
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trials' device (the trials part)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    parts = args.only or ["side", "prune", "cost", "trials"]
+    parts = args.only or ["side", "prune", "cost", "trials"]  # asha when asked: two more sweeps
     results: dict[str, Any] = {"cores": len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory(prefix="clorch-bench-sweep-") as tmp:
         work = Path(tmp)
@@ -157,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             results["side_by_side"] = side_by_side(work, args)
         if "prune" in parts:
             results["pruning"] = pruning(work, args)
+        if "asha" in parts:
+            results["asha"] = asha(work, args)
         if "cost" in parts:
             results["fixed_cost"] = fixed_cost(work, args)
         if "trials" in parts:
@@ -172,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"clorch-bench sweep: {args.trials} trials of {args.steps} steps, 1 CPU rank each, {results['cores']} cores")
-    rows = _side_rows(results) + _prune_rows(results) + _cost_rows(results)
+    rows = _side_rows(results) + _prune_rows(results) + _asha_rows(results) + _cost_rows(results)
     rows += sweep_cost.rows(results["trial_cost"]) if "trial_cost" in results else []
     print(format_table(["measure", "value", "ratio"], rows))
 
@@ -194,6 +230,21 @@ def _prune_rows(results: dict[str, Any]) -> list[list[str]]:
          f"{pruned['fraction']:.3f}"],
         ["sweep wall time, median / none", f"{pruned['wall_s']:.1f} s / {whole['wall_s']:.1f} s",
          f"{ratio(pruned['wall_s'], whole['wall_s']):.3f}x"],
+    ]  # fmt: skip
+
+
+def _asha_rows(results: dict[str, Any]) -> list[list[str]]:
+    if "asha" not in results:
+        return []
+    paused, whole = results["asha"]["asha"], results["asha"]["none"]
+    best = lambda r: "none finished" if r["best_eval_loss"] is None else f"{r['best_eval_loss']:.4g}"  # noqa: E731
+    return [
+        ["steps run / planned, pruner=asha", f"{paused['steps_run']} / {paused['steps_planned']}",
+         f"{paused['fraction']:.3f}"],
+        ["best eval_loss, asha / none", f"{best(paused)} / {best(whole)}",
+         f"{paused['finished']} / {whole['finished']} finished"],
+        ["sweep wall time, asha / none", f"{paused['wall_s']:.1f} s / {whole['wall_s']:.1f} s",
+         f"{ratio(paused['wall_s'], whole['wall_s']):.3f}x"],
     ]  # fmt: skip
 
 

@@ -104,6 +104,7 @@ class RankResult:
     preflight: PreflightVerdict | None = None
     exported: str | None = None
     pruned_at: int | None = None  # a sweep's pruner stopped the trial at this step's eval
+    paused_at: int | None = None  # a sweep's ASHA pruner paused the trial at this step (its checkpoint's)
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any] | None) -> "RankResult":
@@ -204,7 +205,7 @@ class NodeResult:
 
 
 # summary.json's keys written only when they say something (as before the records were typed).
-_OPTIONAL = ("interrupted_by", "preflight", "launcher", "errors", "pruned_at")
+_OPTIONAL = ("interrupted_by", "preflight", "launcher", "errors", "pruned_at", "paused_at")
 
 
 @dataclass
@@ -235,6 +236,7 @@ class RunSummary:
     launcher: str | None = None  # an outside launcher's name, or torchrun for launcher=torchrun
     errors: list[str] | None = None  # a sweep's job that config errors stopped
     pruned_at: int | None = None  # a sweep's trial its pruner stopped: the step of that eval
+    paused_at: int | None = None  # a sweep's trial ASHA paused: the step of that eval and of its checkpoint
 
     @classmethod
     def config_error(cls, errors: list[str]) -> "RunSummary":

@@ -42,6 +42,8 @@ def job_status(end: JobEnd, preflight: PreflightVerdict | None) -> Status:
         return Status.PREFLIGHT_FAILED
     if end.state is Status.SUCCEEDED and end.rank0.pruned_at is not None:
         return Status.PRUNED
+    if end.state is Status.SUCCEEDED and end.rank0.paused_at is not None:
+        return Status.PAUSED
     return end.state
 
 
@@ -76,6 +78,7 @@ def summarize(end: JobEnd, run_dir: Path, plan: Plan, wall_s: float) -> RunSumma
         interrupted_by=end.interrupted_by or None,
         preflight=rank0.preflight,
         pruned_at=rank0.pruned_at,
+        paused_at=rank0.paused_at,
     )
 
 
@@ -139,6 +142,10 @@ def summary_lines(summary: RunSummary, run_dir: str, final_node: bool = True) ->
     if status is Status.PRUNED:
         shown = shown_metrics(summary.final)
         detail = f" at step {summary.pruned_at} of {summary.planned_steps} by the sweep's pruner"
+        return [(status.line(f"{detail}{', ' + shown if shown else ''}; outputs in {run_dir}"), False)]
+    if status is Status.PAUSED:
+        shown = shown_metrics(summary.final)
+        detail = f" at step {summary.paused_at} of {summary.planned_steps} by the sweep's ASHA pruner"
         return [(status.line(f"{detail}{', ' + shown if shown else ''}; outputs in {run_dir}"), False)]
     if status is Status.SUCCEEDED:
         shown = shown_metrics(summary.final)

@@ -4,12 +4,13 @@
     hydra.sweeper.pruner=median     hydra.sweeper.pruner.n_warmup_steps=10
     hydra.sweeper.pruner='{name: median, n_warmup_steps: 10}'                 (the same, in one override)
 
-Each argument is Optuna's keyword of the same name (TPESampler, MedianPruner, HyperbandPruner)
-and is checked before the first trial: its type and bound, and that the chosen sampler or
-pruner takes it. An argument left null is Optuna's default, but where clorch chooses: the
-median pruner's `n_startup_trials` is `hydra.sweeper.min_trials`; TPE's `constant_liar` is on
-with trials side by side unless the sweep is repeatable (clorch.sweep.study). Nothing here
-names code, and neither torch nor Optuna is imported.
+Each argument is Optuna's keyword of the same name (TPESampler, MedianPruner, HyperbandPruner;
+asha, clorch's own, takes hyperband's min_resource and reduction_factor) and is checked
+before the first trial: its type and bound, and that the chosen sampler or pruner takes it.
+An argument left null is Optuna's default, but where clorch chooses: the median pruner's
+`n_startup_trials` is `hydra.sweeper.min_trials`; TPE's `constant_liar` is on with trials side
+by side unless the sweep is repeatable (clorch.sweep.study); asha's `min_resource` (see
+PrunerSettings). Nothing here names code, and neither torch nor Optuna is imported.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
-PRUNERS = ("none", "median", "hyperband")
+PRUNERS = ("none", "median", "hyperband", "asha")
 # Each argument: the samplers (pruners) that take it, and its rule: "bool", or the least int.
 SAMPLER_ARGS: dict[str, tuple[tuple[str, ...], str | int]] = {
     "n_startup_trials": (("tpe", "cmaes"), 0),
@@ -31,8 +32,8 @@ PRUNER_ARGS: dict[str, tuple[tuple[str, ...], str | int]] = {
     "n_startup_trials": (("median",), 0),
     "n_warmup_steps": (("median",), 0),
     "interval_steps": (("median",), 1),
-    "min_resource": (("hyperband",), 1),
-    "reduction_factor": (("hyperband",), 2),
+    "min_resource": (("hyperband", "asha"), 1),
+    "reduction_factor": (("hyperband", "asha"), 2),
 }
 
 
@@ -58,12 +59,16 @@ class SamplerSettings:
 class PrunerSettings:
     """`hydra.sweeper.pruner`: a name, or a mapping of its name and arguments."""
 
-    name: str = "none"  # none, median (Optuna's MedianPruner) or hyperband (HyperbandPruner)
+    # none, median (Optuna's MedianPruner), hyperband (HyperbandPruner) or asha (clorch's lossless
+    # ASHA: trials pause at rungs and are promoted to continue from their checkpoint, clorch.train.asha)
+    name: str = "none"
     n_startup_trials: int | None = None  # median: trials that finish before any is pruned; null: min_trials
     n_warmup_steps: int | None = None  # median: steps a trial trains before it may be pruned; null: 0
     interval_steps: int | None = None  # median: prune at every this many steps (at an eval); null: 1
-    min_resource: int | None = None  # hyperband: steps of the first rung; null: Optuna's estimate
-    reduction_factor: int | None = None  # hyperband: 1/this of a rung's trials go on to the next; null: 3
+    # hyperband, asha: steps of the first rung; null: Optuna's estimate (hyperband), or the trials' last
+    # step / reduction_factor^2 down to a multiple of eval_every (asha: clorch.train.asha.default_min_resource)
+    min_resource: int | None = None
+    reduction_factor: int | None = None  # hyperband, asha: 1/this of a rung's trials go on to the next; null: 3
 
     def arguments(self) -> dict[str, Any]:
         """The arguments given (not null), by Optuna's keyword."""

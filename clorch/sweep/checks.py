@@ -319,6 +319,32 @@ def _pruning_errors(settings: OptunaSettings, base: Any) -> list[str]:
             f"hydra.sweeper.pruner={pruner} stops trials at their evals, but they evaluate only at "
             "the end (eval_every=0): set eval_every, e.g. eval_every=20"
         )
+    elif pruner == "asha":
+        errors += _asha_rung_errors(settings.pruning(), base)
+    return errors
+
+
+def _asha_rung_errors(pruner: Any, base: Any) -> list[str]:
+    """ASHA's rungs are evals: min_resource (and so every rung, min_resource x reduction_factor^k)
+    is a multiple of eval_every, and the first rung comes before the trial's last step."""
+    every, first, last = base.get("eval_every"), pruner.min_resource, base.get("max_steps")
+    if isinstance(first, bool) or not isinstance(first, int) or not isinstance(every, int):
+        return []  # the default (a multiple of eval_every), or a wrong type (reported with the keys)
+    errors = []
+    if first % every:
+        below, above = first // every * every, (first // every + 1) * every
+        near = f"{below} or {above}" if below else str(above)
+        errors.append(
+            f"hydra.sweeper.pruner.min_resource={first} is not a multiple of eval_every={every}: ASHA's rungs "
+            f"are evals (min_resource x reduction_factor^k steps); set min_resource to {near}, or eval_every "
+            f"to a divisor of {first}"
+        )
+    if isinstance(last, int) and first >= last:
+        errors.append(
+            f"hydra.sweeper.pruner.min_resource={first} is not below max_steps={last}: ASHA's first rung must "
+            f"come before the trial's last step; set min_resource below {last}, or leave it out (the default: "
+            "max_steps / reduction_factor^2, down to a multiple of eval_every)"
+        )
     return errors
 
 

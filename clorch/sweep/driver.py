@@ -205,5 +205,6 @@ def _tell(source: Source, spec: TrialSpec, run_dir: Path, show: bool) -> None:
     source.ended(spec, summary)
     if show:
         where = f"; console output in {run_dir / 'console.log'}" if summary.status.failed else ""
-        step = f" at step {summary.pruned_at}" if summary.pruned_at is not None else ""
+        stopped = summary.pruned_at if summary.paused_at is None else summary.paused_at
+        step = f" at step {stopped}" if stopped is not None else ""
         print(f"clorch-train: trial {spec.number} {summary.status}{step}{where}", file=sys.stdout, flush=True)

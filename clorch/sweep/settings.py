@@ -149,9 +149,23 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     found += objective_errors(s.objective, s.direction, s.pruning().name, s.sampler.name)
     found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
-    found.append(_timeout_error(s.timeout))
+    found += [_timeout_error(s.timeout), _asha_order_error(s)]
     found += choice_errors(s.sampler, s.pruner, repeats=_repeatable_error(s) is None and s.repeats())
     return [e for e in found if e] + storage_errors(s.storage)
+
+
+def _asha_order_error(settings: OptunaSettings) -> str | None:
+    """ASHA pauses and promotes trials in the order they reach their rungs, which trials side by
+    side change from run to run: a repeatable sweep cannot have both."""
+    if settings.pruning().name != "asha" or settings.n_jobs == 1 or _repeatable_error(settings) is not None:
+        return None
+    if not settings.repeats():
+        return None
+    return (
+        f"hydra.sweeper.pruner=asha with hydra.sweeper.n_jobs={settings.n_jobs} pauses and promotes trials in the "
+        "order they reach their rungs, which no fixed rule can repeat (hydra.sweeper.repeatable, true when "
+        "sampler.seed is given): set hydra.sweeper.repeatable=false, or n_jobs=1"
+    )
 
 
 def _timeout_error(value: Any) -> str | None:

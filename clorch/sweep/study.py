@@ -52,6 +52,7 @@ from clorch.sweep.heartbeat import Heartbeats, cut_off
 from clorch.sweep.settings import OptunaSettings
 from clorch.sweep.space import SearchSpace
 from clorch.sweep.storage import open_study, storage_errors, where
+from clorch.train import asha
 from clorch.train.trial import ENV, TrialLink, make_pruner, trials_up_to
 
 DEFAULT_OBJECTIVE = "eval_loss"  # else the final train loss, for a trial whose summary lacks it
@@ -135,9 +136,11 @@ class StudySource:
         # hydra.sweeper.timeout: no trial starts past this time.monotonic(); None: no budget
         self.deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
         self.out_of_time = False  # the budget has ended the sweep (said once)
+        self.asha = settings.pruning().name == "asha"  # trials pause at rungs and are promoted (clorch.train.asha)
         with storage_errors(self.where):
             self.heartbeats = Heartbeats(self.storage, uid)
-            self.cut_off = cut_off(self.study.trials, uid, own_file=not settings.storage)
+            found = cut_off(self.study.trials, uid, own_file=not settings.storage)
+            self.cut_off = [t for t in found if not asha.is_paused(t)]  # a paused trial waits for its promotion
         self._announce()
 
     def _announce(self) -> None:
@@ -145,11 +148,13 @@ class StudySource:
         if not trials:
             return
         kept = [t for t in trials if t.state.is_finished()]
-        elsewhere = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials) - len(self.cut_off)
+        paused = sum(map(asha.is_paused, trials))
+        elsewhere = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials) - len(self.cut_off) - paused
         live = f"; {elsewhere} running in another sweep, left to it" if elsewhere else ""
+        waiting = f"; {paused} paused by ASHA, kept for promotion" if paused else ""
         say(
             f"continuing the sweep in {self.sweep_dir}: study {self.name!r} holds {len(kept)} finished trial(s), "
-            f"kept; {len(self.cut_off)} cut off, run again{live}; up to {self.settings.n_trials} in all"
+            f"kept{waiting}; {len(self.cut_off)} cut off, run again{live}; up to {self.settings.n_trials} in all"
         )
 
     def _spec(self, trial_id_: int, number: int, params: dict[str, Any], resume: bool) -> TrialSpec:
@@ -163,7 +168,9 @@ class StudySource:
             pruner=self.settings.pruning().name,
             min_trials=self.settings.min_trials,
             pruner_args=self.settings.pruning().arguments(),
-            compared_up_to=number - self.settings.n_jobs if self.repeats else None,
+            # ASHA compares a trial with every result of its rung (its sweep runs one trial at a time
+            # where it repeats: clorch.sweep.settings)
+            compared_up_to=number - self.settings.n_jobs if self.repeats and not self.asha else None,
         )
         overrides = self.space.trial_overrides(values) + ([RESUME] if resume else [])
         label = " ".join(p.override(values[p.key]) for p in self.space.params)
@@ -195,18 +202,62 @@ class StudySource:
                     return None
                 trial = self.cut_off.pop(0)
                 self.heartbeats.mark(trial_id(trial))
-                resume = writes_checkpoints(self.sweep_dir / str(trial.number))
+                # An ASHA trial may hold its pause's checkpoint, whatever its policy (none: a fresh start)
+                resume = self.asha or writes_checkpoints(self.sweep_dir / str(trial.number))
                 return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume))
+            promoted = self._promoted()
+            if promoted is not None:
+                return promoted
             number = len(self.study.trials)
-            if number >= self.settings.n_trials or not self._ready(number):
+            if number >= self.settings.n_trials:
+                return self._ended_sweep()
+            if not self._ready(number):
                 return None
             asking = self._asking(number)
             if isinstance(asking.sampler, optuna.samplers.GridSampler) and asking.sampler.is_exhausted(asking):
-                return None  # every point of the grid tried: the sweep ends, as Optuna's optimize would
+                return self._ended_sweep()  # every point of the grid tried, as Optuna's optimize would
             trial = self._ask(asking, number)
             self._refuse_finished_dir(trial)
             self.heartbeats.mark(trial_id(trial))
             return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=False))
+
+    def _maximizes(self) -> bool:
+        return self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+
+    def _promoted(self) -> TrialSpec | None:
+        """A paused trial that ASHA's rule promotes now (clorch.train.asha), to continue from its
+        checkpoint in its own directory; None: none (or not an ASHA sweep)."""
+        if not self.asha:
+            return None
+        factor = self.settings.pruning().reduction_factor or asha.DEFAULT_REDUCTION_FACTOR
+        trials = self.study.get_trials(deepcopy=False)
+        found, why = asha.promotion(trials, factor, self._maximizes()), f"among the best 1/{factor} there"
+        if found is None and self._nothing_else(trials):
+            found = asha.closing_promotion(trials, self._maximizes())
+            why = "the best paused trial of the highest rung: nothing else is left to run, and no trial has finished"
+        if found is None:
+            return None
+        trial, step = found
+        # Recorded before it starts: a sweep stopped now finds it cut off, and runs it again from there.
+        self.storage.set_trial_user_attr(trial_id(trial), asha.ATTR, asha.Mark.of(trial.user_attrs).go_on(step))
+        self.heartbeats.mark(trial_id(trial))
+        say(f"trial {trial.number} promoted from step {step} ({why}): it continues from its checkpoint")
+        return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=True))
+
+    def _nothing_else(self, trials: list[Any]) -> bool:
+        """This sweep has asked its n_trials and runs none, and none is cut off: it would end now."""
+        return len(trials) >= self.settings.n_trials and not (self.running or self.lost or self.cut_off)
+
+    def _ended_sweep(self) -> None:
+        """None (no trial to start now); once nothing runs and no trial is left to run, ASHA's paused
+        trials are told to the study as pruned (Optuna's word for a trial stopped at a rung; their
+        summary.json keeps `paused`, and the attribute clorch_asha their step)."""
+        if not self.asha or self.running or self.lost:
+            return None
+        for trial in self.study.get_trials(deepcopy=False):
+            if asha.is_paused(trial):
+                self.study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+        return None
 
     def _past_deadline(self) -> bool:
         """Whether the time budget (hydra.sweeper.timeout) is spent; the console hears it once."""
@@ -248,8 +299,8 @@ class StudySource:
             return True
         last = number - self.settings.n_jobs
         while True:
-            state = optuna.trial.TrialState.RUNNING
-            pending = [t.number for t in self.study.get_trials(deepcopy=False, states=(state,)) if t.number <= last]
+            running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            pending = [t.number for t in running if t.number <= last and not asha.is_paused(t)]
             if not pending:
                 return True
             if self.running.intersection(pending):
@@ -294,6 +345,8 @@ class StudySource:
                 self.lost.add(spec.number)
                 return
             self.heartbeats.ended(tid)
+            if summary.status is Status.PAUSED:
+                return  # RUNNING in the study, paused there by its rank 0 (clorch.train.asha): promotion's
             if summary.status is Status.PRUNED:
                 self.study.tell(spec.number, state=state.PRUNED)
                 return

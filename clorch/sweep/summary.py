@@ -92,7 +92,7 @@ class SweepRow:
     wall_time_s: float | None = None
     objective: float | tuple[float, ...] | None = None  # the sweep's objective (Objective), or its several
     pareto: bool | None = None  # several objectives: whether the job is on the Pareto front
-    pruned_at: int | None = None  # a pruned trial: the step of the eval that stopped it
+    pruned_at: int | None = None  # a pruned or paused (ASHA) trial: the step of the eval that stopped it
     run_dir: str | None = None
 
     @classmethod
@@ -104,7 +104,7 @@ class SweepRow:
             overrides=overrides,
             status=summary.status,
             objective=(objective or Objective()).value(summary.final),
-            pruned_at=summary.pruned_at,
+            pruned_at=summary.pruned_at if summary.paused_at is None else summary.paused_at,
             steps=summary.steps,
             metrics={m: summary.final.get(m) for m in METRICS},
             samples_per_s=summary.samples_per_s,

@@ -12,6 +12,10 @@ rank that has failed (as optuna-integration's TorchDistributedTrial does). A run
 started without CLORCH_TRIAL (every run outside a sweep) reports nothing and is
 never pruned.
 
+With `hydra.sweeper.pruner=asha` rank 0 also decides, at each rung's eval, whether the trial
+goes on or is paused (clorch.train.asha); a paused trial raises `Paused` on every rank, and the
+worker writes a checkpoint at that step before the trial ends with status paused.
+
 In a repeatable sweep (`hydra.sweeper.repeatable`) the link also names `compared_up_to`:
 the pruner then sees the study through `trials_up_to`, holding only the trials numbered
 that or below, which had all ended before this trial started. Its decision at each
@@ -26,7 +30,17 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any, Mapping
 
+from clorch.train import asha
+
 ENV = "CLORCH_TRIAL"
+
+
+class Paused(Exception):
+    """ASHA paused this trial at a rung (raised on every rank at once): checkpoint, then end."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"paused at step {step}")
+        self.step = step
 
 
 class Pruned(Exception):
@@ -70,7 +84,8 @@ class TrialLink:
 def make_pruner(name: str, min_trials: int, args: Mapping[str, Any] | None = None) -> Any:
     """Optuna's pruner of that name: none, median (MedianPruner) or hyperband (HyperbandPruner),
     with `args` by Optuna's keywords (checked before the sweep: clorch.sweep.algorithms). A step
-    is a training step: a trial reports its objective at each eval."""
+    is a training step: a trial reports its objective at each eval. asha is clorch's own
+    (clorch.train.asha), which pauses rather than prunes: Optuna's pruner then prunes nothing."""
     import optuna  # lazy: only a sweep's processes need Optuna
 
     if name == "median":
@@ -142,7 +157,7 @@ class StudyUnreachable(RuntimeError):
     (rank 0 raises its own error there)."""
 
 
-CONTINUE, PRUNE, FAILED = 0, 1, 2  # what rank 0 broadcasts at each eval
+CONTINUE, PRUNE, FAILED, PAUSE = 0, 1, 2, 3  # what rank 0 broadcasts at each eval
 
 
 class TrialReporter:
@@ -150,15 +165,18 @@ class TrialReporter:
 
     `should_stop` is collective when the job has more than one rank: every rank must
     call it at the same eval (one broadcast from rank 0, `broadcast_flag`, of CONTINUE,
-    PRUNE or FAILED; it blocks until rank 0 has heard from the study). When rank 0 could
+    PRUNE, PAUSE or FAILED; it blocks until rank 0 has heard from the study). When rank 0 could
     not reach the study (here, or when it loaded it before training), it broadcasts
     FAILED and raises what Optuna's storage raised, while every other rank raises
     StudyUnreachable: all at the same eval, so the trial fails rather than run
     unreported and no rank waits in a collective for one that has failed.
     """
 
-    def __init__(self, link: TrialLink, rank: int, broadcast_flag: Any) -> None:
+    def __init__(
+        self, link: TrialLink, rank: int, broadcast_flag: Any, total_steps: int = 0, eval_every: int = 0
+    ) -> None:
         self.link, self.rank, self._broadcast = link, rank, broadcast_flag
+        self.total_steps, self.eval_every = total_steps, eval_every  # the trial's: its ASHA rungs
         self._trial = None
         self._error: Exception | None = None  # rank 0's, raised at the next eval with the others
         if rank == 0:  # before training starts: Optuna's import and the study's load are not training time
@@ -180,23 +198,49 @@ class TrialReporter:
             self._trial = optuna.trial.Trial(study, self.link.trial_id)
         return self._trial
 
-    def _decide(self, step: int, metrics: Mapping[str, float]) -> int | bool:
-        """Rank 0's answer: whether to prune (a bool), or FAILED (its error kept to raise)."""
+    def _decide(self, step: int, metrics: Mapping[str, float]) -> int:
+        """Rank 0's answer: CONTINUE, PRUNE, PAUSE (ASHA), or FAILED (its error kept to raise)."""
         if self._error is not None:
             return FAILED
         try:
             value = eval_metric(self.link.objective, metrics)
             if value is None:
-                return False
+                return CONTINUE
             trial = self._optuna_trial()
             trial.report(value, step)
-            return self.link.pruner != "none" and bool(trial.should_prune())
+            if self.link.pruner == "asha":
+                return self._asha(trial, step)
+            return PRUNE if self.link.pruner != "none" and trial.should_prune() else CONTINUE
         except Exception as exc:  # the storage: broadcast first, so that no rank waits for this one
             self._error = exc
             return FAILED
 
+    def _asha(self, trial: Any, step: int) -> int:
+        """At a rung: go on (recorded, so that a resumed trial goes on there too) or PAUSE
+        (recorded before the checkpoint is written: a trial killed in between is still paused
+        there, and a promotion replays it to the rung bit for bit)."""
+        args = self.link.pruner_args or {}
+        factor = args.get("reduction_factor") or asha.DEFAULT_REDUCTION_FACTOR
+        if step not in asha.ladder(args.get("min_resource"), factor, self.total_steps, self.eval_every):
+            return CONTINUE
+        import optuna  # lazy: only a sweep's processes need Optuna
+
+        trials = trial.study.get_trials(deepcopy=False)
+        maximize = trial.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        mark = asha.Mark.of(trial.user_attrs)
+        if asha.goes_on(trials, trial.number, step, factor, maximize):
+            trial.set_user_attr(asha.ATTR, mark.go_on(step))
+            return CONTINUE
+        trial.set_user_attr(asha.ATTR, mark.pause(step))
+        return PAUSE
+
     def should_stop(self, step: int, metrics: Mapping[str, float]) -> bool:
-        answer = self._broadcast(self._decide(step, metrics) if self.rank == 0 else False)
+        """Whether the pruner stopped the trial at this eval (collective: see the class).
+
+        Raises:
+            Paused: ASHA paused the trial here (on every rank).
+        """
+        answer = self._broadcast(self._decide(step, metrics) if self.rank == 0 else CONTINUE)
         if answer == FAILED or (self._error is not None and self.rank == 0):
             if self._error is not None:
                 raise self._error
@@ -204,4 +248,6 @@ class TrialReporter:
                 f"rank 0 could not report step {step} to the sweep's study {self.link.study!r} "
                 f"({self.link.storage}); its error is in rank 0's output"
             )
-        return bool(answer)
+        if answer == PAUSE:
+            raise Paused(step)
+        return answer == PRUNE

@@ -27,7 +27,7 @@ from clorch.train.components import Components, build_components
 from clorch.train.evaluate import evaluate
 from clorch.train.loop import LoopState, StepResult, fit
 from clorch.train.metrics import MetricsWriter, announce, read_metrics, resumed_history
-from clorch.train.trial import Pruned, TrialLink, TrialReporter
+from clorch.train.trial import Paused, Pruned, TrialLink, TrialReporter
 
 
 def _mean_norm(state: LoopState) -> float | None:
@@ -62,15 +62,16 @@ class StepHooks:
         self.tokens = getattr(parts.task, "tokens_per_sample", None)
         self.last_eval: dict[str, float] = {}
         link = TrialLink.from_env()  # a sweep's Optuna trial reports each eval (clorch.train.trial)
-        self.reporter = None if link is None else TrialReporter(link, parts.rank, self._agreed)
+        self.reporter = None if link is None else TrialReporter(link, parts.rank, self._agreed, total, cfg.eval_every)
 
-    def _agreed(self, flag: bool) -> bool:
-        """Rank 0's `flag` on every rank (collective: one broadcast when there are several ranks)."""
+    def _agreed(self, flag: int) -> int:
+        """Rank 0's `flag` (a small int: clorch.train.trial's CONTINUE, PRUNE, PAUSE, FAILED) on every
+        rank (collective: one broadcast when there are several ranks)."""
         if not (is_initialized() and self.parts.world_size > 1):
             return flag
         value = torch.tensor([int(flag)], device=self.parts.device)
         broadcast(value, src=0)
-        return bool(value.item())
+        return int(value.item())
 
     def __call__(self, state: LoopState, result: StepResult) -> None:
         cfg, step = self.cfg, state.step
@@ -247,15 +248,24 @@ def _writer(cfg: TrainConfig, run_dir: Path, history: list[dict[str, Any]] | Non
     return MetricsWriter(run_dir / "metrics.jsonl", history=history, tensorboard_dir=tb)
 
 
+def _pause(cfg: TrainConfig, parts: Components, state: LoopState, run_dir: Path) -> None:
+    """ASHA paused the trial: a step checkpoint here, whatever `checkpoint.policy` says, which the
+    promoted trial resumes from (checkpoint.resume=latest). Every rank calls it (collective)."""
+    directory = checkpoints.checkpoint_dir(cfg, run_dir)
+    checkpoints.save(cfg, parts, checkpoints.step_path(cfg, directory, state.step), state, run_dir)
+    if parts.rank == 0 and cfg.checkpoint.policy == "periodic":
+        checkpoints.prune(cfg, run_dir)
+
+
 def _end_of_training(
-    cfg: TrainConfig, parts: Components, hooks: StepHooks, state: LoopState, run_dir: Path, pruned_at: int | None
+    cfg: TrainConfig, parts: Components, hooks: StepHooks, state: LoopState, run_dir: Path, stopped_at: int | None
 ) -> tuple[dict[str, float], str | None, str | None]:
-    """The final evaluation, checkpoint and export (none after a pruned run: its last eval instead)
-    and the weights digest. Every rank calls it: each of them may be collective."""
-    final_eval = hooks.eval(state) if pruned_at is None else hooks.last_eval
-    if pruned_at is None and cfg.checkpoint.policy in ("final", "periodic"):
+    """The final evaluation, checkpoint and export (none after a pruned or paused run: its last
+    eval instead) and the weights digest. Every rank calls it: each of them may be collective."""
+    final_eval = hooks.eval(state) if stopped_at is None else hooks.last_eval
+    if stopped_at is None and cfg.checkpoint.policy in ("final", "periodic"):
         checkpoints.save(cfg, parts, checkpoints.final_path(cfg, run_dir), state, run_dir)
-    exported = _export(cfg, parts, run_dir) if pruned_at is None else None
+    exported = _export(cfg, parts, run_dir) if stopped_at is None else None
     # Every rank calls it: a sharded model's weights are gathered one parameter at a time.
     return final_eval, exported, parts.strategy.weights_digest()
 
@@ -280,14 +290,18 @@ def train(
     state, resumed_from, history = _start(plan, parts, run_dir)
     writer = _writer(cfg, run_dir, history) if parts.rank == 0 else None
     hooks = hooks_class(cfg, parts, run_dir, total, writer, plan.layout)
-    start, first_step, pruned_at = time.perf_counter(), state.step, None
+    start, first_step, pruned_at, paused_at = time.perf_counter(), state.step, None, None
     try:
         try:
             fit(parts, total, state, hooks)
         except Pruned as stop:  # the sweep's pruner: no final eval, checkpoint or export
             pruned_at = stop.step
+        except Paused as stop:  # ASHA: a checkpoint to continue from, if the sweep promotes the trial
+            paused_at = stop.step
+            _pause(cfg, parts, state, run_dir)
         train_time = time.perf_counter() - start
-        final_eval, exported, digest = _end_of_training(cfg, parts, hooks, state, run_dir, pruned_at)
+        stopped_at = pruned_at if paused_at is None else paused_at
+        final_eval, exported, digest = _end_of_training(cfg, parts, hooks, state, run_dir, stopped_at)
     finally:
         if writer is not None:
             writer.close()
@@ -305,6 +319,7 @@ def train(
         "preflight": preflight.summary_of(checked) if checked is not None else None,
         "exported": exported,
         "pruned_at": pruned_at,
+        "paused_at": paused_at,
     }
 
 

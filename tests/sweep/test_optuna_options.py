@@ -272,7 +272,7 @@ def test_a_space_files_sampler_and_pruner_arguments_meet_the_command_lines(tmp_p
             "n_startup_trials, n_warmup_steps, name, reduction_factor",
         ),
         (["hydra.sweeper.pruner={name: asha}"], "hydra.sweeper.pruner.name=asha is not allowed; choose one of: none"),
-        (["hydra.sweeper.pruner=[median]"], "hydra.sweeper.pruner must be a name (none, median, hyperband) or a"),
+        (["hydra.sweeper.pruner=[median]"], "hydra.sweeper.pruner must be a name (none, median, hyperband, asha) or a"),
         (
             ["hydra.sweeper.pruner._target_=os.system"],
             "hydra.sweeper.pruner._target_ is not allowed: pruners are chosen by name, hydra.sweeper.pruner.name=NAME",

@@ -109,7 +109,10 @@ def test_a_space_file_is_data_it_may_not_say_where_results_go_or_name_code(tmp_p
     "overrides, expected",
     [
         (["hydra/sweeper/sampler=annealing"], "hydra.sweeper.sampler=annealing is not allowed; choose one of: tpe"),
-        (["hydra.sweeper.pruner=asha"], "hydra.sweeper.pruner=asha is not allowed; choose one of: none, median"),
+        (
+            ["hydra.sweeper.pruner=percentile"],
+            "hydra.sweeper.pruner=percentile is not allowed; choose one of: none, median",
+        ),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials must be an integer >= 1, got 0"),
         (["hydra.sweeper.direction=up"], "hydra.sweeper.direction=up is not allowed; choose one of: minimize"),
         (["hydra.sweeper.ntrials=3"], "hydra.sweeper.ntrials is not a key of this sweeper"),
