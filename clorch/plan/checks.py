@@ -200,7 +200,12 @@ def _gpu_memory(launcher: Any, ranks_here: int) -> int | None:
     CUDA never starts in the launching process); None where that cannot be read."""
     visible = visible_gpus(os.environ)
     indices = getattr(launcher, "devices", None) or range(ranks_here)
-    ids = [visible[i] for i in indices if i < len(visible)]
+    return gpu_total_memory([visible[i] for i in indices if i < len(visible)])
+
+
+def gpu_total_memory(ids: list[str]) -> int | None:
+    """The smallest total memory of the GPUs `ids` (CUDA_VISIBLE_DEVICES entries), from `nvidia-smi`;
+    None where that cannot be read."""
     if not ids:
         return None
     query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", ",".join(ids)]
@@ -298,6 +303,32 @@ def memory_errors(cfg: TrainConfig, ranks_here: int, backend: str) -> list[str]:
         f"parallel={cfg.parallel.name}{offload} ({_bytes_each(cfg, memory)}; {memory.describe()})"
         + _alternative(cfg, model, layout, memory.cpu_ranks, ranks_here, gpu, host)
     ]
+
+
+def gpu_bytes_per_rank(cfg: TrainConfig, ranks_here: int = 1) -> int | None:
+    """The GPU memory one rank of `cfg` needs by clorch.plan.memory's rule (CUDA's context included),
+    with `ranks_here` ranks on the node; None where it is not estimated: a model of your own, whose
+    activations clorch does not estimate, or one that cannot be built on the meta device."""
+    # lazy: keeps torch out of clorch-train's start
+    import torch
+
+    layout = cfg.parallel.layout(ranks_here * min_nodes(cfg.launcher.nnodes))
+    try:
+        sizes = model_sizes_of(cfg)
+        with torch.device("meta"):
+            model = build_model_for(cfg, sizes)
+        memory = config_memory(
+            cfg,
+            model,
+            layout.shard_size,
+            sharded=layout.sharded,
+            cpu_offload=layout.sharded and cfg.parallel.cpu_offload,
+            cpu_ranks=False,
+        )
+    except Exception as exc:  # not estimated; the trial itself reports what is wrong
+        reraise_interrupt(exc)
+        return None
+    return memory.device if memory.activations else None
 
 
 def _bytes_each(cfg: TrainConfig, memory: RankMemory) -> str:

@@ -199,11 +199,12 @@ def _factors(sizes: list[int]) -> str:
 
 
 def _read_grid(overrides: list[str], given: dict[str, Any], errors: list[str]) -> tuple[Sweep | None, list[str]]:
-    bad = [f"hydra.sweeper.{k}" for k in given if k not in ("n_jobs", "max_batch_size", "params", "continue_changed")]
+    grid_keys = ("n_jobs", "trials_per_gpu", "max_batch_size", "params", "continue_changed")
+    bad = [f"hydra.sweeper.{k}" for k in given if k not in grid_keys]
     if "sampler" in given or bad:
         return None, [
             f"{', '.join(bad or ['hydra/sweeper/sampler'])} belongs to hydra/sweeper=optuna; the basic (grid) "
-            "sweeper takes hydra.sweeper.n_jobs, max_batch_size, params and continue_changed"
+            "sweeper takes hydra.sweeper.n_jobs, trials_per_gpu, max_batch_size, params and continue_changed"
         ]
     settings, unknown = from_mapping(GridSettings, given)
     errors = errors + unknown + grid_errors(settings)
@@ -301,7 +302,9 @@ def sweep_errors(
         errors += _pruning_errors(sweep.settings, base)
     if any(a.partition("=")[0].lstrip("+") == "hydra/launcher" and not a.endswith("=basic") for a in overrides):
         return errors  # submitit: each trial is a job of its own, on the resources it asks for
-    return errors + slot_errors(sweep.settings.n_jobs, base)
+    per_gpu = sweep.settings.trials_per_gpu
+    # auto: the sweep runs what the GPUs hold (clorch.sweep.gpu_share), never more
+    return errors + slot_errors(sweep.settings.n_jobs, base, sweep.settings.n_jobs if per_gpu == "auto" else per_gpu)
 
 
 def _pruning_errors(settings: OptunaSettings, base: Any) -> list[str]:
@@ -348,17 +351,18 @@ def _asha_rung_errors(pruner: Any, base: Any) -> list[str]:
     return errors
 
 
-def slot_errors(n_jobs: int, base: Any) -> list[str]:
-    """Whether `n_jobs` trials of the composed config `base` fit this machine at once."""
+def slot_errors(n_jobs: int, base: Any, per_gpu: int = 1) -> list[str]:
+    """Whether `n_jobs` trials of the composed config `base` fit this machine at once, `per_gpu`
+    of them on each GPU (`auto` runs what the GPUs hold: clorch.sweep.gpu_share)."""
     if n_jobs == 1:
         return []
     gpus, cores = machine()
     launcher = base.get("launcher") or {}
     if launcher.get("name") != "local":
         return [f"hydra.sweeper.n_jobs={n_jobs} packs trials of clorch's own launcher (launcher=local)"]
-    ranks = ranks_per_trial(launcher.get("nproc_per_node"), n_jobs, gpus, cores)
+    ranks = ranks_per_trial(launcher.get("nproc_per_node"), n_jobs, gpus, cores, per_gpu)
     try:
-        plan_slots(n_jobs, ranks, gpus, cores)
+        plan_slots(n_jobs, ranks, gpus, cores, per_gpu)
     except ValueError as exc:
         return [str(exc)]
     return []

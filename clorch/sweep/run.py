@@ -42,6 +42,7 @@ from clorch.sweep.driver import (
     summary_in,
     writes_checkpoints,
 )
+from clorch.sweep.gpu_share import trials_per_gpu
 from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
 from clorch.trackers import sweep_environ
 
@@ -83,20 +84,34 @@ def _trial_hydra_args(hydra_overrides: list[str]) -> list[str]:
     return [a for a in hydra_overrides if a.partition("=")[0].lstrip("+") in TRIAL_HYDRA_KEYS]
 
 
-def _pool(config: DictConfig, n_jobs: int, sweep_dir: Path) -> PoolRunner:
+def _pool(config: DictConfig, sweep: Sweep, trial_lists: list[list[str]], sweep_dir: Path) -> PoolRunner:
+    """Slots for n_jobs trials at once, up to trials_per_gpu of them on each GPU (clorch.sweep.gpu_share)."""
     gpus, cores = machine()
-    ranks = ranks_per_trial((config.get("launcher") or {}).get("nproc_per_node"), n_jobs, gpus, cores)
-    slots = plan_slots(n_jobs, ranks, gpus, cores)
+    n_jobs = sweep.settings.n_jobs
+    per_gpu, line = trials_per_gpu(sweep.settings.trials_per_gpu, trial_lists, gpus) if n_jobs > 1 else (1, None)
+    ranks = ranks_per_trial((config.get("launcher") or {}).get("nproc_per_node"), n_jobs, gpus, cores, per_gpu)
+    if line is not None:
+        held = max(1, len(gpus) * per_gpu // ranks)
+        say(line + (f"; n_jobs={n_jobs} runs {held} at once" if held < n_jobs else ""))
+        n_jobs = min(n_jobs, held)
+    slots = plan_slots(n_jobs, ranks, gpus, cores, per_gpu)
     return PoolRunner(slots, sweep_dir, _trial_hydra_args(list(config.hydra.overrides.hydra)))
 
 
-def _runner(config: DictConfig, launcher: Any, n_jobs: int, sweep_dir: Path) -> HydraRunner | PoolRunner:
+def _trial_lists(sweep: Sweep, arguments: list[str]) -> list[list[str]]:
+    """Trials whose plans stand for the sweep's (the space's representative values, or the grid's first)."""
+    if sweep.sweeper == "optuna":
+        return sweep.space.representative_overrides()
+    return grid_jobs(arguments, sweep.settings.params)[:8]
+
+
+def _runner(config: DictConfig, launcher: Any, sweep: Sweep, arguments: list[str], sweep_dir: Path) -> Any:
     """Trials forked from the pool's warm server wherever Hydra's launcher would run them in this
     process (one at a time, too: a trial then pays no interpreter start and no torch import);
     a launcher plugin's jobs (submitit) through that launcher."""
     if runs_in_process(launcher):
-        return _pool(config, n_jobs, sweep_dir)
-    return HydraRunner(launcher, sweep_dir, n_jobs)
+        return _pool(config, sweep, _trial_lists(sweep, arguments), sweep_dir)
+    return HydraRunner(launcher, sweep_dir, sweep.settings.n_jobs)
 
 
 class _TrackedSource:
@@ -207,12 +222,12 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
         lock.release()
         raise
     try:
-        runner = _runner(config, launcher, sweep.settings.n_jobs, sweep_dir)
+        runner = _runner(config, launcher, sweep, arguments, sweep_dir)
         if isinstance(runner, PoolRunner) and sweep.settings.n_jobs > 1:
             # Each trial's ranks and accumulation are its slot's (clorch.sweep.pool: the global batch kept).
             say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
         _run_tracked(config, source, runner, sweep_dir)
-    except (StorageError, SweepRefused) as exc:
+    except (StorageError, SweepRefused, ValueError) as exc:  # ValueError: the GPUs' share (gpu_share)
         report.failed(str(exc))
     finally:
         getattr(base, "close", lambda: None)()  # the study's heartbeats

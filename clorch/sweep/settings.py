@@ -61,6 +61,7 @@ class GridSettings:
     """`hydra/sweeper=basic`: Hydra's grid, run `n_jobs` trials at a time."""
 
     n_jobs: int = 1  # trials at once: each gets its own devices (GPUs) or cores (CPU)
+    trials_per_gpu: int | str = 1  # trials that may share one GPU; auto: by the plan's memory estimate
     max_batch_size: int | None = None  # Hydra's basic sweeper key: jobs handed over at once
     params: dict[str, str] | None = None  # {key: "a,b,c"}: more sweep overrides
     continue_changed: bool = False  # continue a sweep directory that holds another sweep (sweep.json)
@@ -72,6 +73,9 @@ class OptunaSettings:
 
     n_trials: int = 20  # trials in the study, those of an earlier run of the sweep included
     n_jobs: int = 1  # trials at once (asynchronously: a new one starts when one ends)
+    # Trials that may share one GPU when n_jobs > 1 (clorch.sweep.gpu_share); auto: as many as the GPU's
+    # memory holds by the plan's estimate of the trials' largest. No effect without GPUs.
+    trials_per_gpu: int | str = 1
     direction: str | list[str] = "minimize"  # minimize or maximize the objective; a list: one per objective
     # the trial's metric: eval_loss when trials evaluate, else loss; a list: several (clorch.sweep.objectives)
     objective: str | list[str] | None = None
@@ -127,7 +131,15 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str | None:
 
 def grid_errors(settings: GridSettings) -> list[str]:
     """Every error in the grid sweeper's keys."""
-    return [e for e in [_int_error("n_jobs", settings.n_jobs, 1), _bool_error(settings.continue_changed)] if e]
+    found = [_int_error("n_jobs", settings.n_jobs, 1), _bool_error(settings.continue_changed)]
+    return [e for e in [*found, per_gpu_error(settings.trials_per_gpu)] if e]
+
+
+def per_gpu_error(value: Any) -> str | None:
+    """hydra.sweeper.trials_per_gpu: an integer >= 1, or auto."""
+    if value == "auto" or _int_error("trials_per_gpu", value, 1) is None:
+        return None
+    return f"hydra.sweeper.trials_per_gpu must be an integer >= 1 or auto, got {value!r}"
 
 
 def _bool_error(value: Any, key: str = "continue_changed") -> str | None:
@@ -143,6 +155,7 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     found = [
         _int_error("n_trials", s.n_trials, 1),
         _int_error("n_jobs", s.n_jobs, 1),
+        per_gpu_error(s.trials_per_gpu),
         _int_error("min_trials", s.min_trials, 0),
         _one_of("sampler", s.sampler.name, SAMPLERS),
         None if seed is None or _int_error("sampler.seed", seed, 0) is None else _int_error("sampler.seed", seed, 0),

@@ -56,16 +56,17 @@ def alone_ranks(gpus: list[str] | tuple[str, ...]) -> int:
     return len(gpus) if gpus else ALONE_CPU_RANKS
 
 
-def ranks_per_trial(nproc: Any, n_jobs: int, gpus: list[str], cores: list[int]) -> int:
+def ranks_per_trial(nproc: Any, n_jobs: int, gpus: list[str], cores: list[int], per_gpu: int = 1) -> int:
     """A trial's ranks: `launcher.nproc_per_node` when it is a number; `auto` shares the
     machine's GPUs (or, without GPUs, its cores) between the `n_jobs` trials, never giving a
     trial more ranks than a run alone has, and always a divisor of those: a trial with fewer
     ranks keeps a lone run's global batch by accumulating (`clorch.sweep.pool.sized_to_slot`),
-    so that its result does not depend on how many trials run beside it."""
+    so that its result does not depend on how many trials run beside it. With `per_gpu` trials a
+    GPU (hydra.sweeper.trials_per_gpu), each GPU counts that many times."""
     if isinstance(nproc, int) and not isinstance(nproc, bool):
         return nproc
     alone = alone_ranks(gpus)
-    share = max(1, (len(gpus) if gpus else len(cores)) // n_jobs)
+    share = max(1, (len(gpus) * per_gpu if gpus else len(cores)) // n_jobs)
     return max(r for r in range(1, min(alone, share) + 1) if alone % r == 0)
 
 
@@ -75,22 +76,26 @@ _FEWER = (
 )
 
 
-def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int]) -> list[Slot]:
-    """`n_jobs` slots of `ranks` ranks each, on disjoint GPUs (with GPUs) and disjoint cores.
+def plan_slots(n_jobs: int, ranks: int, gpus: list[str], cores: list[int], per_gpu: int = 1) -> list[Slot]:
+    """`n_jobs` slots of `ranks` ranks each, on disjoint cores, and on GPUs each shared by at most
+    `per_gpu` trials (hydra.sweeper.trials_per_gpu; 1: disjoint GPUs). A trial's ranks are on
+    distinct GPUs; trials sharing GPUs are spread over them (slot i on the GPUs after slot i-1's).
 
     Raises:
         ValueError: the machine cannot hold that many trials at once (the message names what
             was asked for and what the machine has).
     """
     if gpus:
-        if n_jobs * ranks > len(gpus):
+        if n_jobs * ranks > len(gpus) * per_gpu or ranks > len(gpus):
+            shared = f" with hydra.sweeper.trials_per_gpu={per_gpu}" if per_gpu > 1 else ""
             raise ValueError(
-                f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} rank(s) need {n_jobs * ranks} GPUs at once; "
+                f"hydra.sweeper.n_jobs={n_jobs} trials of {ranks} rank(s) need {n_jobs * ranks} GPUs at once{shared}; "
                 f"this machine has {len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus)}): {_FEWER}"
             )
+        places = gpus * per_gpu  # each GPU per_gpu times: a slot's ranks take consecutive places
         per_cores = max(1, len(cores) // n_jobs)
         return [
-            Slot(i, tuple(gpus[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks, len(gpus))
+            Slot(i, tuple(places[i * ranks : (i + 1) * ranks]), _share(cores, i, per_cores), ranks, len(gpus))
             for i in range(n_jobs)
         ]
     if n_jobs * ranks > len(cores):

@@ -49,17 +49,18 @@ def _trials(sweep_dir: Path) -> list[tuple[str, str, str, str, str]]:
 
 
 def _rank_pids(run_dir: Path) -> list[int]:
-    """The pids of the ranks that write their logs under `run_dir` (clorch.launch.spawn's command line)."""
+    """The pids of the processes that train the trial in `run_dir`: those holding its metrics.jsonl
+    open (rank 0, from its first step: the trial's own process, or a rank its launcher started)."""
     pids = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
         try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
+            targets = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
         except OSError:
             continue
-        if b"clorch.launch.child" in args and b"--log-dir" in args:
-            log_dir = Path(args[args.index(b"--log-dir") + 1].decode())
-            if log_dir == run_dir or run_dir in log_dir.parents:
-                pids.append(int(proc.name))
+        if str(run_dir / "metrics.jsonl") in targets:
+            pids.append(int(proc.name))
     return pids
 
 
