@@ -9,6 +9,11 @@ compiles with a cold inductor cache, the later ones find it warm. For clorch the
 process's time is split by summary.json: before launch (imports, composing, the
 checks and the trial batch before launch), launch and the rest (ranks starting,
 building the model, the final eval, the summary) and training (compile included).
+
+With `--sweep N`, a sweep of N such trials (a grid over the seed, one at a time) follows the
+pairs, its cache warm: each trial's time from its start to its end on the sweep's console,
+against the warm plain script's (a sweep's trial of one rank trains in its own forked process:
+clorch.engine.in_process).
 """
 
 from __future__ import annotations
@@ -47,15 +52,20 @@ print(time.perf_counter() - start)
 """
 
 
-def _clorch(tokens: Path, steps: int, run_dir: Path) -> dict[str, float]:
-    args = [
+def _args(tokens: Path, steps: int) -> list[str]:
+    return [
         "model=gpt", "model.n_layer=12", "model.n_head=12", "model.d_model=768", "model.vocab_size=50304",
         "data=tokens", f"data.train_path={tokens}", "data.seq_len=1024", "data.vocab_size=50304",
         "batch_size=16", "precision=bf16", "compile=true", f"max_steps={steps}", "epochs=100",
-        "launcher.nproc_per_node=1", "log_every=50", "logger.progress=lines", f"hydra.run.dir={run_dir}",
+        "launcher.nproc_per_node=1", "log_every=50", "logger.progress=lines",
     ]  # fmt: skip
+
+
+def _clorch(tokens: Path, steps: int, run_dir: Path) -> dict[str, float]:
     start = time.perf_counter()
-    done = subprocess.run(["clorch-train", *args], capture_output=True, text=True)
+    done = subprocess.run(
+        ["clorch-train", *_args(tokens, steps), f"hydra.run.dir={run_dir}"], capture_output=True, text=True
+    )
     total = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"clorch-train exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -77,11 +87,27 @@ def _plain(tokens: Path, steps: int) -> dict[str, float]:
     return {"total": total, "training": float(done.stdout.strip().splitlines()[-1])}
 
 
+def _sweep(tokens: Path, steps: int, trials: int, sweep_dir: Path) -> dict[str, float]:
+    """A grid of `trials` seeds, one at a time: the sweep's wall time and each trial's, start to end."""
+    seeds = ",".join(str(s) for s in range(1, trials + 1))
+    command = ["clorch-train", "-m", *_args(tokens, steps), f"seed={seeds}", f"hydra.sweep.dir={sweep_dir}"]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [(time.perf_counter() - start, line) for line in process.stdout]
+    if process.wait() != 0:
+        raise SystemExit(f"the sweep exited {process.returncode}:\n{''.join(t for _, t in lines)[-3000:]}")
+    starts = [t for t, line in lines if line.startswith("clorch-train: trial ") and " started" in line]
+    ends = [t for t, line in lines if line.startswith("clorch-train: succeeded")]
+    each = [end - begin for begin, end in zip(starts, ends)]
+    return {"total": time.perf_counter() - start, "trials": each, "first trial started": starts[0]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--runs", type=int, default=2, help="pairs; the first compiles with a cold cache")
     parser.add_argument("--out", type=Path, default=None, help="write trial_cost.json here")
+    parser.add_argument("--sweep", type=int, default=0, help="then a sweep of this many trials, cache warm")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="clorch-trial-cost-"))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")  # cold for the first pair of this run
@@ -98,9 +124,23 @@ def main() -> int:
             f"overhead {c['total'] - p['total']:+.1f} s",
             flush=True,
         )
+    record: dict = {"pairs": pairs}
+    if args.sweep:
+        sweep = _sweep(tokens, args.steps, args.sweep, work / "sweep")
+        plain = pairs[-1]["plain"]["total"]
+        each = sorted(sweep["trials"])
+        record["sweep"] = sweep
+        median = each[len(each) // 2]
+        times = ", ".join(f"{t:.1f}" for t in sweep["trials"])
+        print(
+            f"sweep of {args.sweep}: {sweep['total']:.1f} s, the first trial started at "
+            f"{sweep['first trial started']:.1f} s; a trial, start to end: {times} s (median {median:.1f}) "
+            f"| warm plain {plain:.1f} s | a trial's cost over it {median - plain:+.1f} s",
+            flush=True,
+        )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "trial_cost.json").write_text(json.dumps(pairs, indent=2))
+        (args.out / "trial_cost.json").write_text(json.dumps(record, indent=2))
     return 0
 
 
