@@ -34,6 +34,7 @@ from typing import Any
 from clorch.config.composer import format_value, recipe_file
 from clorch.config.overrides import compose_once
 from clorch.engine import in_process
+from clorch.launch.procs import set_parent_death_signal
 from clorch.sweep.slots import ALONE_CPU_RANKS, Slot
 
 CONSOLE = "console.log"  # a side-by-side trial's console output, in its run directory
@@ -140,10 +141,22 @@ def _sizing_config(overrides: tuple[str, ...]) -> Any:
     return compose_once(list(overrides))[0]
 
 
+def _end_with_the_server() -> None:
+    """SIGTERM this trial when its parent, the trials' server, ends: the server ends with the sweep
+    (multiprocessing's forkserver leaves once its client has gone), so a sweep that was killed
+    leaves no trial training on unwatched; the trial ends as an interrupted run, which continuing
+    the sweep resumes. A server already gone (before the request took effect): end now."""
+    server = os.getppid()
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != server:
+        os._exit(128 + signal.SIGTERM)
+
+
 def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: str | None) -> None:
     """A trial's process (forked from the server): its own session, cores, environment and
     console (None: the sweep's terminal), then clorch-train's own main."""
     os.setsid()  # the terminal's Ctrl-C reaches the sweep, which passes it on
+    _end_with_the_server()
     gc.freeze()  # what the server imported lives as long as the trial: never rescanned (clorch._gc)
     if cores:
         os.sched_setaffinity(0, cores)
@@ -163,6 +176,14 @@ def _trial_main(args: list[str], env: dict[str, str], cores: set[int], console: 
 _TRIAL_IN_INTERPRETER = "from clorch.engine import in_process; in_process.allow(); from clorch.cli import main; main()"
 
 
+def _start_interpreter(cores: set[int]) -> None:
+    """In the trial's interpreter before it starts: its cores, and SIGTERM once the sweep (its
+    parent) has gone."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    set_parent_death_signal(signal.SIGTERM)
+
+
 class _Interpreter:
     """A trial in a fresh interpreter (as `python -m clorch.cli`), where the sweep itself runs in a
     daemonic process (a multiprocessing worker's), which may start no process of its own kind."""
@@ -176,7 +197,7 @@ class _Interpreter:
                 stderr=subprocess.STDOUT if console else None,
                 env={**os.environ, **env},
                 start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+                preexec_fn=functools.partial(_start_interpreter, cores),
             )
         self.pid = self._popen.pid
 

@@ -4,11 +4,14 @@ still the run `clorch-train` alone would make of its overrides: the same weights
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.clirunner import run_clorch_train
+from tests.clirunner import run_clorch_train, start_clorch_train
 
 TRIAL = ["+recipe=cpu_smoke", "launcher.nproc_per_node=1", "max_steps=3", "data.sample_count=32"]
 
@@ -36,3 +39,43 @@ def test_a_one_rank_trial_trains_in_its_own_process_to_a_lone_runs_weights(tmp_p
     # Each trial is a run of its own, with its own line on the sweep's terminal.
     assert _summary(sweep_dir / "1")["status"] == "succeeded"
     assert swept.stdout.count("clorch-train: succeeded, 3 steps") == 2
+
+
+def _holding(path: Path) -> list[int]:
+    """The pids of the processes holding `path` open (the test's own aside)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if str(path) in [os.readlink(fd) for fd in (proc / "fd").iterdir()]:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_sweep_leaves_no_trial_training(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *TRIAL, "max_steps=100000", "epochs=100000", "optim.lr=0.01,0.02", f"hydra.sweep.dir={sweep_dir}"]
+    proc = start_clorch_train(args, tmp_path)
+    deadline = time.monotonic() + 90
+    while not (trials := _holding(sweep_dir / "0" / "metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the trial never started training"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)  # the sweep gets no say
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while not all(_gone(pid) for pid in trials):
+        assert time.monotonic() < deadline, f"trial processes {trials} still train after their sweep was killed"
+        time.sleep(0.1)
+    assert _summary(sweep_dir / "0")["status"] == "interrupted"  # continuing the sweep resumes it
