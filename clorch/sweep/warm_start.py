@@ -4,7 +4,8 @@
 
 The trials COMPLETE in that sweep's study (clorch.sweep.warm_source finds it) are added to
 this study with Optuna's public API (`optuna.trial.create_trial` and `study.add_trials`:
-their parameters, distributions and values), so the sampler starts from their results.
+their parameters, distributions, values and the values reported at their evals), so the
+sampler starts from their results and a pruner compares with them.
 They are not run again, not counted in `n_trials`, have no directory here, and are never
 this sweep's best trial: its summary and best.yaml are made of its own trial directories.
 
@@ -81,7 +82,8 @@ def add_warm_start(study: Any, settings: OptunaSettings, space: SearchSpace, swe
     """Add the finished trials of the sweep `settings.warm_start` names to `study`, once, before
     this sweep's first trial. Raises SweepRefused (each reason a line) before adding any."""
     source = _checked_source(settings, sweep_dir, uid)
-    finished = [t for t in _finished_trials(source) if (origin(t) or ("", 0))[0] != uid]
+    # A trial the source has from this sweep (a warm start of its own from here) is this study's already.
+    finished = [t for t in _finished_trials(source) if _origin_of(source, t)[0] != uid]
     differences = _space_differences(finished, space)
     if differences:
         raise SweepRefused(
@@ -90,10 +92,10 @@ def add_warm_start(study: Any, settings: OptunaSettings, space: SearchSpace, swe
                 "Its trials are added only where they searched the same keys, ranges and choices as this sweep"
             ]
         )
-    have = {origin(t) for t in study.trials} - {None}
-    new = [t for t in finished if _origin_of(source, t) not in have]
+    marked = [origin(t) for t in study.trials if origin(t) is not None]
+    new = [t for t in finished if _origin_of(source, t) not in set(marked)]
     kept = len(finished) - len(new)
-    own = len(study.trials) - len(have)
+    own = len(study.trials) - len(marked)
     if own and not kept:
         raise SweepRefused(
             [

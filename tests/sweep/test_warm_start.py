@@ -111,7 +111,7 @@ def test_the_finished_trials_come_first_in_the_study_and_the_sweeps_own_are_numb
 
 def test_continuing_the_sweep_adds_nothing_twice(tmp_path, capsys):
     _earlier_sweep(tmp_path / "earlier", SPACE, [0.9, 0.7])
-    _source(tmp_path / "now", tmp_path / "earlier", n_trials=0 + 1).close()  # added; stopped before a trial
+    _source(tmp_path / "now", tmp_path / "earlier", n_trials=1).close()  # added; stopped before a trial
     capsys.readouterr()
     assert _run_all(_source(tmp_path / "now", tmp_path / "earlier", n_trials=1), [0.5]) == [0]
     assert "0 finished trial(s) added to the study, 2 added before and kept" in capsys.readouterr().out
@@ -120,9 +120,11 @@ def test_continuing_the_sweep_adds_nothing_twice(tmp_path, capsys):
     study.tell(study.ask({k: v for k, v in study.trials[0].distributions.items()}), 0.1)
     assert _run_all(_source(tmp_path / "now", tmp_path / "earlier", n_trials=2), [0.6]) == [1]
     assert "1 finished there since this sweep began are left out" in capsys.readouterr().out
+    # Continued without the key: the study still numbers the sweep's trials after the added ones.
+    assert _run_all(_source(tmp_path / "now", None, n_trials=3), [0.7]) == [2]
     trials = _study(tmp_path / "now").trials
-    assert [origin(t) is not None for t in trials] == [True, True, False, False]
-    assert [t.values for t in trials[2:]] == [[0.5], [0.6]]
+    assert [origin(t) is not None for t in trials] == [True, True, False, False, False]
+    assert [t.values for t in trials[2:]] == [[0.5], [0.6], [0.7]]
 
 
 def test_a_repeatable_sweeps_trials_are_asked_on_every_added_trial_and_their_own_up_to_k_minus_n_jobs(tmp_path):
