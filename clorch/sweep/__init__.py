@@ -11,6 +11,8 @@
     storage.py       where the Optuna study lives, checked to be this sweep's; storage errors in a line
     heartbeat.py     which running trials are cut off, and which run live in another sweep
     enqueue.py       known-good trials asked first (hydra.sweeper.enqueue), checked against the space
+    warm_source.py   the earlier sweep a warm start reads (hydra.sweeper.warm_start), checked without Optuna
+    warm_start.py    its finished trials added to the study, once; this sweep's trial numbers kept
     study.py         the Optuna study a sweep asks for trials and tells of their ends
     run.py           what the sweepers (hydra_plugins.clorch_sweepers) do in `sweep()`
     objectives.py    one objective or several (hydra.sweeper.objective, direction); the Pareto front

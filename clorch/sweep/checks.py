@@ -28,6 +28,7 @@ from clorch.sweep.settings import (
 )
 from clorch.sweep.slots import machine, plan_slots, ranks_per_trial
 from clorch.sweep.space import MAX_GRID, SearchSpace, parse_space, sweep_size
+from clorch.sweep.warm_source import source_errors
 
 
 @dataclass
@@ -230,6 +231,16 @@ def _grid_sampler_errors(space: SearchSpace) -> list[str]:
     ]
 
 
+def _sweep_dir(overrides: list[str]) -> str | None:
+    """The sweep directory the command line names (`hydra.sweep.dir=PATH`), or None (Hydra's default)."""
+    found = [a for a in overrides if a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir"]
+    try:
+        value = _typed(found[-1]) if found else None
+    except Exception:  # Hydra's grammar error: Hydra reports it
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
     """(the sweep, every error in its sweeper keys, search-space file and search space).
 
@@ -250,6 +261,7 @@ def read_sweep(overrides: list[str]) -> tuple[Sweep | None, list[str]]:
         errors += file_errors
     settings, unknown = from_mapping(OptunaSettings, _merged(file, given))
     errors += unknown + optuna_errors(settings)
+    errors += source_errors(settings.warm_start, settings.objective, settings.direction, _sweep_dir(overrides))
     space, space_errors = _space_of(overrides, settings, file, given)
     errors += space_errors
     if space is not None:

@@ -52,6 +52,7 @@ FILE_KEYS = (
     "repeatable",
     "timeout",
     "enqueue",
+    "warm_start",
 )
 MAX_SPACE_FILE = 1 << 20  # bytes: a larger search-space file is refused before it is read
 
@@ -99,6 +100,10 @@ class OptunaSettings:
     # Trials the study asks first, in order ({key: value} of searched keys; Optuna's enqueue_trial), once:
     # a continued sweep's study holds them already (clorch.sweep.enqueue). null: none.
     enqueue: list[dict[str, Any]] | None = None
+    # Another sweep directory of the Optuna sweeper: its finished trials are added to this study before the
+    # first trial, for the sampler to start from; they are not run, counted in n_trials, nor this sweep's
+    # best (clorch.sweep.warm_start). A relative path is the working directory's. null: none.
+    warm_start: str | None = None
 
     def objectives(self) -> list[str | None]:
         """The objective (None: the default) or the several, as a list."""
@@ -162,7 +167,7 @@ def optuna_errors(settings: OptunaSettings) -> list[str]:
     ]
     found += objective_errors(s.objective, s.direction, s.pruning().name, s.sampler.name)
     found += [_bool_error(s.continue_changed), _repeatable_error(s), _sampler_package_error(s.sampler.name)]
-    found += [_timeout_error(s.timeout), _asha_order_error(s)]
+    found += [_timeout_error(s.timeout), _asha_order_error(s), _warm_start_error(s.warm_start)]
     found += choice_errors(s.sampler, s.pruner, repeats=_repeatable_error(s) is None and s.repeats())
     return [e for e in found if e] + storage_errors(s.storage)
 
@@ -179,6 +184,12 @@ def _asha_order_error(settings: OptunaSettings) -> str | None:
         "order they reach their rungs, which no fixed rule can repeat (hydra.sweeper.repeatable, true when "
         "sampler.seed is given): set hydra.sweeper.repeatable=false, or n_jobs=1"
     )
+
+
+def _warm_start_error(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return None
+    return f"hydra.sweeper.warm_start must be another sweep's directory (its hydra.sweep.dir) or null, got {value!r}"
 
 
 def _timeout_error(value: Any) -> str | None:

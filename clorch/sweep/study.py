@@ -7,8 +7,12 @@ study: its finished and pruned trials are kept, a trial that was cut off
 checkpoint when it writes checkpoints), and new trials are asked until the study
 holds `n_trials` (or the grid sampler has tried its whole grid).
 
+A warm start (`hydra.sweeper.warm_start`, clorch.sweep.warm_start) puts another sweep's
+finished trials first in the study: this sweep's trial N, in SWEEP_DIR/N, is then the
+study's trial N + their count. Numbers below are the sweep's unless they say the study's.
+
 The same seed gives the same trials: each trial's sampler is seeded with the
-sampler's seed plus the trial's number (the QMC sampler, whose sequence is the
+sampler's seed plus the trial's number in the study (the QMC sampler, whose sequence is the
 seed's, with the seed), so a sweep that was stopped and continued asks what the
 uninterrupted sweep would have asked.
 
@@ -52,6 +56,7 @@ from clorch.sweep.heartbeat import Heartbeats, cut_off
 from clorch.sweep.settings import OptunaSettings
 from clorch.sweep.space import SearchSpace
 from clorch.sweep.storage import open_study, storage_errors, where
+from clorch.sweep.warm_start import add_warm_start, numbering
 from clorch.train import asha
 from clorch.train.trial import ENV, TrialLink, make_pruner, trials_up_to
 
@@ -125,11 +130,17 @@ class StudySource:
         self.settings, self.space, self.sweep_dir = settings, space, sweep_dir
         self.where = where(settings, sweep_dir)
         self.study, self.storage, self.storage_url, self.name = open_study(settings, sweep_dir, uid)
+        with storage_errors(self.where):
+            if settings.warm_start:
+                add_warm_start(self.study, settings, space, sweep_dir, uid)
+            # This sweep's trial N (SWEEP_DIR/N) is the study's N + the warm start's trials (clorch.sweep.warm_start).
+            self.numbering = numbering(self.study.trials, self.where)
         self._fixed: Any = None  # without a seed: one study object, one sampler for every trial
         self.repeats = settings.repeats()
         self.several = len(settings.objectives()) > 1  # a multi-objective study (clorch.sweep.objectives)
         # A repeatable sweep's trial waits for trials k - n_jobs and below only where they decide something.
         self.waits = self.repeats and (settings.sampler.name in LEARNING or settings.pruning().name != "none")
+        # Trial numbers below are this sweep's (its directories' names); `numbering` gives the study's.
         self.running: set[int] = set()  # the numbers of the trials this sweep runs now
         self.lost: set[int] = set()  # trials cut off while this sweep runs: continuing the sweep runs them
         self._said: set[int] = set()  # the trials this sweep said it waits for
@@ -144,7 +155,7 @@ class StudySource:
         self._announce()
 
     def _announce(self) -> None:
-        trials = self.study.trials
+        trials = self.study.trials[self.numbering.added :]  # the warm start's were said when added
         if not trials:
             return
         kept = [t for t in trials if t.state.is_finished()]
@@ -159,6 +170,9 @@ class StudySource:
 
     def _spec(self, trial_id_: int, number: int, params: dict[str, Any], resume: bool) -> TrialSpec:
         values = {p.key: p.decode(params[p.key]) for p in self.space.params}
+        # ASHA compares a trial with every result of its rung (its sweep runs one trial at a time
+        # where it repeats: clorch.sweep.settings)
+        compared = self._seen_by(number) if self.repeats and not self.asha else None
         link = TrialLink(
             storage=self.storage_url,
             study=self.name,
@@ -168,9 +182,7 @@ class StudySource:
             pruner=self.settings.pruning().name,
             min_trials=self.settings.min_trials,
             pruner_args=self.settings.pruning().arguments(),
-            # ASHA compares a trial with every result of its rung (its sweep runs one trial at a time
-            # where it repeats: clorch.sweep.settings)
-            compared_up_to=number - self.settings.n_jobs if self.repeats and not self.asha else None,
+            compared_up_to=compared,
         )
         overrides = self.space.trial_overrides(values) + ([RESUME] if resume else [])
         label = " ".join(p.override(values[p.key]) for p in self.space.params)
@@ -183,8 +195,10 @@ class StudySource:
         learns = self.repeats and self.settings.sampler.name in LEARNING
         study = optuna.load_study(
             study_name=self.name,
-            storage=trials_up_to(self.storage, number - self.settings.n_jobs) if learns else self.storage,
-            sampler=make_sampler(self.settings, self.space, number),
+            storage=trials_up_to(self.storage, self._seen_by(number)) if learns else self.storage,
+            # Seeded by the study's number: after a warm start from a sweep of the same seed, its startup
+            # trials are not asked again (clorch.sweep.warm_start).
+            sampler=make_sampler(self.settings, self.space, self._study_number(number)),
             pruner=make_pruner(
                 self.settings.pruning().name, self.settings.min_trials, self.settings.pruning().arguments()
             ),
@@ -198,17 +212,17 @@ class StudySource:
             return None
         with storage_errors(self.where):
             if self.cut_off:
-                if not self._ready(self.cut_off[0].number):
+                if not self._ready(self._own(self.cut_off[0])):
                     return None
                 trial = self.cut_off.pop(0)
                 self.heartbeats.mark(trial_id(trial))
                 # An ASHA trial may hold its pause's checkpoint, whatever its policy (none: a fresh start)
-                resume = self.asha or writes_checkpoints(self.sweep_dir / str(trial.number))
-                return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume))
+                resume = self.asha or writes_checkpoints(self.sweep_dir / str(self._own(trial)))
+                return self._started(self._spec(trial_id(trial), self._own(trial), trial.params, resume))
             promoted = self._promoted()
             if promoted is not None:
                 return promoted
-            number = len(self.study.trials)
+            number = self.numbering.own(len(self.study.trials))  # a warm start's trials count for nothing
             if number >= self.settings.n_trials:
                 return self._ended_sweep()
             if not self._ready(number):
@@ -219,7 +233,19 @@ class StudySource:
             trial = self._ask(asking, number)
             self._refuse_finished_dir(trial)
             self.heartbeats.mark(trial_id(trial))
-            return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=False))
+            return self._started(self._spec(trial_id(trial), self._own(trial), trial.params, resume=False))
+
+    def _own(self, trial: Any) -> int:
+        """The number of the study's `trial` in this sweep: its directory's name."""
+        return self.numbering.own(trial.number)
+
+    def _study_number(self, number: int) -> int:
+        return self.numbering.study(number)
+
+    def _seen_by(self, number: int) -> int:
+        """The last study number that trial `number` of a repeatable sweep is asked and pruned on:
+        the trials numbered `number - n_jobs` and below, and every warm-start trial."""
+        return self.numbering.study_up_to(number - self.settings.n_jobs)
 
     def _maximizes(self) -> bool:
         return self.study.direction == optuna.study.StudyDirection.MAXIMIZE
@@ -241,12 +267,14 @@ class StudySource:
         # Recorded before it starts: a sweep stopped now finds it cut off, and runs it again from there.
         self.storage.set_trial_user_attr(trial_id(trial), asha.ATTR, asha.Mark.of(trial.user_attrs).go_on(step))
         self.heartbeats.mark(trial_id(trial))
-        say(f"trial {trial.number} promoted from step {step} ({why}): it continues from its checkpoint")
-        return self._started(self._spec(trial_id(trial), trial.number, trial.params, resume=True))
+        say(f"trial {self._own(trial)} promoted from step {step} ({why}): it continues from its checkpoint")
+        return self._started(self._spec(trial_id(trial), self._own(trial), trial.params, resume=True))
 
     def _nothing_else(self, trials: list[Any]) -> bool:
         """This sweep has asked its n_trials and runs none, and none is cut off: it would end now."""
-        return len(trials) >= self.settings.n_trials and not (self.running or self.lost or self.cut_off)
+        return self.numbering.own(len(trials)) >= self.settings.n_trials and not (
+            self.running or self.lost or self.cut_off
+        )
 
     def _ended_sweep(self) -> None:
         """None (no trial to start now); once nothing runs and no trial is left to run, ASHA's paused
@@ -281,7 +309,9 @@ class StudySource:
         # older trials, so its ask would not find the waiting one); the keys the entry leaves out
         # are sampled by this trial's sampler.
         study = optuna.load_study(
-            study_name=self.name, storage=self.storage, sampler=make_sampler(self.settings, self.space, number)
+            study_name=self.name,
+            storage=self.storage,
+            sampler=make_sampler(self.settings, self.space, self._study_number(number)),
         )
         study.enqueue_trial(optuna_params(self.space, enqueued[number]))
         return study.ask(distributions)
@@ -300,7 +330,7 @@ class StudySource:
         last = number - self.settings.n_jobs
         while True:
             running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            pending = [t.number for t in running if t.number <= last and not asha.is_paused(t)]
+            pending = [self._own(t) for t in running if self._own(t) <= last and not asha.is_paused(t)]
             if not pending:
                 return True
             if self.running.intersection(pending):
@@ -325,12 +355,12 @@ class StudySource:
             say(f"trial {number} waits for trial {pending[0]}, running in another sweep of study {self.name!r}")
 
     def _refuse_finished_dir(self, trial: Any) -> None:
-        run_dir = self.sweep_dir / str(trial.number)
+        run_dir = self.sweep_dir / str(self._own(trial))
         if (run_dir / "summary.json").exists():
             self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             raise SweepRefused(
                 [
-                    f"{self.where} asked for trial {trial.number}, but {run_dir} holds a finished trial the study "
+                    f"{self.where} asked for trial {self._own(trial)}, but {run_dir} holds a finished trial the study "
                     "does not know (was the study replaced?): restore the study, or choose another hydra.sweep.dir"
                 ]
             )
@@ -348,17 +378,17 @@ class StudySource:
             if summary.status is Status.PAUSED:
                 return  # RUNNING in the study, paused there by its rank 0 (clorch.train.asha): promotion's
             if summary.status is Status.PRUNED:
-                self.study.tell(spec.number, state=state.PRUNED)
+                self.study.tell(self._study_number(spec.number), state=state.PRUNED)
                 return
             read = [read_objective(summary, name) for name in self.settings.objectives()]
             why = next((why for value, why in read if value is None), None)
             if summary.status is Status.SUCCEEDED and why is not None:
                 say(f"trial {spec.number}: {why}; the study records it failed")
             if why is not None or summary.status is not Status.SUCCEEDED:
-                self.study.tell(spec.number, state=state.FAIL)
+                self.study.tell(self._study_number(spec.number), state=state.FAIL)
             else:
                 values = [value for value, _ in read]
-                self.study.tell(spec.number, values if self.several else values[0])
+                self.study.tell(self._study_number(spec.number), values if self.several else values[0])
 
     def close(self) -> None:
         self.heartbeats.close()
