@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import gc
 import multiprocessing as mp
+from multiprocessing import forkserver
 import os
 import runpy
 import signal
@@ -222,8 +223,6 @@ def start_server() -> None:
     and the first trial waits for it only if it is not ready by then. It ends with this process.
     """
     _context()
-    from multiprocessing import forkserver
-
     forkserver.ensure_running()
 
 
