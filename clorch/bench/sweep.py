@@ -19,8 +19,10 @@ Four measurements, each on tiny 1-rank CPU trials of `+recipe=cpu_smoke` (or
    and summary) and training (summary.json's wall and train times).
 5. **A sweep's fixed cost** (`--only trials`, clorch.bench.sweep_cost): an 8-trial sweep of 1-step trials against
    one fresh process training one step.
+6. **Against Optuna in one process** (`--only anchor`, clorch.bench.sweep_anchor): the same search of a
+   tiny Hugging Face GPT-2 (`--trials 10 --steps 120`), the whole sweep's wall time.
 
-    clorch-bench sweep [--rounds 2] [--trials 8] [--steps 40] [--only side|prune|asha|cost|trials] [--json]
+    clorch-bench sweep [--rounds 2] [--trials 8] [--steps 40] [--only side|prune|asha|cost|trials|anchor] [--json]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clorch.bench import sweep_cost
+from clorch.bench import sweep_anchor, sweep_cost
 from clorch.bench.stats import format_table, median, ratio
 
 PLAIN = r"""
@@ -178,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="planned steps per trial (default 40)")
     parser.add_argument("--recipe", default="cpu_smoke", help="the trials' recipe (default cpu_smoke)")
     parser.add_argument(
-        "--only", choices=("side", "prune", "asha", "cost", "trials"), action="append", help="run only these parts"
+        "--only",
+        choices=("side", "prune", "asha", "cost", "trials", "anchor"),
+        action="append",
+        help="run only these parts",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trials' device (the trials part)")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -195,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             results["asha"] = asha(work, args)
         if "cost" in parts:
             results["fixed_cost"] = fixed_cost(work, args)
+        if "anchor" in parts:
+            results["anchor"] = sweep_anchor.anchor(work, args.rounds, args.trials, args.steps)
         if "trials" in parts:
             results["trial_cost"] = sweep_cost.trial_cost(
                 work, max(args.rounds, 3), args.trials, args.recipe, args.device
@@ -210,6 +217,7 @@ def _print(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"clorch-bench sweep: {args.trials} trials of {args.steps} steps, 1 CPU rank each, {results['cores']} cores")
     rows = _side_rows(results) + _prune_rows(results) + _asha_rows(results) + _cost_rows(results)
     rows += sweep_cost.rows(results["trial_cost"]) if "trial_cost" in results else []
+    rows += sweep_anchor.rows(results["anchor"]) if "anchor" in results else []
     print(format_table(["measure", "value", "ratio"], rows))
 
 
