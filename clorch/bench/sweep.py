@@ -203,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if "anchor" in parts:
             results["anchor"] = sweep_anchor.anchor(work, args.rounds, args.trials, args.steps)
         if "trials" in parts:
-            results["trial_cost"] = sweep_cost.trial_cost(
-                work, max(args.rounds, 3), args.trials, args.recipe, args.device
-            )
+            results["trial_cost"] = sweep_cost.trial_cost(work, args.rounds, args.trials, args.recipe, args.device)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
