@@ -19,6 +19,7 @@ from clorch._files import unwritable
 from clorch.cli.hydra_flags import MULTIRUN
 from clorch.sweep.settings import SAMPLERS
 from clorch.sweep.directory import IDENTITY_FILE, IDENTITY_FILE_TMP, LOCK_FILE, SWEEP_END_FILES
+from clorch.engine.rank_end import MARKER as JOB_ENDED
 
 # Keys (and everything below them) a user may set.
 ALLOWED_KEYS = (
@@ -83,6 +84,7 @@ RUN_FILES = {
     "sweep_summary.md",
     "preflight.json",
     "console.log",  # a side-by-side trial's console (clorch.sweep.pool)
+    JOB_ENDED,  # the end a rank recorded (an outside launcher's job, a one-rank trial: clorch.engine.rank_end)
     "optuna.db",  # the sweep's Optuna study (clorch.sweep.study)
     "sweep_history.png",
     "sweep_params.png",
