@@ -48,6 +48,7 @@ from clorch.launch.torchrun import quiet_cpp_warnings
 from clorch.status import Status
 from clorch.sweep.checks import as_hydra_overrides, sweep_errors
 from clorch.sweep.pool import start_server
+from clorch.sweep.report import SWEEP_END
 from clorch.plan.where import Machine, job_machine
 
 EXIT_CONFIG = Status.CONFIG_ERROR.exit_code
@@ -259,6 +260,9 @@ def main() -> None:
     if detect_external() is None:  # the launching process (a rank of another launcher trains)
         quiet_cpp_warnings()  # a multi-node job's store teardown prints no C++ stack trace
     code = train_main()
+    if SWEEP_END.ran_trials:  # a sweep's process: torch, Optuna and matplotlib imported and done with;
+        # finalizing them takes a second or more and frees nothing the exit does not
+        exit_without_finalizing(code)
     if OUTCOME.as_rank or OUTCOME.hosted_agent:
         # gloo's threads (a rank's), and the threads torch's elastic agent leaves behind in the
         # process that ran it (its rendezvous store's, once another node's agent hosting the

@@ -49,6 +49,7 @@ class _SweepEnd:
         self.lock: SweepLock | None = None
         self.refused: Status | None = None  # refused before its first trial: the sweep's status
         self.failed = False
+        self.ran_trials = False  # this process ran a sweep's trials (clorch-train then exits at once)
 
     def release(self) -> None:
         if self.lock is not None:

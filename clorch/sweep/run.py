@@ -226,6 +226,7 @@ def run_sweep(config: DictConfig, launcher: Any, arguments: list[str]) -> None:
         if isinstance(runner, PoolRunner) and sweep.settings.n_jobs > 1:
             # Each trial's ranks and accumulation are its slot's (clorch.sweep.pool: the global batch kept).
             say(f"running {sweep.settings.n_jobs} trials at once, each on its own slot; consoles in {sweep_dir}/N/")
+        report.SWEEP_END.ran_trials = True
         _run_tracked(config, source, runner, sweep_dir)
     except (StorageError, SweepRefused, ValueError) as exc:  # ValueError: the GPUs' share (gpu_share)
         report.failed(str(exc))
