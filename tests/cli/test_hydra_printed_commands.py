@@ -242,7 +242,8 @@ def test_the_printed_commands_work_from_another_directory(tmp_path):
     # clorch-runs show's re-run, pasted elsewhere, with the loss chosen on the command line.
     command = rerun_command(Run(run_dir))
     assert command.startswith(f"cd {project} && CLORCH_TRUSTED_MODULES=mymod clorch-train "), command
-    again = _shell(f"{command} hydra.run.dir=outputs/again loss=cross_entropy", elsewhere, bare, timeout=200)
+    # One epoch of the 25 is enough to see it run (CI's budget); diff then shows epochs too.
+    again = _shell(f"{command} hydra.run.dir=outputs/again loss=cross_entropy epochs=1", elsewhere, bare, timeout=200)
     assert again.returncode == 0, again.stderr
     second = project / "outputs" / "again"
     assert json.loads((second / "summary.json").read_text())["status"] == "succeeded"
@@ -258,4 +259,4 @@ def test_the_printed_commands_work_from_another_directory(tmp_path):
     assert diff.returncode == 0, diff.stderr
     config = json.loads(diff.stdout)["config"]
     assert config["loss._target_"] == ["mymod.xent", None] and config["loss.smoothing"] == [0.1, None]
-    assert config["loss.name"][1] == "cross_entropy"
+    assert config["loss.name"][1] == "cross_entropy" and config["epochs"] == [25, 1]

@@ -11,59 +11,28 @@ import pytest
 import clorch
 from clorch.train.metrics import read_metrics, without_timing
 from tests.harness import free_port
-from tests.engine.faulty_worker import FAIL_EXIT_CODE, run_failing
+from tests.engine.faulty_worker import FAIL_EXIT_CODE
+from tests.engine.resume_story import BASE, run, without_checkpoint_keys
 
 pytestmark = pytest.mark.timeout(200)
 
-# 256 samples over 2 ranks in micro-batches of 16: 8 steps an epoch, 16 in all.
-# Checkpoints every 3 steps; the kill at step 10 is mid-epoch 1, after the
-# checkpoint of step 9. fp16 so the scaler's state must survive too; shuffled
-# sampler, AdamW moments and a cosine schedule so theirs must as well.
-BASE = dict(
-    recipe="cpu_smoke",
-    progress="off",
-    epochs=2,
-    sample_count=256,
-    precision="fp16",
-    seed=7,
-    **{
-        "checkpoint": "periodic",
-        "checkpoint.every_n_steps": 3,
-        "schedule": "cosine",
-        "schedule.warmup_steps": 2,
-        "eval_every": 5,
-    },
-)
-
-
-def _run(tmp: Path, name: str, fail_at_step: int | None = None, monkeypatch=None, **overrides):
-    kwargs = {**BASE, "checkpoint.dir": str(tmp / f"ckpt_{name}"), **overrides}
-    if kwargs["checkpoint"] == "none":  # its keys would do nothing: a config error
-        kwargs = _without_checkpoint_keys(kwargs)
-    if fail_at_step is not None:  # the last rank exits abruptly after that step (first attempt)
-        return run_failing(tmp / name, fail_at_step, monkeypatch, **kwargs)
-    return clorch.run_local(run_dir=tmp / name, **kwargs)
-
-
-def _without_checkpoint_keys(kwargs: dict) -> dict:
-    return {k: v for k, v in kwargs.items() if not k.startswith("checkpoint.")}
+# The job (BASE: 16 steps, a checkpoint every 3, the kill after step 10) and its uninterrupted, killed,
+# resumed and restarted runs are tests.engine.resume_story's, shared with tests/engine/test_run_history.py;
+# this module's other runs sit beside them in the story's directory.
 
 
 def _metrics(result) -> list[dict]:
     return without_timing(read_metrics(Path(result["run_dir"]) / "metrics.jsonl"))
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("repro")
-    result = _run(tmp, "a")
-    assert result["status"]["state"] == "succeeded", result["logs"]
-    return tmp, result
+@pytest.fixture
+def uninterrupted(resume_story):
+    return resume_story.tmp, resume_story.uninterrupted()
 
 
 def test_same_config_same_metrics_and_weights(uninterrupted):
     tmp, first = uninterrupted
-    second = _run(tmp, "b")
+    second = run(tmp, "b")
     assert second["status"]["state"] == "succeeded", second["logs"]
     metrics = _metrics(first)
     assert [r["step"] for r in metrics if r["kind"] == "train"] == [2, 4, 6, 8, 10, 12, 14, 16]
@@ -80,19 +49,19 @@ def test_same_config_same_metrics_and_weights(uninterrupted):
 
 def test_a_different_seed_gives_different_weights(uninterrupted):
     tmp, first = uninterrupted
-    other = _run(tmp, "seed", seed=8, epochs=1, **{"checkpoint": "none"})
+    other = run(tmp, "seed", seed=8, epochs=1, **{"checkpoint": "none"})
     assert other["status"]["state"] == "succeeded", other["logs"]
     assert other["summary"]["weights_sha256"] != first["summary"]["weights_sha256"]
 
 
-def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted, monkeypatch):
+def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted, resume_story):
     tmp, first = uninterrupted
-    killed = _run(tmp, "killed", fail_at_step=10, monkeypatch=monkeypatch)
+    killed, _ = resume_story.killed()
     status = killed["status"]
     assert status["state"] == "failed" and status["failed_rank"] == 1
     assert status["exit_codes"][1] == FAIL_EXIT_CODE
     assert killed["summary"]["status"] == "failed"
-    resumed = _run(tmp, "resumed", **{"checkpoint.dir": str(tmp / "ckpt_killed"), "checkpoint.resume": "latest"})
+    resumed = resume_story.resumed()  # checkpoint.resume=latest in the killed run's checkpoint directory
     assert resumed["status"]["state"] == "succeeded", resumed["logs"]
     assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
     assert "resumed from" in resumed["logs"][0]["stdout"]
@@ -105,9 +74,9 @@ def test_killed_mid_epoch_then_resumed_is_bit_identical(uninterrupted, monkeypat
     assert resumed["summary"]["final"]["eval_loss"] == first["summary"]["final"]["eval_loss"]
 
 
-def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted, monkeypatch):
+def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted, resume_story):
     tmp, first = uninterrupted
-    result = _run(tmp, "restart", fail_at_step=10, monkeypatch=monkeypatch, **{"launcher.max_restarts": 1})
+    result = resume_story.restart()  # killed after step 10 under launcher.max_restarts=1
     assert result["status"]["state"] == "succeeded", result["logs"]
     assert result["summary"]["attempts"] == 2
     # The restarted job trimmed its metrics back to the checkpoint: the file
@@ -120,7 +89,7 @@ def test_launcher_restart_resumes_from_latest_checkpoint(uninterrupted, monkeypa
 
 def test_resume_latest_after_the_end_trains_nothing_more(uninterrupted):
     tmp, first = uninterrupted
-    again = _run(tmp, "again", **{"checkpoint.dir": str(tmp / "ckpt_a"), "checkpoint.resume": "latest"})
+    again = run(tmp, "again", **{"checkpoint.dir": str(tmp / "ckpt_a"), "checkpoint.resume": "latest"})
     assert again["status"]["state"] == "succeeded", again["logs"]
     assert again["summary"]["resumed_from"].endswith("step_00000016.ckpt")
     assert again["summary"]["weights_sha256"] == first["summary"]["weights_sha256"]
@@ -134,7 +103,7 @@ def test_torchrun_agent_restart_resumes_from_latest_checkpoint(uninterrupted, mo
     """launcher=torchrun: torch's elastic agent restarts the ranks, which resume as clorch's own do."""
     tmp, first = uninterrupted
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # the agent's ranks import tests.*
-    result = _run(
+    result = run(
         tmp,
         "agent",
         fail_at_step=10,
@@ -155,7 +124,7 @@ def test_step_in_backward_and_bucket_views_train_the_same_weights(tmp_path):
     """ddp.step_in_backward=true (optimizer stepped bucket by bucket) and
     ddp.gradient_as_bucket_view=true (backward accumulates into the buckets) end with the same weights."""
     common = dict(
-        _without_checkpoint_keys(BASE),
+        without_checkpoint_keys(BASE),
         precision="bf16",
         epochs=1,
         checkpoint="none",

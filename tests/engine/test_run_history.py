@@ -10,25 +10,15 @@ from pathlib import Path
 
 import pytest
 
-import clorch
 from clorch.train.metrics import EVENTS, MetricsWriter, read_metrics, resumed_history, without_timing
 from clorch.engine.progress import Progress
-from tests.engine.faulty_worker import run_failing
+from tests.engine.resume_story import run
 
 pytestmark = pytest.mark.timeout(240)
 
-# 256 samples over 2 ranks in micro-batches of 16: 8 steps an epoch, 16 in all; checkpoints every
-# 3 steps, so a kill after step 10 resumes from step 9, and step 10's records are trained again.
-BASE = dict(
-    recipe="cpu_smoke",
-    progress="off",
-    epochs=2,
-    sample_count=256,
-    seed=7,
-    log_every=2,
-    eval_every=5,
-    **{"checkpoint": "periodic", "checkpoint.every_n_steps": 3},
-)
+# The runs are tests.engine.resume_story's (shared with tests/engine/test_reproducible.py): 16 steps,
+# checkpoints every 3 steps, so a kill after step 10 resumes from step 9, and step 10's records are
+# trained again.
 
 
 def _train(i: int, step: int, kind: str = "train") -> dict:
@@ -75,12 +65,9 @@ def test_progress_shows_the_announcement_instead_of_the_carried_records(tmp_path
     assert stream.getvalue().splitlines() == ["clorch: resuming at step 4", "step 6/8  loss 0.25"]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("history")
-    result = clorch.run_local(run_dir=tmp / "whole", **{**BASE, "checkpoint.dir": str(tmp / "ckpt_whole")})
-    assert result["status"]["state"] == "succeeded", result["logs"]
-    return tmp, result
+@pytest.fixture
+def uninterrupted(resume_story):
+    return resume_story.tmp, resume_story.uninterrupted()
 
 
 def _metrics(run_dir) -> list[dict]:
@@ -91,16 +78,12 @@ def _events(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / EVENTS).read_text().splitlines()]
 
 
-def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted, monkeypatch):
+def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted, resume_story, tmp_path):
     tmp, whole = uninterrupted
-    killed = run_failing(tmp / "killed", 10, monkeypatch, **{**BASE, "checkpoint.dir": str(tmp / "ckpt")})
+    killed, killed_records = resume_story.killed()  # its records as it ended
     assert killed["status"]["state"] == "failed"
-    killed_records = read_metrics(tmp / "killed" / "metrics.jsonl")
     assert max(r["step"] for r in killed_records) == 10  # step 10 was logged and evaluated, then lost
-    monkeypatch.delenv("CLORCH_TESTS_FAIL_AT_STEP")
-    resumed = clorch.run_local(
-        run_dir=tmp / "resumed", **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"}
-    )
+    resumed = resume_story.resumed()  # checkpoint.resume=latest in the killed run's checkpoint directory
     assert resumed["status"]["state"] == "succeeded", resumed["logs"]
     assert resumed["summary"]["resumed_from"].endswith("step_00000009.ckpt")
     # Every record once, as the uninterrupted run wrote them; the ones up to step 9 are the killed
@@ -117,23 +100,16 @@ def test_a_run_resumed_in_a_new_directory_holds_the_whole_history(uninterrupted,
 
     # Resumed again from the end (the last checkpoint is the resumed run's): nothing is trained,
     # the history is the resumed run's, and the final evaluation is not there twice.
-    again = clorch.run_local(
-        run_dir=tmp / "again", **{**BASE, "checkpoint.dir": str(tmp / "ckpt"), "checkpoint.resume": "latest"}
-    )
+    again = run(tmp_path, "again", **{"checkpoint.dir": str(tmp / "ckpt_killed"), "checkpoint.resume": "latest"})
     assert again["status"]["state"] == "succeeded", again["logs"]
     assert again["summary"]["resumed_from"].endswith("step_00000016.ckpt")
     assert again["status"]["results"][0]["resumed_run_dir"] == str(tmp / "resumed")
-    assert _metrics(tmp / "again") == _metrics(whole["run_dir"])
+    assert _metrics(tmp_path / "again") == _metrics(whole["run_dir"])
 
 
-def test_a_restart_in_the_same_directory_names_no_earlier_run(uninterrupted, monkeypatch):
+def test_a_restart_in_the_same_directory_names_no_earlier_run(uninterrupted, resume_story):
     tmp, whole = uninterrupted
-    result = run_failing(
-        tmp / "restart",
-        10,
-        monkeypatch,
-        **{**BASE, "checkpoint.dir": str(tmp / "ckpt_restart"), "launcher.max_restarts": 1},
-    )
+    result = resume_story.restart()  # killed after step 10 under launcher.max_restarts=1
     assert result["status"]["state"] == "succeeded", result["logs"]
     assert _metrics(result["run_dir"]) == _metrics(whole["run_dir"])
     assert result["status"]["results"][0]["resumed_run_dir"] is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import clorch
+from clorch.config import compose
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra")
 pytestmark = pytest.mark.timeout(240)
@@ -40,7 +40,7 @@ def _sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=200)
 
 
-def test_each_trial_is_a_submitit_job_whose_tasks_are_its_ranks(tmp_path):
+def test_each_trial_is_a_submitit_job_whose_tasks_are_its_ranks(tmp_path, local_run):
     sweep_dir = tmp_path / "sweep"
     done = _sweep([*TINY, "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -54,10 +54,10 @@ def test_each_trial_is_a_submitit_job_whose_tasks_are_its_ranks(tmp_path):
         ("0", "cpu_smoke", "0.001", "succeeded"),
         ("1", "cpu_smoke", "0.003", "succeeded"),
     ]
-    # A trial's two tasks train as a 2-rank job started by clorch's own launcher does.
-    local = clorch.run_local(
-        recipe="cpu_smoke", run_dir=tmp_path / "local", sample_count=64, progress="off", **{"optim.lr": 3e-3}
-    )
+    # A trial's two tasks train as a 2-rank job started by clorch's own launcher does: trial 1's
+    # optim.lr=3e-3 is cpu_smoke's own, so that job is the run tests/launch/test_torchrun_launcher.py shares.
+    assert compose(["+recipe=cpu_smoke"]).optim.lr == 3e-3
+    local = local_run(recipe="cpu_smoke", sample_count=64, progress="off")
     trial = json.loads((sweep_dir / "1" / "summary.json").read_text())
     assert local["summary"]["weights_sha256"] == trial["weights_sha256"]
 

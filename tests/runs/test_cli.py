@@ -70,7 +70,7 @@ def project(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
         result = run_failing(failed, 2, monkeypatch, recipe="cpu_smoke")
     assert result["summary"]["status"] == "failed"
-    single = [p for p in cwd.glob("outputs/*/*") if p.is_dir() and p != killed]
+    single = [p for p in cwd.glob("outputs/*/*") if p.is_dir() and p != killed and p.parent != failed]
     sweep_dir = next(cwd.glob("multirun/*/*"))
     return {
         "cwd": cwd,
