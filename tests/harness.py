@@ -231,3 +231,18 @@ def run_ranks(
             reason = f"timed out after {timeout}s" if timed_out else "a rank failed"
             raise RankFailure(f"{reason}\n{_reports(workdir, world_size, codes)}")
         return [pickle.loads((workdir / f"result_{r}.pkl").read_bytes())[1] for r in range(world_size)]
+
+
+def processes_holding(path: Path) -> list[int]:
+    """The pids of the processes that hold `path` open (this test's own process aside): a trial's
+    rank holds its metrics.jsonl from its first step on, wherever it runs."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if str(path) in [os.readlink(fd) for fd in (proc / "fd").iterdir()]:
+                pids.append(int(proc.name))
+        except OSError:  # it ended, or one of its files closed, while we looked
+            continue
+    return pids

@@ -68,7 +68,7 @@ def _sweep_command(sweep_dir: Path, trials: int, recipe: str, device: str) -> li
 def _phases(wall: float, lines: list[tuple[float, str]]) -> dict[str, float]:
     """Until the first trial started, from then until the last one ended, and after it."""
     starts = [t for t, line in lines if line.startswith("clorch-train: trial ") and " started" in line]
-    ends = [t for t, line in lines if line.startswith("clorch-train: succeeded") or " succeeded" in line]
+    ends = [t for t, line in lines if " succeeded" in line]  # a trial's own line, or the sweep's of it
     first, last = (starts[0], ends[-1]) if starts and ends else (0.0, wall)
     return {"before the first trial": first, "the trials": last - first, "after the last trial": wall - last}
 

@@ -52,6 +52,9 @@ from clorch.launch.external import detect, rank_environ
 from clorch.status import Status
 
 REPORT_GRACE_S = 10.0
+# The launcher of a job whose one rank clorch trains in the process that checked it
+# (clorch.engine.in_process): its summary.json names no outside launcher, as a launched run's.
+IN_PROCESS = "clorch"
 
 
 def run_dir_for(rank: Any, overrides: list[str]) -> Path:
@@ -226,7 +229,7 @@ def run_checked(plan: Any, run_dir: Path, rank: Any, plot: bool = False) -> Stat
 
 def _described(plan: Any, rank: Any) -> str:
     """The run's one-line description, naming the outside launcher whose rank this is."""
-    if rank.launcher == "clorch":  # clorch.engine.in_process: the job's one rank, as clorch runs it
+    if rank.launcher == IN_PROCESS:  # the job's one rank, as clorch runs it
         return plan.describe()
     return plan.describe().replace("clorch: running", f"clorch: rank of a {rank.launcher} job,")
 
@@ -237,7 +240,7 @@ def _record(plan: Any, run_dir: Path, rank: Any, start: float, plot: bool, resul
     end = JobEnd.from_launcher({"state": Status.SUCCEEDED, "attempts": [None] * (restart_count() + 1)})
     end.results = [result]
     summary = summarize(end, run_dir, plan, time.perf_counter() - start)
-    summary.launcher = None if rank.launcher == "clorch" else rank.launcher  # as a launched run's
+    summary.launcher = None if rank.launcher == IN_PROCESS else rank.launcher  # as a launched run's
     write_summary(run_dir, summary, plot=plot)
     return summary
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from clorch.env import COLLECTIVE_TIMEOUT_VARIABLE, STORE_FD_VARIABLE, DistEnv, ranks_environ, with_rank_defaults
 from clorch.launch.external import ExternalRank
+from clorch.launch.gpus import resolve_ranks
 from clorch.status import Status
 
-LAUNCHER = "clorch"  # summary.json's launcher: the same as a launched run's
 _allowed = [False]
 
 
@@ -58,14 +58,14 @@ def train_here(plan: Any, run_dir: Path) -> Status:
     The rank's store listens on a socket bound here (as the launcher hands rank 0 one), so no
     other process can take its port in between.
     """
-    from clorch.engine.as_rank import run_checked  # lazy: as_rank imports the plan's checks
+    from clorch.engine.as_rank import IN_PROCESS, run_checked  # lazy: as_rank imports the plan's checks
 
     listener = socket.create_server(("127.0.0.1", 0))
     os.set_inheritable(listener.fileno(), False)
     try:
         _set_rank_environ(plan, listener)
         _set_threads()
-        rank = ExternalRank(LAUNCHER, f"trial-{os.getpid()}", _env(listener.getsockname()[1]))
+        rank = ExternalRank(IN_PROCESS, f"trial-{os.getpid()}", _env(listener.getsockname()[1]))
         return run_checked(plan, run_dir, rank, plot=True)
     finally:
         listener.close()
@@ -84,8 +84,10 @@ def _set_rank_environ(plan: Any, listener: socket.socket) -> None:
             STORE_FD_VARIABLE: str(listener.fileno()),
         }
     )
-    if plan.devices:
-        env["CUDA_VISIBLE_DEVICES"] = str(plan.devices[0])
+    problems: list[str] = []  # the plan's ranks were checked: none here
+    _, cuda_devices, _ = resolve_ranks(1, plan.devices, plan.backend, env, problems)
+    if cuda_devices:  # the one device the launcher would give its rank (launcher.devices, else the first)
+        env["CUDA_VISIBLE_DEVICES"] = cuda_devices[0]
     os.environ.clear()
     os.environ.update(env)
 

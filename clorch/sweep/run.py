@@ -110,7 +110,8 @@ def _runner(config: DictConfig, launcher: Any, sweep: Sweep, arguments: list[str
     process (one at a time, too: a trial then pays no interpreter start and no torch import);
     a launcher plugin's jobs (submitit) through that launcher."""
     if runs_in_process(launcher):
-        return _pool(config, sweep, _trial_lists(sweep, arguments), sweep_dir)
+        auto = sweep.settings.trials_per_gpu == "auto"  # only `auto` plans trials to size the GPUs' share
+        return _pool(config, sweep, _trial_lists(sweep, arguments) if auto else [], sweep_dir)
     return HydraRunner(launcher, sweep_dir, sweep.settings.n_jobs)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.clirunner import run_clorch_train, start_clorch_train
+from tests.harness import processes_holding
 
 pytestmark = pytest.mark.timeout(150)
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,26 +49,10 @@ def _trials(sweep_dir: Path) -> list[tuple[str, str, str, str, str]]:
     return [(r["job"], r["optim.lr"], r["status"], r["pruned_at"], d) for r, d in zip(rows, digests, strict=True)]
 
 
-def _rank_pids(run_dir: Path) -> list[int]:
-    """The pids of the processes that train the trial in `run_dir`: those holding its metrics.jsonl
-    open (rank 0, from its first step: the trial's own process, or a rank its launcher started)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            targets = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
-        except OSError:
-            continue
-        if str(run_dir / "metrics.jsonl") in targets:
-            pids.append(int(proc.name))
-    return pids
-
-
 def _hold_back(run_dir: Path, seconds: float, proc) -> None:
     """Stop the ranks of the trial in `run_dir` for `seconds` once they start (SIGSTOP, SIGCONT)."""
     deadline = time.monotonic() + 60
-    while not (pids := _rank_pids(run_dir)):
+    while not (pids := processes_holding(run_dir / "metrics.jsonl")):
         assert proc.poll() is None and time.monotonic() < deadline, "trial 0's rank never started"
         time.sleep(0.05)
     for pid in pids:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.clirunner import run_clorch_train, start_clorch_train
+from tests.harness import processes_holding
 
 TRIAL = ["+recipe=cpu_smoke", "launcher.nproc_per_node=1", "max_steps=3", "data.sample_count=32"]
 
@@ -41,20 +42,6 @@ def test_a_one_rank_trial_trains_in_its_own_process_to_a_lone_runs_weights(tmp_p
     assert swept.stdout.count("clorch-train: succeeded, 3 steps") == 2
 
 
-def _holding(path: Path) -> list[int]:
-    """The pids of the processes holding `path` open (the test's own aside)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if str(path) in [os.readlink(fd) for fd in (proc / "fd").iterdir()]:
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -69,7 +56,7 @@ def test_a_killed_sweep_leaves_no_trial_training(tmp_path):
     args = ["-m", *TRIAL, "max_steps=100000", "epochs=100000", "optim.lr=0.01,0.02", f"hydra.sweep.dir={sweep_dir}"]
     proc = start_clorch_train(args, tmp_path)
     deadline = time.monotonic() + 90
-    while not (trials := _holding(sweep_dir / "0" / "metrics.jsonl")):
+    while not (trials := processes_holding(sweep_dir / "0" / "metrics.jsonl")):
         assert proc.poll() is None and time.monotonic() < deadline, "the trial never started training"
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)  # the sweep gets no say
